@@ -1,0 +1,180 @@
+//! The control-plane operations the lifecycle needs, as a small object-safe trait.
+//!
+//! [`crate::createos::CreateOsControlPlane`] implements it over `createos-api`; tests can
+//! implement it in memory. Keeping the lifecycle behind this seam also keeps it
+//! provider-neutral where that costs nothing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+
+use crate::shapes::Shape;
+
+/// How a control-plane call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallFailure {
+    /// The server answered with this HTTP status.
+    Status(u16),
+    /// Connect, reset, or any transport failure before a complete response.
+    Transport,
+    /// The per-request timeout elapsed.
+    Timeout,
+    /// The server redirected; redirects are never followed (the base URL is wrong).
+    Redirect,
+    /// The response could not be decoded (not JSend, bad JSON, missing fields).
+    Protocol,
+    /// The client refused the call before sending it (e.g. no key).
+    Config,
+}
+
+/// A failed control-plane call. The message is already free of the API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallError {
+    /// How it failed.
+    pub failure: CallFailure,
+    /// Human message (operation, status and a capped, redacted body snippet).
+    pub message: String,
+    /// The server's `Retry-After`, if any.
+    pub retry_after: Option<Duration>,
+}
+
+impl CallError {
+    /// Builds an error.
+    pub fn new(failure: CallFailure, message: impl Into<String>) -> Self {
+        Self {
+            failure,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429, 5xx, transport failures, timeouts and garbled responses: worth retrying when the
+    /// operation is safe to repeat.
+    pub fn is_transient(&self) -> bool {
+        match self.failure {
+            CallFailure::Status(s) => s == 429 || s >= 500,
+            CallFailure::Transport | CallFailure::Timeout | CallFailure::Protocol => true,
+            CallFailure::Redirect | CallFailure::Config => false,
+        }
+    }
+
+    /// The server said it did not take the request on (429 or 503), so even a non-idempotent
+    /// call is known not to have happened.
+    pub fn is_declined(&self) -> bool {
+        matches!(self.failure, CallFailure::Status(429 | 503))
+    }
+
+    /// 404.
+    pub fn is_not_found(&self) -> bool {
+        self.failure == CallFailure::Status(404)
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// What the lifecycle asks to create.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CreateGuest {
+    /// Unique name, minted before the call.
+    pub name: String,
+    /// Shape id.
+    pub shape: String,
+    /// Rootfs name or template id.
+    pub rootfs: String,
+    /// Environment declared at create (exec may only use declared keys).
+    pub envs: BTreeMap<String, String>,
+    /// Egress allowlist.
+    pub egress: Vec<String>,
+    /// Idle pause backstop, in seconds (>= 60).
+    pub auto_pause_after_seconds: u32,
+}
+
+impl fmt::Debug for CreateGuest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Env values may be secrets: show names only.
+        f.debug_struct("CreateGuest")
+            .field("name", &self.name)
+            .field("shape", &self.shape)
+            .field("rootfs", &self.rootfs)
+            .field("envs", &self.envs.keys().collect::<Vec<_>>())
+            .field("egress", &self.egress)
+            .field("auto_pause_after_seconds", &self.auto_pause_after_seconds)
+            .finish()
+    }
+}
+
+/// A guest as the control plane reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestInfo {
+    /// Sandbox id.
+    pub id: String,
+    /// Name, if reported.
+    pub name: Option<String>,
+    /// Status string (`running`, `destroying`, ...).
+    pub status: String,
+    /// Egress rules, if reported (absent means allow-all).
+    pub egress: Option<Vec<String>>,
+}
+
+impl GuestInfo {
+    /// `destroying`, `destroyed` or `failed`: nothing left to destroy.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.status.as_str(), "destroying" | "destroyed" | "failed")
+    }
+}
+
+/// One event of a streaming exec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecFrame {
+    /// A chunk of standard output.
+    Stdout(String),
+    /// A chunk of standard error.
+    Stderr(String),
+    /// The process exited with this status.
+    Exit(i32),
+    /// The agent reported an error (e.g. the command could not start).
+    Error(String),
+    /// Keep-alive.
+    Heartbeat,
+}
+
+/// A stream of exec frames.
+pub type ExecStream = BoxStream<'static, Result<ExecFrame, CallError>>;
+
+/// The operations a guest lifecycle needs from a control plane.
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Checks the credential (`GET /v1/whoami`); returns a short account label for logs.
+    fn check_credential(&self) -> BoxFuture<'_, Result<String, CallError>>;
+    /// The shape catalog.
+    fn list_shapes(&self) -> BoxFuture<'_, Result<Vec<Shape>, CallError>>;
+    /// Creates a guest. Never retried by the implementation.
+    fn create(&self, req: CreateGuest) -> BoxFuture<'_, Result<GuestInfo, CallError>>;
+    /// Finds a non-terminal guest by exact name.
+    fn find_by_name(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>>;
+    /// Reads a guest's stored egress rules (`None` = absent = allow-all).
+    fn egress(&self, id: String) -> BoxFuture<'_, Result<Option<Vec<String>>, CallError>>;
+    /// Writes a file in the guest.
+    fn upload(&self, id: String, path: String, data: Bytes)
+    -> BoxFuture<'_, Result<(), CallError>>;
+    /// Starts a streaming exec; `timeout` is the HTTP budget for the whole stream.
+    fn exec_stream(
+        &self,
+        id: String,
+        cmd: String,
+        args: Vec<String>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<ExecStream, CallError>>;
+    /// Destroys a guest; a guest that is already gone (404) counts as destroyed.
+    fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>>;
+}

@@ -1,0 +1,30 @@
+//! Policy and guest lifecycle for running untrusted code in disposable CreateOS microVMs.
+//!
+//! This crate decides *whether* and *how* code runs, independent of Langflow:
+//!
+//! - [`settings`]: typed settings from an environment lookup; a bad value names its variable.
+//! - [`egress`]: the deny-all spelling, hostname refusal, the link-local opt-in, read-back
+//!   comparison, and strict address-rule validation.
+//! - [`shapes`]: shape selection that never rounds down.
+//! - [`names`]: guest names minted before create.
+//! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
+//! - [`lifecycle`]: one run in one fresh guest, with two clocks and capped output.
+//! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
+//! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
+
+pub mod control;
+pub mod egress;
+pub mod error;
+pub mod exec;
+pub mod lifecycle;
+pub mod names;
+pub mod output;
+pub mod reaper;
+pub mod retry;
+pub mod settings;
+pub mod shapes;
+
+pub use error::{ErrorKind, Redactor, SandboxError};
+
+/// The `tracing` target of every event this crate and its surfaces emit.
+pub const LOG_TARGET: &str = "langflow_sandbox_createos";

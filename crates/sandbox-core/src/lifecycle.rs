@@ -1,0 +1,435 @@
+//! One execution in one fresh guest: create → (upload ∥ egress read-back) → streaming exec →
+//! destroy, with the guarantees described in the crate docs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::control::{CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame};
+use crate::egress::EgressPolicy;
+use crate::error::{ErrorKind, Redactor, SandboxError, cap_detail};
+use crate::exec::{ExecLimits, classify_exit, python_command};
+use crate::names::mint_name;
+use crate::output::{Captured, TailBuffer};
+use crate::reaper::{GuestGuard, Reaper};
+use crate::retry::{Backoff, retry_until};
+
+/// Where programs are written in the guest.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Everything one run needs, decided before any I/O.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Guest name prefix (`lf-` for the backend).
+    pub name_prefix: &'static str,
+    /// Shape id.
+    pub shape: String,
+    /// Rootfs.
+    pub rootfs: String,
+    /// Environment declared at create.
+    pub envs: BTreeMap<String, String>,
+    /// Egress policy (sent, then read back).
+    pub egress: EgressPolicy,
+    /// The clocks.
+    pub limits: ExecLimits,
+    /// Per-stream output cap, bytes.
+    pub max_output_bytes: usize,
+    /// Backoff and deadline for calls before dispatch.
+    pub backoff: Backoff,
+    /// Destroy off the critical path (the reaper guarantees it) instead of before returning.
+    pub background_destroy: bool,
+}
+
+/// Per-phase timings of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    /// Create (including retries and lost-response recovery).
+    pub create_ms: u64,
+    /// Upload and egress read-back (concurrent).
+    pub upload_ms: u64,
+    /// Streaming exec, dispatch to exit.
+    pub exec_ms: u64,
+    /// Destroy, when it ran before returning; `None` when handed to the reaper.
+    pub destroy_ms: Option<u64>,
+    /// The whole run.
+    pub total_ms: u64,
+    /// Control-plane requests this run made (every attempt counts).
+    pub requests: u32,
+}
+
+/// The result of a program that ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    /// Captured standard output (tail, with a marker if truncated).
+    pub stdout: Captured,
+    /// Captured standard error.
+    pub stderr: Captured,
+    /// The exit code lfx should see (-1 = timed out).
+    pub exit_code: i32,
+    /// The raw exit status from the guest, if one arrived.
+    pub raw_exit_code: Option<i32>,
+    /// The host deadline fired: the control plane stopped answering and the guest was destroyed.
+    pub host_timed_out: bool,
+    /// Exec wall time in milliseconds.
+    pub execution_time_ms: u64,
+    /// Phase timings.
+    pub timings: Timings,
+    /// Guest name.
+    pub guest_name: String,
+    /// Guest id.
+    pub guest_id: String,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Maps a call error before dispatch to the taxonomy.
+fn before_dispatch(op: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
+    let detail = cap_detail(&redactor.apply(&e.message));
+    let (kind, hint) = match e.failure {
+        CallFailure::Status(401) => (
+            ErrorKind::Rejected,
+            " Check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY).",
+        ),
+        CallFailure::Status(403) => (
+            ErrorKind::Rejected,
+            " The key is not allowed to do this (quota or scope).",
+        ),
+        CallFailure::Status(s) if (400..500).contains(&s) && s != 429 => (ErrorKind::Rejected, ""),
+        CallFailure::Redirect => (
+            ErrorKind::Rejected,
+            " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL.",
+        ),
+        CallFailure::Config => (ErrorKind::Refused, ""),
+        _ => (
+            ErrorKind::Transient,
+            " The program was not started; retrying later may succeed.",
+        ),
+    };
+    SandboxError::new(kind, format!("CreateOS {op} failed: {detail}.{hint}")).redacted(redactor)
+}
+
+/// Runs `program` as a Python file in a fresh guest and destroys the guest.
+///
+/// Cancellation-safe: dropping the returned future at any await point leaves the guest (or,
+/// during create, its name) with `reaper`, which destroys it.
+pub async fn run_python(
+    cp: Arc<dyn ControlPlane>,
+    reaper: &Reaper,
+    spec: &RunSpec,
+    program: Bytes,
+    redactor: &Redactor,
+) -> Result<RunReport, SandboxError> {
+    let t_start = Instant::now();
+    let requests = Arc::new(AtomicU32::new(0));
+    let count = || requests.fetch_add(1, Ordering::Relaxed);
+    let deadline = t_start + spec.backoff.budget;
+
+    // 1. Create, under a name minted before the call.
+    let t0 = Instant::now();
+    let guard = create_guest(&cp, reaper, spec, redactor, deadline, &count).await?;
+    let create_ms = ms(t0.elapsed());
+    let id = guard.id().unwrap_or_default().to_owned();
+    let name = guard.name().to_owned();
+
+    // 2. Upload the program while reading the egress back.
+    let t1 = Instant::now();
+    let path = format!(
+        "{WORKSPACE}/main_{:012x}.py",
+        rand::rng().random::<u64>() & 0xffff_ffff_ffff
+    );
+    let upload = retry_until(
+        &spec.backoff,
+        deadline,
+        "upload",
+        CallError::is_transient,
+        |_| {
+            count();
+            cp.upload(id.clone(), path.clone(), program.clone())
+        },
+    );
+    let readback = retry_until(
+        &spec.backoff,
+        deadline,
+        "egress read-back",
+        CallError::is_transient,
+        |_| {
+            count();
+            cp.egress(id.clone())
+        },
+    );
+    let ((up, _), (eg, _)) = tokio::join!(upload, readback);
+    let reported = eg.map_err(|e| before_dispatch("egress read-back", &e, redactor))?;
+    if !spec.egress.matches(reported.as_deref()) {
+        let got = reported.map_or_else(|| "(none)".to_owned(), |r| format!("{r:?}"));
+        let msg = format!(
+            "guest {name} reports egress {got}, but {} was requested; it was destroyed and the \
+             run refused rather than run code under a policy nobody asked for",
+            spec.egress
+        );
+        tracing::error!(target: LOG_TARGET, guest = %name, "{msg}");
+        count();
+        let _ = guard.destroy(&spec.backoff).await;
+        return Err(SandboxError::refused(msg).redacted(redactor));
+    }
+    up.map_err(|e| before_dispatch("upload", &e, redactor))?;
+    let upload_ms = ms(t1.elapsed());
+
+    // 3. Exec, streaming, under both clocks.
+    let (cmd, args) = python_command(&path, &spec.limits);
+    let host_budget = spec.limits.host_deadline();
+    let t2 = Instant::now();
+    // Only a server that declined the request (429/503) is known not to have started it.
+    let (stream, _) = retry_until(
+        &spec.backoff,
+        deadline.max(t2 + Duration::from_secs(1)),
+        "exec",
+        CallError::is_declined,
+        |_| {
+            count();
+            cp.exec_stream(id.clone(), cmd.clone(), args.clone(), host_budget)
+        },
+    )
+    .await;
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(e) if e.is_declined() => return Err(before_dispatch("exec", &e, redactor)),
+        Err(e) => {
+            let detail = cap_detail(&redactor.apply(&e.message));
+            let kind = match e.failure {
+                CallFailure::Status(s) if (400..500).contains(&s) => ErrorKind::Rejected,
+                _ => ErrorKind::OutcomeUnknown,
+            };
+            let msg = if kind == ErrorKind::Rejected {
+                format!("CreateOS exec was rejected: {detail}")
+            } else {
+                format!(
+                    "CreateOS exec failed after the program was dispatched ({detail}); the code \
+                     may have run. It was not retried"
+                )
+            };
+            return Err(SandboxError::new(kind, msg).redacted(redactor));
+        }
+    };
+
+    let mut out = TailBuffer::new(spec.max_output_bytes);
+    let mut err = TailBuffer::new(spec.max_output_bytes);
+    let mut exit: Option<i32> = None;
+    let mut agent_error: Option<String> = None;
+    let mut broken: Option<CallError> = None;
+    let mut host_timed_out = false;
+    let host_deadline = t2 + host_budget;
+    loop {
+        match tokio::time::timeout_at(host_deadline, stream.next()).await {
+            Err(_) => {
+                host_timed_out = true;
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => match frame {
+                ExecFrame::Stdout(s) => out.push(s.as_bytes()),
+                ExecFrame::Stderr(s) => err.push(s.as_bytes()),
+                ExecFrame::Exit(c) => {
+                    exit = Some(c);
+                    break;
+                }
+                ExecFrame::Error(m) => agent_error = Some(m),
+                ExecFrame::Heartbeat => {}
+            },
+            Ok(Some(Err(e))) => {
+                broken = Some(e);
+                break;
+            }
+        }
+    }
+    drop(stream);
+    let exec_elapsed = t2.elapsed();
+    let exec_ms = ms(exec_elapsed);
+
+    if let Some(e) = broken {
+        let detail = cap_detail(&redactor.apply(&e.message));
+        let (o, se) = (out.total_bytes(), err.total_bytes());
+        return Err(SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            format!(
+                "the exec stream from CreateOS broke after the program was dispatched ({detail}); \
+                 the code may have run ({o} bytes of stdout and {se} of stderr had arrived). It \
+                 was not retried"
+            ),
+        )
+        .redacted(redactor));
+    }
+    if exit.is_none() && !host_timed_out {
+        let why = agent_error.map_or_else(
+            || "the exec stream ended without an exit status".to_owned(),
+            |m| {
+                format!(
+                    "the guest agent reported: {}",
+                    cap_detail(&redactor.apply(&m))
+                )
+            },
+        );
+        return Err(SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            format!("CreateOS exec did not complete: {why}; the code may have run"),
+        )
+        .redacted(redactor));
+    }
+    let exit_code = if host_timed_out {
+        tracing::warn!(
+            target: LOG_TARGET,
+            guest = %name,
+            waited_ms = exec_ms,
+            "the control plane did not finish the exec within budget + grace; destroying the guest \
+             and reporting a timeout with the output that arrived"
+        );
+        crate::exec::EXIT_TIMED_OUT
+    } else {
+        classify_exit(exit.unwrap_or(1), exec_elapsed, spec.limits.budget)
+    };
+
+    // 4. Destroy: now, or off the critical path with the reaper's guarantee. A host timeout
+    //    always destroys now, because that is what stops runaway code.
+    let destroy_ms = if spec.background_destroy && !host_timed_out {
+        guard.release_to_reaper();
+        None
+    } else {
+        count();
+        match guard.destroy(&spec.backoff).await {
+            Ok(d) => Some(ms(d)),
+            Err(e) => {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = %name,
+                    error = %redactor.apply(&e.message),
+                    "guest destroy failed; the reaper keeps retrying"
+                );
+                None
+            }
+        }
+    };
+
+    let timings = Timings {
+        create_ms,
+        upload_ms,
+        exec_ms,
+        destroy_ms,
+        total_ms: ms(t_start.elapsed()),
+        requests: requests.load(Ordering::Relaxed),
+    };
+    let report = RunReport {
+        stdout: out.finish(),
+        stderr: err.finish(),
+        exit_code,
+        raw_exit_code: exit,
+        host_timed_out,
+        execution_time_ms: exec_ms,
+        timings,
+        guest_name: name,
+        guest_id: id,
+    };
+    tracing::info!(
+        target: LOG_TARGET,
+        guest = %report.guest_name,
+        exit_code = report.exit_code,
+        raw_exit_code = ?report.raw_exit_code,
+        create_ms = timings.create_ms,
+        upload_ms = timings.upload_ms,
+        exec_ms = timings.exec_ms,
+        destroy_ms = ?timings.destroy_ms,
+        total_ms = timings.total_ms,
+        requests = timings.requests,
+        stdout_truncated = report.stdout.truncated,
+        stderr_truncated = report.stderr.truncated,
+        "sandbox run finished"
+    );
+    Ok(report)
+}
+
+/// Creates a guest, retrying transient failures with a fresh name each time. A create whose
+/// outcome is unknown leaves its name with the reaper, which finds and destroys the guest.
+async fn create_guest(
+    cp: &Arc<dyn ControlPlane>,
+    reaper: &Reaper,
+    spec: &RunSpec,
+    redactor: &Redactor,
+    deadline: Instant,
+    count: &impl Fn() -> u32,
+) -> Result<GuestGuard, SandboxError> {
+    let mut attempt = 0u32;
+    loop {
+        let name = mint_name(spec.name_prefix);
+        let Some(mut guard) = reaper.register(cp.clone(), &name, redactor.clone()) else {
+            return Err(SandboxError::new(
+                ErrorKind::Refused,
+                "the CreateOS sandbox backend has been shut down; no new guests are created",
+            ));
+        };
+        let req = CreateGuest {
+            name: name.clone(),
+            shape: spec.shape.clone(),
+            rootfs: spec.rootfs.clone(),
+            envs: spec.envs.clone(),
+            egress: spec.egress.rules(),
+            auto_pause_after_seconds: spec.limits.auto_pause_seconds(),
+        };
+        count();
+        match cp.create(req).await {
+            Ok(info) => {
+                guard.set_id(&info.id);
+                // The create response's own echo is a first read-back.
+                if let Some(eg) = &info.egress
+                    && !spec.egress.matches(Some(eg))
+                {
+                    let msg = format!(
+                        "guest {name} was created with egress {eg:?}, but {} was requested; it \
+                         was destroyed and the run refused",
+                        spec.egress
+                    );
+                    count();
+                    let _ = guard.destroy(&spec.backoff).await;
+                    return Err(SandboxError::refused(msg).redacted(redactor));
+                }
+                return Ok(guard);
+            }
+            Err(e) => {
+                let retryable = e.is_transient();
+                if e.is_declined() || !retryable {
+                    // The server answered and did not take the request on.
+                    guard.disarm_not_created();
+                } else {
+                    // Outcome unknown: the guest may exist. The reaper looks the name up and
+                    // destroys whatever it finds.
+                    tracing::warn!(
+                        target: LOG_TARGET,
+                        guest = %name,
+                        error = %redactor.apply(&e.message),
+                        "create response lost; the guest will be looked up by name and destroyed"
+                    );
+                    drop(guard);
+                }
+                let delay = e.retry_after.unwrap_or_else(|| spec.backoff.delay(attempt));
+                attempt += 1;
+                if !retryable || Instant::now() + delay >= deadline {
+                    return Err(before_dispatch("create", &e, redactor));
+                }
+                tracing::info!(
+                    target: LOG_TARGET,
+                    attempt,
+                    delay_ms = ms(delay),
+                    error = %redactor.apply(&e.message),
+                    "retrying create with a fresh name"
+                );
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}

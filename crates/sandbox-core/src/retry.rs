@@ -1,0 +1,158 @@
+//! Backoff for calls that are safe to repeat, bounded by a deadline.
+
+use std::future::Future;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::control::CallError;
+
+/// Exponential backoff with jitter, bounded by a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// First delay.
+    pub base: Duration,
+    /// Largest delay (a server's `Retry-After` is honoured up to the deadline).
+    pub max: Duration,
+    /// Total time a call may spend retrying, measured from its first attempt.
+    pub budget: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(5),
+            budget: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0-based): `min(base·2^attempt, max)` plus up to
+    /// one `base` of jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exp = self.base.saturating_mul(1u32 << attempt.min(16));
+        let jitter = self.base.mul_f64(rand::rng().random_range(0.0..1.0));
+        exp.min(self.max) + jitter
+    }
+}
+
+/// Runs `op` until it succeeds, fails with something `retryable` rejects, or the next attempt
+/// would start after `deadline`. `what` names the operation in logs. Returns the result and
+/// the number of attempts made.
+pub async fn retry_until<T, F, Fut>(
+    backoff: &Backoff,
+    deadline: Instant,
+    what: &str,
+    retryable: impl Fn(&CallError) -> bool,
+    mut op: F,
+) -> (Result<T, CallError>, u32)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<T, CallError>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        let res = op(attempt).await;
+        attempt += 1;
+        match res {
+            Ok(v) => return (Ok(v), attempt),
+            Err(e) if retryable(&e) => {
+                let delay = e.retry_after.unwrap_or_else(|| backoff.delay(attempt - 1));
+                if Instant::now() + delay >= deadline {
+                    return (Err(e), attempt);
+                }
+                tracing::info!(
+                    target: LOG_TARGET,
+                    operation = what,
+                    attempt,
+                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    error = %e,
+                    "retrying a control-plane call that did not reach the program"
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return (Err(e), attempt),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::control::CallFailure;
+
+    fn quick() -> Backoff {
+        Backoff {
+            base: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+            budget: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_transient_then_succeeds() {
+        let n = AtomicU32::new(0);
+        let (r, attempts) = retry_until(
+            &quick(),
+            Instant::now() + Duration::from_secs(5),
+            "t",
+            CallError::is_transient,
+            |_| async {
+                if n.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(CallError::new(CallFailure::Status(503), "busy"))
+                } else {
+                    Ok(7)
+                }
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(attempts, 3);
+    }
+
+    #[tokio::test]
+    async fn does_not_retry_rejections() {
+        let n = AtomicU32::new(0);
+        let (r, attempts) = retry_until(
+            &quick(),
+            Instant::now() + Duration::from_secs(5),
+            "t",
+            CallError::is_transient,
+            |_| async {
+                n.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(CallError::new(CallFailure::Status(401), "no"))
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap_err().failure, CallFailure::Status(401));
+        assert_eq!(attempts, 1);
+    }
+
+    #[tokio::test]
+    async fn stops_at_the_deadline() {
+        let (r, attempts) = retry_until(
+            &quick(),
+            Instant::now() + Duration::from_millis(30),
+            "t",
+            CallError::is_transient,
+            |_| async { Err::<(), _>(CallError::new(CallFailure::Transport, "reset")) },
+        )
+        .await;
+        assert!(r.is_err());
+        assert!(attempts >= 2, "{attempts}");
+    }
+
+    #[test]
+    fn delay_is_capped() {
+        let b = quick();
+        for a in 0..40 {
+            assert!(b.delay(a) <= b.max + b.base);
+        }
+    }
+}

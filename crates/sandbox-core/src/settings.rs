@@ -1,0 +1,453 @@
+//! Typed settings read from an environment lookup.
+//!
+//! Everything is read through a lookup function (`Fn(&str) -> Option<String>`) rather than the
+//! process environment directly, so tests never mutate global state. A bad value fails closed
+//! with an error that names the variable and says what would be accepted.
+
+use std::fmt;
+
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::error::SandboxError;
+
+/// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling).
+pub const ENV_API_KEY: &str = "CREATEOS_SANDBOX_API_KEY";
+/// `CREATEOS_API_KEY`: the credential's fallback spelling (the SDK's).
+pub const ENV_API_KEY_FALLBACK: &str = "CREATEOS_API_KEY";
+/// `CREATEOS_SANDBOX_BASE_URL`: control-plane endpoint.
+pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
+/// `CREATEOS_SANDBOX_ROOTFS`: guest image.
+pub const ENV_ROOTFS: &str = "CREATEOS_SANDBOX_ROOTFS";
+/// `CREATEOS_SANDBOX_SHAPE`: pin an exact shape (`auto` or unset = choose by memory).
+pub const ENV_SHAPE: &str = "CREATEOS_SANDBOX_SHAPE";
+/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`: opt in to the link-local hole.
+pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS";
+/// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
+pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
+
+/// lfx's `LANGFLOW_SANDBOX_TIMEOUT_SECONDS`.
+pub const ENV_LF_TIMEOUT: &str = "LANGFLOW_SANDBOX_TIMEOUT_SECONDS";
+/// lfx's `LANGFLOW_SANDBOX_MEMORY_MB`.
+pub const ENV_LF_MEMORY: &str = "LANGFLOW_SANDBOX_MEMORY_MB";
+/// lfx's `LANGFLOW_SANDBOX_ALLOW_NETWORK`.
+pub const ENV_LF_ALLOW_NETWORK: &str = "LANGFLOW_SANDBOX_ALLOW_NETWORK";
+/// lfx's `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`.
+pub const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+
+/// The public control plane.
+pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
+/// The default guest image (has `python3`, `bash` and GNU `timeout`).
+pub const DEFAULT_ROOTFS: &str = "devbox:1";
+/// Default per-stream output cap: 1 MiB of stdout and 1 MiB of stderr.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+/// Smallest accepted per-stream cap.
+pub const MIN_MAX_OUTPUT_BYTES: usize = 1024;
+/// Largest accepted per-stream cap.
+pub const MAX_MAX_OUTPUT_BYTES: usize = 256 * 1024 * 1024;
+
+/// lfx's default timeout, in seconds.
+pub const LF_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
+/// lfx's default memory, in MB.
+pub const LF_DEFAULT_MEMORY_MB: u32 = 192;
+/// lfx's largest accepted timeout.
+pub const LF_MAX_TIMEOUT_SECONDS: u32 = 300;
+/// lfx's smallest accepted memory.
+pub const LF_MIN_MEMORY_MB: u32 = 128;
+
+/// The CreateOS settings this package reads (not lfx's; see [`LangflowPolicy`]).
+#[derive(Clone)]
+pub struct Settings {
+    /// The API key, trimmed; `None` when neither variable is set (a refusal at run time, so
+    /// `doctor` can still report everything else).
+    pub api_key: Option<SecretString>,
+    /// Which variable the key came from.
+    pub api_key_source: Option<&'static str>,
+    /// Control-plane base URL, without a trailing `/`.
+    pub base_url: String,
+    /// Guest image.
+    pub rootfs: String,
+    /// A pinned shape id, or `None` for automatic choice.
+    pub pinned_shape: Option<String>,
+    /// The operator accepted that deny-all egress still reaches 169.254.0.0/16.
+    pub accept_egress_exceptions: bool,
+    /// Per-stream output cap in bytes.
+    pub max_output_bytes: usize,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field(
+                "api_key",
+                &self.api_key.as_ref().map(|_| crate::error::REDACTED),
+            )
+            .field("api_key_source", &self.api_key_source)
+            .field("base_url", &self.base_url)
+            .field("rootfs", &self.rootfs)
+            .field("pinned_shape", &self.pinned_shape)
+            .field("accept_egress_exceptions", &self.accept_egress_exceptions)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .finish()
+    }
+}
+
+/// A value that is set and not blank, trimmed.
+fn get(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    lookup(name)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Parses a boolean the way pydantic and most shells spell it.
+pub fn parse_bool(name: &str, raw: &str) -> Result<bool, SandboxError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        "0" | "false" | "no" | "off" | "n" | "f" | "" => Ok(false),
+        _ => Err(SandboxError::refused(format!(
+            "{name}={raw:?} is not a boolean; set it to true or false"
+        ))),
+    }
+}
+
+/// Checks a base URL: http(s), a host, no credentials, query or fragment. Returns it without a
+/// trailing `/`.
+pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
+    let bad = |why: &str| {
+        SandboxError::refused(format!(
+            "{name}={raw:?} is not a usable control-plane URL ({why}); set it to e.g. {DEFAULT_BASE_URL}"
+        ))
+    };
+    let u = url::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad("the scheme must be http or https"));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("it has no host"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        // Do not echo the raw value: it holds a credential.
+        return Err(SandboxError::refused(format!(
+            "{name} must not carry credentials (user:password@); put the key in {ENV_API_KEY}"
+        )));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("it must not have a query string or fragment"));
+    }
+    Ok(u.as_str().trim_end_matches('/').to_owned())
+}
+
+fn valid_token(s: &str, extra: &[char]) -> bool {
+    !s.is_empty()
+        && s.len() <= 200
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+}
+
+impl Settings {
+    /// Reads and validates every CreateOS setting through `lookup`.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        let (api_key, api_key_source) = match get(lookup, ENV_API_KEY) {
+            Some(k) => (Some(k), Some(ENV_API_KEY)),
+            None => match get(lookup, ENV_API_KEY_FALLBACK) {
+                Some(k) => (Some(k), Some(ENV_API_KEY_FALLBACK)),
+                None => (None, None),
+            },
+        };
+        if let (Some(k), Some(src)) = (&api_key, api_key_source)
+            && (k.len() < 8 || k.chars().any(|c| c.is_control() || c.is_whitespace()))
+        {
+            return Err(SandboxError::refused(format!(
+                "{src} does not look like a CreateOS API key (too short, or it contains \
+                 whitespace or control characters); copy it again from \
+                 https://createos.nodeops.network/profile"
+            )));
+        }
+        let base_url = match get(lookup, ENV_BASE_URL) {
+            Some(raw) => parse_base_url(ENV_BASE_URL, &raw)?,
+            None => DEFAULT_BASE_URL.to_owned(),
+        };
+        let rootfs = match get(lookup, ENV_ROOTFS) {
+            Some(r) if valid_token(&r, &['-', '_', '.', ':', '/']) => r,
+            Some(r) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_ROOTFS}={r:?} is not a rootfs name; set it to a catalog name such as \
+                     {DEFAULT_ROOTFS} or a template id, or unset it"
+                )));
+            }
+            None => DEFAULT_ROOTFS.to_owned(),
+        };
+        let pinned_shape = match get(lookup, ENV_SHAPE) {
+            None => None,
+            Some(s) if s.eq_ignore_ascii_case("auto") => None,
+            Some(s) if valid_token(&s, &['-', '_', '.']) => Some(s),
+            Some(s) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_SHAPE}={s:?} is not a shape id; set it to an id from GET /v1/shapes \
+                     (e.g. s-2vcpu-4gb) or to auto"
+                )));
+            }
+        };
+        let accept_egress_exceptions = match lookup(ENV_ACCEPT_EGRESS_EXCEPTIONS) {
+            Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
+            None => false,
+        };
+        let max_output_bytes = match get(lookup, ENV_MAX_OUTPUT_BYTES) {
+            None => DEFAULT_MAX_OUTPUT_BYTES,
+            Some(raw) => match raw.replace('_', "").parse::<usize>() {
+                Ok(n) if (MIN_MAX_OUTPUT_BYTES..=MAX_MAX_OUTPUT_BYTES).contains(&n) => n,
+                _ => {
+                    return Err(SandboxError::refused(format!(
+                        "{ENV_MAX_OUTPUT_BYTES}={raw:?} is not a byte count between \
+                         {MIN_MAX_OUTPUT_BYTES} and {MAX_MAX_OUTPUT_BYTES}; set it to e.g. \
+                         {DEFAULT_MAX_OUTPUT_BYTES} or unset it"
+                    )));
+                }
+            },
+        };
+        Ok(Self {
+            api_key: api_key.map(SecretString::from),
+            api_key_source,
+            base_url,
+            rootfs,
+            pinned_shape,
+            accept_egress_exceptions,
+            max_output_bytes,
+        })
+    }
+
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Self, SandboxError> {
+        Self::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    /// The key, or the refusal that applies when there is none.
+    pub fn require_key(&self) -> Result<&SecretString, SandboxError> {
+        self.api_key.as_ref().ok_or_else(|| {
+            SandboxError::refused(format!(
+                "no CreateOS API key: set {ENV_API_KEY} (or {ENV_API_KEY_FALLBACK}); get one at \
+                 https://createos.nodeops.network/profile"
+            ))
+        })
+    }
+
+    /// A redactor for this key (empty when there is none).
+    pub fn redactor(&self) -> crate::error::Redactor {
+        let mut r = crate::error::Redactor::default();
+        if let Some(k) = &self.api_key {
+            r.add(k.expose_secret());
+        }
+        r
+    }
+}
+
+/// The sandbox policy lfx hands a backend (`_sandbox_settings()`), already validated by lfx;
+/// validated again here because a backend must fail closed on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LangflowPolicy {
+    /// Wall clock the guest program gets, in seconds (1..=300).
+    pub timeout_seconds: u32,
+    /// Memory floor in MB (>= 128).
+    pub memory_mb: u32,
+    /// Whether the guest may reach the network.
+    pub allow_network: bool,
+    /// A hostname allowlist (refused: CreateOS does not enforce hostname rules).
+    pub allowed_domains: Vec<String>,
+}
+
+impl Default for LangflowPolicy {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: LF_DEFAULT_TIMEOUT_SECONDS,
+            memory_mb: LF_DEFAULT_MEMORY_MB,
+            allow_network: false,
+            allowed_domains: Vec::new(),
+        }
+    }
+}
+
+impl LangflowPolicy {
+    /// Checks the ranges lfx documents.
+    pub fn validate(&self) -> Result<(), SandboxError> {
+        if !(1..=LF_MAX_TIMEOUT_SECONDS).contains(&self.timeout_seconds) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_LF_TIMEOUT}={} is outside 1..={LF_MAX_TIMEOUT_SECONDS}",
+                self.timeout_seconds
+            )));
+        }
+        if self.memory_mb < LF_MIN_MEMORY_MB {
+            return Err(SandboxError::refused(format!(
+                "{ENV_LF_MEMORY}={} is below {LF_MIN_MEMORY_MB}",
+                self.memory_mb
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads lfx's variables the way lfx's settings do (for tools that run without lfx, such as
+    /// `doctor` outside Langflow).
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        let num = |name: &str, default: u32| -> Result<u32, SandboxError> {
+            match get(lookup, name) {
+                None => Ok(default),
+                Some(raw) => raw.parse::<u32>().map_err(|_| {
+                    SandboxError::refused(format!("{name}={raw:?} is not a whole number"))
+                }),
+            }
+        };
+        let p = Self {
+            timeout_seconds: num(ENV_LF_TIMEOUT, LF_DEFAULT_TIMEOUT_SECONDS)?,
+            memory_mb: num(ENV_LF_MEMORY, LF_DEFAULT_MEMORY_MB)?,
+            allow_network: match lookup(ENV_LF_ALLOW_NETWORK) {
+                Some(raw) => parse_bool(ENV_LF_ALLOW_NETWORK, &raw)?,
+                None => false,
+            },
+            allowed_domains: get(lookup, ENV_LF_ALLOWED_DOMAINS)
+                .map(|raw| {
+                    raw.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults() {
+        let s = Settings::from_lookup(&env(&[])).unwrap();
+        assert!(s.api_key.is_none());
+        assert_eq!(s.base_url, DEFAULT_BASE_URL);
+        assert_eq!(s.rootfs, "devbox:1");
+        assert_eq!(s.pinned_shape, None);
+        assert!(!s.accept_egress_exceptions);
+        assert_eq!(s.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
+        let e = s.require_key().unwrap_err();
+        assert!(e.kind().is_unavailable());
+        assert!(e.to_string().contains(ENV_API_KEY));
+    }
+
+    #[test]
+    fn key_prefers_sandbox_variable_and_falls_back() {
+        let s = Settings::from_lookup(&env(&[
+            (ENV_API_KEY, " key-primary-1 "),
+            (ENV_API_KEY_FALLBACK, "key-fallback-1"),
+        ]))
+        .unwrap();
+        assert_eq!(s.api_key.unwrap().expose_secret(), "key-primary-1");
+        let s = Settings::from_lookup(&env(&[(ENV_API_KEY_FALLBACK, "key-fallback-1")])).unwrap();
+        assert_eq!(s.api_key.unwrap().expose_secret(), "key-fallback-1");
+        assert_eq!(s.api_key_source, Some(ENV_API_KEY_FALLBACK));
+        // Blank primary falls through to the fallback.
+        let s = Settings::from_lookup(&env(&[
+            (ENV_API_KEY, "  "),
+            (ENV_API_KEY_FALLBACK, "key-fallback-1"),
+        ]))
+        .unwrap();
+        assert_eq!(s.api_key_source, Some(ENV_API_KEY_FALLBACK));
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let s = Settings::from_lookup(&env(&[(ENV_API_KEY, "super-secret-key")])).unwrap();
+        let d = format!("{s:?}");
+        assert!(!d.contains("super-secret-key"), "{d}");
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let cases: &[(&str, &str)] = &[
+            (ENV_BASE_URL, "ftp://x"),
+            (ENV_BASE_URL, "https://example.test/?a=1"),
+            (ENV_BASE_URL, "not a url"),
+            (ENV_ROOTFS, "dev box"),
+            (ENV_SHAPE, "s 2"),
+            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "maybe"),
+            (ENV_MAX_OUTPUT_BYTES, "lots"),
+            (ENV_MAX_OUTPUT_BYTES, "10"),
+            (ENV_MAX_OUTPUT_BYTES, "-5"),
+            (ENV_API_KEY, "short"),
+        ];
+        for (k, v) in cases {
+            let e = Settings::from_lookup(&env(&[(k, v)])).unwrap_err();
+            assert!(e.kind().is_unavailable());
+            assert!(e.to_string().contains(k), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn base_url_with_credentials_is_not_echoed() {
+        let e = Settings::from_lookup(&env(&[(ENV_BASE_URL, "https://u:pw-secret@h.test")]))
+            .unwrap_err();
+        assert!(!e.to_string().contains("pw-secret"));
+        assert!(e.to_string().contains(ENV_BASE_URL));
+    }
+
+    #[test]
+    fn parses_valid_values() {
+        let s = Settings::from_lookup(&env(&[
+            (ENV_BASE_URL, "http://127.0.0.1:8080/api/"),
+            (ENV_ROOTFS, "python:3.12"),
+            (ENV_SHAPE, "s-2vcpu-4gb"),
+            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "TRUE"),
+            (ENV_MAX_OUTPUT_BYTES, "65536"),
+        ]))
+        .unwrap();
+        assert_eq!(s.base_url, "http://127.0.0.1:8080/api");
+        assert_eq!(s.rootfs, "python:3.12");
+        assert_eq!(s.pinned_shape.as_deref(), Some("s-2vcpu-4gb"));
+        assert!(s.accept_egress_exceptions);
+        assert_eq!(s.max_output_bytes, 65536);
+        let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
+        assert_eq!(s.pinned_shape, None);
+    }
+
+    #[test]
+    fn langflow_policy_from_lookup() {
+        let p = LangflowPolicy::from_lookup(&env(&[])).unwrap();
+        assert_eq!(p, LangflowPolicy::default());
+        let p = LangflowPolicy::from_lookup(&env(&[
+            (ENV_LF_TIMEOUT, "5"),
+            (ENV_LF_MEMORY, "8192"),
+            (ENV_LF_ALLOW_NETWORK, "true"),
+            (
+                ENV_LF_ALLOWED_DOMAINS,
+                " pypi.org, ,files.pythonhosted.org ",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(p.timeout_seconds, 5);
+        assert_eq!(p.memory_mb, 8192);
+        assert!(p.allow_network);
+        assert_eq!(
+            p.allowed_domains,
+            vec!["pypi.org", "files.pythonhosted.org"]
+        );
+        for (k, v) in [
+            (ENV_LF_TIMEOUT, "0"),
+            (ENV_LF_TIMEOUT, "301"),
+            (ENV_LF_MEMORY, "64"),
+            (ENV_LF_TIMEOUT, "x"),
+        ] {
+            let e = LangflowPolicy::from_lookup(&env(&[(k, v)])).unwrap_err();
+            assert!(e.to_string().contains(k), "{e}");
+        }
+    }
+}

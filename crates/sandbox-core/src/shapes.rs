@@ -1,0 +1,145 @@
+//! Shape selection. A CreateOS shape fixes vCPU and memory together; the configured memory is
+//! a floor, and the choice never rounds down.
+
+use crate::error::SandboxError;
+use crate::settings::{ENV_LF_MEMORY, ENV_SHAPE};
+
+/// The smallest memory an automatically chosen shape gets, in MiB: a fresh guest importing
+/// numpy or pandas needs it, whatever lfx's 192 MB default says.
+pub const AUTO_MIN_MIB: u32 = 4096;
+
+/// One catalog entry (`GET /v1/shapes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// Shape id, e.g. `s-2vcpu-4gb`.
+    pub id: String,
+    /// Virtual CPUs.
+    pub vcpu: u32,
+    /// Memory in MiB.
+    pub mem_mib: u32,
+}
+
+/// How a shape was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeChoice {
+    /// The shape.
+    pub shape: Shape,
+    /// True when `CREATEOS_SANDBOX_SHAPE` pinned it.
+    pub pinned: bool,
+    /// The memory the choice had to satisfy, in MiB.
+    pub required_mib: u32,
+}
+
+/// Chooses the shape for a run: the pinned one if set (it must exist and hold at least
+/// `memory_mb`), else the smallest shape with at least `max(memory_mb, 4096)` MiB (ties broken
+/// by fewer vCPUs, then id).
+pub fn select_shape(
+    catalog: &[Shape],
+    memory_mb: u32,
+    pinned: Option<&str>,
+) -> Result<ShapeChoice, SandboxError> {
+    if let Some(id) = pinned {
+        let Some(shape) = catalog.iter().find(|s| s.id == id) else {
+            let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
+            ids.sort_unstable();
+            return Err(SandboxError::refused(format!(
+                "{ENV_SHAPE}={id} is not in the CreateOS shape catalog (available: {}); pick one \
+                 of those or set it to auto",
+                ids.join(", ")
+            )));
+        };
+        if shape.mem_mib < memory_mb {
+            return Err(SandboxError::refused(format!(
+                "{ENV_SHAPE}={id} has {} MiB, below {ENV_LF_MEMORY}={memory_mb}; a smaller guest \
+                 would turn memory exhaustion into confusing out-of-memory kills. Pin a larger \
+                 shape, lower {ENV_LF_MEMORY}, or set {ENV_SHAPE}=auto",
+                shape.mem_mib
+            )));
+        }
+        return Ok(ShapeChoice {
+            shape: shape.clone(),
+            pinned: true,
+            required_mib: memory_mb,
+        });
+    }
+    let required = memory_mb.max(AUTO_MIN_MIB);
+    catalog
+        .iter()
+        .filter(|s| s.mem_mib >= required)
+        .min_by(|a, b| (a.mem_mib, a.vcpu, a.id.as_str()).cmp(&(b.mem_mib, b.vcpu, b.id.as_str())))
+        .map(|s| ShapeChoice {
+            shape: s.clone(),
+            pinned: false,
+            required_mib: required,
+        })
+        .ok_or_else(|| {
+            let largest = catalog.iter().map(|s| s.mem_mib).max().unwrap_or(0);
+            SandboxError::refused(format!(
+                "no CreateOS shape has at least {required} MiB (max({ENV_LF_MEMORY}={memory_mb}, \
+                 {AUTO_MIN_MIB})); the largest in the catalog has {largest} MiB. Lower \
+                 {ENV_LF_MEMORY} or pin a shape with {ENV_SHAPE}"
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cat() -> Vec<Shape> {
+        [
+            ("s-1vcpu-256mb", 1, 256),
+            ("s-1vcpu-1gb", 1, 1024),
+            ("s-4vcpu-4gb", 4, 4096),
+            ("s-2vcpu-4gb", 2, 4096),
+            ("s-4vcpu-8gb", 4, 8192),
+            ("s-4vcpu-16gb", 4, 16384),
+        ]
+        .iter()
+        .map(|(id, v, m)| Shape {
+            id: (*id).to_owned(),
+            vcpu: *v,
+            mem_mib: *m,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn floor_of_4096_and_smallest_fit() {
+        let c = select_shape(&cat(), 192, None).unwrap();
+        assert_eq!(c.shape.id, "s-2vcpu-4gb");
+        assert_eq!(c.required_mib, 4096);
+        assert_eq!(
+            select_shape(&cat(), 4096, None).unwrap().shape.id,
+            "s-2vcpu-4gb"
+        );
+        assert_eq!(
+            select_shape(&cat(), 4097, None).unwrap().shape.id,
+            "s-4vcpu-8gb"
+        );
+        assert_eq!(
+            select_shape(&cat(), 9000, None).unwrap().shape.id,
+            "s-4vcpu-16gb"
+        );
+    }
+
+    #[test]
+    fn never_rounds_down() {
+        let e = select_shape(&cat(), 16385, None).unwrap_err();
+        assert!(e.kind().is_unavailable());
+        assert!(e.to_string().contains("16385"));
+        let e = select_shape(&[], 192, None).unwrap_err();
+        assert!(e.to_string().contains("4096"));
+    }
+
+    #[test]
+    fn pinned_shape_checks() {
+        let c = select_shape(&cat(), 192, Some("s-1vcpu-256mb")).unwrap();
+        assert!(c.pinned);
+        assert_eq!(c.shape.mem_mib, 256);
+        let e = select_shape(&cat(), 512, Some("s-1vcpu-256mb")).unwrap_err();
+        assert!(e.to_string().contains(ENV_SHAPE) && e.to_string().contains(ENV_LF_MEMORY));
+        let e = select_shape(&cat(), 192, Some("s-64vcpu-1tb")).unwrap_err();
+        assert!(e.to_string().contains("not in the CreateOS shape catalog"));
+    }
+}
