@@ -1,0 +1,954 @@
+//! HTTP transport: URL building, credentials, JSend decoding, retries, error mapping,
+//! pagination and the NDJSON/SSE frame splitter shared by every stream.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, BoxStream, StreamExt};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use url::Url;
+
+use crate::error::{ApiError, Error, MAX_ERROR_BODY, Result};
+use crate::options::{RequestOptions, RetryOptions};
+
+/// Headers that carry credentials; never forwarded from callers.
+pub(crate) const SENSITIVE_HEADERS: [&str; 7] = [
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "x-auth-token",
+    "cookie",
+    "set-cookie",
+    "x-csrf-token",
+];
+
+/// Longest accepted stream line (16 MiB); longer is a protocol error.
+pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
+
+const REDACTED: &str = "[REDACTED]";
+
+/// The secrets a transport must never reveal.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(Arc<Vec<SecretString>>);
+
+impl Secrets {
+    fn with(&self, s: &SecretString) -> Secrets {
+        let mut v: Vec<SecretString> = self.0.iter().cloned().collect();
+        v.push(s.clone());
+        Secrets(Arc::new(v))
+    }
+
+    /// Replace every secret occurrence in `text`.
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for s in self.0.iter() {
+            let s = s.expose_secret();
+            if !s.is_empty() && out.contains(s) {
+                out = out.replace(s, REDACTED);
+            }
+        }
+        out
+    }
+
+    /// Replace every secret occurrence in `bytes`; also drop a trailing partial secret
+    /// left by truncation.
+    pub(crate) fn scrub_bytes(&self, bytes: &[u8], truncated: bool) -> Bytes {
+        let mut out = bytes.to_vec();
+        for s in self.0.iter() {
+            let s = s.expose_secret().as_bytes();
+            if s.is_empty() {
+                continue;
+            }
+            if out.windows(s.len()).any(|w| w == s) {
+                let mut res = Vec::with_capacity(out.len());
+                let mut i = 0;
+                while i < out.len() {
+                    if out[i..].starts_with(s) {
+                        res.extend_from_slice(REDACTED.as_bytes());
+                        i += s.len();
+                    } else {
+                        res.push(out[i]);
+                        i += 1;
+                    }
+                }
+                out = res;
+            }
+            if truncated {
+                for k in (4.min(s.len())..s.len()).rev() {
+                    if out.ends_with(&s[..k]) {
+                        out.truncate(out.len() - k);
+                        out.extend_from_slice(REDACTED.as_bytes());
+                        break;
+                    }
+                }
+            }
+        }
+        Bytes::from(out)
+    }
+}
+
+/// Settings shared by a transport and every delegated copy of it.
+pub(crate) struct Shared {
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: Url,
+    pub(crate) base_str: String,
+    pub(crate) timeout: Duration,
+    pub(crate) retry: RetryOptions,
+    pub(crate) user_agent: HeaderValue,
+    pub(crate) allow_insecure_http: bool,
+}
+
+/// The HTTP transport. Cheap to clone via `Arc`.
+pub(crate) struct Transport {
+    shared: Arc<Shared>,
+    credential: Option<SecretString>,
+    secrets: Secrets,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("base_url", &self.shared.base_str)
+            .field("credential", &self.credential.as_ref().map(|_| REDACTED))
+            .field("timeout", &self.shared.timeout)
+            .field("retry", &self.shared.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body of a raw (never retried) request.
+pub(crate) enum RawBody {
+    /// No body.
+    None,
+    /// A JSON body.
+    Json(Value),
+    /// Bytes with a content type.
+    Bytes(Bytes, &'static str),
+    /// A streamed `application/octet-stream` body.
+    Stream(reqwest::Body),
+}
+
+/// Stored in a raw response's extensions so stream readers can map errors and time out.
+#[derive(Clone)]
+pub(crate) struct RawMeta {
+    pub(crate) method: Method,
+    pub(crate) endpoint: String,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) secrets: Secrets,
+}
+
+/// Percent-encode one path segment (every byte except `A-Za-z0-9-._~`).
+pub(crate) fn seg(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/v1/shapes" | "/v1/rootfs")
+}
+
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE
+    )
+}
+
+pub(crate) fn is_loopback_host(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => false,
+    }
+}
+
+/// Parse `Retry-After`: delta-seconds (float accepted) or an HTTP-date; negatives clamp to 0.
+pub(crate) fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        if secs.is_finite() {
+            return Some(Duration::from_secs_f64(secs.clamp(0.0, 1e9)));
+        }
+        return None;
+    }
+    let when = httpdate::parse_http_date(v).ok()?;
+    Some(
+        when.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+impl Transport {
+    pub(crate) fn new(shared: Shared, credential: Option<SecretString>) -> Transport {
+        let secrets = match &credential {
+            Some(c) => Secrets::default().with(c),
+            None => Secrets::default(),
+        };
+        Transport {
+            shared: Arc::new(shared),
+            credential,
+            secrets,
+        }
+    }
+
+    /// The same transport with a different credential (delegated access token).
+    /// The pool, timeout and retry settings are shared; both secrets stay redacted.
+    #[allow(dead_code)] // used by extension modules
+    pub(crate) fn with_credential(&self, secret: SecretString) -> Transport {
+        Transport {
+            shared: Arc::clone(&self.shared),
+            secrets: self.secrets.with(&secret),
+            credential: Some(secret),
+        }
+    }
+
+    pub(crate) fn base_url(&self) -> &str {
+        &self.shared.base_str
+    }
+
+    pub(crate) fn has_credential(&self) -> bool {
+        self.credential.is_some()
+    }
+
+    #[allow(dead_code)] // used by extension modules
+    pub(crate) fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    #[allow(dead_code)] // used by extension modules
+    pub(crate) fn default_timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
+    fn build(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &[(&str, String)],
+        opts: &RequestOptions,
+    ) -> Result<reqwest::RequestBuilder> {
+        let mut url = Url::parse(&format!("{}{}", self.shared.base_str, path))
+            .map_err(|e| Error::InvalidArgument(format!("invalid request path {path:?}: {e}")))?;
+        if url.origin() != self.shared.base.origin() {
+            return Err(Error::protocol("refusing request to non-base origin"));
+        }
+        if !query.is_empty() {
+            let mut q = url.query_pairs_mut();
+            for (k, v) in query {
+                q.append_pair(k, v);
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        headers.insert(header::USER_AGENT, self.shared.user_agent.clone());
+        for (name, value) in &opts.headers {
+            if !SENSITIVE_HEADERS.contains(&name.as_str()) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        if !is_public(path) {
+            let Some(cred) = &self.credential else {
+                return Err(Error::Auth(
+                    "no API key configured (set CREATEOS_API_KEY or pass one to the builder)"
+                        .into(),
+                ));
+            };
+            if url.scheme() != "https"
+                && !self.shared.allow_insecure_http
+                && !is_loopback_host(&url)
+            {
+                return Err(Error::Config(
+                    "refusing to send the API key over plain http to a non-loopback host; \
+                     use https or opt in with ClientBuilder::allow_insecure_http(true)"
+                        .into(),
+                ));
+            }
+            let mut v = HeaderValue::from_str(cred.expose_secret()).map_err(|_| {
+                Error::Config("the API key contains invalid header characters".into())
+            })?;
+            v.set_sensitive(true);
+            headers.insert(HeaderName::from_static("x-api-key"), v);
+        }
+        Ok(self
+            .shared
+            .http
+            .request(method.clone(), url)
+            .headers(headers))
+    }
+
+    fn map_send_error(
+        &self,
+        method: &Method,
+        endpoint: &str,
+        e: reqwest::Error,
+        timeout: Duration,
+    ) -> Error {
+        if e.is_timeout() {
+            return Error::Timeout {
+                method: method.clone(),
+                endpoint: endpoint.to_owned(),
+                after: timeout,
+            };
+        }
+        let message = self.secrets.scrub(&error_chain(&e));
+        Error::Transport {
+            method: method.clone(),
+            endpoint: endpoint.to_owned(),
+            message,
+            source: Box::new(e.without_url()),
+        }
+    }
+
+    /// Check the status: redirects become protocol errors, non-2xx become [`Error::Api`].
+    async fn check(
+        &self,
+        method: &Method,
+        endpoint: &str,
+        sent: &Url,
+        resp: reqwest::Response,
+    ) -> Result<reqwest::Response> {
+        let status = resp.status();
+        if status.is_redirection() {
+            let cross = resp
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| sent.join(l).ok())
+                .is_some_and(|target| target.origin() != self.shared.base.origin());
+            return Err(Error::protocol(if cross {
+                "refusing redirect to non-base origin"
+            } else {
+                "unexpected redirect response"
+            }));
+        }
+        if resp.url() != sent {
+            return Err(Error::protocol(
+                "the HTTP client followed a redirect; redirects are never accepted",
+            ));
+        }
+        if status.is_success() {
+            return Ok(resp);
+        }
+        Err(self.api_error(method, endpoint, resp).await)
+    }
+
+    async fn api_error(
+        &self,
+        method: &Method,
+        endpoint: &str,
+        mut resp: reqwest::Response,
+    ) -> Error {
+        let status = resp.status();
+        let raw_headers = resp.headers().clone();
+        let mut body = BytesMut::new();
+        let mut truncated = false;
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            let room = MAX_ERROR_BODY - body.len();
+            if chunk.len() > room {
+                body.extend_from_slice(&chunk[..room]);
+                truncated = true;
+                break;
+            }
+            body.extend_from_slice(&chunk);
+            if body.len() == MAX_ERROR_BODY {
+                // Any further byte means the body was cut.
+                truncated = matches!(resp.chunk().await, Ok(Some(c)) if !c.is_empty());
+                break;
+            }
+        }
+        drop(resp);
+        let body = self.secrets.scrub_bytes(&body, truncated);
+        let (code, message) = envelope_message(&body);
+        let mut headers = HeaderMap::new();
+        for (name, value) in &raw_headers {
+            if SENSITIVE_HEADERS.contains(&name.as_str()) {
+                continue;
+            }
+            let scrubbed = value.to_str().map(|s| self.secrets.scrub(s)).ok();
+            if let Some(v) = scrubbed.and_then(|s| HeaderValue::from_str(&s).ok()) {
+                headers.append(name.clone(), v);
+            }
+        }
+        let request_id = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Error::Api(Box::new(ApiError {
+            status,
+            method: method.clone(),
+            endpoint: endpoint.to_owned(),
+            code,
+            message: self.secrets.scrub(&message),
+            request_id,
+            retry_after: parse_retry_after(&headers),
+            body,
+            body_truncated: truncated,
+            headers,
+        }))
+    }
+
+    fn should_retry(method: &Method, err: &Error) -> bool {
+        match err {
+            Error::Api(api) => match api.status.as_u16() {
+                429 | 503 => true,
+                408 | 500 | 502 | 504 => is_idempotent(method),
+                _ => false,
+            },
+            Error::Transport { .. } | Error::Timeout { .. } => is_idempotent(method),
+            _ => false,
+        }
+    }
+
+    /// One attempt of a JSON request: returns status + full body.
+    async fn attempt(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+        opts: &RequestOptions,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes)> {
+        let mut rb = self.build(method, path, query, opts)?.timeout(timeout);
+        if let Some(b) = body {
+            let bytes = serde_json::to_vec(b)
+                .map_err(|e| Error::InvalidArgument(format!("cannot encode request body: {e}")))?;
+            rb = rb
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(bytes);
+        }
+        let req = rb
+            .build()
+            .map_err(|e| self.map_send_error(method, path, e, timeout))?;
+        let sent = req.url().clone();
+        let resp = self
+            .shared
+            .http
+            .execute(req)
+            .await
+            .map_err(|e| self.map_send_error(method, path, e, timeout))?;
+        let resp = self.check(method, path, &sent, resp).await?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| self.map_send_error(method, path, e, timeout))?;
+        Ok((status, bytes))
+    }
+
+    /// A JSON request with retries; returns the raw JSend `data`.
+    pub(crate) async fn json_value(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+        opts: &RequestOptions,
+    ) -> Result<Value> {
+        let retry = opts.retry.unwrap_or(self.shared.retry);
+        let max = if opts.disable_retry {
+            0
+        } else {
+            retry.max_retries
+        };
+        let timeout = opts.timeout.unwrap_or(self.shared.timeout);
+        let mut attempt = 0u32;
+        loop {
+            match self
+                .attempt(&method, path, query, body.as_ref(), opts, timeout)
+                .await
+            {
+                Ok((status, bytes)) => return self.decode_jsend(status, &bytes),
+                Err(e) if attempt < max && Self::should_retry(&method, &e) => {
+                    let delay = e
+                        .as_api()
+                        .and_then(|a| a.retry_after)
+                        .unwrap_or_else(|| retry.backoff(attempt));
+                    tracing::debug!(%method, path, attempt, ?delay, error = %e, "retrying createos request");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// JSend request: returns the decoded `data` (`Option<T>` decodes a 204 as `None`).
+    pub(crate) async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+        opts: &RequestOptions,
+    ) -> Result<T> {
+        let data = self.json_value(method, path, query, body, opts).await?;
+        self.decode_data(data, path)
+    }
+
+    /// Decode a JSend `data` value into `T`, mapping failures to a redacted protocol error.
+    pub(crate) fn decode_data<T: DeserializeOwned>(&self, data: Value, what: &str) -> Result<T> {
+        serde_json::from_value(data).map_err(|e| {
+            Error::protocol(format!(
+                "cannot decode response of {what}: {}",
+                self.secrets.scrub(&e.to_string())
+            ))
+        })
+    }
+
+    /// JSend request whose `data` is ignored.
+    #[allow(dead_code)] // used by extension modules
+    pub(crate) async fn unit(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+        opts: &RequestOptions,
+    ) -> Result<()> {
+        self.json_value(method, path, query, body, opts)
+            .await
+            .map(|_| ())
+    }
+
+    fn decode_jsend(&self, status: StatusCode, bytes: &[u8]) -> Result<Value> {
+        if matches!(status.as_u16(), 204 | 205) && bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Value::Null);
+        }
+        let env: Value = serde_json::from_slice(bytes).map_err(|e| {
+            Error::protocol(format!(
+                "invalid JSend envelope: {}; body starts with {:?}",
+                e,
+                self.snippet(bytes)
+            ))
+        })?;
+        let Value::Object(mut obj) = env else {
+            return Err(Error::protocol("invalid JSend envelope: not an object"));
+        };
+        match obj.get("status").and_then(Value::as_str) {
+            Some("success") => Ok(obj.remove("data").unwrap_or(Value::Null)),
+            Some(_) => {
+                let msg = obj
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or("unexpected JSend status");
+                Err(Error::protocol(self.secrets.scrub(msg)))
+            }
+            None => Err(Error::protocol("invalid JSend envelope: missing status")),
+        }
+    }
+
+    fn snippet(&self, bytes: &[u8]) -> String {
+        let cut = &bytes[..bytes.len().min(200)];
+        self.secrets.scrub(&String::from_utf8_lossy(cut))
+    }
+
+    /// Raw response for streams, bytes and text: never retried; non-2xx already
+    /// turned into [`Error::Api`]. The timeout bounds the wait for the response
+    /// headers (which includes sending an upload body); stream readers then apply
+    /// it to every idle gap between chunks.
+    pub(crate) async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: RawBody,
+        opts: &RequestOptions,
+    ) -> Result<reqwest::Response> {
+        let timeout = opts.timeout.unwrap_or(self.shared.timeout);
+        let mut rb = self.build(&method, path, query, opts)?;
+        rb = match body {
+            RawBody::None => rb,
+            RawBody::Json(v) => {
+                let bytes = serde_json::to_vec(&v).map_err(|e| {
+                    Error::InvalidArgument(format!("cannot encode request body: {e}"))
+                })?;
+                rb.header(header::CONTENT_TYPE, "application/json")
+                    .body(bytes)
+            }
+            RawBody::Bytes(b, ct) => rb.header(header::CONTENT_TYPE, ct).body(b),
+            RawBody::Stream(b) => rb
+                .header(header::CONTENT_TYPE, "application/octet-stream")
+                .body(b),
+        };
+        let req = rb
+            .build()
+            .map_err(|e| self.map_send_error(&method, path, e, timeout))?;
+        let sent = req.url().clone();
+        let fut = self.shared.http.execute(req);
+        let resp = match tokio::time::timeout(timeout, fut).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    method,
+                    endpoint: path.to_owned(),
+                    after: timeout,
+                });
+            }
+            Ok(r) => r.map_err(|e| self.map_send_error(&method, path, e, timeout))?,
+        };
+        let mut resp =
+            match tokio::time::timeout(timeout, self.check(&method, path, &sent, resp)).await {
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        method,
+                        endpoint: path.to_owned(),
+                        after: timeout,
+                    });
+                }
+                Ok(r) => r?,
+            };
+        resp.extensions_mut().insert(RawMeta {
+            method,
+            endpoint: path.to_owned(),
+            idle_timeout: timeout,
+            secrets: self.secrets.clone(),
+        });
+        Ok(resp)
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// JSend `code` and message of an error body (see the contract §1.5).
+fn envelope_message(body: &[u8]) -> (i64, String) {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
+        return (0, "request failed".to_owned());
+    };
+    let code = match obj.get("code") {
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(0),
+        _ => 0,
+    };
+    if let Some(m) = obj
+        .get("message")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+    {
+        return (code, m.to_owned());
+    }
+    match obj.get("data") {
+        Some(Value::String(s)) if !s.is_empty() => (code, s.clone()),
+        Some(Value::Object(map)) if !map.is_empty() => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let parts: Vec<String> = keys
+                .into_iter()
+                .map(|k| match &map[k] {
+                    Value::String(s) => format!("{k}: {s}"),
+                    other => format!("{k}: {other}"),
+                })
+                .collect();
+            (code, parts.join("; "))
+        }
+        _ => (code, "request failed".to_owned()),
+    }
+}
+
+/// The response body as a stream of chunks, each awaited under the idle timeout.
+pub(crate) fn body_chunks(resp: reqwest::Response) -> BoxStream<'static, Result<Bytes>> {
+    let meta = resp
+        .extensions()
+        .get::<RawMeta>()
+        .cloned()
+        .unwrap_or_else(|| RawMeta {
+            method: Method::GET,
+            endpoint: resp.url().path().to_owned(),
+            idle_timeout: Duration::from_secs(60),
+            secrets: Secrets::default(),
+        });
+    let inner = resp.bytes_stream();
+    stream::unfold(Some((inner, meta)), |state| async move {
+        let (mut inner, meta) = state?;
+        match tokio::time::timeout(meta.idle_timeout, inner.next()).await {
+            Err(_) => Some((
+                Err(Error::Timeout {
+                    method: meta.method.clone(),
+                    endpoint: meta.endpoint.clone(),
+                    after: meta.idle_timeout,
+                }),
+                None,
+            )),
+            Ok(None) => None,
+            Ok(Some(Ok(b))) => Some((Ok(b), Some((inner, meta)))),
+            Ok(Some(Err(e))) => {
+                let err = if e.is_timeout() {
+                    Error::Timeout {
+                        method: meta.method.clone(),
+                        endpoint: meta.endpoint.clone(),
+                        after: meta.idle_timeout,
+                    }
+                } else {
+                    Error::Transport {
+                        method: meta.method.clone(),
+                        endpoint: meta.endpoint.clone(),
+                        message: meta.secrets.scrub(&error_chain(&e)),
+                        source: Box::new(e.without_url()),
+                    }
+                };
+                Some((Err(err), None))
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Frame state for [`ndjson_frames`].
+struct Framer {
+    chunks: BoxStream<'static, Result<Bytes>>,
+    buf: BytesMut,
+    ready: VecDeque<Map<String, Value>>,
+    secrets: Secrets,
+    eof: bool,
+}
+
+impl Framer {
+    /// Handle one complete line per §3.1; returns a frame, nothing, or an error.
+    fn line(&self, raw: &[u8]) -> Result<Option<Map<String, Value>>> {
+        let text = std::str::from_utf8(raw)
+            .map_err(|e| Error::protocol_with("stream line is not valid UTF-8", e))?;
+        let line = text.trim();
+        if line.is_empty()
+            || line.starts_with(':')
+            || line.starts_with("event:")
+            || line.starts_with("id:")
+            || line.starts_with("retry:")
+        {
+            return Ok(None);
+        }
+        let json = match line.strip_prefix("data:") {
+            Some(rest) => {
+                let rest = rest.trim();
+                if rest.is_empty() {
+                    return Ok(None);
+                }
+                rest
+            }
+            None => line,
+        };
+        match serde_json::from_str::<Value>(json) {
+            Ok(Value::Object(m)) => Ok(Some(m)),
+            Ok(_) => Err(Error::protocol("stream frame is not a JSON object")),
+            Err(e) => {
+                let shown: String = json.chars().take(200).collect();
+                Err(Error::protocol(format!(
+                    "invalid stream frame: {e}; line starts with {:?}",
+                    self.secrets.scrub(&shown)
+                )))
+            }
+        }
+    }
+
+    /// Split every complete line out of the buffer.
+    fn drain_lines(&mut self, at_eof: bool) -> Result<()> {
+        loop {
+            let Some(pos) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
+                if at_eof && !self.buf.is_empty() {
+                    let rest = self.buf.split();
+                    if let Some(f) = self.line(&rest)? {
+                        self.ready.push_back(f);
+                    }
+                }
+                if self.buf.len() > MAX_LINE {
+                    return Err(Error::protocol(format!(
+                        "stream line longer than {MAX_LINE} bytes"
+                    )));
+                }
+                return Ok(());
+            };
+            let line = self.buf.split_to(pos + 1);
+            if let Some(f) = self.line(&line[..pos])? {
+                self.ready.push_back(f);
+            }
+        }
+    }
+}
+
+/// Split a response body into JSON-object frames: NDJSON and single-line SSE, mixed
+/// freely (§3.1). Dropping the stream drops the response and closes the connection.
+pub(crate) fn ndjson_frames(
+    resp: reqwest::Response,
+) -> BoxStream<'static, Result<Map<String, Value>>> {
+    let secrets = resp
+        .extensions()
+        .get::<RawMeta>()
+        .map(|m| m.secrets.clone())
+        .unwrap_or_default();
+    let framer = Framer {
+        chunks: body_chunks(resp),
+        buf: BytesMut::new(),
+        ready: VecDeque::new(),
+        secrets,
+        eof: false,
+    };
+    stream::unfold(Some(framer), |state| async move {
+        let mut f = state?;
+        loop {
+            if let Some(frame) = f.ready.pop_front() {
+                return Some((Ok(frame), Some(f)));
+            }
+            if f.eof {
+                return None;
+            }
+            match f.chunks.next().await {
+                Some(Ok(chunk)) => {
+                    f.buf.extend_from_slice(&chunk);
+                    if let Err(e) = f.drain_lines(false) {
+                        return Some((Err(e), None));
+                    }
+                }
+                Some(Err(e)) => return Some((Err(e), None)),
+                None => {
+                    f.eof = true;
+                    if let Err(e) = f.drain_lines(true) {
+                        return Some((Err(e), None));
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Split a list page into rows and an optional total (§1.9): a bare array,
+/// `{data, pagination}`, or a legacy key.
+pub(crate) fn page_rows(
+    data: Value,
+    legacy_key: Option<&str>,
+) -> Result<(Vec<Value>, Option<u64>)> {
+    match data {
+        Value::Array(rows) => Ok((rows, None)),
+        Value::Null => Ok((Vec::new(), None)),
+        Value::Object(mut obj) => {
+            let total = obj
+                .get("pagination")
+                .and_then(|p| p.get("total"))
+                .and_then(Value::as_u64);
+            let rows = match obj.remove("data") {
+                Some(Value::Array(rows)) => rows,
+                Some(Value::Null) | None => match legacy_key.and_then(|k| obj.remove(k)) {
+                    Some(Value::Array(rows)) => rows,
+                    Some(Value::Null) | None => Vec::new(),
+                    Some(_) => {
+                        return Err(Error::protocol("list response: legacy key is not an array"));
+                    }
+                },
+                Some(_) => return Err(Error::protocol("list response: `data` is not an array")),
+            };
+            Ok((rows, total))
+        }
+        _ => Err(Error::protocol(
+            "list response is neither an array nor an object",
+        )),
+    }
+}
+
+/// Default page size when the caller gave none.
+pub(crate) const DEFAULT_PAGE: u64 = 100;
+/// The server's largest page.
+pub(crate) const MAX_PAGE: u64 = 500;
+
+struct Pager {
+    t: Arc<Transport>,
+    path: String,
+    query: Vec<(&'static str, String)>,
+    legacy: Option<&'static str>,
+    opts: RequestOptions,
+    offset: u64,
+    limit: u64,
+    buffered: VecDeque<Value>,
+    done: bool,
+}
+
+/// Walk limit/offset pages lazily, yielding rows. `query` may carry `limit` (page size,
+/// capped at 500) and `offset` (start); both are replaced by the walk.
+pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
+    t: Arc<Transport>,
+    path: String,
+    query: Vec<(&'static str, String)>,
+    legacy_key: Option<&'static str>,
+    opts: RequestOptions,
+) -> BoxStream<'static, Result<T>> {
+    let mut limit = DEFAULT_PAGE;
+    let mut offset = 0;
+    let mut rest = Vec::new();
+    for (k, v) in query {
+        match k {
+            "limit" => limit = v.parse().unwrap_or(DEFAULT_PAGE),
+            "offset" => offset = v.parse().unwrap_or(0),
+            _ => rest.push((k, v)),
+        }
+    }
+    let pager = Pager {
+        t,
+        path,
+        query: rest,
+        legacy: legacy_key,
+        opts,
+        offset,
+        limit: limit.clamp(1, MAX_PAGE),
+        buffered: VecDeque::new(),
+        done: false,
+    };
+    stream::unfold(Some(pager), |state| async move {
+        let mut p = state?;
+        loop {
+            if let Some(row) = p.buffered.pop_front() {
+                let item = p.t.decode_data::<T>(row, &p.path);
+                return match item {
+                    Ok(v) => Some((Ok(v), Some(p))),
+                    Err(e) => Some((Err(e), None)),
+                };
+            }
+            if p.done {
+                return None;
+            }
+            let mut q: Vec<(&str, String)> = p.query.iter().map(|(k, v)| (*k, v.clone())).collect();
+            q.push(("limit", p.limit.to_string()));
+            q.push(("offset", p.offset.to_string()));
+            let page =
+                p.t.json_value(Method::GET, &p.path, &q, None, &p.opts)
+                    .await;
+            let (rows, total) = match page.and_then(|d| page_rows(d, p.legacy)) {
+                Ok(x) => x,
+                Err(e) => return Some((Err(e), None)),
+            };
+            let n = rows.len() as u64;
+            match total {
+                Some(total) if n > 0 && p.offset + n < total => p.offset += n,
+                _ => p.done = true,
+            }
+            p.buffered.extend(rows);
+        }
+    })
+    .boxed()
+}
