@@ -1,0 +1,100 @@
+"""Type stubs for the native extension ``langflow_sandbox_createos._native``."""
+
+from typing import Protocol, final
+
+__version__: str
+LOGGER_NAME: str
+
+class CreateOSError(RuntimeError):
+    """Base class of the errors raised by the native extension."""
+
+class Unavailable(CreateOSError):
+    """Configured but unusable, or the policy cannot be honoured. Nothing ran."""
+
+class ExecutionFailed(CreateOSError):
+    """The infrastructure failed during a run."""
+
+class _SandboxSettings(Protocol):
+    """The fields of lfx's ``_SandboxSettings`` that a run reads."""
+
+    @property
+    def timeout_seconds(self) -> int: ...
+    @property
+    def memory_mb(self) -> int: ...
+    @property
+    def allow_network(self) -> bool: ...
+    @property
+    def allowed_domains(self) -> tuple[str, ...]: ...
+
+@final
+class NativeCapabilities:
+    """What the backend declares to lfx's policy gate."""
+
+    @property
+    def isolation(self) -> str: ...
+    @property
+    def supports_deny_all_egress(self) -> bool: ...
+    @property
+    def supports_domain_allowlist(self) -> bool: ...
+    @property
+    def max_timeout_seconds(self) -> int | None: ...
+
+@final
+class Timings:
+    """Where the time of one run went, in milliseconds."""
+
+    @property
+    def create_ms(self) -> int: ...
+    @property
+    def upload_ms(self) -> int: ...
+    @property
+    def exec_ms(self) -> int: ...
+    @property
+    def destroy_ms(self) -> int | None: ...
+    @property
+    def total_ms(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+
+@final
+class RunResult:
+    """The outcome of one run."""
+
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def execution_time_ms(self) -> int: ...
+    @property
+    def stdout_truncated(self) -> bool: ...
+    @property
+    def stderr_truncated(self) -> bool: ...
+    @property
+    def guest(self) -> str: ...
+    @property
+    def timings(self) -> Timings: ...
+
+@final
+class NativeBackend:
+    """One backend per process; builds its runtime and connections on first use."""
+
+    def __init__(self) -> None: ...
+    def run(
+        self,
+        code: str,
+        env: dict[str, str] | None,
+        settings: _SandboxSettings,
+    ) -> RunResult:
+        """Run ``code`` in a fresh guest; blocks with the GIL released, Ctrl-C interrupts."""
+    def shutdown(self) -> None:
+        """Destroy this process's live guests. Idempotent."""
+    def reset_after_fork(self) -> None:
+        """Drop state inherited from a parent process."""
+    def doctor(self, settings: _SandboxSettings) -> tuple[bool, str]:
+        """Check configuration and credential without creating a guest."""
+
+def capabilities() -> NativeCapabilities:
+    """The backend's capabilities. No I/O."""

@@ -1,0 +1,80 @@
+"""The ``createos`` sandbox backend for lfx (entry point ``lfx.sandbox_backends``).
+
+Glue only: lfx's settings are read with lfx's own reader, handed to the native extension,
+and its answers come back as lfx's own ``Capabilities`` / ``SandboxResult`` or lfx's own
+exceptions. Every decision (refusals, shape, egress, guest lifecycle, timeouts) is made in
+Rust.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from lfx.utils.sandbox.base import (
+    Capabilities,
+    SandboxExecutionError,
+    SandboxResult,
+    SandboxUnavailableError,
+    _sandbox_settings,
+)
+
+from . import _native
+
+__all__ = ["CreateOSBackend", "create_backend"]
+
+
+class CreateOSBackend:
+    """Runs each ``run()`` in a fresh CreateOS microVM that is destroyed afterwards.
+
+    Thread-safe: lfx calls ``run()`` from worker threads, possibly concurrently, and the
+    call blocks with the GIL released. Safe across ``fork()``: a child process builds its own
+    runtime and connections on first use.
+    """
+
+    name = "createos"
+
+    def __init__(self) -> None:
+        self._native = _native.NativeBackend()
+        # lfx run / lfx serve never call shutdown(); Langflow does on a graceful exit.
+        atexit.register(self.shutdown)
+
+    def capabilities(self) -> Capabilities:
+        """What lfx's policy gate may rely on. No I/O."""
+        caps = _native.capabilities()
+        return Capabilities(
+            isolation=caps.isolation,
+            supports_deny_all_egress=caps.supports_deny_all_egress,
+            supports_domain_allowlist=caps.supports_domain_allowlist,
+            max_timeout_seconds=caps.max_timeout_seconds,
+        )
+
+    def run(self, code: str, *, env: dict[str, str] | None = None) -> SandboxResult:
+        """Run ``code`` with ``python3`` in a fresh guest under lfx's sandbox settings."""
+        try:
+            out = self._native.run(code, env, _sandbox_settings())
+        except _native.Unavailable as exc:
+            raise SandboxUnavailableError(str(exc)) from None
+        except _native.ExecutionFailed as exc:
+            raise SandboxExecutionError(str(exc)) from None
+        return SandboxResult(
+            stdout=out.stdout,
+            stderr=out.stderr,
+            exit_code=out.exit_code,
+            execution_time_ms=out.execution_time_ms,
+        )
+
+    def shutdown(self) -> None:
+        """Destroy every guest this process still has. Idempotent."""
+        self._native.shutdown()
+
+    def reset_after_fork(self) -> None:
+        """Forget the parent's runtime and connections; the child builds its own."""
+        self._native.reset_after_fork()
+
+    def __repr__(self) -> str:
+        return f"<CreateOSBackend {self._native!r}>"
+
+
+def create_backend() -> CreateOSBackend:
+    """Entry-point factory: builds the backend without any I/O or thread."""
+    return CreateOSBackend()

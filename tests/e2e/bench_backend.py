@@ -1,0 +1,215 @@
+"""Benchmark of the sandbox backend through the installed wheel (not a test; run by hand).
+
+    python tests/e2e/bench_backend.py [--write BENCHMARKS.md]
+
+Starts ``createos-fake --latency-ms 20`` (every API request waits 20 ms, roughly a nearby
+control plane) and measures, through the same backend object lfx builds:
+
+- the median wall time of ``run("print(1)")``;
+- control-plane requests per run: those the caller waits for (the backend's own count) and
+  all of them (the fake's per-route counters, background destroys included);
+- runs per second with 32 threads calling ``run()`` at once;
+- the host's peak RSS growth while the guest prints 200 MB, against the per-stream cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import backend_env, start_fake  # noqa: E402
+
+SECTION = "## Sandbox backend (Python, through the wheel)"
+LATENCY_MS = 20
+
+
+def _backend(env: dict[str, str]):  # noqa: ANN202
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("CREATEOS_", "LANGFLOW_SANDBOX_CREATEOS_"))})
+    from langflow_sandbox_createos.backend import create_backend
+
+    return create_backend()
+
+
+def latency(fake, backend, runs: int) -> dict:  # noqa: ANN001
+    for _ in range(3):
+        backend.run("print(1)")
+    fake.wait_settled()
+    samples, critical = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = backend._native.run("print(1)", None, _settings())
+        samples.append((time.perf_counter() - t0) * 1000)
+        critical.append(out.timings.requests)
+        assert out.stdout.strip() == "1", out
+    fake.wait_settled()
+    fake.reset()
+    backend.run("print(1)")
+    stats = fake.wait_settled()
+    return {
+        "runs": runs,
+        "median_ms": statistics.median(samples),
+        "p90_ms": statistics.quantiles(samples, n=10)[-1],
+        "min_ms": min(samples),
+        "critical_requests": statistics.median(critical),
+        "requests_per_run": stats["requests"],
+    }
+
+
+def _settings():  # noqa: ANN202
+    from lfx.utils.sandbox.base import _sandbox_settings
+
+    return _sandbox_settings()
+
+
+def throughput(fake, backend, threads: int, per_thread: int) -> dict:  # noqa: ANN001
+    fake.reset()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            try:
+                if backend.run("print(1)").exit_code != 0:
+                    errors.append(RuntimeError("non-zero exit"))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    stats = fake.wait_settled(timeout=120)
+    total = threads * per_thread
+    return {
+        "threads": threads,
+        "runs": total,
+        "errors": len(errors),
+        "first_error": repr(errors[0]) if errors else None,
+        "seconds": elapsed,
+        "runs_per_s": total / elapsed,
+        "peak_concurrent_execs": stats["peak_concurrent_execs"],
+    }
+
+
+RSS_CHILD = """
+import json, os, resource, sys
+os.environ.update(json.loads(sys.argv[1]))
+from langflow_sandbox_createos.backend import create_backend
+backend = create_backend()
+backend.run("print(1)")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = "import sys\\nline = 'x' * 1023 + '\\\\n'\\nw = sys.stdout.write\\nfor _ in range(200 * 1024):\\n    w(line)\\n"
+result = backend.run(code)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kib": before, "after_kib": after, "stdout_len": len(result.stdout),
+                  "exit_code": result.exit_code}))
+backend.shutdown()
+"""
+
+
+def rss(env: dict[str, str]) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, json.dumps({k: v for k, v in env.items() if k.startswith(("CREATEOS_", "LANGFLOW_"))})],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"RSS child failed: {proc.stderr[-3000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    data["growth_mib"] = (data["after_kib"] - data["before_kib"]) / 1024
+    return data
+
+
+def render(lat: dict, thr: dict, mem: dict, cap_mib: float | None) -> str:
+    routes = ", ".join(f"{k} {v}" for k, v in sorted(lat["requests_per_run"].items()))
+    total = sum(lat["requests_per_run"].values())
+    cap_line = (
+        f"{mem['growth_mib']:.1f} MiB (limit: under 2 × the {cap_mib:g} MiB per-stream cap = {2 * cap_mib:g} MiB; "
+        f"{'within' if mem['growth_mib'] < 2 * cap_mib else 'OVER'})"
+        if cap_mib
+        else f"{mem['growth_mib']:.1f} MiB"
+    )
+    return f"""{SECTION}
+
+Measured with `scripts/bench-backend` (`tests/e2e/bench_backend.py`) on {time.strftime("%Y-%m-%d")}:
+{os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, debug wheel
+unless noted, `createos-fake --latency-ms {LATENCY_MS}` on loopback (every API request waits
+{LATENCY_MS} ms; guests are local processes, so guest start-up is a `python3` launch, not a VM boot).
+Calls go through the backend object lfx builds from the entry point.
+
+| measure | result |
+|---|---|
+| median latency of `run("print(1)")` ({lat["runs"]} sequential runs) | {lat["median_ms"]:.0f} ms (p90 {lat["p90_ms"]:.0f} ms, min {lat["min_ms"]:.0f} ms) |
+| control-plane requests the caller waits for, per run (reference plugin: 4) | {lat["critical_requests"]:g} |
+| all control-plane requests of one run, background destroy included | {total} ({routes}) |
+| runs/s with {thr["threads"]} threads calling `run()` ({thr["runs"]} runs, {thr["errors"]} errors) | {thr["runs_per_s"]:.1f} runs/s ({thr["seconds"]:.1f} s; peak {thr["peak_concurrent_execs"]} execs in flight) |
+| host peak RSS growth while the guest prints 200 MB | {cap_line} |
+
+The guest's stdout came back as {mem["stdout_len"]:,} characters (exit code {mem["exit_code"]}): the
+per-stream cap is applied while streaming, so the 200 MB never sits in the host's memory.
+"""
+
+
+def write_section(path: Path, text: str) -> None:
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = current.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    if start is None:
+        updated = current.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        updated = "".join(lines[:start]) + text + ("\n" if end < len(lines) else "") + "".join(lines[end:])
+    path.write_text(updated)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50, help="sequential runs for the latency median")
+    parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--per-thread", type=int, default=4)
+    parser.add_argument("--cap-mib", type=float, default=None, help="per-stream output cap, for the RSS verdict")
+    parser.add_argument("--write", type=Path, default=None, help="replace this section of a BENCHMARKS.md")
+    args = parser.parse_args()
+
+    fake = start_fake(latency_ms=LATENCY_MS)
+    try:
+        env = backend_env(fake)
+        backend = _backend(env)
+        lat = latency(fake, backend, args.runs)
+        print("latency", json.dumps(lat), flush=True)
+        thr = throughput(fake, backend, args.threads, args.per_thread)
+        print("throughput", json.dumps(thr), flush=True)
+        mem = rss(env)
+        print("rss", json.dumps(mem), flush=True)
+        backend.shutdown()
+    finally:
+        fake.stop()
+    text = render(lat, thr, mem, args.cap_mib)
+    print(text)
+    if args.write:
+        write_section(args.write, text)
+        print(f"updated {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Fixtures for the end-to-end tests: the fake control plane, lfx's environment, helpers.
+
+The tests run against the *installed* wheel (the package must not be imported from the source
+tree) and a real ``createos-fake`` process on 127.0.0.1. Build and install first:
+
+    cargo build -p createos-fake
+    maturin build --out dist -m crates/py-bindings/pyproject.toml
+    pip install --force-reinstall dist/*.whl  # plus lfx==1.13.0 and pytest
+    python -m pytest -q tests/e2e
+
+``CREATEOS_FAKE_BIN`` points at the fake's binary; by default ``target/debug/createos-fake``
+(or ``$CARGO_TARGET_DIR/debug/createos-fake``) is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+E2E = Path(__file__).resolve().parent
+FLOW = E2E / "flows" / "pyrepl_flow.json"
+FAKE_KEY = "test-key"
+# Every variable that could change what a run does; scrubbed from the inherited environment.
+_PREFIXES = ("CREATEOS_", "LANGFLOW_")
+
+
+def _check_installed_package() -> None:
+    import langflow_sandbox_createos
+
+    where = Path(langflow_sandbox_createos.__file__).resolve()
+    if (REPO / "crates") in where.parents:
+        pytest.exit(
+            f"langflow_sandbox_createos is imported from the source tree ({where}); the tests must "
+            "run against the installed wheel. Run pytest without crates/py-bindings/python on sys.path.",
+            returncode=4,
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _check_installed_package()
+
+
+def fake_binary() -> Path:
+    """The fake's executable, or a failure that says how to build it."""
+    candidates = []
+    if os.environ.get("CREATEOS_FAKE_BIN"):
+        candidates.append(Path(os.environ["CREATEOS_FAKE_BIN"]))
+    else:
+        if os.environ.get("CARGO_TARGET_DIR"):
+            candidates.append(Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / "createos-fake")
+        candidates.append(REPO / "target" / "debug" / "createos-fake")
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(
+        f"createos-fake not found (looked at {', '.join(map(str, candidates))}); "
+        "build it with `cargo build -p createos-fake` or set CREATEOS_FAKE_BIN"
+    )
+
+
+@dataclass
+class Fake:
+    """A running ``createos-fake`` process."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    key: str
+    output: list[str] = field(default_factory=list)
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return json.loads(response.read())["data"]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: created, destroyed, live, requests per route, peak concurrent execs."""
+        return self._call("GET", "/_fake/stats")
+
+    def reset(self) -> None:
+        """Drop every guest, clear the faults and zero the counters."""
+        self._call("PUT", "/_fake/faults", b"")
+        self._call("POST", "/_fake/reset")
+
+    def set_faults(self, spec: str) -> None:
+        """Install fault rules, ``ROUTE=ACTION[@PROB][#COUNT]`` separated by ``;``."""
+        self._call("PUT", "/_fake/faults", spec.encode())
+
+    def wait_for(self, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
+        """Poll the stats until ``predicate(stats)`` holds; fail after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        stats = self.stats()
+        while not predicate(stats):
+            if time.monotonic() > deadline:
+                pytest.fail(f"fake stats never satisfied the condition: {stats}")
+            time.sleep(0.05)
+            stats = self.stats()
+        return stats
+
+    def wait_settled(self, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait until no guest is live (destroys can finish just after a run returns)."""
+        return self.wait_for(lambda s: s["live"] == 0, timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_fake(*, key: str = FAKE_KEY, latency_ms: int = 0, faults: str = "") -> Fake:
+    """Start the fake on a free port and wait for its ``listening on`` line (bounded)."""
+    guest_path = str(Path(sys.executable).parent)  # the guest's python3 is this venv's
+    cmd = [str(fake_binary()), "--port", "0", "--guest-path", guest_path, "--latency-ms", str(latency_ms)]
+    if faults:
+        cmd += ["--faults", faults]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
+    env["CREATEOS_FAKE_API_KEY"] = key  # not on the command line, where `ps` would show it
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    first = ""
+    if selector.select(timeout=20):
+        first = proc.stdout.readline()
+    selector.close()
+    if not first.startswith("listening on "):
+        proc.kill()
+        rest = proc.communicate(timeout=10)[0]
+        pytest.fail(f"createos-fake did not start: {first!r} {rest[-2000:]!r}")
+    fake = Fake(proc=proc, url=first.split("listening on ", 1)[1].strip(), key=key)
+    fake.output.append(first)
+
+    def pump() -> None:  # keep the pipe drained so the fake never blocks on a full pipe
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fake.output.append(line)
+
+    threading.Thread(target=pump, name="fake-output", daemon=True).start()
+    return fake
+
+
+@pytest.fixture(scope="session")
+def fake() -> Iterator[Fake]:
+    """One fake for the session, reset before each test that uses it."""
+    server = start_fake()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def clean_fake(fake: Fake) -> Fake:
+    """The session fake, with no guests, no faults and zeroed counters."""
+    fake.reset()
+    return fake
+
+
+def backend_env(fake: Fake, **overrides: str | None) -> dict[str, str]:
+    """The environment a Langflow operator would set, pointed at ``fake``.
+
+    ``overrides`` set (or, with ``None``, remove) variables on top of the defaults.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
+    env.update(
+        {
+            "LANGFLOW_SANDBOX_BACKEND_PLUGINS": "createos",
+            "LANGFLOW_SANDBOX_BACKEND": "createos",
+            "CREATEOS_SANDBOX_API_KEY": fake.key,
+            "CREATEOS_SANDBOX_BASE_URL": fake.url,
+            # Langflow's default is deny-all egress, which on CreateOS still reaches link-local.
+            "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "true",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def venv_bin(name: str) -> str:
+    """A console script installed next to this interpreter (``lfx``)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{name} is not installed in this environment ({path})")
+    return str(path)
+
+
+@dataclass
+class LfxRun:
+    """What one ``lfx run`` printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        """The JSON object lfx prints as its result (the last JSON line of stdout)."""
+        for line in reversed(self.stdout.strip().splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                return json.loads(line)
+        msg = f"no JSON result in lfx output: stdout={self.stdout[-2000:]!r} stderr={self.stderr[-2000:]!r}"
+        raise AssertionError(msg)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The Python Interpreter's output (``{"result": ...}`` or ``{"error": ...}``)."""
+        text = self.json["result"]
+        body = text.strip().removeprefix("```json").removesuffix("```")
+        return json.loads(body)
+
+
+def lfx_run(env: dict[str, str], code: str, *, timeout: float = 240) -> LfxRun:
+    """Run the Python Interpreter flow with ``lfx run`` (bounded)."""
+    proc = subprocess.run(
+        [venv_bin("lfx"), "run", "--no-check-dependencies", str(FLOW), code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=E2E,
+        check=False,
+    )
+    return LfxRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_python(script: str, env: dict[str, str], *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet in a fresh interpreter of this venv (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=E2E,
+        check=False,
+    )
+
+
+def run_doctor(env: dict[str, str], *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m langflow_sandbox_createos doctor`` (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos", "doctor"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=E2E,
+        check=False,
+    )
