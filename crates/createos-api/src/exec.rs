@@ -18,7 +18,6 @@ use crate::transport::{RawBody, ndjson_frames};
 
 /// `POST …/exec` body. `cmd` runs directly (no shell); wrap scripts in `bash -c`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
 pub struct RunCommandRequest {
     /// Program to run.
     pub cmd: String,
@@ -73,7 +72,6 @@ impl RunCommandRequest {
 
 /// Per-call exec options. `stdin` and `env` override the request's when set.
 #[derive(Debug, Clone, Default)]
-#[non_exhaustive]
 pub struct ExecOptions {
     /// HTTP timeout of the call (there is no server-side exec timeout; use `timeout(1)` in
     /// the guest). For streams it bounds the wait for headers and each idle gap.

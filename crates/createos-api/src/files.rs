@@ -93,7 +93,6 @@ pub struct UploadResult {
 
 /// Options of [`Files::download`].
 #[derive(Debug, Clone, Default)]
-#[non_exhaustive]
 pub struct DownloadOptions {
     /// Refuse more than this many bytes: early when `Content-Length` is larger, and
     /// during the transfer the moment the cap would be exceeded.

@@ -64,7 +64,9 @@ macro_rules! lenient_enum {
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = Option::<String>::deserialize(d)?.unwrap_or_default();
+                // A required value: `null` or a missing key is an error; use
+                // `Option<Self>` for optional fields.
+                let s = String::deserialize(d)?;
                 Ok($name::from(s.as_str()))
             }
         }
@@ -394,7 +396,6 @@ pub struct DiskMountRequest {
 
 /// `POST /v1/sandboxes` body. Empty, zero and false fields are left out of the JSON.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
 pub struct CreateSandboxRequest {
     /// Shape id (always sent).
     pub shape: String,
@@ -501,7 +502,6 @@ impl CreateSandboxRequest {
 /// `POST /v1/sandboxes/{id}/fork` body. `None` fields are left out; an explicit
 /// `Some(false)` is sent as `false`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[non_exhaustive]
 pub struct ForkSandboxRequest {
     /// Keep the fork paused (omitted when false).
     #[serde(skip_serializing_if = "is_false")]
@@ -542,7 +542,6 @@ impl ForkSandboxRequest {
 
 /// Options of `Client::list_sandboxes`.
 #[derive(Debug, Clone, Default)]
-#[non_exhaustive]
 pub struct ListSandboxesOptions {
     /// Only sandboxes in this status.
     pub status: Option<SandboxStatus>,

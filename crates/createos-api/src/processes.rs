@@ -348,7 +348,7 @@ pub enum ProcessEvent {
 }
 
 impl ProcessEvent {
-    /// Decodes one wire frame (snake_case keys, `type` required, base64 decoded strictly).
+    /// Decodes one wire frame (`snake_case` keys, `type` required, base64 decoded strictly).
     pub fn from_frame(frame: Map<String, Value>) -> Result<Self> {
         let kind = match frame.get("type") {
             Some(Value::String(kind)) => kind.clone(),

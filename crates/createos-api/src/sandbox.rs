@@ -17,7 +17,6 @@ use crate::transport::{Transport, seg};
 
 /// Options of the `wait_until_*` pollers.
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub struct WaitOptions {
     /// The polling budget (default 120 s). Zero checks once.
     pub timeout: Duration,

@@ -1,6 +1,6 @@
 //! In-guest self-service: a sandbox asking its own local agent to pause or delete it.
 //!
-//! These calls only work from inside a CreateOS sandbox: they go to the guest agent at
+//! These calls only work from inside a sandbox: they go to the guest agent at
 //! `http://127.0.0.1:1029`, not to the control plane, carry no API key, and succeed on HTTP 202.
 //! Deleting is irreversible.
 

@@ -179,7 +179,7 @@ mod tests {
         }))
         .unwrap();
         let token = AccessToken::from(wire);
-        let debug = format!("{token:?} {:#?}", token);
+        let debug = format!("{token:?} {token:#?}");
         assert!(!debug.contains("supersecret"), "{debug}");
         assert!(debug.contains("REDACTED"));
         assert_eq!(token.token.expose_secret(), "skp_sb_supersecret");

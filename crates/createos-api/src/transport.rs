@@ -729,6 +729,8 @@ struct Framer {
     ready: VecDeque<Map<String, Value>>,
     secrets: Secrets,
     eof: bool,
+    /// A framing error, delivered after the frames that preceded it.
+    failed: Option<Error>,
 }
 
 impl Framer {
@@ -768,7 +770,14 @@ impl Framer {
         }
     }
 
-    /// Split every complete line out of the buffer.
+    /// Split every complete line out of the buffer; a failure is kept for delivery
+    /// after the frames already parsed.
+    fn drain(&mut self, at_eof: bool) {
+        if let Err(e) = self.drain_lines(at_eof) {
+            self.failed = Some(e);
+        }
+    }
+
     fn drain_lines(&mut self, at_eof: bool) -> Result<()> {
         loop {
             let Some(pos) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
@@ -809,6 +818,7 @@ pub(crate) fn ndjson_frames(
         ready: VecDeque::new(),
         secrets,
         eof: false,
+        failed: None,
     };
     stream::unfold(Some(framer), |state| async move {
         let mut f = state?;
@@ -816,22 +826,21 @@ pub(crate) fn ndjson_frames(
             if let Some(frame) = f.ready.pop_front() {
                 return Some((Ok(frame), Some(f)));
             }
+            if let Some(e) = f.failed.take() {
+                return Some((Err(e), None));
+            }
             if f.eof {
                 return None;
             }
             match f.chunks.next().await {
                 Some(Ok(chunk)) => {
                     f.buf.extend_from_slice(&chunk);
-                    if let Err(e) = f.drain_lines(false) {
-                        return Some((Err(e), None));
-                    }
+                    f.drain(false);
                 }
-                Some(Err(e)) => return Some((Err(e), None)),
+                Some(Err(e)) => f.failed = Some(e),
                 None => {
                     f.eof = true;
-                    if let Err(e) = f.drain_lines(true) {
-                        return Some((Err(e), None));
-                    }
+                    f.drain(true);
                 }
             }
         }
