@@ -127,6 +127,11 @@ impl ClientBuilder {
     /// Validate everything and build the client. Fails with [`Error::Config`] on a bad
     /// base URL, a blank key, invalid retry options or an unsafe injected client.
     pub fn build(self) -> Result<Client> {
+        self.build_with_env(&|name| std::env::var(name).ok())
+    }
+
+    /// [`ClientBuilder::build`] reading the environment through `env` (testable).
+    pub(crate) fn build_with_env(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Client> {
         use secrecy::ExposeSecret;
         let mut key = self.api_key;
         let mut base = self.base_url;
@@ -134,14 +139,12 @@ impl ClientBuilder {
             if key.is_none() {
                 key = [ENV_API_KEY, ENV_SANDBOX_API_KEY]
                     .iter()
-                    .filter_map(|v| std::env::var(v).ok())
+                    .filter_map(|v| env(v))
                     .find(|v| !v.trim().is_empty())
                     .map(SecretString::from);
             }
             if base.is_none() {
-                base = std::env::var(ENV_BASE_URL)
-                    .ok()
-                    .filter(|v| !v.trim().is_empty());
+                base = env(ENV_BASE_URL).filter(|v| !v.trim().is_empty());
             }
         }
         let key = match key {
@@ -486,4 +489,72 @@ fn readiness_from(status: u16, body: &[u8]) -> Readiness {
         });
     r.http_status = status;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn from_env_reads_key_and_base_url() {
+        let c = Client::builder()
+            .from_env()
+            .build_with_env(&env_of(&[
+                (ENV_API_KEY, "  k1  "),
+                (ENV_BASE_URL, "http://127.0.0.1:9/api/"),
+            ]))
+            .unwrap();
+        assert!(c.has_api_key());
+        assert_eq!(c.base_url(), "http://127.0.0.1:9/api");
+    }
+
+    #[test]
+    fn the_plugin_variable_is_accepted_and_the_sdk_one_wins() {
+        let c = Client::builder()
+            .from_env()
+            .build_with_env(&env_of(&[(ENV_SANDBOX_API_KEY, "k2")]))
+            .unwrap();
+        assert!(c.has_api_key());
+        let c = Client::builder()
+            .from_env()
+            .build_with_env(&env_of(&[(ENV_API_KEY, " "), (ENV_SANDBOX_API_KEY, "k2")]))
+            .unwrap();
+        assert!(
+            c.has_api_key(),
+            "a blank CREATEOS_API_KEY falls through to the plugin variable"
+        );
+        let c = Client::builder()
+            .from_env()
+            .build_with_env(&env_of(&[]))
+            .unwrap();
+        assert!(!c.has_api_key());
+        assert_eq!(c.base_url(), DEFAULT_BASE_URL);
+    }
+
+    #[test]
+    fn explicit_settings_win_over_the_environment() {
+        let c = Client::builder()
+            .base_url("https://explicit.test")
+            .from_env()
+            .build_with_env(&env_of(&[(ENV_BASE_URL, "https://env.test")]))
+            .unwrap();
+        assert_eq!(c.base_url(), "https://explicit.test");
+    }
+
+    #[test]
+    fn without_from_env_the_environment_is_ignored() {
+        let c = Client::builder()
+            .build_with_env(&env_of(&[(ENV_API_KEY, "k")]))
+            .unwrap();
+        assert!(!c.has_api_key());
+    }
 }

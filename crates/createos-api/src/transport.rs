@@ -961,3 +961,126 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
     })
     .boxed()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::RETRY_AFTER, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn retry_after_accepts_seconds_floats_and_dates() {
+        assert_eq!(
+            parse_retry_after(&headers("3")),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            parse_retry_after(&headers("1.5")),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_retry_after(&headers("-4")), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::ZERO)
+        );
+        let future = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(120));
+        let d = parse_retry_after(&headers(&future)).unwrap();
+        assert!(
+            d > Duration::from_secs(100) && d <= Duration::from_secs(120),
+            "{d:?}"
+        );
+        assert_eq!(parse_retry_after(&headers("soon")), None);
+        assert_eq!(parse_retry_after(&headers("NaN")), None);
+        assert_eq!(parse_retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn backoff_is_exponential_jittered_and_capped() {
+        let r = RetryOptions {
+            max_retries: 5,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        };
+        for _ in 0..50 {
+            let d0 = r.backoff(0);
+            assert!(
+                d0 >= Duration::from_millis(100) && d0 < Duration::from_millis(200),
+                "{d0:?}"
+            );
+            let d2 = r.backoff(2);
+            assert!(
+                d2 >= Duration::from_millis(400) && d2 < Duration::from_millis(500),
+                "{d2:?}"
+            );
+            assert!(r.backoff(40) <= Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn seg_encodes_like_quote_safe_empty() {
+        assert_eq!(seg("sb-1_a.b~c"), "sb-1_a.b~c");
+        assert_eq!(seg("a/b c?#%"), "a%2Fb%20c%3F%23%25");
+        assert_eq!(seg("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn scrub_replaces_every_secret_and_a_cut_tail() {
+        let s = Secrets::default()
+            .with(&SecretString::from("sekrit-key"))
+            .with(&SecretString::from("skp_sb_tok"));
+        assert_eq!(
+            s.scrub("a sekrit-key b skp_sb_tok"),
+            "a [REDACTED] b [REDACTED]"
+        );
+        assert_eq!(
+            &s.scrub_bytes(b"xx sekrit-key yy", false)[..],
+            b"xx [REDACTED] yy"
+        );
+        assert_eq!(&s.scrub_bytes(b"xx sekri", true)[..], b"xx [REDACTED]");
+        assert_eq!(&s.scrub_bytes(b"xx sekri", false)[..], b"xx sekri");
+    }
+
+    #[test]
+    fn page_rows_accepts_every_documented_shape() {
+        let (rows, total) = page_rows(serde_json::json!([1, 2]), None).unwrap();
+        assert_eq!((rows.len(), total), (2, None));
+        let (rows, total) = page_rows(
+            serde_json::json!({"data": [1], "pagination": {"total": 9}}),
+            None,
+        )
+        .unwrap();
+        assert_eq!((rows.len(), total), (1, Some(9)));
+        let (rows, _) = page_rows(
+            serde_json::json!({"templates": [1, 2, 3]}),
+            Some("templates"),
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 3);
+        assert!(page_rows(serde_json::json!("x"), None).is_err());
+    }
+
+    #[test]
+    fn envelope_messages_follow_the_contract_order() {
+        assert_eq!(
+            envelope_message(br#"{"status":"error","message":"m","code":5}"#),
+            (5, "m".into())
+        );
+        assert_eq!(
+            envelope_message(br#"{"status":"fail","data":"plain"}"#),
+            (0, "plain".into())
+        );
+        assert_eq!(
+            envelope_message(br#"{"status":"fail","data":{"b":"2","a":1}}"#),
+            (0, "a: 1; b: 2".into())
+        );
+        assert_eq!(
+            envelope_message(br#"{"status":"fail","data":null}"#),
+            (0, "request failed".into())
+        );
+        assert_eq!(envelope_message(b"<html>"), (0, "request failed".into()));
+    }
+}
