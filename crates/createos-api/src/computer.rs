@@ -45,7 +45,9 @@ impl ScreenId {
             .strip_prefix("screen-")
             .filter(|n| n.len() == 1)
             .and_then(|n| n.parse::<u8>().ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("{id:?} is not a screen id (screen-0 … screen-7)")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{id:?} is not a screen id (screen-0 … screen-7)"))
+            })?;
         Self::new(index)
     }
 
@@ -377,12 +379,16 @@ struct ClipboardWire {
     text: String,
 }
 
-fn string_or_number<'de, D: Deserializer<'de>>(deserializer: D) -> std::result::Result<String, D::Error> {
+fn string_or_number<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<String, D::Error> {
     match Value::deserialize(deserializer)? {
         Value::String(s) => Ok(s),
         Value::Number(n) => Ok(n.to_string()),
         Value::Null => Ok(String::new()),
-        other => Err(serde::de::Error::custom(format!("expected a string or number, got {other}"))),
+        other => Err(serde::de::Error::custom(format!(
+            "expected a string or number, got {other}"
+        ))),
     }
 }
 
@@ -474,7 +480,11 @@ impl Computer {
         extra
     }
 
-    async fn get<T: DeserializeOwned>(&self, tail: &str, query: Vec<(&'static str, String)>) -> Result<T> {
+    async fn get<T: DeserializeOwned>(
+        &self,
+        tail: &str,
+        query: Vec<(&'static str, String)>,
+    ) -> Result<T> {
         let query = self.query(query);
         self.transport
             .json(Method::GET, &self.path(tail), &query, None, &self.options)
@@ -490,11 +500,20 @@ impl Computer {
 
     /// Captures a PNG of the screen, a window or a region, streamed as it arrives (never
     /// retried). See [`Computer::screenshot_bytes`] to collect it.
-    pub async fn screenshot(&self, options: &ScreenshotOptions) -> Result<BoxStream<'static, Result<Bytes>>> {
+    pub async fn screenshot(
+        &self,
+        options: &ScreenshotOptions,
+    ) -> Result<BoxStream<'static, Result<Bytes>>> {
         let query = self.query(options.query());
         let response = self
             .transport
-            .raw(Method::GET, &self.path("/screenshot"), &query, RawBody::None, &self.options)
+            .raw(
+                Method::GET,
+                &self.path("/screenshot"),
+                &query,
+                RawBody::None,
+                &self.options,
+            )
             .await?;
         Ok(body_chunks(response))
     }
@@ -558,7 +577,9 @@ pub struct Mouse(Computer);
 impl Mouse {
     /// Moves the cursor to `to` (`POST /mouse/move`).
     pub async fn move_to(&self, to: Point) -> Result<()> {
-        self.0.post("/mouse/move", Some(json!({ "x": to.x, "y": to.y }))).await
+        self.0
+            .post("/mouse/move", Some(json!({ "x": to.x, "y": to.y })))
+            .await
     }
 
     /// Clicks.
@@ -672,7 +693,10 @@ impl Windows {
     /// Moves a window's top-left corner to `to`.
     pub async fn move_to(&self, id: &str, to: Point) -> Result<()> {
         self.0
-            .post(&Self::tail(id, "/move"), Some(json!({ "x": to.x, "y": to.y })))
+            .post(
+                &Self::tail(id, "/move"),
+                Some(json!({ "x": to.x, "y": to.y })),
+            )
             .await
     }
 
@@ -706,7 +730,13 @@ impl Windows {
         let query = self.0.query(Vec::new());
         self.0
             .transport
-            .unit(Method::DELETE, &self.0.path(&Self::tail(id, "")), &query, None, &self.0.options)
+            .unit(
+                Method::DELETE,
+                &self.0.path(&Self::tail(id, "")),
+                &query,
+                None,
+                &self.0.options,
+            )
             .await
     }
 }
@@ -738,7 +768,13 @@ impl Screens {
         let body = serde_json::to_value(request).map_err(|e| protocol_error(e.to_string()))?;
         self.0
             .transport
-            .json(Method::POST, &self.path(""), &[], Some(body), &self.0.options)
+            .json(
+                Method::POST,
+                &self.path(""),
+                &[],
+                Some(body),
+                &self.0.options,
+            )
             .await
     }
 
@@ -746,7 +782,13 @@ impl Screens {
     pub async fn get(&self, id: &ScreenId) -> Result<Screen> {
         self.0
             .transport
-            .json(Method::GET, &self.screen_path(id, ""), &[], None, &self.0.options)
+            .json(
+                Method::GET,
+                &self.screen_path(id, ""),
+                &[],
+                None,
+                &self.0.options,
+            )
             .await
     }
 
@@ -755,7 +797,13 @@ impl Screens {
         let wire: ScreenConnectionWire = self
             .0
             .transport
-            .json(Method::GET, &self.screen_path(id, "/connect"), &[], None, &self.0.options)
+            .json(
+                Method::GET,
+                &self.screen_path(id, "/connect"),
+                &[],
+                None,
+                &self.0.options,
+            )
             .await?;
         Ok(ScreenConnection {
             screen_id: wire.screen_id,
@@ -785,7 +833,13 @@ impl Screens {
     pub async fn delete(&self, id: &ScreenId) -> Result<()> {
         self.0
             .transport
-            .unit(Method::DELETE, &self.screen_path(id, ""), &[], None, &self.0.options)
+            .unit(
+                Method::DELETE,
+                &self.screen_path(id, ""),
+                &[],
+                None,
+                &self.0.options,
+            )
             .await
     }
 }
@@ -798,7 +852,14 @@ mod tests {
     fn screen_ids_are_validated() {
         assert_eq!(ScreenId::parse("screen-0").unwrap().as_str(), "screen-0");
         assert_eq!(ScreenId::new(7).unwrap().to_string(), "screen-7");
-        for bad in ["screen-8", "screen-", "screen-01", "Screen-1", "1", "screen-1 "] {
+        for bad in [
+            "screen-8",
+            "screen-",
+            "screen-01",
+            "Screen-1",
+            "1",
+            "screen-1 ",
+        ] {
             assert!(ScreenId::parse(bad).is_err(), "{bad:?}");
         }
         assert!(ScreenId::new(8).is_err());
@@ -810,7 +871,11 @@ mod tests {
         let q = ScreenshotOptions::region(0, 0, 0, 50).query();
         assert_eq!(
             q,
-            vec![("x", "0".to_owned()), ("y", "0".to_owned()), ("height", "50".to_owned())]
+            vec![
+                ("x", "0".to_owned()),
+                ("y", "0".to_owned()),
+                ("height", "50".to_owned())
+            ]
         );
     }
 
@@ -821,15 +886,21 @@ mod tests {
             count: 2,
             ..ClickRequest::at(MouseButton::Right, Point::new(0, 5))
         };
-        assert_eq!(c.to_json(), json!({"button": "right", "x": 0, "y": 5, "count": 2}));
+        assert_eq!(
+            c.to_json(),
+            json!({"button": "right", "x": 0, "y": 5, "count": 2})
+        );
     }
 
     #[test]
     fn lenient_window_and_screen_decoding() {
-        let w: Vec<Window> = serde_json::from_value(json!([{"id": 12, "title": "xterm"}, {"id": "0x3"}])).unwrap();
+        let w: Vec<Window> =
+            serde_json::from_value(json!([{"id": 12, "title": "xterm"}, {"id": "0x3"}])).unwrap();
         assert_eq!(w[0].id, "12");
         assert_eq!(w[1].id, "0x3");
-        let s: Screen = serde_json::from_value(json!({"screen_id": "screen-1", "display": 2, "width": 800})).unwrap();
+        let s: Screen =
+            serde_json::from_value(json!({"screen_id": "screen-1", "display": 2, "width": 800}))
+                .unwrap();
         assert_eq!(s.display, "2");
     }
 

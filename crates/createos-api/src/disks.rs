@@ -295,7 +295,13 @@ impl Disks {
     /// Registers a disk.
     pub async fn create(&self, request: &DiskCreateRequest) -> Result<Disk> {
         self.transport
-            .json(Method::POST, "/v1/disks", &[], Some(request.to_json()?), &self.options)
+            .json(
+                Method::POST,
+                "/v1/disks",
+                &[],
+                Some(request.to_json()?),
+                &self.options,
+            )
             .await
     }
 
@@ -316,10 +322,20 @@ impl Disks {
     }
 
     /// Replaces the disk's bucket credentials (`PATCH`).
-    pub async fn rotate_credentials(&self, id_or_name: &str, credentials: &DiskCredentials) -> Result<Disk> {
+    pub async fn rotate_credentials(
+        &self,
+        id_or_name: &str,
+        credentials: &DiskCredentials,
+    ) -> Result<Disk> {
         let body = serde_json::json!({ "credentials": credentials.to_json() });
         self.transport
-            .json(Method::PATCH, &path(id_or_name), &[], Some(body), &self.options)
+            .json(
+                Method::PATCH,
+                &path(id_or_name),
+                &[],
+                Some(body),
+                &self.options,
+            )
             .await
     }
 }
@@ -330,7 +346,10 @@ fn path(id_or_name: &str) -> String {
 
 impl Sandbox {
     /// Disks mounted in this sandbox, page by page (legacy list key `disks` accepted).
-    pub fn list_disks(&self, pagination: PaginationOptions) -> BoxStream<'static, Result<SandboxDisk>> {
+    pub fn list_disks(
+        &self,
+        pagination: PaginationOptions,
+    ) -> BoxStream<'static, Result<SandboxDisk>> {
         paginate(
             Arc::clone(self.transport()),
             format!("/v1/sandboxes/{}/disks", seg(self.id())),
@@ -370,7 +389,11 @@ impl Sandbox {
             .transport()
             .json(
                 Method::DELETE,
-                &format!("/v1/sandboxes/{}/disks/{}", seg(self.id()), seg(&options.disk_id)),
+                &format!(
+                    "/v1/sandboxes/{}/disks/{}",
+                    seg(self.id()),
+                    seg(&options.disk_id)
+                ),
                 &[("mount_path", options.mount_path.clone())],
                 None,
                 &RequestOptions::default(),
@@ -401,7 +424,10 @@ mod tests {
             })
         );
         let debug = format!("{req:?}");
-        assert!(!debug.contains("AKIDSECRET") && !debug.contains("shhh"), "{debug}");
+        assert!(
+            !debug.contains("AKIDSECRET") && !debug.contains("shhh"),
+            "{debug}"
+        );
         let full = DiskConfig::new("b", "e").region("eu").use_path_style(true);
         assert_eq!(
             serde_json::to_value(&full).unwrap(),
@@ -422,6 +448,9 @@ mod tests {
     #[test]
     fn attach_options_omit_empty_sub_path() {
         let o = AttachDiskOptions::new("disk_1", "/mnt/data");
-        assert_eq!(serde_json::to_value(&o).unwrap(), json!({"disk_id": "disk_1", "mount_path": "/mnt/data"}));
+        assert_eq!(
+            serde_json::to_value(&o).unwrap(),
+            json!({"disk_id": "disk_1", "mount_path": "/mnt/data"})
+        );
     }
 }

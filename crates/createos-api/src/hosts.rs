@@ -51,7 +51,13 @@ impl Client {
         pagination: PaginationOptions,
         options: RequestOptions,
     ) -> BoxStream<'static, Result<Host>> {
-        paginate(Arc::clone(self.transport()), "/v1/hosts".to_owned(), pagination.query(), None, options)
+        paginate(
+            Arc::clone(self.transport()),
+            "/v1/hosts".to_owned(),
+            pagination.query(),
+            None,
+            options,
+        )
     }
 }
 

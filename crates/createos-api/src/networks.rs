@@ -111,14 +111,26 @@ impl Networks {
     /// Fetches a network with its members.
     pub async fn get(&self, id: &str) -> Result<Network> {
         self.transport
-            .json(Method::GET, &format!("/v1/networks/{}", seg(id)), &[], None, &self.options)
+            .json(
+                Method::GET,
+                &format!("/v1/networks/{}", seg(id)),
+                &[],
+                None,
+                &self.options,
+            )
             .await
     }
 
     /// Deletes a network (detach its members first).
     pub async fn delete(&self, id: &str) -> Result<()> {
         self.transport
-            .unit(Method::DELETE, &format!("/v1/networks/{}", seg(id)), &[], None, &self.options)
+            .unit(
+                Method::DELETE,
+                &format!("/v1/networks/{}", seg(id)),
+                &[],
+                None,
+                &self.options,
+            )
             .await
     }
 }
@@ -143,7 +155,11 @@ impl Sandbox {
         self.transport()
             .unit(
                 Method::DELETE,
-                &format!("/v1/sandboxes/{}/networks/{}", seg(self.id()), seg(network_id)),
+                &format!(
+                    "/v1/sandboxes/{}/networks/{}",
+                    seg(self.id()),
+                    seg(network_id)
+                ),
                 &[],
                 None,
                 &RequestOptions::default(),
@@ -166,7 +182,8 @@ mod tests {
         .unwrap();
         assert_eq!(n.members[0].ip_address, "10.0.0.2");
         assert_eq!(n.members[0].sandbox_id, "sb_1");
-        let listed: Network = serde_json::from_value(json!({"id": "net_1", "members": null})).unwrap();
+        let listed: Network =
+            serde_json::from_value(json!({"id": "net_1", "members": null})).unwrap();
         assert!(listed.members.is_empty());
     }
 }

@@ -367,7 +367,9 @@ impl ProcessEvent {
                 let encoded = match frame.get("data_base64") {
                     Some(Value::String(s)) => s.as_str(),
                     None | Some(Value::Null) => "",
-                    Some(_) => return Err(protocol("process data frame `data_base64` is not a string")),
+                    Some(_) => {
+                        return Err(protocol("process data frame `data_base64` is not a string"));
+                    }
                 };
                 let data = base64::engine::general_purpose::STANDARD
                     .decode(encoded)
@@ -489,7 +491,11 @@ impl Processes {
     /// Opens the output stream (`GET /processes/{pid}/connect?after=N`): retained frames with
     /// `seq > after` are replayed, then new output follows until the `exit` frame. Never retried;
     /// see [`Processes::follow`] for a stream that reconnects by itself.
-    pub async fn connect(&self, pid: &str, after: u64) -> Result<BoxStream<'static, Result<ProcessEvent>>> {
+    pub async fn connect(
+        &self,
+        pid: &str,
+        after: u64,
+    ) -> Result<BoxStream<'static, Result<ProcessEvent>>> {
         let response = self
             .transport
             .raw(
@@ -543,7 +549,13 @@ impl Processes {
         });
         let ack: InputAck = self
             .transport
-            .json(Method::POST, &self.path(pid, "/input"), &[], Some(body), &self.options)
+            .json(
+                Method::POST,
+                &self.path(pid, "/input"),
+                &[],
+                Some(body),
+                &self.options,
+            )
             .await?;
         Ok(ack.input_seq)
     }
@@ -551,7 +563,13 @@ impl Processes {
     /// Closes the process's stdin (pipe processes only; PTYs reject it).
     pub async fn close_stdin(&self, pid: &str) -> Result<()> {
         self.transport
-            .unit(Method::POST, &self.path(pid, "/stdin/close"), &[], None, &self.options)
+            .unit(
+                Method::POST,
+                &self.path(pid, "/stdin/close"),
+                &[],
+                None,
+                &self.options,
+            )
             .await
     }
 
@@ -559,7 +577,13 @@ impl Processes {
     pub async fn resize(&self, pid: &str, size: PtySize) -> Result<()> {
         let body = serde_json::to_value(size).map_err(|e| protocol(e.to_string()))?;
         self.transport
-            .unit(Method::POST, &self.path(pid, "/resize"), &[], Some(body), &self.options)
+            .unit(
+                Method::POST,
+                &self.path(pid, "/resize"),
+                &[],
+                Some(body),
+                &self.options,
+            )
             .await
     }
 
@@ -567,13 +591,23 @@ impl Processes {
     pub async fn signal(&self, pid: &str, signal: ManagedProcessSignal) -> Result<()> {
         let body = serde_json::json!({ "signal": signal.as_str() });
         self.transport
-            .unit(Method::POST, &self.path(pid, "/signal"), &[], Some(body), &self.options)
+            .unit(
+                Method::POST,
+                &self.path(pid, "/signal"),
+                &[],
+                Some(body),
+                &self.options,
+            )
             .await
     }
 
     /// Long-polls until the leader (or the whole tree) exits or the server-side budget runs out,
     /// and returns the process as it is then.
-    pub async fn wait(&self, pid: &str, options: ManagedProcessWaitOptions) -> Result<ManagedProcess> {
+    pub async fn wait(
+        &self,
+        pid: &str,
+        options: ManagedProcessWaitOptions,
+    ) -> Result<ManagedProcess> {
         let mut query: Vec<(&str, String)> = Vec::new();
         if let Some(scope) = options.scope {
             query.push(("scope", scope.as_str().to_owned()));
@@ -586,18 +620,34 @@ impl Processes {
             }
         }
         self.transport
-            .json(Method::GET, &self.path(pid, "/wait"), &query, None, &request_options)
+            .json(
+                Method::GET,
+                &self.path(pid, "/wait"),
+                &query,
+                None,
+                &request_options,
+            )
             .await
     }
 
     /// Terminates the process tree (SIGTERM, then a kill after `grace`) and removes it.
-    pub async fn delete(&self, pid: &str, options: ManagedProcessDeleteOptions) -> Result<ManagedProcess> {
+    pub async fn delete(
+        &self,
+        pid: &str,
+        options: ManagedProcessDeleteOptions,
+    ) -> Result<ManagedProcess> {
         let mut query: Vec<(&str, String)> = Vec::new();
         if let Some(grace) = options.grace {
             query.push(("grace_ms", duration_ms(grace).to_string()));
         }
         self.transport
-            .json(Method::DELETE, &self.path(pid, ""), &query, None, &self.options)
+            .json(
+                Method::DELETE,
+                &self.path(pid, ""),
+                &query,
+                None,
+                &self.options,
+            )
             .await
     }
 }
@@ -708,9 +758,15 @@ mod tests {
     #[test]
     fn create_request_omits_empty_fields_and_serializes_empty_pty() {
         let pipe = ManagedProcessCreateRequest::command("sh", ["-c", "echo hi"]);
-        assert_eq!(serde_json::to_value(&pipe).unwrap(), json!({"cmd":"sh","args":["-c","echo hi"]}));
+        assert_eq!(
+            serde_json::to_value(&pipe).unwrap(),
+            json!({"cmd":"sh","args":["-c","echo hi"]})
+        );
         let pty = ManagedProcessCreateRequest::shell_pty(PtySize::default()).cwd("/root");
-        assert_eq!(serde_json::to_value(&pty).unwrap(), json!({"cwd":"/root","pty":{}}));
+        assert_eq!(
+            serde_json::to_value(&pty).unwrap(),
+            json!({"cwd":"/root","pty":{}})
+        );
         let sized = ManagedProcessCreateRequest::command("bash", Vec::<String>::new())
             .pty(PtySize::new(24, 0))
             .env("A", "1");
@@ -739,24 +795,55 @@ mod tests {
 
     #[test]
     fn signals_use_wire_names() {
-        assert_eq!(serde_json::to_value(ManagedProcessSignal::Winch).unwrap(), json!("SIGWINCH"));
+        assert_eq!(
+            serde_json::to_value(ManagedProcessSignal::Winch).unwrap(),
+            json!("SIGWINCH")
+        );
         assert_eq!(ManagedProcessSignal::Usr1.as_str(), "SIGUSR1");
     }
 
     #[test]
     fn frames_decode_by_type() {
-        let data = ProcessEvent::from_frame(frame(json!({"type":"data","seq":7,"stream":"stderr","data_base64":"aGk="}))).unwrap();
+        let data = ProcessEvent::from_frame(frame(
+            json!({"type":"data","seq":7,"stream":"stderr","data_base64":"aGk="}),
+        ))
+        .unwrap();
         assert_eq!(
             data,
-            ProcessEvent::Data { seq: 7, stream: ProcessStreamKind::Stderr, data: Bytes::from_static(b"hi") }
+            ProcessEvent::Data {
+                seq: 7,
+                stream: ProcessStreamKind::Stderr,
+                data: Bytes::from_static(b"hi")
+            }
         );
-        let empty = ProcessEvent::from_frame(frame(json!({"type":"data","seq":8,"stream":"pty","data_base64":""}))).unwrap();
+        let empty = ProcessEvent::from_frame(frame(
+            json!({"type":"data","seq":8,"stream":"pty","data_base64":""}),
+        ))
+        .unwrap();
         assert!(matches!(empty, ProcessEvent::Data { ref data, .. } if data.is_empty()));
         let exit = ProcessEvent::from_frame(frame(json!({"type":"exit","exit_code":0}))).unwrap();
-        assert_eq!(exit, ProcessEvent::Exit { exit_code: Some(0), signal: None });
-        let err = ProcessEvent::from_frame(frame(json!({"type":"error","error":"gone","oldest_available_seq":5}))).unwrap();
-        assert_eq!(err, ProcessEvent::Error { message: "gone".into(), oldest_available_seq: Some(5) });
-        assert_eq!(ProcessEvent::from_frame(frame(json!({"type":"heartbeat"}))).unwrap(), ProcessEvent::Heartbeat);
+        assert_eq!(
+            exit,
+            ProcessEvent::Exit {
+                exit_code: Some(0),
+                signal: None
+            }
+        );
+        let err = ProcessEvent::from_frame(frame(
+            json!({"type":"error","error":"gone","oldest_available_seq":5}),
+        ))
+        .unwrap();
+        assert_eq!(
+            err,
+            ProcessEvent::Error {
+                message: "gone".into(),
+                oldest_available_seq: Some(5)
+            }
+        );
+        assert_eq!(
+            ProcessEvent::from_frame(frame(json!({"type":"heartbeat"}))).unwrap(),
+            ProcessEvent::Heartbeat
+        );
         assert!(matches!(
             ProcessEvent::from_frame(frame(json!({"type":"resize","rows":3}))).unwrap(),
             ProcessEvent::Unknown { ref kind, .. } if kind == "resize"
@@ -767,11 +854,16 @@ mod tests {
     fn frames_reject_bad_base64_and_missing_type() {
         for bad in ["aGk", "aGk=\n", "a$==", "aGl="] {
             assert!(
-                ProcessEvent::from_frame(frame(json!({"type":"data","seq":1,"stream":"stdout","data_base64":bad}))).is_err(),
+                ProcessEvent::from_frame(frame(
+                    json!({"type":"data","seq":1,"stream":"stdout","data_base64":bad})
+                ))
+                .is_err(),
                 "{bad:?} must be rejected"
             );
         }
         assert!(ProcessEvent::from_frame(frame(json!({"seq":1}))).is_err());
-        assert!(ProcessEvent::from_frame(frame(json!({"type":"data","data_base64":"aGk="}))).is_err());
+        assert!(
+            ProcessEvent::from_frame(frame(json!({"type":"data","data_base64":"aGk="}))).is_err()
+        );
     }
 }

@@ -34,7 +34,12 @@ pub async fn self_delete(reason: &str, timeout: Duration) -> Result<()> {
     self_request(AGENT_BASE_URL, "delete", reason, timeout).await
 }
 
-pub(crate) async fn self_request(base: &str, action: &str, reason: &str, timeout: Duration) -> Result<()> {
+pub(crate) async fn self_request(
+    base: &str,
+    action: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Result<()> {
     let endpoint = format!("/self/{action}");
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -100,7 +105,11 @@ pub(crate) async fn self_request(base: &str, action: &str, reason: &str, timeout
 fn agent_message(body: &Bytes) -> String {
     if let Ok(serde_json::Value::Object(obj)) = serde_json::from_slice::<serde_json::Value>(body) {
         for key in ["message", "error", "data"] {
-            if let Some(text) = obj.get(key).and_then(serde_json::Value::as_str).filter(|t| !t.is_empty()) {
+            if let Some(text) = obj
+                .get(key)
+                .and_then(serde_json::Value::as_str)
+                .filter(|t| !t.is_empty())
+            {
                 return text.to_owned();
             }
         }
@@ -117,7 +126,10 @@ fn agent_message(body: &Bytes) -> String {
 fn strip_sensitive(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in headers {
-        if !matches!(name.as_str(), "set-cookie" | "cookie" | "authorization" | "x-api-key") {
+        if !matches!(
+            name.as_str(),
+            "set-cookie" | "cookie" | "authorization" | "x-api-key"
+        ) {
             out.append(name.clone(), value.clone());
         }
     }
@@ -141,9 +153,14 @@ mod tests {
                 then.status(202);
             })
             .await;
-        self_request(&server.base_url(), "pause", "idle work done", DEFAULT_SELF_SERVICE_TIMEOUT)
-            .await
-            .unwrap();
+        self_request(
+            &server.base_url(),
+            "pause",
+            "idle work done",
+            DEFAULT_SELF_SERVICE_TIMEOUT,
+        )
+        .await
+        .unwrap();
         mock.assert_async().await;
     }
 
@@ -152,7 +169,9 @@ mod tests {
         let server = MockServer::start_async().await;
         let with_reason = server
             .mock_async(|when, then| {
-                when.method(POST).path("/self/delete").query_param_exists("reason");
+                when.method(POST)
+                    .path("/self/delete")
+                    .query_param_exists("reason");
                 then.status(500);
             })
             .await;
@@ -162,9 +181,14 @@ mod tests {
                 then.status(202);
             })
             .await;
-        self_request(&server.base_url(), "delete", "", DEFAULT_SELF_SERVICE_TIMEOUT)
-            .await
-            .unwrap();
+        self_request(
+            &server.base_url(),
+            "delete",
+            "",
+            DEFAULT_SELF_SERVICE_TIMEOUT,
+        )
+        .await
+        .unwrap();
         mock.assert_async().await;
         with_reason.assert_calls_async(0).await;
     }
@@ -181,16 +205,27 @@ mod tests {
         server
             .mock_async(|when, then| {
                 when.method(POST).path("/self/delete");
-                then.status(409).json_body(serde_json::json!({"message": "already deleting"}));
+                then.status(409)
+                    .json_body(serde_json::json!({"message": "already deleting"}));
             })
             .await;
-        let err = self_request(&server.base_url(), "pause", "", DEFAULT_SELF_SERVICE_TIMEOUT)
-            .await
-            .unwrap_err();
+        let err = self_request(
+            &server.base_url(),
+            "pause",
+            "",
+            DEFAULT_SELF_SERVICE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, Error::Protocol { .. }), "{err:?}");
-        let err = self_request(&server.base_url(), "delete", "x", DEFAULT_SELF_SERVICE_TIMEOUT)
-            .await
-            .unwrap_err();
+        let err = self_request(
+            &server.base_url(),
+            "delete",
+            "x",
+            DEFAULT_SELF_SERVICE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
         let api = err.as_api().expect("api error");
         assert_eq!(api.status.as_u16(), 409);
         assert_eq!(api.message, "already deleting");

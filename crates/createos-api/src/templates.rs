@@ -165,7 +165,13 @@ impl Templates {
     pub async fn create(&self, request: &TemplateCreateRequest) -> Result<Template> {
         let body = serde_json::to_value(request).map_err(|e| protocol_error(e.to_string()))?;
         self.transport
-            .json(Method::POST, "/v1/templates", &[], Some(body), &self.options)
+            .json(
+                Method::POST,
+                "/v1/templates",
+                &[],
+                Some(body),
+                &self.options,
+            )
             .await
     }
 
@@ -196,7 +202,13 @@ impl Templates {
         }
         let response = self
             .transport
-            .raw(Method::GET, &path(id, "/logs"), &query, RawBody::None, &self.options)
+            .raw(
+                Method::GET,
+                &path(id, "/logs"),
+                &query,
+                RawBody::None,
+                &self.options,
+            )
             .await?;
         response
             .text()
@@ -217,7 +229,13 @@ impl Templates {
         }
         let response = self
             .transport
-            .raw(Method::GET, &path(id, "/logs"), &query, RawBody::None, &self.options)
+            .raw(
+                Method::GET,
+                &path(id, "/logs"),
+                &query,
+                RawBody::None,
+                &self.options,
+            )
             .await?;
         let events = ndjson_frames(response).map(|frame| {
             frame.and_then(|map| {
@@ -226,17 +244,18 @@ impl Templates {
             })
         });
         // Stop right after the final frame, even if the server keeps the connection open.
-        let stream = futures::stream::unfold((events.boxed(), false), |(mut events, done)| async move {
-            if done {
-                return None;
-            }
-            let item = events.next().await?;
-            let finished = match &item {
-                Ok(event) => event.is_final,
-                Err(_) => true,
-            };
-            Some((item, (events, finished)))
-        });
+        let stream =
+            futures::stream::unfold((events.boxed(), false), |(mut events, done)| async move {
+                if done {
+                    return None;
+                }
+                let item = events.next().await?;
+                let finished = match &item {
+                    Ok(event) => event.is_final,
+                    Err(_) => true,
+                };
+                Some((item, (events, finished)))
+            });
         Ok(stream.boxed())
     }
 }
@@ -253,9 +272,18 @@ mod tests {
     #[test]
     fn create_request_omits_empty_base() {
         let req = TemplateCreateRequest::new("t", "FROM x");
-        assert_eq!(serde_json::to_value(&req).unwrap(), json!({"name":"t","dockerfile":"FROM x"}));
-        let req = TemplateCreateRequest { base: "devbox:1".into(), ..req };
-        assert_eq!(serde_json::to_value(&req).unwrap()["base"], json!("devbox:1"));
+        assert_eq!(
+            serde_json::to_value(&req).unwrap(),
+            json!({"name":"t","dockerfile":"FROM x"})
+        );
+        let req = TemplateCreateRequest {
+            base: "devbox:1".into(),
+            ..req
+        };
+        assert_eq!(
+            serde_json::to_value(&req).unwrap()["base"],
+            json!("devbox:1")
+        );
     }
 
     #[test]

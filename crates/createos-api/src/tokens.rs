@@ -86,7 +86,9 @@ pub struct AccessTokenMetadata {
 /// at least one character, no whitespace or control characters.
 pub fn validate_access_token(token: &str) -> Result<()> {
     if token.trim().is_empty() {
-        return Err(Error::InvalidArgument("access token must not be blank".into()));
+        return Err(Error::InvalidArgument(
+            "access token must not be blank".into(),
+        ));
     }
     let Some(rest) = token.strip_prefix(ACCESS_TOKEN_PREFIX) else {
         return Err(Error::InvalidArgument(format!(
@@ -117,7 +119,13 @@ impl Sandbox {
     pub async fn create_access_token(&self) -> Result<AccessToken> {
         let wire: AccessTokenWire = self
             .transport()
-            .json(Method::POST, &self.access_token_path(""), &[], None, &RequestOptions::default())
+            .json(
+                Method::POST,
+                &self.access_token_path(""),
+                &[],
+                None,
+                &RequestOptions::default(),
+            )
             .await?;
         Ok(wire.into())
     }
@@ -125,7 +133,13 @@ impl Sandbox {
     /// Reads the token's metadata (enabled flag and a redacted hint).
     pub async fn get_access_token(&self) -> Result<AccessTokenMetadata> {
         self.transport()
-            .json(Method::GET, &self.access_token_path(""), &[], None, &RequestOptions::default())
+            .json(
+                Method::GET,
+                &self.access_token_path(""),
+                &[],
+                None,
+                &RequestOptions::default(),
+            )
             .await
     }
 
@@ -134,7 +148,13 @@ impl Sandbox {
     pub async fn rotate_access_token(&self) -> Result<AccessToken> {
         let wire: AccessTokenWire = self
             .transport()
-            .json(Method::POST, &self.access_token_path("/rotate"), &[], None, &RequestOptions::default())
+            .json(
+                Method::POST,
+                &self.access_token_path("/rotate"),
+                &[],
+                None,
+                &RequestOptions::default(),
+            )
             .await?;
         Ok(wire.into())
     }
@@ -142,7 +162,13 @@ impl Sandbox {
     /// Disables the token (idempotent) and returns the resulting metadata.
     pub async fn disable_access_token(&self) -> Result<AccessTokenMetadata> {
         self.transport()
-            .json(Method::DELETE, &self.access_token_path(""), &[], None, &RequestOptions::default())
+            .json(
+                Method::DELETE,
+                &self.access_token_path(""),
+                &[],
+                None,
+                &RequestOptions::default(),
+            )
             .await
     }
 
@@ -165,10 +191,20 @@ mod tests {
     #[test]
     fn token_shape_is_checked() {
         assert!(validate_access_token("skp_sb_first").is_ok());
-        for bad in ["", "   ", "skp_sb_", "sk_live_x", "skp_sb_a b", "Bearer skp_sb_x"] {
+        for bad in [
+            "",
+            "   ",
+            "skp_sb_",
+            "sk_live_x",
+            "skp_sb_a b",
+            "Bearer skp_sb_x",
+        ] {
             let err = validate_access_token(bad).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad:?}");
-            assert!(!err.to_string().contains("skp_sb_a b"), "the message must not echo the token");
+            assert!(
+                !err.to_string().contains("skp_sb_a b"),
+                "the message must not echo the token"
+            );
         }
     }
 
@@ -192,9 +228,15 @@ mod tests {
                 "token": "skp_sb_x", "enabled": true, "created_at": "2026-01-01T00:00:00Z"
             });
             value.as_object_mut().unwrap().remove(missing);
-            assert!(serde_json::from_value::<AccessTokenWire>(value).is_err(), "{missing}");
+            assert!(
+                serde_json::from_value::<AccessTokenWire>(value).is_err(),
+                "{missing}"
+            );
         }
-        assert!(serde_json::from_value::<AccessTokenMetadata>(serde_json::json!({"token_hint": "x"})).is_err());
+        assert!(
+            serde_json::from_value::<AccessTokenMetadata>(serde_json::json!({"token_hint": "x"}))
+                .is_err()
+        );
         let meta: AccessTokenMetadata =
             serde_json::from_value(serde_json::json!({"enabled": false})).unwrap();
         assert!(!meta.enabled && meta.token_hint.is_none());

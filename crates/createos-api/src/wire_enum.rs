@@ -102,7 +102,10 @@ pub(crate) fn protocol_error(message: impl Into<String>) -> crate::Error {
 /// Whether `error` means the connection itself failed (reset, dropped, idle timeout), so a
 /// resumable stream may reconnect.
 pub(crate) fn is_connection_error(error: &crate::Error) -> bool {
-    matches!(error, crate::Error::Transport { .. } | crate::Error::Timeout { .. })
+    matches!(
+        error,
+        crate::Error::Transport { .. } | crate::Error::Timeout { .. }
+    )
 }
 
 #[cfg(test)]
@@ -119,10 +122,15 @@ mod tests {
 
     #[test]
     fn known_and_unknown_values_round_trip() {
-        let parsed: Vec<Colour> = serde_json::from_str(r#"["red","dark_blue","ultraviolet"]"#).unwrap();
+        let parsed: Vec<Colour> =
+            serde_json::from_str(r#"["red","dark_blue","ultraviolet"]"#).unwrap();
         assert_eq!(
             parsed,
-            vec![Colour::Red, Colour::DarkBlue, Colour::Unknown("ultraviolet".into())]
+            vec![
+                Colour::Red,
+                Colour::DarkBlue,
+                Colour::Unknown("ultraviolet".into())
+            ]
         );
         assert_eq!(
             serde_json::to_string(&parsed).unwrap(),
