@@ -1,0 +1,244 @@
+//! Fault injection rules: `ROUTE=ACTION[@PROB][#COUNT]` separated by `;`.
+
+use rand::Rng;
+
+/// Every route name the fake classifies requests into (also the keys of `Stats::requests`).
+pub const ROUTE_NAMES: &[&str] = &[
+    "healthz",
+    "readyz",
+    "whoami",
+    "shapes",
+    "rootfs",
+    "hosts",
+    "list",
+    "create",
+    "get",
+    "get_by_ip",
+    "patch",
+    "delete",
+    "pause",
+    "resume",
+    "fork",
+    "resize",
+    "ssh_keys",
+    "egress_get",
+    "egress_put",
+    "bandwidth",
+    "recharge",
+    "exec",
+    "exec_stream",
+    "upload",
+    "download",
+    "process_create",
+    "process_list",
+    "process_get",
+    "process_connect",
+    "process_input",
+    "process_stdin_close",
+    "process_resize",
+    "process_signal",
+    "process_wait",
+    "process_delete",
+    "token_create",
+    "token_get",
+    "token_rotate",
+    "token_delete",
+    "template_list",
+    "template_create",
+    "template_get",
+    "template_delete",
+    "template_logs",
+    "template_follow",
+    "network_list",
+    "network_create",
+    "network_get",
+    "network_delete",
+    "network_attach",
+    "network_detach",
+    "disk_list",
+    "disk_create",
+    "disk_get",
+    "disk_delete",
+    "disk_patch",
+    "sandbox_disks",
+    "disk_attach",
+    "disk_detach",
+    "computer",
+];
+
+/// What an injected fault does to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Answer a JSend `error` with this status; the request is not processed.
+    Status(u16),
+    /// Close the connection without answering; not processed.
+    Reset,
+    /// Process the request, then close the connection without answering.
+    ResetAfter,
+    /// Never answer.
+    Stall,
+    /// Streaming routes: stream what exists, then go silent with the connection open.
+    StallMid,
+    /// 500 whose message reflects every request header.
+    EchoHeaders,
+    /// 307 to another origin.
+    Redirect,
+    /// 500 with a plain-text body.
+    Text,
+    /// 404 with an 8 MiB body.
+    Huge,
+    /// 200 whose body is not JSON.
+    Malformed,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    route: String,
+    action: Action,
+    prob: f64,
+    remaining: Option<u64>,
+}
+
+/// The active fault rules.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Faults {
+    rules: Vec<Rule>,
+}
+
+impl Faults {
+    /// Parses a SPEC; an empty or blank spec means no faults.
+    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
+        let mut rules = Vec::new();
+        for raw in spec.split(';') {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                continue;
+            }
+            rules.push(parse_rule(raw)?);
+        }
+        Ok(Self { rules })
+    }
+
+    /// Picks the action to apply to a request for `route`, consuming one use of the rule.
+    pub(crate) fn pick(&mut self, route: &str) -> Option<Action> {
+        let mut rng = rand::rng();
+        for rule in &mut self.rules {
+            if rule.route != "*" && rule.route != route {
+                continue;
+            }
+            if rule.remaining == Some(0) {
+                continue;
+            }
+            if rule.prob < 1.0 && rng.random::<f64>() >= rule.prob {
+                continue;
+            }
+            if let Some(n) = rule.remaining.as_mut() {
+                *n -= 1;
+            }
+            return Some(rule.action);
+        }
+        None
+    }
+}
+
+fn parse_rule(raw: &str) -> Result<Rule, String> {
+    let (route, rest) = raw
+        .split_once('=')
+        .ok_or_else(|| format!("fault rule {raw:?}: expected ROUTE=ACTION"))?;
+    let route = route.trim();
+    if route != "*" && !ROUTE_NAMES.contains(&route) {
+        return Err(format!("fault rule {raw:?}: unknown route {route:?}"));
+    }
+    // Split ACTION from the optional @PROB and #COUNT suffixes (either order).
+    let end = rest.find(['@', '#']).unwrap_or(rest.len());
+    let action_text = rest[..end].trim();
+    let mut suffix = &rest[end..];
+    let mut prob = 1.0_f64;
+    let mut remaining = None;
+    while !suffix.is_empty() {
+        let marker = suffix.as_bytes()[0];
+        let body = &suffix[1..];
+        let stop = body.find(['@', '#']).unwrap_or(body.len());
+        let value = body[..stop].trim();
+        match marker {
+            b'@' => {
+                prob = value
+                    .parse::<f64>()
+                    .map_err(|_| format!("fault rule {raw:?}: bad probability {value:?}"))?;
+                if !(prob > 0.0 && prob <= 1.0) {
+                    return Err(format!("fault rule {raw:?}: probability must be in (0, 1]"));
+                }
+            }
+            _ => {
+                remaining = Some(
+                    value
+                        .parse::<u64>()
+                        .map_err(|_| format!("fault rule {raw:?}: bad count {value:?}"))?,
+                );
+            }
+        }
+        suffix = &body[stop..];
+    }
+    let action = parse_action(action_text)
+        .ok_or_else(|| format!("fault rule {raw:?}: unknown action {action_text:?}"))?;
+    Ok(Rule {
+        route: route.to_owned(),
+        action,
+        prob,
+        remaining,
+    })
+}
+
+fn parse_action(text: &str) -> Option<Action> {
+    Some(match text {
+        "reset" => Action::Reset,
+        "reset-after" => Action::ResetAfter,
+        "stall" => Action::Stall,
+        "stall-mid" => Action::StallMid,
+        "echo-headers" => Action::EchoHeaders,
+        "redirect" => Action::Redirect,
+        "text" => Action::Text,
+        "huge" => Action::Huge,
+        "malformed" => Action::Malformed,
+        other => {
+            let code: u16 = other.parse().ok()?;
+            if !(300..=599).contains(&code) {
+                return None;
+            }
+            Action::Status(code)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rules_with_probability_and_count() {
+        let mut f = Faults::parse("create=503#2; exec=reset@1.0;*=stall@0.5#1").unwrap();
+        assert_eq!(f.pick("create"), Some(Action::Status(503)));
+        assert_eq!(f.pick("create"), Some(Action::Status(503)));
+        assert_eq!(f.pick("exec"), Some(Action::Reset));
+        // The wildcard rule fires at most once, with probability 0.5.
+        let mut fired = 0;
+        for _ in 0..200 {
+            if f.pick("create").is_some() {
+                fired += 1;
+            }
+        }
+        assert!(fired <= 1);
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        assert!(Faults::parse("nope=500").is_err());
+        assert!(Faults::parse("create=teapot").is_err());
+        assert!(Faults::parse("create=500@0").is_err());
+        assert!(Faults::parse("create=500@1.5").is_err());
+        assert!(Faults::parse("create=500#x").is_err());
+        assert!(Faults::parse("create").is_err());
+        assert!(Faults::parse("create=200").is_err());
+        assert!(Faults::parse("  ").unwrap().pick("create").is_none());
+    }
+}

@@ -1,0 +1,103 @@
+//! `createos-fake`: run the fake CreateOS control plane on loopback.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use createos_fake::{FakeOptions, FakeServer};
+
+/// A CreateOS-compatible fake control plane. Guests are local directories and their commands
+/// run as ordinary local processes: it gives NO isolation.
+#[derive(Debug, Parser)]
+#[command(name = "createos-fake", version)]
+struct Cli {
+    /// Port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// The owner API key clients must send in X-Api-Key.
+    #[arg(
+        long,
+        env = "CREATEOS_FAKE_API_KEY",
+        default_value = "test-key",
+        hide_env_values = true
+    )]
+    api_key: String,
+    /// Latency added to every API request, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Fault rules: ROUTE=ACTION[@PROB][#COUNT] separated by ';'.
+    #[arg(long, default_value = "")]
+    faults: String,
+    /// Directories prepended to the guest PATH (':'-separated).
+    #[arg(long)]
+    guest_path: Option<String>,
+    /// Serve the API under this path prefix (e.g. /api).
+    #[arg(long, default_value = "")]
+    base_path: String,
+    /// Milliseconds a resumed guest stays `resuming`.
+    #[arg(long, default_value_t = 300)]
+    resume_delay_ms: u64,
+    /// Milliseconds a deleted guest stays `destroying`.
+    #[arg(long, default_value_t = 200)]
+    destroy_delay_ms: u64,
+    /// Exec stream heartbeat period in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    heartbeat_ms: u64,
+    /// Frame streams as SSE `data:` lines instead of NDJSON.
+    #[arg(long)]
+    sse: bool,
+    /// Keep guest directories here instead of a temporary directory.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let opts = FakeOptions {
+        api_key: cli.api_key,
+        base_path: cli.base_path,
+        latency: Duration::from_millis(cli.latency_ms),
+        faults: cli.faults,
+        guest_path: cli
+            .guest_path
+            .map(|p| std::env::split_paths(&p).collect())
+            .unwrap_or_default(),
+        resume_delay: Duration::from_millis(cli.resume_delay_ms),
+        destroy_delay: Duration::from_millis(cli.destroy_delay_ms),
+        heartbeat: Duration::from_millis(cli.heartbeat_ms),
+        sse: cli.sse,
+        state_dir: cli.state_dir,
+    };
+    let server = match FakeServer::start_on(opts, cli.port).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("createos-fake: cannot start: {e}");
+            std::process::exit(2);
+        }
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {}", server.url());
+        let _ = writeln!(
+            out,
+            "WARNING: createos-fake gives NO isolation: guest commands run as local processes of this user"
+        );
+        let _ = out.flush();
+    }
+    eprintln!("createos-fake: NO isolation; for tests and demos only. SIGTERM or Ctrl-C stops it.");
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("createos-fake: cannot install the SIGTERM handler: {e}");
+            std::process::exit(2);
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    server.shutdown().await;
+    eprintln!("createos-fake: stopped; every guest process was killed");
+}
