@@ -134,17 +134,11 @@ pub(crate) fn spawn(
         tokio::spawn(pump(err, tx, Out::Stderr));
     }
     let mut stdin = child.stdin.take();
-    if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), stdin.take()) {
-        if keep_stdin {
-            // Managed processes keep their pipe; write the initial data through it later.
-            stdin = Some(pipe);
-            let _ = data;
-        } else {
-            tokio::spawn(async move {
-                let _ = pipe.write_all(&data).await;
-                let _ = pipe.shutdown().await;
-            });
-        }
+    if !keep_stdin && let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), stdin.take()) {
+        tokio::spawn(async move {
+            let _ = pipe.write_all(&data).await;
+            let _ = pipe.shutdown().await;
+        });
     }
     Ok(Running {
         child,

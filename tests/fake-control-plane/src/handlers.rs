@@ -112,18 +112,12 @@ pub(crate) fn with_sandbox_mut<T>(
 pub(crate) fn require_running(sb: &Sandbox) -> Result<(), ApiError> {
     match sb.status {
         Status::Running => Ok(()),
-        Status::Paused | Status::Pausing => Err(ApiError::paused()),
+        Status::Paused => Err(ApiError::paused()),
         other => Err(ApiError::conflict(format!(
             "sandbox is {}; it must be running",
             other.as_str()
         ))),
     }
-}
-
-/// [`require_running`] shaped for [`with_sandbox`].
-pub(crate) fn require_running_result(sb: &Sandbox) -> ApiResult {
-    require_running(sb)?;
-    ok(Value::Null)
 }
 
 /// `limit`/`offset` from the query (limit defaults to 100, capped at 500).
@@ -352,7 +346,6 @@ fn new_sandbox(app: &App, inner: &mut Inner, shape: (&str, u64, u64, u64, u64)) 
     Sandbox {
         dir: app.state_root.join(&id),
         id,
-        seq,
         name: None,
         status: Status::Running,
         shape: shape.0.to_owned(),

@@ -14,10 +14,6 @@
 //! # Ok(()) }
 //! ```
 
-// Processes, tokens, templates, networks and disks land in the next commits; their state
-// types already exist.
-#![allow(dead_code, clippy::unused_async)]
-
 mod exec;
 mod extra;
 mod faults;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
@@ -59,12 +59,9 @@ pub(crate) struct Req {
     pub sid: Option<String>,
     pub sub: Option<String>,
     pub query: Vec<(String, String)>,
-    pub headers: HeaderMap,
     pub body: Option<Body>,
     pub pre_body: Option<Bytes>,
     pub stall_mid: bool,
-    /// Set when the caller authenticated with a delegated token.
-    pub delegated: bool,
 }
 
 /// Maximum JSON request body.
@@ -268,7 +265,6 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
         }
     }
     // Authentication.
-    let mut delegated = false;
     if !PUBLIC.contains(&name) {
         let key = parts
             .headers
@@ -291,7 +287,6 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
                         )
                         .into_response();
                     }
-                    delegated = true;
                 }
             }
         }
@@ -301,11 +296,9 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
         sid,
         sub,
         query,
-        headers: parts.headers,
         body,
         pre_body,
         stall_mid,
-        delegated,
     };
     let resp = handlers::dispatch(app, req)
         .await

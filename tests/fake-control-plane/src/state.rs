@@ -20,7 +20,6 @@ use crate::util::now_rfc3339;
 pub(crate) enum Status {
     Creating,
     Running,
-    Pausing,
     Paused,
     Resuming,
     Forking,
@@ -34,7 +33,6 @@ impl Status {
         match self {
             Self::Creating => "creating",
             Self::Running => "running",
-            Self::Pausing => "pausing",
             Self::Paused => "paused",
             Self::Resuming => "resuming",
             Self::Forking => "forking",
@@ -94,7 +92,6 @@ pub(crate) struct Mount {
 #[derive(Debug)]
 pub(crate) struct Sandbox {
     pub id: String,
-    pub seq: u64,
     pub name: Option<String>,
     pub status: Status,
     pub shape: String,
