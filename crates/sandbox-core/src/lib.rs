@@ -13,6 +13,7 @@
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
 pub mod control;
+pub mod createos;
 pub mod egress;
 pub mod error;
 pub mod exec;

@@ -187,25 +187,38 @@ pub async fn run_python(
     let (cmd, args) = python_command(&path, &spec.limits);
     let host_budget = spec.limits.host_deadline();
     let t2 = Instant::now();
-    // Only a server that declined the request (429/503) is known not to have started it.
-    let (stream, _) = retry_until(
+    let host_deadline = t2 + host_budget;
+    // Only a server that declined the request (429/503) is known not to have started it. The
+    // host deadline covers the dispatch too: a control plane that never answers is a timeout.
+    // The HTTP budget is a little longer so the host clock is the one that fires.
+    let dispatch = retry_until(
         &spec.backoff,
-        deadline.max(t2 + Duration::from_secs(1)),
+        deadline.max(t2 + Duration::from_secs(1)).min(host_deadline),
         "exec",
         CallError::is_declined,
         |_| {
             count();
-            cp.exec_stream(id.clone(), cmd.clone(), args.clone(), host_budget)
+            cp.exec_stream(
+                id.clone(),
+                cmd.clone(),
+                args.clone(),
+                host_budget + Duration::from_secs(2),
+            )
         },
-    )
-    .await;
-    let mut stream = match stream {
-        Ok(s) => s,
-        Err(e) if e.is_declined() => return Err(before_dispatch("exec", &e, redactor)),
-        Err(e) => {
+    );
+    let opened = match tokio::time::timeout_at(host_deadline, dispatch).await {
+        Ok((res, _)) => Some(res),
+        Err(_) => None,
+    };
+    let mut stream = match opened {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) if e.is_declined() => return Err(before_dispatch("exec", &e, redactor)),
+        Some(Err(e)) => {
             let detail = cap_detail(&redactor.apply(&e.message));
             let kind = match e.failure {
                 CallFailure::Status(s) if (400..500).contains(&s) => ErrorKind::Rejected,
+                CallFailure::Redirect | CallFailure::Config => ErrorKind::Rejected,
                 _ => ErrorKind::OutcomeUnknown,
             };
             let msg = if kind == ErrorKind::Rejected {
@@ -225,10 +238,9 @@ pub async fn run_python(
     let mut exit: Option<i32> = None;
     let mut agent_error: Option<String> = None;
     let mut broken: Option<CallError> = None;
-    let mut host_timed_out = false;
-    let host_deadline = t2 + host_budget;
-    loop {
-        match tokio::time::timeout_at(host_deadline, stream.next()).await {
+    let mut host_timed_out = stream.is_none();
+    while let Some(st) = stream.as_mut() {
+        match tokio::time::timeout_at(host_deadline, st.next()).await {
             Err(_) => {
                 host_timed_out = true;
                 break;

@@ -1,0 +1,619 @@
+//! The lfx sandbox backend's semantics, as plain Rust over `sandbox-core`.
+//!
+//! lfx's `SandboxBackend` protocol is `capabilities()`, `run(code, env)`, `shutdown()` and
+//! `reset_after_fork()`. This crate implements what those mean for CreateOS: which settings are
+//! read, what is refused before any guest exists, what one run sends, and what it returns.
+//! The Python glue (in `py-bindings`) passes lfx's `_sandbox_settings()` values in as an
+//! [`LfxPolicy`] and maps [`BackendError`] to lfx's exceptions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sandbox_core::control::{CallError, ControlPlane};
+use sandbox_core::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
+use sandbox_core::exec::ExecLimits;
+use sandbox_core::lifecycle::{RunSpec, run_python};
+use sandbox_core::names::BACKEND_PREFIX;
+use sandbox_core::reaper::{Reaper, ReaperConfig};
+use sandbox_core::retry::{Backoff, retry_until};
+use sandbox_core::settings::{LangflowPolicy, Settings};
+use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
+use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
+use secrecy::ExposeSecret;
+
+mod doctor;
+
+pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
+
+/// What this backend declares to lfx's policy gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Always `"hardware-virtualized"` (a Firecracker microVM per run).
+    pub isolation: &'static str,
+    /// Deny-all egress is supported (with the link-local opt-in).
+    pub supports_deny_all_egress: bool,
+    /// Never: CreateOS does not enforce hostname rules.
+    pub supports_domain_allowlist: bool,
+    /// No cap beyond lfx's own 300 s.
+    pub max_timeout_seconds: Option<u32>,
+}
+
+/// The backend's capabilities. No I/O.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        isolation: "hardware-virtualized",
+        supports_deny_all_egress: true,
+        supports_domain_allowlist: false,
+        max_timeout_seconds: None,
+    }
+}
+
+/// lfx's sandbox settings (`_sandbox_settings()`), passed in by the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LfxPolicy {
+    /// `LANGFLOW_SANDBOX_TIMEOUT_SECONDS` (default 30, 1..=300).
+    pub timeout_seconds: u32,
+    /// `LANGFLOW_SANDBOX_MEMORY_MB` (default 192): a floor, not the VM size.
+    pub memory_mb: u32,
+    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK` (default false).
+    pub allow_network: bool,
+    /// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS` (refused when non-empty).
+    pub allowed_domains: Vec<String>,
+}
+
+impl Default for LfxPolicy {
+    fn default() -> Self {
+        let p = LangflowPolicy::default();
+        Self {
+            timeout_seconds: p.timeout_seconds,
+            memory_mb: p.memory_mb,
+            allow_network: p.allow_network,
+            allowed_domains: p.allowed_domains,
+        }
+    }
+}
+
+impl LfxPolicy {
+    /// Reads lfx's `LANGFLOW_SANDBOX_*` variables from the process environment, with lfx's
+    /// defaults (for `doctor` run outside Langflow).
+    pub fn from_env() -> Result<Self, BackendError> {
+        let p =
+            LangflowPolicy::from_lookup(&|k| std::env::var(k).ok()).map_err(BackendError::from)?;
+        Ok(Self::from(p))
+    }
+
+    pub(crate) fn core(&self) -> LangflowPolicy {
+        LangflowPolicy {
+            timeout_seconds: self.timeout_seconds,
+            memory_mb: self.memory_mb,
+            allow_network: self.allow_network,
+            allowed_domains: self.allowed_domains.clone(),
+        }
+    }
+}
+
+impl From<LangflowPolicy> for LfxPolicy {
+    fn from(p: LangflowPolicy) -> Self {
+        Self {
+            timeout_seconds: p.timeout_seconds,
+            memory_mb: p.memory_mb,
+            allow_network: p.allow_network,
+            allowed_domains: p.allowed_domains,
+        }
+    }
+}
+
+/// Per-phase timings of one run, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    /// Create (including retries).
+    pub create_ms: u64,
+    /// Upload, concurrent with the egress read-back.
+    pub upload_ms: u64,
+    /// The streaming exec.
+    pub exec_ms: u64,
+    /// Destroy, when it ran before returning; `None` when it was handed to the reaper (off the
+    /// critical path, still guaranteed, and logged when done).
+    pub destroy_ms: Option<u64>,
+    /// The whole run.
+    pub total_ms: u64,
+    /// Control-plane requests made before returning (every attempt counts).
+    pub requests: u32,
+}
+
+/// The result of a run whose program executed. A failing program is a result, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutput {
+    /// Standard output (its tail, with a visible marker, if over the cap).
+    pub stdout: String,
+    /// Standard error (likewise).
+    pub stderr: String,
+    /// Exit code: `-1` when the run hit its timeout (lfx: "timed out"), `137` for a kill inside
+    /// the budget (lfx: memory), otherwise the program's status.
+    pub exit_code: i32,
+    /// Exec wall time.
+    pub execution_time_ms: u64,
+    /// Per-phase timings.
+    pub timings: Timings,
+    /// Stdout was truncated to the cap.
+    pub stdout_truncated: bool,
+    /// Stderr was truncated to the cap.
+    pub stderr_truncated: bool,
+    /// The guest's name.
+    pub guest: String,
+}
+
+/// Why a run could not produce a result. `Display` is the message, which names the setting
+/// involved and the fix; it never contains the API key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// Configured but unusable, or the policy cannot be honoured (lfx:
+    /// `SandboxUnavailableError`). Nothing ran.
+    #[error("{0}")]
+    Unavailable(String),
+    /// An infrastructure failure (lfx: `SandboxExecutionError`). The message says whether the
+    /// code may have run.
+    #[error("{0}")]
+    Execution(String),
+}
+
+impl From<SandboxError> for BackendError {
+    fn from(e: SandboxError) -> Self {
+        if e.kind().is_unavailable() {
+            BackendError::Unavailable(e.message().to_owned())
+        } else {
+            BackendError::Execution(e.message().to_owned())
+        }
+    }
+}
+
+/// Builds a control plane from settings (the default talks HTTP to CreateOS).
+pub type Connector =
+    Arc<dyn Fn(&Settings, Duration) -> Result<Arc<dyn ControlPlane>, SandboxError> + Send + Sync>;
+
+/// Reads one environment variable.
+pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Knobs for tests, benchmarks and embedders; [`Backend::new`] uses the defaults.
+#[derive(Clone)]
+pub struct BackendOptions {
+    /// Where `CREATEOS_*` settings are read from (default: the process environment, at each
+    /// call).
+    pub env: EnvLookup,
+    /// Timeout of each control call.
+    pub request_timeout: Duration,
+    /// Backoff and total deadline for calls before the program is dispatched.
+    pub backoff: Backoff,
+    /// TERM→KILL grace given to `timeout(1)` in the guest.
+    pub kill_after: Duration,
+    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
+    pub host_grace: Duration,
+    /// Destroy off the critical path (guaranteed by the reaper and flushed by `shutdown`).
+    pub background_destroy: bool,
+    /// Bound on `shutdown()`.
+    pub shutdown_timeout: Duration,
+    /// Reaper behaviour.
+    pub reaper: ReaperConfig,
+    /// How a control plane is built from settings.
+    pub connector: Connector,
+}
+
+impl fmt::Debug for BackendOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendOptions")
+            .field("request_timeout", &self.request_timeout)
+            .field("backoff", &self.backoff)
+            .field("kill_after", &self.kill_after)
+            .field("host_grace", &self.host_grace)
+            .field("background_destroy", &self.background_destroy)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn http_connector() -> Connector {
+    Arc::new(|s: &Settings, timeout: Duration| {
+        let key = s.require_key()?;
+        let cp = CreateOsControlPlane::new(key, &s.base_url, timeout)?;
+        Ok(Arc::new(cp) as Arc<dyn ControlPlane>)
+    })
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        let limits = ExecLimits::for_seconds(1);
+        Self {
+            env: Arc::new(|k| std::env::var(k).ok()),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            backoff: Backoff::default(),
+            kill_after: limits.kill_after,
+            host_grace: limits.host_grace,
+            background_destroy: true,
+            shutdown_timeout: Duration::from_secs(20),
+            reaper: ReaperConfig::default(),
+            connector: http_connector(),
+        }
+    }
+}
+
+/// One account's cached state: the client, whether its credential was accepted, its catalog.
+struct Account {
+    cp: Arc<dyn ControlPlane>,
+    credential: tokio::sync::OnceCell<String>,
+    shapes: tokio::sync::OnceCell<Vec<Shape>>,
+}
+
+/// The CreateOS sandbox backend. Cheap to construct (no I/O), `Send + Sync`, and meant to be
+/// shared by every concurrent run of a process. Build a fresh one in a child after `fork()`.
+pub struct Backend {
+    opts: BackendOptions,
+    accounts: Mutex<HashMap<(u64, String), Arc<Account>>>,
+    reaper: Reaper,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("reaper", &self.reaper)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn key_digest(key: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+fn valid_env_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Everything a run or `doctor` decides before creating a guest.
+pub(crate) struct Plan {
+    pub settings: Settings,
+    pub egress: EgressPolicy,
+    pub limits: ExecLimits,
+}
+
+impl Backend {
+    /// A backend with default options. Reads nothing yet.
+    pub fn new() -> Self {
+        Self::with_options(BackendOptions::default())
+    }
+
+    /// A backend with explicit options.
+    pub fn with_options(opts: BackendOptions) -> Self {
+        Self {
+            reaper: Reaper::new(opts.reaper),
+            opts,
+            accounts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Guests currently registered with this backend (live runs plus pending destroys).
+    pub fn registered_guests(&self) -> usize {
+        self.reaper.registered()
+    }
+
+    fn settings(&self) -> Result<Settings, SandboxError> {
+        let env = self.opts.env.clone();
+        Settings::from_lookup(&move |k| env(k))
+    }
+
+    fn limits(&self, policy: &LfxPolicy) -> ExecLimits {
+        ExecLimits {
+            budget: Duration::from_secs(u64::from(policy.timeout_seconds)),
+            kill_after: self.opts.kill_after,
+            host_grace: self.opts.host_grace,
+        }
+    }
+
+    /// The refusals that need no I/O, in the order an operator would fix them.
+    pub(crate) fn plan(&self, policy: &LfxPolicy) -> Result<Plan, SandboxError> {
+        let settings = self.settings()?;
+        policy.core().validate()?;
+        let egress = EgressPolicy::decide(
+            policy.allow_network,
+            &policy.allowed_domains,
+            settings.accept_egress_exceptions,
+        )?;
+        settings.require_key()?;
+        Ok(Plan {
+            settings,
+            egress,
+            limits: self.limits(policy),
+        })
+    }
+
+    fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
+        let key = settings.require_key()?;
+        let id = (key_digest(key.expose_secret()), settings.base_url.clone());
+        let mut map = self
+            .accounts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(a) = map.get(&id) {
+            return Ok(a.clone());
+        }
+        let cp = (self.opts.connector)(settings, self.opts.request_timeout)?;
+        let a = Arc::new(Account {
+            cp,
+            credential: tokio::sync::OnceCell::new(),
+            shapes: tokio::sync::OnceCell::new(),
+        });
+        map.insert(id, a.clone());
+        Ok(a)
+    }
+
+    async fn cached<T: Clone>(
+        &self,
+        cell: &tokio::sync::OnceCell<T>,
+        what: &str,
+        redactor: &Redactor,
+        op: impl AsyncFn() -> Result<T, CallError>,
+    ) -> Result<T, SandboxError> {
+        let deadline = tokio::time::Instant::now() + self.opts.backoff.budget;
+        cell.get_or_try_init(|| async {
+            let (res, _) = retry_until(
+                &self.opts.backoff,
+                deadline,
+                what,
+                CallError::is_transient,
+                |_| op(),
+            )
+            .await;
+            res.map_err(|e| call_error(what, &e, redactor))
+        })
+        .await
+        .cloned()
+    }
+
+    /// The credential check and shape catalog, once per (key, base URL) per process.
+    async fn preflight(
+        &self,
+        account: &Account,
+        redactor: &Redactor,
+    ) -> Result<(String, Vec<Shape>), SandboxError> {
+        let cred = self.cached(
+            &account.credential,
+            "credential check",
+            redactor,
+            async || account.cp.check_credential().await,
+        );
+        let shapes = self.cached(&account.shapes, "shape catalog", redactor, async || {
+            account.cp.list_shapes().await
+        });
+        let (c, s) = tokio::join!(cred, shapes);
+        Ok((c?, s?))
+    }
+
+    /// Runs `code` as a Python program in a fresh CreateOS guest, under `policy`.
+    ///
+    /// Reads the `CREATEOS_*` settings at call time. Every refusal happens before a guest
+    /// exists. Dropping the returned future (Ctrl-C) still destroys the guest.
+    pub async fn run(
+        &self,
+        code: &str,
+        env: Option<BTreeMap<String, String>>,
+        policy: &LfxPolicy,
+    ) -> Result<RunOutput, BackendError> {
+        let plan = self.plan(policy)?;
+        let redactor = plan.settings.redactor();
+        let envs = env.unwrap_or_default();
+        if let Some(bad) = envs.keys().find(|k| !valid_env_name(k)) {
+            return Err(BackendError::Unavailable(format!(
+                "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            )));
+        }
+        let account = self.account(&plan.settings)?;
+        let (_, catalog) = self.preflight(&account, &redactor).await?;
+        let choice = select_shape(
+            &catalog,
+            policy.memory_mb,
+            plan.settings.pinned_shape.as_deref(),
+        )?;
+        let spec = RunSpec {
+            name_prefix: BACKEND_PREFIX,
+            shape: choice.shape.id.clone(),
+            rootfs: plan.settings.rootfs.clone(),
+            envs,
+            egress: plan.egress,
+            limits: plan.limits,
+            max_output_bytes: plan.settings.max_output_bytes,
+            backoff: self.opts.backoff,
+            background_destroy: self.opts.background_destroy,
+        };
+        let report = run_python(
+            account.cp.clone(),
+            &self.reaper,
+            &spec,
+            Bytes::copy_from_slice(code.as_bytes()),
+            &redactor,
+        )
+        .await?;
+        let t = report.timings;
+        Ok(RunOutput {
+            stdout: report.stdout.text,
+            stderr: report.stderr.text,
+            exit_code: report.exit_code,
+            execution_time_ms: report.execution_time_ms,
+            timings: Timings {
+                create_ms: t.create_ms,
+                upload_ms: t.upload_ms,
+                exec_ms: t.exec_ms,
+                destroy_ms: t.destroy_ms,
+                total_ms: t.total_ms,
+                requests: t.requests,
+            },
+            stdout_truncated: report.stdout.truncated,
+            stderr_truncated: report.stderr.truncated,
+            guest: report.guest_name,
+        })
+    }
+
+    /// Destroys every guest still registered (runs in flight and pending destroys) within a
+    /// bounded time, stops background retries, and refuses new runs. Idempotent.
+    pub async fn shutdown(&self) {
+        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
+        if r.destroyed + r.failed > 0 {
+            tracing::info!(
+                target: LOG_TARGET,
+                destroyed = r.destroyed,
+                failed = r.failed,
+                "sandbox backend shut down"
+            );
+        }
+    }
+
+    /// Checks the configuration and the credential and reports the shape and egress a run
+    /// would get and every refusal that would apply. Creates no guest.
+    pub async fn doctor(&self, policy: &LfxPolicy) -> DoctorReport {
+        doctor::run(self, policy).await
+    }
+
+    pub(crate) fn settings_for_doctor(&self) -> Result<Settings, SandboxError> {
+        self.settings()
+    }
+
+    pub(crate) fn limits_for_doctor(&self, policy: &LfxPolicy) -> ExecLimits {
+        self.limits(policy)
+    }
+
+    pub(crate) async fn preflight_for_doctor(
+        &self,
+        settings: &Settings,
+    ) -> (
+        Result<String, SandboxError>,
+        Result<Vec<Shape>, SandboxError>,
+    ) {
+        let redactor = settings.redactor();
+        let account = match self.account(settings) {
+            Ok(a) => a,
+            Err(e) => return (Err(e.clone()), Err(e)),
+        };
+        let cred = self.cached(
+            &account.credential,
+            "credential check",
+            &redactor,
+            async || account.cp.check_credential().await,
+        );
+        let shapes = self.cached(&account.shapes, "shape catalog", &redactor, async || {
+            account.cp.list_shapes().await
+        });
+        tokio::join!(cred, shapes)
+    }
+}
+
+/// Maps a failed preflight call to the taxonomy.
+fn call_error(what: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
+    use sandbox_core::control::CallFailure;
+    let detail = sandbox_core::error::cap_detail(&redactor.apply(&e.message));
+    let kind = match e.failure {
+        CallFailure::Status(s) if (400..500).contains(&s) && s != 429 => ErrorKind::Rejected,
+        CallFailure::Redirect => ErrorKind::Rejected,
+        CallFailure::Config => ErrorKind::Refused,
+        _ => ErrorKind::Transient,
+    };
+    let hint = match e.failure {
+        CallFailure::Status(401 | 403) => {
+            " Check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY); get a key at https://createos.nodeops.network/profile."
+        }
+        CallFailure::Redirect => {
+            " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL."
+        }
+        _ if kind == ErrorKind::Transient => " No guest was created; retrying later may succeed.",
+        _ => "",
+    };
+    SandboxError::new(kind, format!("CreateOS {what} failed: {detail}.{hint}")).redacted(redactor)
+}
+
+/// A one-line description of a shape choice.
+pub(crate) fn describe_shape(c: &ShapeChoice) -> String {
+    let how = if c.pinned {
+        "pinned by CREATEOS_SANDBOX_SHAPE".to_owned()
+    } else {
+        format!("smallest with at least {} MiB", c.required_mib)
+    };
+    format!(
+        "shape {} ({} vCPU, {} MiB; {how})",
+        c.shape.id, c.shape.vcpu, c.shape.mem_mib
+    )
+}
+
+/// A one-line description of the egress decision.
+pub(crate) fn describe_egress(e: EgressPolicy) -> String {
+    match e {
+        EgressPolicy::AllowAll => {
+            "egress: unrestricted ([\"*\"]), because LANGFLOW_SANDBOX_ALLOW_NETWORK=true".to_owned()
+        }
+        EgressPolicy::DenyAll => format!(
+            "egress: deny-all ([\"240.0.0.0/4\"]); {LINK_LOCAL_HOLE} (the VM metadata service) \
+             stays reachable, accepted by LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_honest() {
+        let c = capabilities();
+        assert_eq!(c.isolation, "hardware-virtualized");
+        assert!(c.supports_deny_all_egress);
+        assert!(!c.supports_domain_allowlist);
+        assert_eq!(c.max_timeout_seconds, None);
+    }
+
+    #[test]
+    fn default_policy_is_lfx_default() {
+        let p = LfxPolicy::default();
+        assert_eq!(p.timeout_seconds, 30);
+        assert_eq!(p.memory_mb, 192);
+        assert!(!p.allow_network);
+        assert!(p.allowed_domains.is_empty());
+    }
+
+    #[test]
+    fn backend_is_send_sync_and_cheap() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Backend>();
+        let b = Backend::new();
+        assert_eq!(b.registered_guests(), 0);
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(valid_env_name("FOO_1"));
+        assert!(valid_env_name("_x"));
+        assert!(!valid_env_name("1X"));
+        assert!(!valid_env_name("A-B"));
+        assert!(!valid_env_name(""));
+    }
+
+    #[test]
+    fn errors_map_by_kind() {
+        let e: BackendError = SandboxError::refused("no").into();
+        assert!(matches!(e, BackendError::Unavailable(_)));
+        let e: BackendError = SandboxError::new(ErrorKind::OutcomeUnknown, "may have run").into();
+        assert!(matches!(e, BackendError::Execution(ref m) if m == "may have run"));
+        assert_eq!(e.to_string(), "may have run");
+    }
+}
