@@ -596,24 +596,28 @@ fn schedule_destroy(app: &Arc<App>, id: String, epoch: u64) {
     });
 }
 
-/// Completes a destroy: `destroyed`, directory removed.
+/// Completes a destroy: the directory is removed, then the guest is `destroyed`.
 pub(crate) fn finish_destroy(app: &App, id: &str, epoch: u64) {
     let dir = {
-        let mut inner = app.lock();
-        let Some(sb) = inner.sandbox_mut(id) else {
-            return;
-        };
+        let inner = app.lock();
+        let Some(sb) = inner.sandbox(id) else { return };
         if sb.status != Status::Destroying || sb.epoch != epoch {
             return;
         }
-        sb.status = Status::Destroyed;
-        sb.destroyed_at = Some(now_rfc3339());
         sb.signal_all(Signal::SIGKILL);
-        let dir = sb.dir.clone();
-        inner.destroyed += 1;
-        dir
+        sb.dir.clone()
     };
     let _ = std::fs::remove_dir_all(dir);
+    let mut inner = app.lock();
+    let Some(sb) = inner.sandbox_mut(id) else {
+        return;
+    };
+    if sb.status != Status::Destroying || sb.epoch != epoch {
+        return;
+    }
+    sb.status = Status::Destroyed;
+    sb.destroyed_at = Some(now_rfc3339());
+    inner.destroyed += 1;
 }
 
 fn pause(app: &Arc<App>, id: &str) -> ApiResult {
