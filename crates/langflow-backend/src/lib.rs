@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use sandbox_core::control::{CallError, ControlPlane};
 use sandbox_core::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
@@ -366,7 +367,7 @@ impl Backend {
         cell: &tokio::sync::OnceCell<T>,
         what: &str,
         redactor: &Redactor,
-        op: impl AsyncFn() -> Result<T, CallError>,
+        op: impl Fn() -> futures::future::BoxFuture<'static, Result<T, CallError>>,
     ) -> Result<T, SandboxError> {
         let deadline = tokio::time::Instant::now() + self.opts.backoff.budget;
         cell.get_or_try_init(|| async {
@@ -390,16 +391,7 @@ impl Backend {
         account: &Account,
         redactor: &Redactor,
     ) -> Result<(String, Vec<Shape>), SandboxError> {
-        let cred = self.cached(
-            &account.credential,
-            "credential check",
-            redactor,
-            async || account.cp.check_credential().await,
-        );
-        let shapes = self.cached(&account.shapes, "shape catalog", redactor, async || {
-            account.cp.list_shapes().await
-        });
-        let (c, s) = tokio::join!(cred, shapes);
+        let (c, s) = self.preflight_both(account, redactor).await;
         Ok((c?, s?))
     }
 
@@ -507,14 +499,31 @@ impl Backend {
             Ok(a) => a,
             Err(e) => return (Err(e.clone()), Err(e)),
         };
+        self.preflight_both(&account, &redactor).await
+    }
+
+    async fn preflight_both(
+        &self,
+        account: &Account,
+        redactor: &Redactor,
+    ) -> (
+        Result<String, SandboxError>,
+        Result<Vec<Shape>, SandboxError>,
+    ) {
+        let cp1 = account.cp.clone();
         let cred = self.cached(
             &account.credential,
             "credential check",
-            &redactor,
-            async || account.cp.check_credential().await,
+            redactor,
+            move || {
+                let cp = cp1.clone();
+                async move { cp.check_credential().await }.boxed()
+            },
         );
-        let shapes = self.cached(&account.shapes, "shape catalog", &redactor, async || {
-            account.cp.list_shapes().await
+        let cp2 = account.cp.clone();
+        let shapes = self.cached(&account.shapes, "shape catalog", redactor, move || {
+            let cp = cp2.clone();
+            async move { cp.list_shapes().await }.boxed()
         });
         tokio::join!(cred, shapes)
     }
@@ -615,5 +624,24 @@ mod tests {
         let e: BackendError = SandboxError::new(ErrorKind::OutcomeUnknown, "may have run").into();
         assert!(matches!(e, BackendError::Execution(ref m) if m == "may have run"));
         assert_eq!(e.to_string(), "may have run");
+    }
+}
+
+#[cfg(test)]
+mod send_tests {
+    use super::*;
+
+    /// The bindings spawn `run` as a tokio task, so its future must be `Send + 'static`-able.
+    #[test]
+    fn run_future_is_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let b = Arc::new(Backend::new());
+        let fut = async move {
+            let p = LfxPolicy::default();
+            let _ = b.run("print(1)", None, &p).await;
+            b.shutdown().await;
+            let _ = b.doctor(&p).await;
+        };
+        assert_send(&fut);
     }
 }

@@ -163,7 +163,8 @@ pub async fn run_python(
         CallError::is_transient,
         |_| {
             count();
-            cp.egress(id.clone())
+            let (cp, id) = (cp.clone(), id.clone());
+            async move { cp.egress(id).await }
         },
     );
     let ((up, _), (eg, _)) = tokio::join!(upload, readback);
@@ -198,12 +199,11 @@ pub async fn run_python(
         CallError::is_declined,
         |_| {
             count();
-            cp.exec_stream(
-                id.clone(),
-                cmd.clone(),
-                args.clone(),
-                host_budget + Duration::from_secs(2),
-            )
+            let (cp, id, cmd, args) = (cp.clone(), id.clone(), cmd.clone(), args.clone());
+            async move {
+                cp.exec_stream(id, cmd, args, host_budget + Duration::from_secs(2))
+                    .await
+            }
         },
     );
     let opened = match tokio::time::timeout_at(host_deadline, dispatch).await {

@@ -443,7 +443,10 @@ impl GuestGuard {
             t0 + backoff.budget,
             "destroy",
             CallError::is_transient,
-            |_| Reaper::destroy_target(&cp, &target, patience),
+            |_| {
+                let (cp, target) = (cp.clone(), target.clone());
+                async move { Reaper::destroy_target(&cp, &target, patience).await }
+            },
         )
         .await;
         res?;
