@@ -362,3 +362,88 @@ async fn auto_pause_is_validated() {
         .await;
     assert!(r.data().get("auto_pause_after_seconds").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn odd_requests_never_break_the_server() {
+    let fx = Fx::new().await;
+    let id = fx.create(json!({})).await;
+    let odd: Vec<(reqwest::Method, String, Vec<u8>)> = vec![
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            b"\xff\xfe\x00".to_vec(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            b"null".to_vec(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            br#"{"cmd": ["x"]}"#.to_vec(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            br#"{"cmd": "true", "env": [1]}"#.to_vec(),
+        ),
+        (
+            Method::PATCH,
+            format!("/v1/sandboxes/{id}"),
+            br#"{"auto_pause_after_seconds": -5}"#.to_vec(),
+        ),
+        (
+            Method::PUT,
+            format!("/v1/sandboxes/{id}/files?path=%ZZ"),
+            b"x".to_vec(),
+        ),
+        (
+            Method::GET,
+            format!("/v1/sandboxes/{id}/files?path=relative/path"),
+            Vec::new(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/processes"),
+            br#"{"pty": 5}"#.to_vec(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/processes"),
+            br#"{"cmd": "true", "cwd": "../x"}"#.to_vec(),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/resize"),
+            br#"{"disk_mib": "big"}"#.to_vec(),
+        ),
+        (
+            Method::GET,
+            "/v1/sandboxes?offset=-1".to_owned(),
+            Vec::new(),
+        ),
+        (Method::POST, "/v1/templates".to_owned(), b"[]".to_vec()),
+        (
+            Method::POST,
+            "/v1/disks".to_owned(),
+            br#"{"name": "ok-name", "config": 3}"#.to_vec(),
+        ),
+    ];
+    for (m, p, body) in odd {
+        let r = fx
+            .http
+            .request(m.clone(), format!("{}{p}", fx.url))
+            .header("X-Api-Key", &fx.key)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 400, "{m} {p}: {v}");
+        assert_eq!(v["status"], "fail", "{m} {p}: {v}");
+    }
+    // Still serving.
+    assert_eq!(fx.exec(&id, "echo", &["alive"]).await["stdout"], "alive\n");
+}

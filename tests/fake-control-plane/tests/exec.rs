@@ -360,3 +360,24 @@ async fn paused_guests_refuse_exec_and_files_with_the_live_message() {
         .await;
     assert_eq!(r.status, 409);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn guest_path_directories_come_first() {
+    let bin = tempfile::tempdir().unwrap();
+    let shim = bin.path().join("python3");
+    std::fs::write(&shim, "#!/bin/sh\necho guest-python \"$@\"\n").unwrap();
+    let mut perms = std::fs::metadata(&shim).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&shim, perms).unwrap();
+    let fx = Fx::with(FakeOptions {
+        guest_path: vec![bin.path().to_path_buf()],
+        ..fast()
+    })
+    .await;
+    let id = fx.create(json!({})).await;
+    let r = fx.exec(&id, "python3", &["-c", "print(1)"]).await;
+    assert_eq!(r["stdout"], "guest-python -c print(1)\n");
+    // timeout(1) resolves its command through the same PATH.
+    let r = fx.exec(&id, "timeout", &["5", "python3", "x"]).await;
+    assert_eq!(r["stdout"], "guest-python x\n");
+}
