@@ -250,12 +250,27 @@ impl ControlPlane for CreateOsControlPlane {
         async move {
             match self
                 .client
-                .sandbox_handle(id)
+                .sandbox_handle(id.clone())
                 .destroy_with(&no_retry())
                 .await
             {
                 Ok(_) => Ok(()),
-                Err(e) if e.kind() == ApiKind::NotFound => Ok(()),
+                Err(e) if e.kind() == ApiKind::NotFound => {
+                    // A 404 should mean "already gone", but a misrouted or intercepted request
+                    // says the same: confirm before forgetting the guest.
+                    match self.client.get_sandbox(&id).await {
+                        Err(e2) if e2.kind() == ApiKind::NotFound => Ok(()),
+                        Ok(sb) if guest(&sb.info()).is_terminal() => Ok(()),
+                        Ok(_) => Err(CallError::new(
+                            CallFailure::Transport,
+                            format!(
+                                "DELETE answered 404 but sandbox {id} still exists: {}",
+                                self.redactor.apply(&e.to_string())
+                            ),
+                        )),
+                        Err(e2) => Err(self.err(&e2)),
+                    }
+                }
                 Err(e) => Err(self.err(&e)),
             }
         }
