@@ -154,6 +154,13 @@ impl Download {
         Ok(buf.freeze())
     }
 
+    /// The remaining body as an `AsyncRead` (e.g. for `tokio::io::copy` or a decompressor).
+    /// Errors, including a cap violation, surface as `std::io::Error` wrapping this crate's
+    /// [`Error`] (`io_error.get_ref()` downcasts to it).
+    pub fn into_reader(self) -> impl AsyncRead + Send + Unpin + 'static {
+        tokio_util::io::StreamReader::new(self.inner.map(|r| r.map_err(std::io::Error::other)))
+    }
+
     /// Copy everything into `writer`; returns the number of bytes written.
     pub async fn write_to<W: AsyncWrite + Unpin + ?Sized>(mut self, writer: &mut W) -> Result<u64> {
         let mut n = 0u64;

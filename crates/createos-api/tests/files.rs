@@ -248,3 +248,52 @@ async fn an_idle_download_times_out() {
     let err = bounded(dl.next()).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout);
 }
+
+#[tokio::test]
+async fn download_as_async_read_keeps_the_cap() {
+    use tokio::io::AsyncReadExt;
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(GET)
+                .path("/v1/sandboxes/s/files")
+                .query_param("path", "/r");
+            then.status(200).body("reader body");
+        })
+        .await;
+    let files = client(&server).sandbox_handle("s").files();
+    let mut text = String::new();
+    files
+        .download("/r", DownloadOptions::default())
+        .await
+        .unwrap()
+        .into_reader()
+        .read_to_string(&mut text)
+        .await
+        .unwrap();
+    assert_eq!(text, "reader body");
+
+    let (url, _written) = chunked_server(200, vec![vec![1u8; 4096]], true).await;
+    let c = Client::builder()
+        .api_key(KEY)
+        .base_url(url)
+        .build()
+        .unwrap();
+    let dl = bounded(
+        c.sandbox_handle("s")
+            .files()
+            .download("/endless", DownloadOptions::max_bytes(10_000)),
+    )
+    .await
+    .unwrap();
+    let mut sink = Vec::new();
+    let err = bounded(dl.into_reader().read_to_end(&mut sink))
+        .await
+        .unwrap_err();
+    let inner = err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<createos_api::Error>())
+        .expect("crate error inside");
+    assert_eq!(inner.kind(), ErrorKind::TooLarge);
+    assert!(sink.len() <= 10_000);
+}

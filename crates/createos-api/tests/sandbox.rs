@@ -357,3 +357,54 @@ async fn waits_abort_on_terminal_states_and_budgets() {
         SandboxStatus::Destroyed
     );
 }
+
+/// Every public future must be `Send` so it can be spawned on a multi-threaded runtime.
+#[test]
+fn public_futures_are_send() {
+    fn send<T: Send>(_: T) {}
+    let c = createos_api::Client::builder()
+        .base_url("https://x.test")
+        .build()
+        .unwrap();
+    let sb = c.sandbox_handle("s");
+    send(c.health());
+    send(c.readiness());
+    send(c.whoami());
+    send(c.list_shapes());
+    send(c.list_root_file_systems());
+    send(c.create_sandbox(createos_api::CreateSandboxRequest::new("s")));
+    send(c.get_sandbox("s"));
+    send(c.get_sandbox_by_ip("10.0.0.1"));
+    send(c.list_sandboxes(createos_api::ListSandboxesOptions::default()));
+    send(sb.refresh());
+    send(sb.pause());
+    send(sb.resume());
+    send(sb.fork(ForkSandboxRequest::default()));
+    send(sb.destroy());
+    send(sb.resize(1));
+    send(sb.set_ingress(true));
+    send(sb.set_auto_pause(None));
+    send(sb.add_ssh_public_keys(["k"]));
+    send(sb.egress());
+    send(sb.set_egress(["*"]));
+    send(sb.bandwidth());
+    send(sb.recharge_bandwidth(1));
+    send(sb.wait_until_running(WaitOptions::default()));
+    send(sb.wait_until_paused(WaitOptions::default()));
+    send(sb.wait_until_destroyed(WaitOptions::default()));
+    send(sb.wait_for_port(80, "127.0.0.1", Duration::from_secs(1)));
+    send(sb.run_command(
+        createos_api::RunCommandRequest::new("x"),
+        createos_api::ExecOptions::default(),
+    ));
+    send(sb.shell("x", createos_api::ExecOptions::default()));
+    send(sb.stream_command(
+        createos_api::RunCommandRequest::new("x"),
+        createos_api::ExecOptions::default(),
+    ));
+    send(sb.files().upload("/x", "y"));
+    send(
+        sb.files()
+            .download("/x", createos_api::DownloadOptions::default()),
+    );
+}
