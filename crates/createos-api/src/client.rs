@@ -287,6 +287,22 @@ impl Client {
         Client::builder().from_env().build()
     }
 
+    /// A client sharing this one's connection pool and credential, with another default
+    /// timeout. Handles created from it inherit the timeout.
+    pub fn with_timeout(&self, timeout: Duration) -> Client {
+        Client {
+            t: Arc::new(self.t.with_settings(Some(timeout), None)),
+        }
+    }
+
+    /// A client sharing this one's connection pool and credential, with another retry policy.
+    pub fn with_retry(&self, retry: RetryOptions) -> Result<Client> {
+        retry.validate()?;
+        Ok(Client {
+            t: Arc::new(self.t.with_settings(None, Some(retry))),
+        })
+    }
+
     /// The base URL (without a trailing slash).
     pub fn base_url(&self) -> &str {
         self.t.base_url()

@@ -110,6 +110,16 @@ impl Sandbox {
         &self.t
     }
 
+    /// A handle on the same sandbox (sharing the cached projection and the connection pool)
+    /// whose calls use another default timeout, e.g. a long one for a big transfer.
+    pub fn with_timeout(&self, timeout: Duration) -> Sandbox {
+        Sandbox {
+            t: Arc::new(self.t.with_settings(Some(timeout), None)),
+            id: self.id.clone(),
+            info: Arc::clone(&self.info),
+        }
+    }
+
     /// The sandbox id.
     pub fn id(&self) -> &str {
         &self.id

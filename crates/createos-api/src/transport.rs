@@ -96,6 +96,7 @@ impl Secrets {
 }
 
 /// Settings shared by a transport and every delegated copy of it.
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) http: reqwest::Client,
     pub(crate) base: Url,
@@ -218,6 +219,27 @@ impl Transport {
             shared: Arc::clone(&self.shared),
             secrets: self.secrets.with(&secret),
             credential: Some(secret),
+        }
+    }
+
+    /// The same transport (pool and credential shared) with another default timeout
+    /// and/or retry policy.
+    pub(crate) fn with_settings(
+        &self,
+        timeout: Option<Duration>,
+        retry: Option<RetryOptions>,
+    ) -> Transport {
+        let mut shared = (*self.shared).clone();
+        if let Some(t) = timeout {
+            shared.timeout = t;
+        }
+        if let Some(r) = retry {
+            shared.retry = r;
+        }
+        Transport {
+            shared: Arc::new(shared),
+            credential: self.credential.clone(),
+            secrets: self.secrets.clone(),
         }
     }
 

@@ -750,3 +750,45 @@ async fn per_request_timeout_is_applied() {
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err:?}");
     assert!(matches!(err, Error::Timeout { after, .. } if after == Duration::from_millis(200)));
 }
+
+#[tokio::test]
+async fn with_timeout_applies_to_every_call_of_a_handle() {
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes/s/pause");
+            then.status(200)
+                .delay(Duration::from_secs(5))
+                .json_body(ok(json!({"id": "s", "status": "paused"})));
+        })
+        .await;
+    let c = client(&server);
+    let quick = c
+        .sandbox_handle("s")
+        .with_timeout(Duration::from_millis(200));
+    let err = bounded(quick.pause()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { after, .. } if after == Duration::from_millis(200)),
+        "{err:?}"
+    );
+    let err = bounded(
+        c.with_timeout(Duration::from_millis(150))
+            .sandbox_handle("s")
+            .pause(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { after, .. } if after == Duration::from_millis(150)),
+        "{err:?}"
+    );
+    assert_eq!(
+        c.with_retry(RetryOptions {
+            base_delay: Duration::ZERO,
+            ..RetryOptions::default()
+        })
+        .unwrap_err()
+        .kind(),
+        ErrorKind::Config
+    );
+}
