@@ -289,6 +289,7 @@ impl Client {
 
     /// A client sharing this one's connection pool and credential, with another default
     /// timeout. Handles created from it inherit the timeout.
+    #[must_use]
     pub fn with_timeout(&self, timeout: Duration) -> Client {
         Client {
             t: Arc::new(self.t.with_settings(Some(timeout), None)),

@@ -112,6 +112,7 @@ impl Sandbox {
 
     /// A handle on the same sandbox (sharing the cached projection and the connection pool)
     /// whose calls use another default timeout, e.g. a long one for a big transfer.
+    #[must_use]
     pub fn with_timeout(&self, timeout: Duration) -> Sandbox {
         Sandbox {
             t: Arc::new(self.t.with_settings(Some(timeout), None)),
