@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{KEY, bounded, client, ok};
 use createos_api::{
     ClickRequest, ErrorKind, LaunchRequest, MouseButton, Point, ScreenCreateRequest, ScreenId,
@@ -479,4 +481,140 @@ async fn screenshot_errors_and_bad_screen_ids() {
         ScreenId::parse("screen-8").unwrap_err().kind(),
         ErrorKind::Config
     );
+}
+
+#[path = "../examples/desktop.rs"]
+#[allow(dead_code)]
+mod desktop;
+
+/// A PNG header (signature + IHDR) claiming `width` × `height`.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    png.extend_from_slice(&width.to_be_bytes());
+    png.extend_from_slice(&height.to_be_bytes());
+    png.extend_from_slice(b"\x08\x06\0\0\0");
+    png
+}
+
+#[tokio::test]
+async fn the_desktop_example_against_a_mocked_desktop() {
+    let server = MockServer::start_async().await;
+    let create = server
+        .mock_async(|when, then| {
+            when.method(POST)
+                .path("/v1/sandboxes")
+                .json_body_includes(r#"{"rootfs": "desktop:1"}"#);
+            then.status(200)
+                .json_body(ok(json!({"id": "sb-1", "status": "running"})));
+        })
+        .await;
+    // The desktop is still starting on the first poll.
+    let starting = server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("{C}/screen"));
+            then.status(503)
+                .json_body(json!({"status": "error", "message": "desktop starting"}));
+        })
+        .await;
+    let s0 = [("screen_id", "screen-0")];
+    let full = server
+        .mock_async(|when, then| {
+            when.method(GET)
+                .path(format!("{C}/screenshot"))
+                .is_true(exact_query(&s0));
+            then.status(200).body(png_header(1280, 800));
+        })
+        .await;
+    let region = server
+        .mock_async(|when, then| {
+            when.method(GET)
+                .path(format!("{C}/screenshot"))
+                .is_true(exact_query(&[
+                    ("screen_id", "screen-0"),
+                    ("x", "0"),
+                    ("y", "0"),
+                    ("width", "200"),
+                    ("height", "100"),
+                ]));
+            then.status(200).body(png_header(200, 100));
+        })
+        .await;
+    let mouse = server
+        .mock_async(|when, then| {
+            when.method(POST)
+                .path(format!("{C}/mouse/move"))
+                .json_body(json!({"x": 100, "y": 80}));
+            then.status(200).json_body(ok(json!({"ok": true})));
+        })
+        .await;
+    let cursor = server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("{C}/cursor"));
+            then.status(200).json_body(ok(json!({"x": 100, "y": 80})));
+        })
+        .await;
+    let set_clip = server
+        .mock_async(|when, then| {
+            when.method(PUT).path(format!("{C}/clipboard"));
+            then.status(200).json_body(ok(json!({"ok": true})));
+        })
+        .await;
+    let get_clip = server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("{C}/clipboard"));
+            then.status(200)
+                .json_body(ok(json!({"text": "hello from the desktop example"})));
+        })
+        .await;
+    let connect = server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("{C}/screens/screen-0/connect"));
+            then.status(200).json_body(ok(json!({
+                "screen_id": "screen-0", "port": 6080, "path": "/vnc.html", "token": "t",
+                "expires_at": "2026-11-29T11:00:00Z", "url": "https://6080-sb-1.example.test/vnc.html?token=t"
+            })));
+        })
+        .await;
+    let destroy = server
+        .mock_async(|when, then| {
+            when.method(DELETE).path("/v1/sandboxes/sb-1");
+            then.status(200)
+                .json_body(ok(json!({"id": "sb-1", "status": "destroying"})));
+        })
+        .await;
+    let c = client(&server);
+    let run = tokio::spawn(async move { desktop::run(&c, Duration::from_secs(20)).await });
+    // Let the example see the "starting" answer, then bring the desktop up.
+    bounded(async {
+        while starting.calls_async().await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    starting.delete_async().await;
+    let ready = server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("{C}/screen"));
+            then.status(200)
+                .json_body(ok(json!({"width": 1280, "height": 800})));
+        })
+        .await;
+    let outcome = bounded(run).await.unwrap().unwrap();
+    assert_eq!(
+        outcome.screen,
+        ScreenSize {
+            width: 1280,
+            height: 800
+        }
+    );
+    assert_eq!(outcome.screenshot_size, Some((1280, 800)));
+    assert_eq!(outcome.region_size, Some((200, 100)));
+    assert_eq!(outcome.cursor, Point::new(100, 80));
+    assert_eq!(outcome.clipboard, "hello from the desktop example");
+    assert!(outcome.novnc_is_https);
+    for m in [
+        &create, &full, &region, &mouse, &cursor, &set_clip, &get_clip, &connect, &destroy, &ready,
+    ] {
+        m.assert_calls_async(1).await;
+    }
 }
