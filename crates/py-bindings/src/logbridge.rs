@@ -1,0 +1,262 @@
+//! Rust `tracing` events → Python `logging`, without touching Python from tokio threads.
+//!
+//! A tracing layer formats each event on the thread that emits it (usually a tokio worker)
+//! and pushes it into a bounded in-process queue. Only a thread that already holds the GIL
+//! drains the queue into the `langflow_sandbox_createos` logger: the thread waiting on a run
+//! does so between its signal checks and when the run ends. No Python object is ever touched
+//! from a runtime thread, so a worker can never stall on the GIL or outlive the interpreter
+//! while holding a Python reference.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, Once, PoisonError};
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+use tracing::field::{Field, Visit};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+
+/// The Python logger every record goes to.
+pub const LOGGER_NAME: &str = "langflow_sandbox_createos";
+
+/// Records kept while nobody drains; older ones are dropped first and counted.
+const QUEUE_CAP: usize = 2048;
+
+/// Crates whose events are forwarded at every level the Python logger enables. Events from
+/// other crates (hyper, reqwest, ...) are forwarded only from WARNING up.
+const OWN_TARGETS: &[&str] = &[
+    "createos_api",
+    "sandbox_core",
+    "langflow_backend",
+    "langflow_sandbox_createos",
+    "_native",
+];
+
+/// Python's numeric levels.
+const PY_DEBUG: u32 = 10;
+const PY_INFO: u32 = 20;
+const PY_WARNING: u32 = 30;
+const PY_ERROR: u32 = 40;
+/// Below DEBUG, as tracing's TRACE has no Python name.
+const PY_TRACE: u32 = 5;
+
+/// The Python logger's effective level, refreshed each time a run starts.
+static THRESHOLD: AtomicU32 = AtomicU32::new(PY_INFO);
+
+/// One formatted event waiting for a thread that holds the GIL.
+struct Record {
+    level: u32,
+    target: String,
+    message: String,
+}
+
+struct Queue {
+    /// Process that queued these records: a forked child must not re-emit its parent's.
+    pid: u32,
+    records: VecDeque<Record>,
+    dropped: u64,
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    pid: 0,
+    records: VecDeque::new(),
+    dropped: 0,
+});
+
+fn py_level(level: Level) -> u32 {
+    match level {
+        Level::ERROR => PY_ERROR,
+        Level::WARN => PY_WARNING,
+        Level::INFO => PY_INFO,
+        Level::DEBUG => PY_DEBUG,
+        Level::TRACE => PY_TRACE,
+    }
+}
+
+fn is_own(target: &str) -> bool {
+    OWN_TARGETS.iter().any(|own| {
+        target == *own
+            || target
+                .strip_prefix(own)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
+}
+
+fn wanted(metadata: &Metadata<'_>) -> bool {
+    let level = py_level(*metadata.level());
+    level >= THRESHOLD.load(Ordering::Relaxed) && (level >= PY_WARNING || is_own(metadata.target()))
+}
+
+/// Collects the `message` field and appends every other field as ` key=value`.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    rest: String,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message.push_str(value);
+        } else {
+            let _ = write!(self.rest, " {}={}", field.name(), value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.rest, " {}={:?}", field.name(), value);
+        }
+    }
+}
+
+/// The tracing layer that queues events for Python.
+struct Forward;
+
+impl<S: Subscriber> Layer<S> for Forward {
+    fn register_callsite(&self, _metadata: &'static Metadata<'static>) -> Interest {
+        // The threshold follows the Python logger, so decide per event, not once per callsite.
+        Interest::sometimes()
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>, _ctx: Context<'_, S>) -> bool {
+        wanted(metadata)
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let metadata = event.metadata();
+        if !wanted(metadata) {
+            return;
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        fields.message.push_str(&fields.rest);
+        push(Record {
+            level: py_level(*metadata.level()),
+            target: metadata.target().to_owned(),
+            message: fields.message,
+        });
+    }
+}
+
+fn push(record: Record) {
+    let pid = std::process::id();
+    let mut queue = QUEUE.lock().unwrap_or_else(PoisonError::into_inner);
+    if queue.pid != pid {
+        queue.pid = pid;
+        queue.records.clear();
+        queue.dropped = 0;
+    }
+    if queue.records.len() >= QUEUE_CAP {
+        queue.records.pop_front();
+        queue.dropped += 1;
+    }
+    queue.records.push_back(record);
+}
+
+/// Installs the forwarding layer as the process's global tracing subscriber, once.
+///
+/// If the embedding process already installed a subscriber, that one keeps the events and
+/// nothing reaches Python's `logging` from here.
+pub fn install() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(Forward);
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+}
+
+static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn logger(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    LOGGER
+        .get_or_try_init(py, || {
+            py.import("logging")?
+                .getattr("getLogger")?
+                .call1((LOGGER_NAME,))
+                .map(Bound::unbind)
+        })
+        .map(|logger| logger.bind(py))
+}
+
+/// Reads the Python logger's effective level so events it would discard are not even formatted.
+pub fn sync_level(py: Python<'_>) {
+    if let Ok(level) = logger(py)
+        .and_then(|logger| logger.call_method0("getEffectiveLevel"))
+        .and_then(|level| level.extract::<u32>())
+    {
+        THRESHOLD.store(level, Ordering::Relaxed);
+    }
+}
+
+/// Emits every queued record through Python's `logging`. Needs the GIL; never fails.
+pub fn drain(py: Python<'_>) {
+    let pid = std::process::id();
+    let (records, dropped) = {
+        let mut queue = QUEUE.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.pid != pid {
+            return;
+        }
+        (
+            std::mem::take(&mut queue.records),
+            std::mem::take(&mut queue.dropped),
+        )
+    };
+    if records.is_empty() && dropped == 0 {
+        return;
+    }
+    let Ok(logger) = logger(py) else { return };
+    if dropped > 0 {
+        let _ = logger.call_method1(
+            "log",
+            (
+                PY_WARNING,
+                format!(
+                    "{dropped} log records from the native extension were dropped (queue full)"
+                ),
+            ),
+        );
+    }
+    for record in records {
+        let extra = PyDict::new(py);
+        let _ = extra.set_item("rust_target", &record.target);
+        let kwargs = PyDict::new(py);
+        let _ = kwargs.set_item("extra", extra);
+        // A record Python cannot handle (a broken handler, say) must not fail the run.
+        let _ = logger.call_method("log", (record.level, record.message), Some(&kwargs));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_targets_match_by_crate_prefix() {
+        assert!(is_own("sandbox_core"));
+        assert!(is_own("sandbox_core::lifecycle"));
+        assert!(!is_own("sandbox_core_extra"));
+        assert!(!is_own("hyper::client"));
+    }
+
+    #[test]
+    fn queue_is_bounded_and_counts_drops() {
+        for i in 0..(QUEUE_CAP + 5) {
+            push(Record {
+                level: PY_INFO,
+                target: "sandbox_core".into(),
+                message: format!("m{i}"),
+            });
+        }
+        let queue = QUEUE.lock().unwrap();
+        assert_eq!(queue.records.len(), QUEUE_CAP);
+        assert_eq!(queue.dropped, 5);
+        assert_eq!(queue.records.front().unwrap().message, "m5");
+    }
+}
