@@ -4,7 +4,7 @@ The tests run against the *installed* wheel (the package must not be imported fr
 tree) and a real ``createos-fake`` process on 127.0.0.1. Build and install first:
 
     cargo build -p createos-fake
-    maturin build --out dist -m crates/py-bindings/pyproject.toml
+    maturin build --out dist -m crates/py-bindings/Cargo.toml
     pip install --force-reinstall dist/*.whl  # plus lfx==1.13.0 and pytest
     python -m pytest -q tests/e2e
 
