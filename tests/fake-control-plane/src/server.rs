@@ -246,14 +246,10 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
                 .unwrap_or_default();
         }
         Some(Action::Huge) => {
-            let mut big = Vec::with_capacity(8 * 1024 * 1024 + 64);
-            big.extend_from_slice(br#"{"status":"error","code":404,"message":""#);
-            big.resize(8 * 1024 * 1024 - 2, b'x');
-            big.extend_from_slice(b"\"}");
             return Response::builder()
                 .status(StatusCode::NOT_FOUND)
                 .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(big))
+                .body(Body::from(huge_body()))
                 .unwrap_or_default();
         }
         Some(Action::Malformed) => {
@@ -310,6 +306,19 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
         return std::future::pending().await;
     }
     resp
+}
+
+/// An 8 MiB JSON error body, built once and shared.
+fn huge_body() -> Bytes {
+    static BODY: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    BODY.get_or_init(|| {
+        let mut big = Vec::with_capacity(8 * 1024 * 1024);
+        big.extend_from_slice(br#"{"status":"error","code":404,"message":""#);
+        big.resize(8 * 1024 * 1024 - 2, b'x');
+        big.extend_from_slice(b"\"}");
+        Bytes::from(big)
+    })
+    .clone()
 }
 
 fn strip_base<'a>(base: &str, path: &'a str) -> Option<&'a str> {
