@@ -287,6 +287,16 @@ pub(crate) fn frame(sse: bool, v: &Value) -> Bytes {
     }
 }
 
+/// A heartbeat frame; in SSE mode it is preceded by a `: keep-alive` comment line, so an SSE
+/// stream carries both comment lines and `data:` lines (the dual-format parser skips comments).
+pub(crate) fn heartbeat(sse: bool, v: &Value) -> Bytes {
+    if sse {
+        Bytes::from(format!(": keep-alive\ndata: {v}\n\n"))
+    } else {
+        frame(false, v)
+    }
+}
+
 /// Streams a running command's output as frames into `tx`, with heartbeats and a final exit frame.
 /// With `stall_mid`, output is forwarded but no heartbeat or exit frame ever follows.
 pub(crate) async fn run_streaming(
@@ -329,7 +339,12 @@ pub(crate) async fn run_streaming(
                 continue;
             },
             () = sleep_opt(deadline) => break,
-            _ = hb.tick(), if !stall_mid => json!({"hb": true}),
+            _ = hb.tick(), if !stall_mid => {
+                if tx.send(heartbeat(sse, &json!({"hb": true}))).await.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         if tx.send(frame(sse, &frame_value)).await.is_err() {
             return;

@@ -165,8 +165,9 @@ fn parse_rule(raw: &str) -> Result<Rule, String> {
                 prob = value
                     .parse::<f64>()
                     .map_err(|_| format!("fault rule {raw:?}: bad probability {value:?}"))?;
-                if !(prob > 0.0 && prob <= 1.0) {
-                    return Err(format!("fault rule {raw:?}: probability must be in (0, 1]"));
+                // 0 is allowed: a rule that never fires (handy to switch one off).
+                if !(0.0..=1.0).contains(&prob) {
+                    return Err(format!("fault rule {raw:?}: probability must be in [0, 1]"));
                 }
             }
             _ => {
@@ -234,7 +235,10 @@ mod tests {
     fn rejects_bad_specs() {
         assert!(Faults::parse("nope=500").is_err());
         assert!(Faults::parse("create=teapot").is_err());
-        assert!(Faults::parse("create=500@0").is_err());
+        assert!(Faults::parse("create=500@-0.1").is_err());
+        assert!(Faults::parse("create=500@nan").is_err());
+        let mut never = Faults::parse("create=500@0").unwrap();
+        assert!((0..100).all(|_| never.pick("create").is_none()));
         assert!(Faults::parse("create=500@1.5").is_err());
         assert!(Faults::parse("create=500#x").is_err());
         assert!(Faults::parse("create").is_err());

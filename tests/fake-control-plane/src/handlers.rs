@@ -57,7 +57,9 @@ pub(crate) async fn dispatch(app: &Arc<App>, mut req: Req) -> ApiResult {
             let sb = inner
                 .sandboxes
                 .iter()
-                .find(|s| s.ip == req.sub() && s.status != Status::Destroyed)
+                .find(|s| {
+                    s.ip == req.sub() && !matches!(s.status, Status::Destroyed | Status::Creating)
+                })
                 .ok_or_else(|| ApiError::not_found("sandbox not found"))?;
             ok(sb.to_json())
         }
@@ -112,7 +114,8 @@ pub(crate) fn with_sandbox_mut<T>(
 pub(crate) fn require_running(sb: &Sandbox) -> Result<(), ApiError> {
     match sb.status {
         Status::Running => Ok(()),
-        Status::Paused => Err(ApiError::paused()),
+        // A pausing guest is as good as paused: the remedy is the same (resume it).
+        Status::Paused | Status::Pausing => Err(ApiError::paused()),
         other => Err(ApiError::conflict(format!(
             "sandbox is {}; it must be running",
             other.as_str()
@@ -482,6 +485,23 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
         sb.auto_pause = auto_pause;
         sb.networks = networks;
         sb.mounts = mounts;
+        if !app.create_delay.is_zero() {
+            sb.status = Status::Creating;
+            sb.running_at = None;
+            schedule_transition(
+                app,
+                sb.id.clone(),
+                sb.epoch,
+                app.create_delay,
+                Status::Creating,
+                |sb, now| {
+                    sb.status = Status::Running;
+                    sb.running_at = Some(now_rfc3339());
+                    sb.last_activity = now;
+                    sb.epoch += 1;
+                },
+            );
+        }
         let view = sb.to_json();
         inner.sandboxes.push(sb);
         inner.created += 1;
@@ -623,8 +643,20 @@ pub(crate) fn finish_destroy(app: &App, id: &str, epoch: u64) {
 fn pause(app: &Arc<App>, id: &str) -> ApiResult {
     let view = with_sandbox_mut(app, id, |sb| {
         match sb.status {
-            Status::Running => pause_now(sb),
-            Status::Paused => {}
+            Status::Running if app.pause_delay.is_zero() => pause_now(sb),
+            Status::Running => {
+                sb.status = Status::Pausing;
+                sb.epoch += 1;
+                schedule_transition(
+                    app,
+                    sb.id.clone(),
+                    sb.epoch,
+                    app.pause_delay,
+                    Status::Pausing,
+                    |sb, _| pause_now(sb),
+                );
+            }
+            Status::Paused | Status::Pausing => {}
             other => {
                 return Err(ApiError::conflict(format!(
                     "sandbox is {}; cannot pause",
@@ -676,6 +708,33 @@ fn schedule_running(app: &Arc<App>, id: String, epoch: u64) {
             sb.last_activity = now;
             sb.epoch += 1;
             sb.signal_all(Signal::SIGCONT);
+        }
+    });
+}
+
+/// After `delay`, applies `f` (given the injectable clock's time) to the guest if it is still
+/// `from` at `epoch`; any state change in between (e.g. a DELETE) makes the transition stale.
+fn schedule_transition(
+    app: &Arc<App>,
+    id: String,
+    epoch: u64,
+    delay: std::time::Duration,
+    from: Status,
+    f: impl FnOnce(&mut Sandbox, std::time::Duration) + Send + 'static,
+) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {},
+            () = app.shutdown.cancelled() => return,
+        }
+        let now = app.now();
+        let mut inner = app.lock();
+        if let Some(sb) = inner.sandbox_mut(&id)
+            && sb.status == from
+            && sb.epoch == epoch
+        {
+            f(sb, now);
         }
     });
 }
@@ -734,7 +793,26 @@ async fn fork(app: &Arc<App>, req: &mut Req) -> ApiResult {
     let copied = tokio::task::spawn_blocking(move || copy_dir(&src_dir, &new_dir)).await;
     let view = with_sandbox_mut(app, &id, |sb| {
         if sb.status == Status::Forking {
-            if matches!(copied, Ok(Ok(()))) {
+            if matches!(copied, Ok(Ok(()))) && !app.fork_delay.is_zero() {
+                schedule_transition(
+                    app,
+                    sb.id.clone(),
+                    sb.epoch,
+                    app.fork_delay,
+                    Status::Forking,
+                    move |sb, now| {
+                        if start_paused {
+                            sb.status = Status::Paused;
+                            sb.paused_at = Some(now_rfc3339());
+                        } else {
+                            sb.status = Status::Running;
+                            sb.running_at = Some(now_rfc3339());
+                            sb.last_activity = now;
+                        }
+                        sb.epoch += 1;
+                    },
+                );
+            } else if matches!(copied, Ok(Ok(()))) {
                 sb.status = if start_paused {
                     Status::Paused
                 } else {

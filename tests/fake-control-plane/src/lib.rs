@@ -58,6 +58,15 @@ pub struct FakeOptions {
     pub resume_delay: Duration,
     /// How long a deleted guest stays `destroying` before it is `destroyed` (default 200 ms).
     pub destroy_delay: Duration,
+    /// How long a new guest stays `creating` (without an `ip`) before it is `running`
+    /// (default 0: create answers `running` at once).
+    pub create_delay: Duration,
+    /// How long a paused guest stays `pausing` before it is `paused` (default 0: pause answers
+    /// `paused` at once).
+    pub pause_delay: Duration,
+    /// How long a fork stays `forking` before it is `running` (or `paused` with `start_paused`)
+    /// (default 0: fork answers the final state at once).
+    pub fork_delay: Duration,
     /// Heartbeat period of exec streams (default 5 s).
     pub heartbeat: Duration,
     /// Frame exec and process streams as SSE `data: {...}` lines instead of NDJSON.
@@ -76,6 +85,9 @@ impl Default for FakeOptions {
             guest_path: Vec::new(),
             resume_delay: Duration::from_millis(300),
             destroy_delay: Duration::from_millis(200),
+            create_delay: Duration::ZERO,
+            pause_delay: Duration::ZERO,
+            fork_delay: Duration::ZERO,
             heartbeat: Duration::from_secs(5),
             sse: false,
             state_dir: None,
@@ -93,6 +105,9 @@ impl std::fmt::Debug for FakeOptions {
             .field("guest_path", &self.guest_path)
             .field("resume_delay", &self.resume_delay)
             .field("destroy_delay", &self.destroy_delay)
+            .field("create_delay", &self.create_delay)
+            .field("pause_delay", &self.pause_delay)
+            .field("fork_delay", &self.fork_delay)
             .field("heartbeat", &self.heartbeat)
             .field("sse", &self.sse)
             .field("state_dir", &self.state_dir)
@@ -164,6 +179,9 @@ impl FakeServer {
             guest_path: opts.guest_path.clone(),
             resume_delay: opts.resume_delay,
             destroy_delay: opts.destroy_delay,
+            create_delay: opts.create_delay,
+            pause_delay: opts.pause_delay,
+            fork_delay: opts.fork_delay,
             heartbeat: if opts.heartbeat.is_zero() {
                 Duration::from_secs(5)
             } else {

@@ -41,6 +41,15 @@ struct Cli {
     /// Milliseconds a deleted guest stays `destroying`.
     #[arg(long, default_value_t = 200)]
     destroy_delay_ms: u64,
+    /// Milliseconds a new guest stays `creating` (0: create answers `running`).
+    #[arg(long, default_value_t = 0)]
+    create_delay_ms: u64,
+    /// Milliseconds a paused guest stays `pausing` (0: pause answers `paused`).
+    #[arg(long, default_value_t = 0)]
+    pause_delay_ms: u64,
+    /// Milliseconds a fork stays `forking` (0: fork answers `running`/`paused`).
+    #[arg(long, default_value_t = 0)]
+    fork_delay_ms: u64,
     /// Exec stream heartbeat period in milliseconds.
     #[arg(long, default_value_t = 5000)]
     heartbeat_ms: u64,
@@ -66,6 +75,9 @@ async fn main() {
             .unwrap_or_default(),
         resume_delay: Duration::from_millis(cli.resume_delay_ms),
         destroy_delay: Duration::from_millis(cli.destroy_delay_ms),
+        create_delay: Duration::from_millis(cli.create_delay_ms),
+        pause_delay: Duration::from_millis(cli.pause_delay_ms),
+        fork_delay: Duration::from_millis(cli.fork_delay_ms),
         heartbeat: Duration::from_millis(cli.heartbeat_ms),
         sse: cli.sse,
         state_dir: cli.state_dir,

@@ -535,7 +535,7 @@ fn connect(app: &Arc<App>, req: &Req) -> ApiResult {
                 () = app2.shutdown.cancelled() => return,
                 r = changes.changed() => if r.is_err() { return },
                 _ = hb.tick(), if !stall_mid => {
-                    if tx.send(frame(sse, &json!({"type": "heartbeat"}))).await.is_err() {
+                    if tx.send(exec::heartbeat(sse, &json!({"type": "heartbeat"}))).await.is_err() {
                         return;
                     }
                 },

@@ -20,6 +20,7 @@ use crate::util::now_rfc3339;
 pub(crate) enum Status {
     Creating,
     Running,
+    Pausing,
     Paused,
     Resuming,
     Forking,
@@ -33,6 +34,7 @@ impl Status {
         match self {
             Self::Creating => "creating",
             Self::Running => "running",
+            Self::Pausing => "pausing",
             Self::Paused => "paused",
             Self::Resuming => "resuming",
             Self::Forking => "forking",
@@ -304,6 +306,9 @@ pub(crate) struct App {
     pub guest_path: Vec<PathBuf>,
     pub resume_delay: Duration,
     pub destroy_delay: Duration,
+    pub create_delay: Duration,
+    pub pause_delay: Duration,
+    pub fork_delay: Duration,
     pub heartbeat: Duration,
     pub sse: bool,
     pub state_root: PathBuf,
