@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use createos_fake::{FakeOptions, FakeServer};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// A CreateOS-compatible fake control plane. Guests are local directories and their commands
 /// run as ordinary local processes: it gives NO isolation.
@@ -82,6 +83,19 @@ async fn main() {
         sse: cli.sse,
         state_dir: cli.state_dir,
     };
+    // The handlers are installed before the `listening on` line is printed: a caller that
+    // reads that line and sends SIGTERM at once still gets a clean stop (guest processes
+    // killed, temporary state removed) rather than the default, abrupt termination.
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("createos-fake: cannot install the SIGTERM/SIGINT handlers: {e}");
+            std::process::exit(2);
+        }
+    };
     let server = match FakeServer::start_on(opts, cli.port).await {
         Ok(s) => s,
         Err(e) => {
@@ -99,16 +113,9 @@ async fn main() {
         let _ = out.flush();
     }
     eprintln!("createos-fake: NO isolation; for tests and demos only. SIGTERM or Ctrl-C stops it.");
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("createos-fake: cannot install the SIGTERM handler: {e}");
-            std::process::exit(2);
-        }
-    };
     tokio::select! {
         _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
+        _ = int.recv() => {},
     }
     server.shutdown().await;
     eprintln!("createos-fake: stopped; every guest process was killed");
