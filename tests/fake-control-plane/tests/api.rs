@@ -120,7 +120,7 @@ async fn malformed_requests_get_a_jsend_400() {
     let r = fx.get("/v1/sandboxes?status=sleeping").await;
     assert_eq!(r.status, 400);
     assert_eq!(
-        fx.server.stats().created,
+        fx.stats().await.created,
         0,
         "no invalid body creates a sandbox"
     );
@@ -194,11 +194,11 @@ async fn create_get_list_delete_walks_the_state_machine() {
     let del = fx.delete(&format!("/v1/sandboxes/{id}")).await;
     assert_eq!(del.data()["id"], id);
     assert_eq!(del.data()["status"], "destroying");
-    assert_eq!(fx.server.stats().live, 0, "a DELETE was accepted");
+    assert_eq!(fx.stats().await.live, 0, "a DELETE was accepted");
     fx.wait_status(&id, "destroyed").await;
     let again = fx.delete(&format!("/v1/sandboxes/{id}")).await;
     assert_eq!(again.data()["status"], "destroyed");
-    let st = fx.server.stats();
+    let st = fx.stats().await;
     assert_eq!((st.created, st.destroyed, st.live), (1, 1, 0));
     assert_eq!(st.requests.get("create"), Some(&1));
     assert_eq!(st.requests.get("delete"), Some(&2));

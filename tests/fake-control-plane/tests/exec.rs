@@ -203,7 +203,7 @@ async fn streaming_exec_forwards_output_as_it_arrives() {
         frames,
         vec![json!({"stdout": "x\n"}), json!({"exit_code": 0})]
     );
-    assert_eq!(fx.server.stats().requests.get("exec_stream"), Some(&2));
+    assert_eq!(fx.stats().await.requests.get("exec_stream"), Some(&2));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -230,12 +230,29 @@ async fn streaming_sends_heartbeats_and_sse_framing() {
             .contains("event-stream")
     );
     let text = resp.text().await.unwrap();
+    // Contract §5.1 item 16: SSE mode mixes `data:` lines and `:` comment lines.
     assert!(
         text.lines()
             .filter(|l| !l.is_empty())
-            .all(|l| l.starts_with("data: ")),
+            .all(|l| l.starts_with("data: ") || l.starts_with(": ")),
         "{text}"
     );
+    let comments: Vec<&str> = text.lines().filter(|l| l.starts_with(':')).collect();
+    assert!(!comments.is_empty(), "no ':' comment line: {text}");
+    assert!(comments.iter().all(|l| *l == ": keep-alive"), "{text}");
+    // Each keep-alive comment comes with a `data: {"hb":true}` frame in the same event.
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with(':') {
+            let next: Value = serde_json::from_str(
+                lines[i + 1]
+                    .strip_prefix("data: ")
+                    .expect("data after a comment"),
+            )
+            .unwrap();
+            assert_eq!(next, json!({"hb": true}), "{text}");
+        }
+    }
     let frames = parse_frames(&text);
     assert!(
         frames.iter().any(|f| f["hb"] == true),
@@ -283,7 +300,7 @@ async fn peak_concurrent_execs_is_counted() {
     for r in futures::future::join_all(runs).await {
         assert_eq!(r["exit_code"], 0);
     }
-    assert!(fx.server.stats().peak_concurrent_execs >= 3);
+    assert!(fx.stats().await.peak_concurrent_execs >= 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -380,4 +397,31 @@ async fn guest_path_directories_come_first() {
     // timeout(1) resolves its command through the same PATH.
     let r = fx.exec(&id, "timeout", &["5", "python3", "x"]).await;
     assert_eq!(r["stdout"], "guest-python x\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ndjson_heartbeats_are_bare_hb_frames_without_comments() {
+    let fx = Fx::with(FakeOptions {
+        heartbeat: std::time::Duration::from_millis(50),
+        ..fast()
+    })
+    .await;
+    let id = fx.create(json!({})).await;
+    let resp = fx
+        .http
+        .post(format!("{}/v1/sandboxes/{id}/exec?stream=true", fx.url))
+        .header("X-Api-Key", &fx.key)
+        .json(&json!({"cmd": "sh", "args": ["-c", "sleep 0.3; echo done"], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .all(|l| l.starts_with('{')),
+        "NDJSON only: {text}"
+    );
+    assert!(text.lines().any(|l| l == r#"{"hb":true}"#), "{text}");
+    assert_eq!(text.lines().last(), Some(r#"{"exit_code":0}"#));
 }

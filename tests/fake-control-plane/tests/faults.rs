@@ -1,10 +1,10 @@
-//! Fault and latency injection, stats, reset and the injectable clock, over HTTP.
+//! Fault and latency injection, stats, reset and the injectable clock, through the binary over HTTP.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Fx, client, eventually, fast, pid_alive};
+use common::{Fx, client, eventually, eventually_async, fast, pid_alive};
 use createos_fake::FakeOptions;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -27,20 +27,20 @@ async fn status_faults_fire_count_times_and_skip_processing() {
         assert!(r.headers.contains_key("x-request-id"));
     }
     assert_eq!(
-        fx.server.stats().created,
+        fx.stats().await.created,
         0,
         "faulted creates are not processed"
     );
     fx.create(json!({})).await;
-    assert_eq!(fx.server.stats().created, 1);
+    assert_eq!(fx.stats().await.created, 1);
     let w = fx.get("/v1/whoami").await;
     assert_eq!(w.status, 429);
     assert_eq!(w.headers["retry-after"], "0");
     // Replace the rules at runtime.
-    fx.server.set_faults("").unwrap();
+    fx.set_faults("").await.unwrap();
     assert_eq!(fx.get("/v1/whoami").await.status, 200);
-    assert!(fx.server.set_faults("bogus=1").is_err());
-    fx.server.set_faults("*=500").unwrap();
+    assert!(fx.set_faults("bogus=1").await.is_err());
+    fx.set_faults("*=500").await.unwrap();
     assert_eq!(fx.get("/v1/shapes").await.status, 500);
     // The HTTP control route does the same, and refuses a bad spec.
     let bad = fx
@@ -78,7 +78,7 @@ async fn reset_closes_the_connection_without_processing() {
         .await
         .expect_err("the connection is closed without a response");
     assert!(!err.is_status());
-    assert_eq!(fx.server.stats().created, 0);
+    assert_eq!(fx.stats().await.created, 0);
     assert_eq!(
         fx.get("/v1/sandboxes").await.data()["pagination"]["total"],
         0
@@ -101,7 +101,7 @@ async fn reset_after_processes_then_loses_the_response() {
         .await;
     assert!(res.is_err(), "no response arrives");
     assert_eq!(
-        fx.server.stats().created,
+        fx.stats().await.created,
         1,
         "the sandbox was created anyway"
     );
@@ -264,7 +264,7 @@ async fn stats_and_reset_over_http() {
         fx.get("/v1/sandboxes").await.data()["pagination"]["total"],
         0
     );
-    let after = fx.server.stats();
+    let after = fx.stats().await;
     assert_eq!((after.created, after.live, after.destroyed), (0, 0, 0));
     assert_eq!(fx.get(&format!("/v1/sandboxes/{id}")).await.status, 404);
 }
@@ -273,13 +273,13 @@ async fn stats_and_reset_over_http() {
 async fn auto_pause_follows_the_injectable_clock_and_exec_activity() {
     let fx = Fx::new().await;
     let id = fx.create(json!({"auto_pause_after_seconds": 60})).await;
-    fx.server.advance_clock(Duration::from_secs(50));
+    fx.advance_clock(Duration::from_secs(50)).await;
     assert_eq!(
         fx.get(&format!("/v1/sandboxes/{id}")).await.data()["status"],
         "running"
     );
     fx.exec(&id, "true", &[]).await; // touches the activity clock
-    fx.server.advance_clock(Duration::from_secs(30));
+    fx.advance_clock(Duration::from_secs(30)).await;
     assert_eq!(
         fx.get(&format!("/v1/sandboxes/{id}")).await.data()["status"],
         "running"
@@ -316,11 +316,11 @@ async fn a_long_quiet_exec_gets_paused_and_continues_after_resume() {
             .await
             .unwrap()
     });
-    eventually("the exec to be in flight", || {
-        fx.server.stats().peak_concurrent_execs == 1
+    eventually_async("the exec to be in flight", || async {
+        fx.stats().await.peak_concurrent_execs == 1
     })
     .await;
-    fx.server.advance_clock(Duration::from_secs(61));
+    fx.advance_clock(Duration::from_secs(61)).await;
     assert_eq!(
         fx.get(&format!("/v1/sandboxes/{id}")).await.data()["status"],
         "paused"
@@ -337,4 +337,48 @@ async fn a_long_quiet_exec_gets_paused_and_continues_after_resume() {
         .unwrap()
         .unwrap();
     assert_eq!(done["data"]["result"]["stdout"], "finished\n");
+}
+
+/// `n` owner-key GETs of `/v1/whoami`; how many got the injected 503.
+async fn count_503(fx: &Fx, n: usize) -> usize {
+    let mut fired = 0;
+    for _ in 0..n {
+        let r = fx.get("/v1/whoami").await;
+        match r.status {
+            503 => fired += 1,
+            200 => {}
+            other => panic!("unexpected status {other}: {r:?}"),
+        }
+    }
+    fired
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fault_probability_is_honoured_over_http() {
+    // @0 never fires (set on the command line).
+    let fx = Fx::with(FakeOptions {
+        faults: "whoami=503@0".into(),
+        ..fast()
+    })
+    .await;
+    assert_eq!(count_503(&fx, 100).await, 0, "@0 never fires");
+    // @1 always fires.
+    fx.set_faults("whoami=503@1").await.unwrap();
+    assert_eq!(count_503(&fx, 100).await, 100, "@1 always fires");
+    // @0.5 fires on some but not all: 200 draws of a fair coin land in 20%..80% with a
+    // probability of failure far below 1e-15.
+    fx.set_faults("whoami=503@0.5").await.unwrap();
+    let fired = count_503(&fx, 200).await;
+    assert!((40..=160).contains(&fired), "@0.5 fired {fired}/200 times");
+    // A probability combines with a count: at most #COUNT firings whatever the draws.
+    fx.set_faults("whoami=503@0.5#3").await.unwrap();
+    assert!(count_503(&fx, 100).await <= 3);
+    // Out-of-range probabilities are refused.
+    assert!(fx.set_faults("whoami=503@1.5").await.is_err());
+    assert!(fx.set_faults("whoami=503@-1").await.is_err());
+    assert_eq!(
+        fx.stats().await.requests.get("whoami"),
+        Some(&500),
+        "every request was counted"
+    );
 }

@@ -1,15 +1,157 @@
-//! Shared helpers for the fake's own tests: a raw-JSON HTTP client against a started server.
+//! Shared helpers for the fake's own tests: the real `createos-fake` binary, started as a child
+//! process on `--port 0`, and a raw-JSON HTTP client against it. Stats, the clock, faults and
+//! reset go through the binary's `/_fake/*` HTTP routes, so the suite exercises exactly what a
+//! script or another crate's test sees over HTTP.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::{FakeOptions, Stats};
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-/// A started fake plus a client.
+/// A running `createos-fake` child process; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Bin {
+    pub child: Child,
+    /// The URL from the `listening on` line (includes the base path).
+    pub url: String,
+    /// Everything the binary printed on stdout after the first line (read until it exits).
+    pub rest: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Bin {
+    /// Spawns the binary with `--port 0` plus `args` and reads the `listening on` line.
+    pub fn spawn(args: &[String]) -> Bin {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_createos-fake"))
+            .args(["--port", "0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn createos-fake");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut first = String::new();
+        out.read_line(&mut first).expect("first line");
+        let Some(url) = first
+            .trim()
+            .strip_prefix("listening on ")
+            .map(str::to_owned)
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("unexpected first line {first:?} (args {args:?})");
+        };
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut s);
+            s
+        });
+        Bin {
+            child,
+            url,
+            rest: Some(rest),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, without the base path (control routes answer there too).
+    pub fn root(&self) -> String {
+        let after_scheme = &self.url["http://".len()..];
+        let host_end = after_scheme.find('/').unwrap_or(after_scheme.len());
+        format!("http://{}", &after_scheme[..host_end])
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(st)) = self.child.try_wait() {
+            return Some(st);
+        }
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).ok()?);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl Drop for Bin {
+    fn drop(&mut self) {
+        // SIGTERM first so the fake kills its guest processes and removes its temporary state;
+        // SIGKILL if it does not exit in time. Either way no orphan is left behind.
+        if self.terminate().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Command-line flags that start the binary with `opts`. Every `FakeOptions` field is
+/// destructured, so a new option cannot be added without a flag here (and in the binary).
+pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
+    let FakeOptions {
+        api_key,
+        base_path,
+        latency,
+        faults,
+        guest_path,
+        resume_delay,
+        destroy_delay,
+        create_delay,
+        pause_delay,
+        fork_delay,
+        heartbeat,
+        sse,
+        state_dir,
+    } = opts;
+    let ms = |d: &Duration| d.as_millis().to_string();
+    let mut a: Vec<String> = vec![
+        "--api-key".into(),
+        api_key.clone(),
+        "--latency-ms".into(),
+        ms(latency),
+        "--resume-delay-ms".into(),
+        ms(resume_delay),
+        "--destroy-delay-ms".into(),
+        ms(destroy_delay),
+        "--create-delay-ms".into(),
+        ms(create_delay),
+        "--pause-delay-ms".into(),
+        ms(pause_delay),
+        "--fork-delay-ms".into(),
+        ms(fork_delay),
+        "--heartbeat-ms".into(),
+        ms(heartbeat),
+    ];
+    if !base_path.is_empty() {
+        a.extend(["--base-path".into(), base_path.clone()]);
+    }
+    if !faults.is_empty() {
+        a.extend(["--faults".into(), faults.clone()]);
+    }
+    if !guest_path.is_empty() {
+        let joined = std::env::join_paths(guest_path).expect("guest path joins");
+        a.extend(["--guest-path".into(), joined.to_string_lossy().into_owned()]);
+    }
+    if *sse {
+        a.push("--sse".into());
+    }
+    if let Some(d) = state_dir {
+        a.extend(["--state-dir".into(), d.to_string_lossy().into_owned()]);
+    }
+    a
+}
+
+/// A started fake binary plus a client.
 pub struct Fx {
-    pub server: FakeServer,
+    pub bin: Bin,
     pub http: reqwest::Client,
     pub url: String,
     pub key: String,
@@ -60,16 +202,77 @@ impl Fx {
         Fx::with(fast()).await
     }
 
+    /// Starts the binary with the flags equivalent to `opts`.
     pub async fn with(opts: FakeOptions) -> Fx {
-        let server = FakeServer::start(opts).await.expect("start fake");
-        let url = server.url();
-        let key = server.api_key().to_owned();
+        let key = opts.api_key.clone();
+        let args = cli_args(&opts);
+        let bin = tokio::task::spawn_blocking(move || Bin::spawn(&args))
+            .await
+            .expect("spawn task");
+        let url = bin.url.clone();
         Fx {
-            server,
+            bin,
             http: client(),
             url,
             key,
         }
+    }
+
+    /// A control route (`/_fake/...`) at the server root.
+    pub fn control(&self, path: &str) -> String {
+        format!("{}/_fake/{path}", self.bin.root())
+    }
+
+    /// `GET /_fake/stats`.
+    pub async fn stats(&self) -> Stats {
+        let v: Value = self
+            .http
+            .get(self.control("stats"))
+            .send()
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("stats body");
+        assert_eq!(v["status"], "success", "{v}");
+        serde_json::from_value(v["data"].clone()).expect("stats shape")
+    }
+
+    /// `POST /_fake/clock/advance?seconds=N` (runs the auto-pause sweep).
+    pub async fn advance_clock(&self, by: Duration) {
+        let r = self
+            .http
+            .post(self.control("clock/advance"))
+            .query(&[("seconds", by.as_secs_f64().to_string())])
+            .send()
+            .await
+            .expect("advance");
+        assert_eq!(r.status().as_u16(), 200);
+    }
+
+    /// `PUT /_fake/faults`; `Err` carries the 400 body for a bad spec.
+    pub async fn set_faults(&self, spec: &str) -> Result<(), String> {
+        let r = self
+            .http
+            .put(self.control("faults"))
+            .body(spec.to_owned())
+            .send()
+            .await
+            .expect("faults");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        if status == 200 { Ok(()) } else { Err(text) }
+    }
+
+    /// `POST /_fake/reset`.
+    pub async fn reset(&self) {
+        let r = self
+            .http
+            .post(self.control("reset"))
+            .send()
+            .await
+            .expect("reset");
+        assert_eq!(r.status().as_u16(), 200);
     }
 
     pub async fn send(
@@ -216,6 +419,22 @@ pub fn pid_alive(pid: i32) -> bool {
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded) until the async check `f` holds.
+pub async fn eventually_async<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f().await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting for {what}"
