@@ -273,3 +273,65 @@ async fn binds_loopback_only() {
     // Nor on the IPv6 wildcard's loopback.
     assert!(std::net::TcpStream::connect(("::1", port)).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_dir_flag_keeps_guest_directories_there() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().join("guests");
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut bin = start(&["--state-dir", &dir_s, "--destroy-delay-ms", "50"]);
+    let http = client();
+    let created: Value = http
+        .post(format!("{}/v1/sandboxes", bin.url))
+        .header("X-Api-Key", "bin-key")
+        .json(&json!({"shape": "s-1vcpu-256mb"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["data"]["id"].as_str().unwrap().to_owned();
+    let up = http
+        .put(format!("{}/v1/sandboxes/{id}/files", bin.url))
+        .query(&[("path", "/workspace/kept.txt")])
+        .header("X-Api-Key", "bin-key")
+        .body("on disk")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status().as_u16(), 200);
+    let host = dir.join(&id).join("workspace").join("kept.txt");
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "on disk");
+    // A second guest, destroyed: its directory goes, the state directory stays.
+    let other: Value = http
+        .post(format!("{}/v1/sandboxes", bin.url))
+        .header("X-Api-Key", "bin-key")
+        .json(&json!({"shape": "s-1vcpu-256mb"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let other = other["data"]["id"].as_str().unwrap().to_owned();
+    assert!(dir.join(&other).is_dir());
+    http.delete(format!("{}/v1/sandboxes/{other}", bin.url))
+        .header("X-Api-Key", "bin-key")
+        .send()
+        .await
+        .unwrap();
+    eventually("the destroyed guest's directory to go", || {
+        !dir.join(&other).exists()
+    })
+    .await;
+    let status = tokio::task::spawn_blocking(move || {
+        let st = bin.terminate();
+        drop(bin);
+        st
+    })
+    .await
+    .unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+    assert!(dir.is_dir(), "a --state-dir is not removed at exit");
+}

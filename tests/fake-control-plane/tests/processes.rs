@@ -4,7 +4,8 @@ mod common;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use common::{Fx, parse_frames};
+use common::{Fx, fast, parse_frames};
+use createos_fake::FakeOptions;
 use serde_json::{Value, json};
 
 async fn connect(fx: &Fx, id: &str, pid: &str, after: u64) -> Vec<Value> {
@@ -266,4 +267,47 @@ async fn pty_processes_use_a_terminal() {
     .data();
     let frames = connect(&fx, &id, &shid, 0).await;
     assert!(decoded(&frames, "pty").contains("from-42"), "{frames:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_connect_stream_mixes_keep_alive_comments_and_data_lines() {
+    let fx = Fx::with(FakeOptions {
+        sse: true,
+        heartbeat: std::time::Duration::from_millis(50),
+        ..fast()
+    })
+    .await;
+    let id = fx.create(json!({})).await;
+    let created = fx
+        .post(
+            &format!("/v1/sandboxes/{id}/processes"),
+            json!({"cmd": "sh", "args": ["-c", "sleep 0.4; echo late"]}),
+        )
+        .await;
+    let pid = created.data()["process_id"].as_str().unwrap().to_owned();
+    let text = fx
+        .http
+        .get(format!(
+            "{}/v1/sandboxes/{id}/processes/{pid}/connect?after=0",
+            fx.url
+        ))
+        .header("X-Api-Key", &fx.key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("data: ") || *l == ": keep-alive"),
+        "{text}"
+    );
+    assert!(lines.contains(&": keep-alive"), "{text}");
+    let frames = parse_frames(&text);
+    assert!(frames.iter().any(|f| f["type"] == "heartbeat"), "{text}");
+    assert_eq!(decoded(&frames, "stdout"), "late\n");
+    assert_eq!(frames.last().unwrap()["type"], "exit");
 }
