@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 
 use crate::transport::{RawBody, Transport, body_chunks, seg};
-use crate::wire_enum::protocol_error;
+use crate::wire_enum::{nullable, protocol_error};
 use crate::{Error, RequestOptions, Result, Sandbox};
 
 /// Highest screen index a sandbox offers.
@@ -75,8 +75,10 @@ impl std::str::FromStr for ScreenId {
 #[serde(default)]
 pub struct Point {
     /// Horizontal position.
+    #[serde(deserialize_with = "nullable")]
     pub x: i32,
     /// Vertical position.
+    #[serde(deserialize_with = "nullable")]
     pub y: i32,
 }
 
@@ -92,8 +94,10 @@ impl Point {
 #[serde(default)]
 pub struct ScreenSize {
     /// Width.
+    #[serde(deserialize_with = "nullable")]
     pub width: u32,
     /// Height.
+    #[serde(deserialize_with = "nullable")]
     pub height: u32,
 }
 
@@ -271,6 +275,7 @@ pub struct Window {
     #[serde(deserialize_with = "string_or_number")]
     pub id: String,
     /// Window title.
+    #[serde(deserialize_with = "nullable")]
     pub title: String,
 }
 
@@ -283,14 +288,19 @@ pub struct WindowGeometry {
     #[serde(deserialize_with = "string_or_number")]
     pub id: String,
     /// Left edge.
+    #[serde(deserialize_with = "nullable")]
     pub x: i32,
     /// Top edge.
+    #[serde(deserialize_with = "nullable")]
     pub y: i32,
     /// Width.
+    #[serde(deserialize_with = "nullable")]
     pub width: u32,
     /// Height.
+    #[serde(deserialize_with = "nullable")]
     pub height: u32,
     /// Index of the screen the window is on.
+    #[serde(deserialize_with = "nullable")]
     pub screen: i64,
 }
 
@@ -300,17 +310,22 @@ pub struct WindowGeometry {
 #[non_exhaustive]
 pub struct Screen {
     /// Screen id (`screen-N`).
+    #[serde(deserialize_with = "nullable")]
     pub screen_id: String,
     /// X display name (numbers on the wire are read as their decimal text).
     #[serde(deserialize_with = "string_or_number")]
     pub display: String,
     /// Width.
+    #[serde(deserialize_with = "nullable")]
     pub width: u32,
     /// Height.
+    #[serde(deserialize_with = "nullable")]
     pub height: u32,
     /// VNC port inside the guest.
+    #[serde(deserialize_with = "nullable")]
     pub vnc_port: u32,
     /// noVNC port inside the guest.
+    #[serde(deserialize_with = "nullable")]
     pub novnc_port: u32,
 }
 
@@ -359,23 +374,23 @@ impl fmt::Debug for ScreenConnection {
 
 #[derive(Deserialize)]
 struct ScreenConnectionWire {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     screen_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     port: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     path: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     token: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     expires_at: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     url: String,
 }
 
 #[derive(Deserialize)]
 struct ClipboardWire {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     text: String,
 }
 

@@ -12,7 +12,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
 use crate::transport::{Transport, paginate, seg};
-use crate::wire_enum::{is_false, lenient_enum, null_as_default, protocol_error};
+use crate::wire_enum::{is_false, lenient_enum, nullable, protocol_error};
 use crate::{Client, PaginationOptions, RequestOptions, Result, Sandbox};
 
 lenient_enum! {
@@ -43,14 +43,19 @@ lenient_enum! {
 #[non_exhaustive]
 pub struct DiskConfig {
     /// Bucket name.
+    #[serde(deserialize_with = "nullable")]
     pub bucket: String,
     /// S3 endpoint URL.
+    #[serde(deserialize_with = "nullable")]
     pub endpoint: String,
     /// Region; omitted when empty.
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "nullable"
+    )]
     pub region: String,
     /// Use path-style addressing; omitted when false.
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(skip_serializing_if = "is_false", deserialize_with = "nullable")]
     pub use_path_style: bool,
 }
 
@@ -120,15 +125,19 @@ impl fmt::Debug for DiskCredentials {
 #[non_exhaustive]
 pub struct Disk {
     /// Disk id (`disk_…`).
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
     /// Unique name.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Backend kind.
+    #[serde(deserialize_with = "nullable")]
     pub kind: DiskKind,
     /// Bucket location.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub config: DiskConfig,
     /// Creation time (RFC 3339).
+    #[serde(deserialize_with = "nullable")]
     pub created_at: String,
 }
 
@@ -172,19 +181,25 @@ impl DiskCreateRequest {
 #[non_exhaustive]
 pub struct SandboxDisk {
     /// The disk's id.
+    #[serde(deserialize_with = "nullable")]
     pub disk_id: String,
     /// The disk's name.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Backend kind.
+    #[serde(deserialize_with = "nullable")]
     pub kind: DiskKind,
     /// Bucket location.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub config: DiskConfig,
     /// Mount point inside the guest.
+    #[serde(deserialize_with = "nullable")]
     pub mount_path: String,
     /// Sub-path of the bucket that is mounted.
+    #[serde(deserialize_with = "nullable")]
     pub sub_path: String,
     /// Mount state.
+    #[serde(deserialize_with = "nullable")]
     pub mount_status: MountStatus,
     /// Why mounting failed, when it did.
     pub mount_error: Option<String>,
@@ -234,13 +249,13 @@ impl DetachDiskOptions {
 
 #[derive(Deserialize)]
 struct Deleted {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     deleted: bool,
 }
 
 #[derive(Deserialize)]
 struct Detached {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     detached: bool,
 }
 

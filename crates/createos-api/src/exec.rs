@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{CommandFailure, Error, Result};
-use crate::models::nullable;
 use crate::options::RequestOptions;
 use crate::sandbox::Sandbox;
 use crate::transport::{RawBody, ndjson_frames};
+use crate::wire_enum::nullable;
 
 /// `POST …/exec` body. `cmd` runs directly (no shell); wrap scripts in `bash -c`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -119,6 +119,21 @@ fn default_exit() -> i64 {
     1
 }
 
+fn exit_code_or_failure<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    Ok(Option::<i64>::deserialize(d)?.unwrap_or_else(default_exit))
+}
+
+fn missing_result() -> CommandResult {
+    CommandResult {
+        exit_code: default_exit(),
+        ..CommandResult::default()
+    }
+}
+
+fn result_or_failure<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CommandResult, D::Error> {
+    Ok(Option::<CommandResult>::deserialize(d)?.unwrap_or_else(missing_result))
+}
+
 /// Outcome of a buffered command.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -129,9 +144,9 @@ pub struct CommandResult {
     /// Captured standard error.
     #[serde(default, deserialize_with = "nullable")]
     pub stderr: String,
-    /// Exit status (124 when a guest `timeout` fired). Absent on the wire = 1, so a
-    /// malformed answer never reads as success.
-    #[serde(default = "default_exit")]
+    /// Exit status (124 when a guest `timeout` fired). Absent or `null` on the wire = 1, so
+    /// a malformed answer never reads as success.
+    #[serde(default = "default_exit", deserialize_with = "exit_code_or_failure")]
     pub exit_code: i64,
     /// Agent-level failure (the command could not start).
     #[serde(default)]
@@ -142,8 +157,9 @@ pub struct CommandResult {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RunCommandResponse {
-    /// The command's result.
-    #[serde(default)]
+    /// The command's result. An absent or `null` `result` reads as a failure (exit code 1),
+    /// never as success.
+    #[serde(default = "missing_result", deserialize_with = "result_or_failure")]
     pub result: CommandResult,
     /// Server-side execution time in milliseconds.
     #[serde(default)]

@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{Error, Result};
-use crate::models::nullable;
 use crate::options::RequestOptions;
 use crate::sandbox::Sandbox;
 use crate::transport::{RawBody, Transport, body_chunks};
+use crate::wire_enum::nullable;
 
 /// An upload source: bytes in memory, or any `AsyncRead` streamed without buffering it all.
 pub struct UploadBody(Inner);

@@ -6,7 +6,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::transport::paginate;
-use crate::wire_enum::{lenient_enum, null_as_default};
+use crate::wire_enum::{lenient_enum, nullable};
 use crate::{Client, PaginationOptions, RequestOptions, Result};
 
 lenient_enum! {
@@ -27,15 +27,19 @@ lenient_enum! {
 #[non_exhaustive]
 pub struct Host {
     /// Host id (usable as `host_id` when creating a sandbox).
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
     /// Scheduling state.
+    #[serde(deserialize_with = "nullable")]
     pub status: HostStatus,
     /// Free memory in MiB.
+    #[serde(deserialize_with = "nullable")]
     pub free_mib: u64,
     /// Number of microVMs on the host.
+    #[serde(deserialize_with = "nullable")]
     pub vm_count: u64,
     /// Root filesystems available on the host.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub rootfses: Vec<String>,
 }
 

@@ -5,99 +5,35 @@
 //! type has one. Serialization of requests leaves out empty values exactly as the contract says.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-/// Deserialize `null` (or an absent key, with `#[serde(default)]`) as `T::default()`.
-pub(crate) fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-/// Declare a string enum with an `Unknown(String)` fallback.
-macro_rules! lenient_enum {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $wire:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-            /// A value this client version does not know (kept verbatim).
-            Unknown(String),
-        }
-
-        impl $name {
-            /// The wire spelling.
-            pub fn as_str(&self) -> &str {
-                match self {
-                    $($name::$variant => $wire,)+
-                    $name::Unknown(s) => s.as_str(),
-                }
-            }
-        }
-
-        impl From<&str> for $name {
-            fn from(s: &str) -> Self {
-                match s {
-                    $($wire => $name::$variant,)+
-                    other => $name::Unknown(other.to_owned()),
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.as_str())
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                // A required value: `null` or a missing key is an error; use
-                // `Option<Self>` for optional fields.
-                let s = String::deserialize(d)?;
-                Ok($name::from(s.as_str()))
-            }
-        }
-    };
-}
-#[allow(unused_imports)] // used by extension modules
-pub(crate) use lenient_enum;
+use crate::wire_enum::{lenient_enum, nullable};
 
 lenient_enum! {
     /// Lifecycle status of a sandbox.
-    SandboxStatus {
+    pub enum SandboxStatus {
         /// Being created.
-        Creating = "creating",
+        Creating => "creating",
         /// Running.
-        Running = "running",
+        Running => "running",
         /// Being snapshotted and paused.
-        Pausing = "pausing",
+        Pausing => "pausing",
         /// Paused (snapshot held).
-        Paused = "paused",
+        Paused => "paused",
         /// Being resumed from its snapshot.
-        Resuming = "resuming",
+        Resuming => "resuming",
         /// Being forked.
-        Forking = "forking",
+        Forking => "forking",
         /// Errored.
-        Error = "error",
+        Error => "error",
         /// Being destroyed (the name stays taken until `destroyed`).
-        Destroying = "destroying",
+        Destroying => "destroying",
         /// Destroyed.
-        Destroyed = "destroyed",
+        Destroyed => "destroyed",
         /// Failed.
-        Failed = "failed",
+        Failed => "failed",
     }
 }
 
@@ -252,7 +188,8 @@ fn env_names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
 pub struct SandboxInfo {
     /// Sandbox id (required).
     pub id: String,
-    /// Lifecycle status (required).
+    /// Lifecycle status (required: an absent key fails; `null` reads as `Unknown("")`).
+    #[serde(deserialize_with = "SandboxStatus::deserialize")]
     pub status: SandboxStatus,
     /// Name, when one was given.
     #[serde(default)]

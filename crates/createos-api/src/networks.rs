@@ -7,7 +7,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
 use crate::transport::{Transport, paginate, seg};
-use crate::wire_enum::null_as_default;
+use crate::wire_enum::nullable;
 use crate::{Client, PaginationOptions, RequestOptions, Result, Sandbox};
 
 /// One sandbox attached to a network.
@@ -16,13 +16,16 @@ use crate::{Client, PaginationOptions, RequestOptions, Result, Sandbox};
 #[non_exhaustive]
 pub struct NetworkMember {
     /// The member sandbox's id.
+    #[serde(deserialize_with = "nullable")]
     pub sandbox_id: String,
     /// Membership status as the server reports it (free-form).
+    #[serde(deserialize_with = "nullable")]
     pub status: String,
     /// The sandbox's private IP on this network (wire key `ip`).
-    #[serde(rename = "ip")]
+    #[serde(rename = "ip", deserialize_with = "nullable")]
     pub ip_address: String,
     /// The member sandbox's name.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
 }
 
@@ -32,15 +35,19 @@ pub struct NetworkMember {
 #[non_exhaustive]
 pub struct Network {
     /// Network id.
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
     /// Network name.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Creation time (RFC 3339).
+    #[serde(deserialize_with = "nullable")]
     pub created_at: String,
     /// Number of members (on list rows).
+    #[serde(deserialize_with = "nullable")]
     pub member_count: u64,
     /// The members (on the detail GET).
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub members: Vec<NetworkMember>,
 }
 

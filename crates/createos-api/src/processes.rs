@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::transport::{Transport, ndjson_frames, seg};
-use crate::wire_enum::{is_zero_u32, lenient_enum, null_as_default};
+use crate::wire_enum::{is_zero_u32, lenient_enum, nullable};
 use crate::{Error, RequestOptions, Result, Sandbox};
 
 lenient_enum! {
@@ -64,11 +64,13 @@ lenient_enum! {
 #[non_exhaustive]
 pub struct ProcessForeground {
     /// Operating-system pid of the foreground process.
+    #[serde(deserialize_with = "nullable")]
     pub pid: i64,
     /// Its command.
+    #[serde(deserialize_with = "nullable")]
     pub cmd: String,
     /// Its arguments.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub args: Vec<String>,
 }
 
@@ -78,10 +80,13 @@ pub struct ProcessForeground {
 #[non_exhaustive]
 pub struct ProcessOutputWindow {
     /// Oldest sequence number still retained (replayable).
+    #[serde(deserialize_with = "nullable")]
     pub oldest_seq: u64,
     /// Newest sequence number produced so far.
+    #[serde(deserialize_with = "nullable")]
     pub newest_seq: u64,
     /// Bytes currently retained.
+    #[serde(deserialize_with = "nullable")]
     pub bytes: u64,
 }
 
@@ -91,16 +96,22 @@ pub struct ProcessOutputWindow {
 #[non_exhaustive]
 pub struct ManagedProcess {
     /// Server-assigned process id (used in every path below `/processes`).
+    #[serde(deserialize_with = "nullable")]
     pub process_id: String,
     /// Pipe process or PTY.
+    #[serde(deserialize_with = "nullable")]
     pub kind: ProcessKind,
     /// Operating-system pid of the leader inside the guest.
+    #[serde(deserialize_with = "nullable")]
     pub pid: i64,
     /// Lifecycle state.
+    #[serde(deserialize_with = "nullable")]
     pub state: ProcessState,
     /// Whether the leader process has exited.
+    #[serde(deserialize_with = "nullable")]
     pub leader_exited: bool,
     /// Whether the leader and every descendant have exited.
+    #[serde(deserialize_with = "nullable")]
     pub tree_exited: bool,
     /// Creation time (RFC 3339).
     pub created_at: Option<String>,
@@ -111,16 +122,18 @@ pub struct ManagedProcess {
     /// Name of the signal that ended the leader, if any.
     pub signal: Option<String>,
     /// Command that was started.
+    #[serde(deserialize_with = "nullable")]
     pub cmd: String,
     /// Its arguments.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub args: Vec<String>,
     /// Working directory.
+    #[serde(deserialize_with = "nullable")]
     pub cwd: String,
     /// Foreground process (PTY only).
     pub foreground: Option<ProcessForeground>,
     /// Retained output window.
-    #[serde(deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "nullable")]
     pub output: ProcessOutputWindow,
 }
 
@@ -439,7 +452,7 @@ impl Sandbox {
 
 #[derive(Deserialize)]
 struct ProcessList {
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "nullable")]
     processes: Vec<ManagedProcess>,
 }
 

@@ -9,11 +9,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::models::{
-    Bandwidth, ForkSandboxRequest, ResizeResult, SandboxInfo, SandboxStatus, nullable,
-};
+use crate::models::{Bandwidth, ForkSandboxRequest, ResizeResult, SandboxInfo, SandboxStatus};
 use crate::options::RequestOptions;
 use crate::transport::{Transport, seg};
+use crate::wire_enum::nullable;
 
 /// Options of the `wait_until_*` pollers.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::transport::{RawBody, Transport, ndjson_frames, paginate, seg};
-use crate::wire_enum::{lenient_enum, protocol_error};
+use crate::wire_enum::{lenient_enum, nullable, protocol_error};
 use crate::{Client, PaginationOptions, RequestOptions, Result};
 
 lenient_enum! {
@@ -42,16 +42,22 @@ impl TemplateStatus {
 #[non_exhaustive]
 pub struct Template {
     /// Template id (usable as `rootfs`).
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
     /// Name given at creation.
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     /// Base image or rootfs the build started from.
+    #[serde(deserialize_with = "nullable")]
     pub base: String,
     /// Build status.
+    #[serde(deserialize_with = "nullable")]
     pub status: TemplateStatus,
     /// Size of the built ext4 image.
+    #[serde(deserialize_with = "nullable")]
     pub ext4_size_bytes: u64,
     /// Creation time (RFC 3339).
+    #[serde(deserialize_with = "nullable")]
     pub created_at: String,
     /// When the build finished.
     pub built_at: Option<String>,
@@ -106,11 +112,13 @@ pub struct TemplateLogEvent {
     /// Log level (`info`, `error` …).
     pub level: Option<String>,
     /// The log text.
+    #[serde(deserialize_with = "nullable")]
     pub line: String,
     /// Build attempt this line belongs to.
+    #[serde(deserialize_with = "nullable")]
     pub attempt: u32,
     /// `true` on the last frame of the build; the stream ends after it.
-    #[serde(rename = "final")]
+    #[serde(rename = "final", deserialize_with = "nullable")]
     pub is_final: bool,
     /// The build's outcome, on the final frame.
     pub status: Option<TemplateStatus>,

@@ -85,8 +85,11 @@ pub(crate) fn is_false(value: &bool) -> bool {
     !*value
 }
 
-/// Deserializes `null` as the type's default (servers sometimes send `null` for an empty list).
-pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+/// Deserializes `null` as the type's default: the one helper behind every lenient field
+/// (`#[serde(default, deserialize_with = "nullable")]`, or `deserialize_with = "nullable"` under
+/// a container-level `#[serde(default)]`), so that an absent key and an explicit `null` decode
+/// alike.
+pub(crate) fn nullable<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Default + serde::Deserialize<'de>,
