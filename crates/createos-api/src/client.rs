@@ -27,6 +27,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default `User-Agent`.
 pub const DEFAULT_USER_AGENT: &str = concat!("createos-rust/", env!("CARGO_PKG_VERSION"));
 
+/// Largest `/readyz` body [`Client::readiness`] reads (64 KiB).
+pub const MAX_READINESS_BODY: usize = 64 * 1024;
+
 /// Environment variable holding the API key.
 pub const ENV_API_KEY: &str = "CREATEOS_API_KEY";
 /// Alternative environment variable holding the API key (the Langflow plugin's name).
@@ -334,30 +337,28 @@ impl Client {
 
     /// `GET /readyz` (no key, never retried). A 503 is an answer, not an error:
     /// the result says `ready: false`. A non-JSend body falls back to `ready = (status == 200)`.
+    /// The client's timeout covers reading the body, which may be at most
+    /// [`MAX_READINESS_BODY`] bytes (a protocol error beyond).
     pub async fn readiness(&self) -> Result<Readiness> {
         let opts = RequestOptions {
             disable_retry: true,
             ..RequestOptions::default()
         };
-        let resp = match self
+        let cap = transport::BodyCap {
+            limit: MAX_READINESS_BODY,
+            too_large: false,
+        };
+        match self
             .t
-            .raw(Method::GET, "/readyz", &[], transport::RawBody::None, &opts)
+            .fetch(Method::GET, "/readyz", &[], None, &opts, cap)
             .await
         {
-            Ok(r) => r,
+            Ok((status, body)) => Ok(readiness_from(status.as_u16(), &body)),
             Err(Error::Api(api)) if api.status.as_u16() == 503 => {
-                return Ok(readiness_from(503, &api.body));
+                Ok(readiness_from(503, &api.body))
             }
-            Err(e) => return Err(e),
-        };
-        let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|e| Error::Transport {
-            method: Method::GET,
-            endpoint: "/readyz".into(),
-            message: e.to_string(),
-            source: Box::new(e),
-        })?;
-        Ok(readiness_from(status, &body))
+            Err(e) => Err(e),
+        }
     }
 
     /// `GET /v1/whoami`.

@@ -115,7 +115,7 @@ pub enum ErrorKind {
     NotFound,
     /// HTTP 409 (paused sandbox, duplicate name, second token ...).
     Conflict,
-    /// Another 4xx (400, 422 ...).
+    /// Another 4xx (400, 422 ...); never retryable.
     InvalidRequest,
     /// HTTP 429.
     RateLimited,
@@ -123,7 +123,7 @@ pub enum ErrorKind {
     Unavailable,
     /// Connect/reset/body-read failure.
     Transport,
-    /// An HTTP timeout.
+    /// An HTTP timeout: the client's own, or a server's 408 Request Timeout. Retryable.
     Timeout,
     /// The server broke the wire contract.
     Protocol,
@@ -146,6 +146,7 @@ impl Error {
             Error::Api(api) => match api.status.as_u16() {
                 401 | 403 => ErrorKind::Auth,
                 404 => ErrorKind::NotFound,
+                408 => ErrorKind::Timeout,
                 409 => ErrorKind::Conflict,
                 429 => ErrorKind::RateLimited,
                 500..=599 => ErrorKind::Unavailable,

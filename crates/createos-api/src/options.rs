@@ -70,7 +70,9 @@ pub struct RequestOptions {
     /// Extra headers. Credential-bearing headers (`Authorization`, `Proxy-Authorization`,
     /// `X-Api-Key`, `X-Auth-Token`, `Cookie`, `Set-Cookie`, `X-CSRF-Token`) are dropped.
     pub headers: HeaderMap,
-    /// Overrides the client's retry policy for this call.
+    /// Overrides the client's retry policy for this call; validated like
+    /// [`crate::ClientBuilder::retry`] (an invalid one is an [`crate::Error::Config`] and
+    /// nothing is sent).
     pub retry: Option<RetryOptions>,
 }
 

@@ -11,9 +11,13 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::transport::{RawBody, Transport, ndjson_frames, paginate, seg};
+use crate::transport::{BodyCap, RawBody, Transport, ndjson_frames, paginate, seg};
 use crate::wire_enum::{lenient_enum, nullable, protocol_error};
 use crate::{Client, PaginationOptions, RequestOptions, Result};
+
+/// Longest plain-text build log [`Templates::logs`] reads: 16 MiB. Use
+/// [`Templates::follow_logs`] to stream a longer one.
+pub const MAX_TEMPLATE_LOG_BYTES: usize = 16 * 1024 * 1024;
 
 lenient_enum! {
     /// Build status of a template.
@@ -202,26 +206,30 @@ impl Templates {
             .await
     }
 
-    /// The build log so far, as plain text.
+    /// The build log so far, as plain text (not JSend; invalid UTF-8 is replaced). A GET,
+    /// so retried like every other; the request's timeout covers reading the body, and a
+    /// log longer than [`MAX_TEMPLATE_LOG_BYTES`] fails with [`crate::Error::TooLarge`].
     pub async fn logs(&self, id: &str, options: TemplateLogsOptions) -> Result<String> {
         let mut query: Vec<(&str, String)> = Vec::new();
         if options.attempt != 0 {
             query.push(("attempt", options.attempt.to_string()));
         }
-        let response = self
+        let cap = BodyCap {
+            limit: MAX_TEMPLATE_LOG_BYTES,
+            too_large: true,
+        };
+        let (_, body) = self
             .transport
-            .raw(
+            .fetch(
                 Method::GET,
                 &path(id, "/logs"),
                 &query,
-                RawBody::None,
+                None,
                 &self.options,
+                cap,
             )
             .await?;
-        response
-            .text()
-            .await
-            .map_err(|e| protocol_error(format!("reading template logs failed: {e}")))
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// Follows the build log as it is written (`?follow=true`, NDJSON or SSE). The stream ends
@@ -245,10 +253,11 @@ impl Templates {
                 &self.options,
             )
             .await?;
-        let events = ndjson_frames(response).map(|frame| {
+        let transport = Arc::clone(&self.transport);
+        let events = ndjson_frames(response).map(move |frame| {
+            // Decoded like every other answer, so a reflected key is redacted from the error.
             frame.and_then(|map| {
-                serde_json::from_value::<TemplateLogEvent>(Value::Object(map))
-                    .map_err(|e| protocol_error(format!("bad template log frame: {e}")))
+                transport.decode_data::<TemplateLogEvent>(Value::Object(map), "template log frame")
             })
         });
         // Stop right after the final frame, even if the server keeps the connection open.

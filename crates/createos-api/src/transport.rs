@@ -35,6 +35,43 @@ pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
 
 const REDACTED: &str = "[REDACTED]";
 
+/// Largest JSON success body read into memory (64 MiB); more is a protocol error.
+pub(crate) const MAX_JSON_BODY: usize = 64 * 1024 * 1024;
+
+/// A byte cap on a buffered response body and what exceeding it means.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyCap {
+    /// Most bytes accepted.
+    pub(crate) limit: usize,
+    /// Report [`Error::TooLarge`] (a client-side cap on a legitimate body) instead of
+    /// [`Error::Protocol`] (a body no valid answer can have).
+    pub(crate) too_large: bool,
+}
+
+impl BodyCap {
+    /// The cap of JSend answers: [`MAX_JSON_BODY`], a protocol error beyond it.
+    pub(crate) fn json() -> Self {
+        Self {
+            limit: MAX_JSON_BODY,
+            too_large: false,
+        }
+    }
+
+    fn error(self, method: &Method, path: &str) -> Error {
+        if self.too_large {
+            Error::TooLarge {
+                what: format!("response body of {method} {path}"),
+                limit: self.limit as u64,
+            }
+        } else {
+            Error::protocol(format!(
+                "response body of {method} {path} exceeds the limit of {} bytes",
+                self.limit
+            ))
+        }
+    }
+}
+
 /// The secrets a transport must never reveal.
 #[derive(Clone, Default)]
 pub(crate) struct Secrets(Arc<Vec<SecretString>>);
@@ -441,7 +478,11 @@ impl Transport {
         }
     }
 
-    /// One attempt of a JSON request: returns status + full body.
+    /// One attempt of a buffered request: returns status + full body. The timeout bounds
+    /// the whole exchange, body read included; the body is refused the moment it would
+    /// exceed `cap` bytes (and before reading when `Content-Length` already does), with
+    /// the error `over_cap` builds.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         method: &Method,
@@ -450,6 +491,7 @@ impl Transport {
         body: Option<&Value>,
         opts: &RequestOptions,
         timeout: Duration,
+        cap: BodyCap,
     ) -> Result<(StatusCode, Bytes)> {
         let mut rb = self.build(method, path, query, opts)?.timeout(timeout);
         if let Some(b) = body {
@@ -469,24 +511,45 @@ impl Transport {
             .execute(req)
             .await
             .map_err(|e| self.map_send_error(method, path, e, timeout))?;
-        let resp = self.check(method, path, &sent, resp).await?;
+        let mut resp = self.check(method, path, &sent, resp).await?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| self.map_send_error(method, path, e, timeout))?;
-        Ok((status, bytes))
+        if resp
+            .content_length()
+            .is_some_and(|len| len > cap.limit as u64)
+        {
+            return Err(cap.error(method, path));
+        }
+        let mut buf = BytesMut::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if chunk.len() > cap.limit - buf.len() {
+                        return Err(cap.error(method, path));
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(self.map_send_error(method, path, e, timeout)),
+            }
+        }
+        Ok((status, buf.freeze()))
     }
 
-    /// A JSON request with retries; returns the raw JSend `data`.
-    pub(crate) async fn json_value(
+    /// A buffered request with retries (§1.7): returns the status and the body, read to at
+    /// most `cap` bytes under the request's timeout. Per-call retry options are validated
+    /// like the builder's.
+    pub(crate) async fn fetch(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         body: Option<Value>,
         opts: &RequestOptions,
-    ) -> Result<Value> {
+        cap: BodyCap,
+    ) -> Result<(StatusCode, Bytes)> {
+        if let Some(r) = &opts.retry {
+            r.validate()?;
+        }
         let retry = opts.retry.unwrap_or(self.shared.retry);
         let max = if opts.disable_retry {
             0
@@ -497,10 +560,10 @@ impl Transport {
         let mut attempt = 0u32;
         loop {
             match self
-                .attempt(&method, path, query, body.as_ref(), opts, timeout)
+                .attempt(&method, path, query, body.as_ref(), opts, timeout, cap)
                 .await
             {
-                Ok((status, bytes)) => return self.decode_jsend(status, &bytes),
+                Ok(answer) => return Ok(answer),
                 Err(e) if attempt < max && Self::should_retry(&method, &e) => {
                     let delay = e
                         .as_api()
@@ -513,6 +576,21 @@ impl Transport {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A JSON request with retries; returns the raw JSend `data`.
+    pub(crate) async fn json_value(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+        opts: &RequestOptions,
+    ) -> Result<Value> {
+        let (status, bytes) = self
+            .fetch(method, path, query, body, opts, BodyCap::json())
+            .await?;
+        self.decode_jsend(status, &bytes)
     }
 
     /// JSend request: returns the decoded `data` (`Option<T>` decodes a 204 as `None`).

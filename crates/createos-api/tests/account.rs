@@ -2,9 +2,12 @@
 
 mod common;
 
-use common::{KEY, client, ok, sandbox_json};
+use std::time::Duration;
+
+use common::{KEY, bounded, chunked_server, client, client_for, ok, sandbox_json, scripted_server};
 use createos_api::{
-    Client, CreateSandboxRequest, ErrorKind, ListSandboxesOptions, RetryOptions, SandboxStatus,
+    Client, CreateSandboxRequest, ErrorKind, ListSandboxesOptions, MAX_READINESS_BODY,
+    RetryOptions, SandboxStatus,
 };
 use futures::TryStreamExt;
 use httpmock::prelude::*;
@@ -37,6 +40,36 @@ async fn readiness_falls_back_to_the_status_without_an_envelope() {
         })
         .await;
     assert!(client(&server).readiness().await.unwrap().ready);
+}
+
+#[tokio::test]
+async fn a_readiness_body_is_capped_while_reading() {
+    let (url, written) = chunked_server(200, vec![vec![b' '; 16 * 1024]], true).await;
+    let err = bounded(client_for(&url, Duration::from_secs(10)).readiness())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err:?}");
+    assert!(
+        err.to_string().contains(&MAX_READINESS_BODY.to_string()),
+        "{err}"
+    );
+    let sent = bounded(written).await.unwrap();
+    assert!(sent < 64 * MAX_READINESS_BODY as u64, "{sent} bytes sent");
+}
+
+#[tokio::test]
+async fn a_stalled_readiness_body_times_out() {
+    let url = scripted_server(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{\"status\":".to_vec(),
+        Duration::from_secs(15),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let err = bounded(client_for(&url, Duration::from_millis(300)).readiness())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test]

@@ -2,10 +2,12 @@
 
 mod common;
 
-use common::{KEY, bounded, client, ok};
+use std::time::Duration;
+
+use common::{KEY, bounded, chunked_server, client, client_for, ok, scripted_server};
 use createos_api::{
-    ErrorKind, GetTemplateOptions, PaginationOptions, TemplateCreateRequest, TemplateLogsOptions,
-    TemplateStatus,
+    ErrorKind, GetTemplateOptions, MAX_TEMPLATE_LOG_BYTES, PaginationOptions,
+    TemplateCreateRequest, TemplateLogsOptions, TemplateStatus,
 };
 use futures::{StreamExt as _, TryStreamExt as _};
 use httpmock::prelude::*;
@@ -256,4 +258,121 @@ async fn follow_logs_surfaces_bad_frames_and_missing_templates() {
         panic!("a missing template must fail");
     };
     assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn logs_are_retried_like_every_get() {
+    let server = MockServer::start_async().await;
+    let busy = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/templates/tpl_9/logs");
+            then.status(503)
+                .up_to_n_times(2)
+                .header("retry-after", "0")
+                .body("busy");
+        })
+        .await;
+    let good = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/templates/tpl_9/logs");
+            then.status(200).body("built\n");
+        })
+        .await;
+    let text = bounded(
+        client(&server)
+            .templates()
+            .logs("tpl_9", TemplateLogsOptions::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text, "built\n");
+    busy.assert_calls_async(2).await;
+    good.assert_calls_async(1).await;
+}
+
+#[tokio::test]
+async fn logs_body_is_capped_while_reading() {
+    // Chunked and endless: only the cap can end it.
+    let (url, written) = chunked_server(200, vec![vec![b'x'; 64 * 1024]], true).await;
+    let err = bounded(
+        client_for(&url, Duration::from_secs(10))
+            .templates()
+            .logs("tpl_9", TemplateLogsOptions::default()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TooLarge, "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(&MAX_TEMPLATE_LOG_BYTES.to_string()),
+        "{err}"
+    );
+    // The transfer stopped near the cap, not at the server's 20 s deadline.
+    let sent = bounded(written).await.unwrap();
+    assert!(
+        sent < 4 * MAX_TEMPLATE_LOG_BYTES as u64,
+        "{sent} bytes sent"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_logs_body_times_out() {
+    let url = scripted_server(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\nstep 1\n"
+            .to_vec(),
+        Duration::from_secs(15),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let err = bounded(
+        client_for(&url, Duration::from_millis(300))
+            .templates()
+            .logs("tpl_9", TemplateLogsOptions::default()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_cut_logs_body_is_a_transport_error() {
+    let url = scripted_server(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\nstep 1\n"
+            .to_vec(),
+        Duration::ZERO,
+    )
+    .await;
+    let err = bounded(
+        client_for(&url, Duration::from_secs(5))
+            .templates()
+            .logs("tpl_9", TemplateLogsOptions::default()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport, "{err:?}");
+}
+
+#[tokio::test]
+async fn a_bad_log_frame_never_reveals_a_reflected_key() {
+    let server = MockServer::start_async().await;
+    let frame = json!({"line": KEY, "attempt": KEY}).to_string();
+    server
+        .mock_async(|when, then| {
+            when.method(GET)
+                .path("/v1/templates/tpl_9/logs")
+                .query_param("follow", "true");
+            then.status(200).body(format!("{frame}\n"));
+        })
+        .await;
+    let mut stream = client(&server)
+        .templates()
+        .follow_logs("tpl_9", TemplateLogsOptions::default())
+        .await
+        .unwrap();
+    let err = bounded(stream.next()).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol);
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("[REDACTED]"), "{shown}");
+    assert!(!shown.contains(KEY), "{shown}");
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{KEY, bounded, client, fast_retry, ok};
+use common::{KEY, bounded, chunked_server, client, client_for, fast_retry, ok};
 use createos_api::{
     Client, Error, ErrorKind, HeaderMap, HeaderValue, RequestOptions, RetryOptions,
 };
@@ -791,4 +791,93 @@ async fn with_timeout_applies_to_every_call_of_a_handle() {
         .kind(),
         ErrorKind::Config
     );
+}
+
+#[tokio::test]
+async fn json_success_bodies_are_capped_while_reading() {
+    // An endless chunked 200: the cap must end the read, not the end of the body.
+    let (url, written) = chunked_server(200, vec![vec![b' '; 256 * 1024]], true).await;
+    let err = bounded(client_for(&url, Duration::from_secs(15)).whoami())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err:?}");
+    assert!(err.to_string().contains("67108864"), "{err}");
+    let sent = bounded(written).await.unwrap();
+    assert!(sent < 128 << 20, "{sent} bytes sent");
+}
+
+#[tokio::test]
+async fn a_declared_json_length_over_the_cap_is_refused_before_reading() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 8192];
+        let _ = sock.read(&mut buf).await;
+        let _ = sock
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n{")
+            .await;
+        tokio::time::sleep(Duration::from_secs(15)).await;
+    });
+    let err = bounded(client_for(&format!("http://{addr}"), Duration::from_secs(10)).whoami())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err:?}");
+    assert!(err.to_string().contains("67108864"), "{err}");
+}
+
+#[tokio::test]
+async fn per_call_retry_options_are_validated_like_the_builder_does() {
+    let server = MockServer::start_async().await;
+    let m = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/sandboxes");
+            then.status(200).json_body(ok(json!([])));
+        })
+        .await;
+    for bad in [
+        RetryOptions {
+            base_delay: Duration::ZERO,
+            ..RetryOptions::default()
+        },
+        RetryOptions {
+            base_delay: Duration::from_secs(2),
+            max_delay: Duration::from_secs(1),
+            ..RetryOptions::default()
+        },
+    ] {
+        let opts = createos_api::ListSandboxesOptions {
+            request: RequestOptions {
+                retry: Some(bad),
+                ..RequestOptions::default()
+            },
+            ..Default::default()
+        };
+        let err = client(&server)
+            .list_sandboxes(opts)
+            .next()
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err:?}");
+    }
+    m.assert_calls_async(0).await;
+}
+
+#[tokio::test]
+async fn a_408_is_a_retryable_timeout_kind() {
+    let server = MockServer::start_async().await;
+    let m = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/whoami");
+            then.status(408).body("request timeout");
+        })
+        .await;
+    let err = client(&server).whoami().await.unwrap_err();
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(408));
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(err.is_retryable());
+    // Retried for a GET, like the other transient statuses.
+    m.assert_calls_async(3).await;
 }

@@ -119,3 +119,43 @@ pub async fn chunked_server(
     });
     (format!("http://{addr}"), rx)
 }
+
+/// A raw HTTP/1.1 server on 127.0.0.1 that answers every connection (retries included)
+/// with the bytes of `reply` verbatim, then holds the socket open for `hold` before closing
+/// it. Lets a test send headers and part of a body, then stall or cut the connection.
+pub async fn scripted_server(reply: Vec<u8>, hold: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok(Ok((mut sock, _))) =
+            tokio::time::timeout(Duration::from_secs(20), listener.accept()).await
+        {
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = sock.write_all(&reply).await;
+                tokio::time::sleep(hold).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A client for `url` with [`KEY`], the given timeout and fast retries.
+pub fn client_for(url: &str, timeout: Duration) -> Client {
+    Client::builder()
+        .api_key(KEY)
+        .base_url(url)
+        .timeout(timeout)
+        .retry(fast_retry())
+        .build()
+        .expect("client builds")
+}
