@@ -24,7 +24,7 @@ pub struct UploadBody(Inner);
 
 enum Inner {
     Bytes(Bytes),
-    Stream(reqwest::Body),
+    Stream(BoxStream<'static, std::io::Result<Bytes>>),
 }
 
 impl fmt::Debug for UploadBody {
@@ -37,18 +37,20 @@ impl fmt::Debug for UploadBody {
 }
 
 impl UploadBody {
-    /// Stream from a reader (a file, a pipe, a decompressor ...) in 64 KiB chunks.
+    /// Stream from a reader (a file, a pipe, a decompressor ...) in 64 KiB chunks, read
+    /// only as fast as the connection takes them. There is no total deadline on a streamed
+    /// upload: it fails only when no chunk moves for the request's timeout.
     pub fn reader<R: AsyncRead + Send + 'static>(reader: R) -> Self {
         let stream = tokio_util::io::ReaderStream::with_capacity(reader, 64 * 1024);
-        UploadBody(Inner::Stream(reqwest::Body::wrap_stream(stream)))
+        UploadBody(Inner::Stream(stream.boxed()))
     }
 
-    /// Stream from any `Stream` of byte chunks.
+    /// Stream from any `Stream` of byte chunks (same timeout rule as [`UploadBody::reader`]).
     pub fn stream<S>(stream: S) -> Self
     where
         S: Stream<Item = std::result::Result<Bytes, std::io::Error>> + Send + 'static,
     {
-        UploadBody(Inner::Stream(reqwest::Body::wrap_stream(stream)))
+        UploadBody(Inner::Stream(stream.boxed()))
     }
 }
 
@@ -212,7 +214,9 @@ impl Files {
             .await
     }
 
-    /// [`Files::upload`] with per-request options (e.g. a long timeout for big files).
+    /// [`Files::upload`] with per-request options. For a reader or stream body the timeout
+    /// only bounds stalls (each gap between two chunks, then the wait for the answer), so a
+    /// big file needs no longer timeout.
     pub async fn upload_with(
         &self,
         path: &str,

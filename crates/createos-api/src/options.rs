@@ -61,9 +61,11 @@ impl RetryOptions {
 /// Options accepted by every call.
 #[derive(Debug, Clone, Default)]
 pub struct RequestOptions {
-    /// Overrides the client's default timeout for this call. For JSON calls it bounds
-    /// the whole exchange; for streams and downloads it bounds the wait for the response
-    /// headers and then each idle gap between two body chunks.
+    /// Overrides the client's default timeout for this call. For buffered calls (JSON,
+    /// plain text) it bounds the whole exchange, body read included; for streams and
+    /// downloads it bounds the wait for the response headers and then each idle gap between
+    /// two body chunks; for a streamed upload it bounds each gap between two chunks sent and
+    /// then the wait for the response (no total deadline while the body makes progress).
     pub timeout: Option<Duration>,
     /// Disable retries for this call.
     pub disable_retry: bool,

@@ -170,8 +170,10 @@ pub(crate) enum RawBody {
     Json(Value),
     /// Bytes with a content type.
     Bytes(Bytes, &'static str),
-    /// A streamed `application/octet-stream` body.
-    Stream(reqwest::Body),
+    /// A streamed `application/octet-stream` body. No total deadline applies while it is
+    /// sent: the timeout bounds each idle gap between two chunks, then the wait for the
+    /// response once the body is complete.
+    Stream(BoxStream<'static, std::io::Result<Bytes>>),
 }
 
 /// Stored in a raw response's extensions so stream readers can map errors and time out.
@@ -664,10 +666,12 @@ impl Transport {
         self.secrets.scrub(&String::from_utf8_lossy(cut))
     }
 
-    /// Raw response for streams, bytes and text: never retried; non-2xx already
-    /// turned into [`Error::Api`]. The timeout bounds the wait for the response
-    /// headers (which includes sending an upload body); stream readers then apply
-    /// it to every idle gap between chunks.
+    /// Raw response for streams, bytes and uploads: never retried; non-2xx already
+    /// turned into [`Error::Api`]. The timeout bounds the wait for the response headers;
+    /// stream readers then apply it to every idle gap between chunks. A streamed upload
+    /// body has no total deadline: the timeout bounds each gap between two body chunks
+    /// (a stalled source or a peer that stopped reading), then the wait for the response
+    /// after the last chunk.
     pub(crate) async fn raw(
         &self,
         method: Method,
@@ -678,6 +682,7 @@ impl Transport {
     ) -> Result<reqwest::Response> {
         let timeout = opts.timeout.unwrap_or(self.shared.timeout);
         let mut rb = self.build(&method, path, query, opts)?;
+        let progress = Progress::new();
         rb = match body {
             RawBody::None => rb,
             RawBody::Json(v) => {
@@ -688,24 +693,25 @@ impl Transport {
                     .body(bytes)
             }
             RawBody::Bytes(b, ct) => rb.header(header::CONTENT_TYPE, ct).body(b),
-            RawBody::Stream(b) => rb
+            RawBody::Stream(s) => rb
                 .header(header::CONTENT_TYPE, "application/octet-stream")
-                .body(b),
+                .body(reqwest::Body::wrap_stream(progress.track(s))),
         };
         let req = rb
             .build()
             .map_err(|e| self.map_send_error(&method, path, e, timeout))?;
         let sent = req.url().clone();
+        progress.touch();
         let fut = self.shared.http.execute(req);
-        let resp = match tokio::time::timeout(timeout, fut).await {
-            Err(_) => {
+        let resp = match progress.run(fut, timeout).await {
+            None => {
                 return Err(Error::Timeout {
                     method,
                     endpoint: path.to_owned(),
                     after: timeout,
                 });
             }
-            Ok(r) => r.map_err(|e| self.map_send_error(&method, path, e, timeout))?,
+            Some(r) => r.map_err(|e| self.map_send_error(&method, path, e, timeout))?,
         };
         let mut resp =
             match tokio::time::timeout(timeout, self.check(&method, path, &sent, resp)).await {
@@ -725,6 +731,62 @@ impl Transport {
             secrets: self.secrets.clone(),
         });
         Ok(resp)
+    }
+}
+
+/// When a raw request last made progress: its start, then every chunk of a streamed body
+/// handed to the connection and the end of that body.
+#[derive(Clone)]
+struct Progress(Arc<std::sync::Mutex<tokio::time::Instant>>);
+
+impl Progress {
+    fn new() -> Self {
+        Self(Arc::new(std::sync::Mutex::new(tokio::time::Instant::now())))
+    }
+
+    fn touch(&self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `body`, recording progress on every chunk it yields and when it ends.
+    fn track(
+        &self,
+        body: BoxStream<'static, std::io::Result<Bytes>>,
+    ) -> BoxStream<'static, std::io::Result<Bytes>> {
+        let on_chunk = self.clone();
+        let on_end = self.clone();
+        body.inspect(move |_| on_chunk.touch())
+            .chain(stream::poll_fn(move |_| {
+                on_end.touch();
+                std::task::Poll::Ready(None)
+            }))
+            .boxed()
+    }
+
+    /// Drive `fut` until it completes (`Some`) or `timeout` passes without progress (`None`).
+    async fn run<F: Future>(&self, fut: F, timeout: Duration) -> Option<F::Output> {
+        tokio::pin!(fut);
+        loop {
+            let deadline = self.last() + timeout;
+            tokio::select! {
+                out = &mut fut => return Some(out),
+                () = tokio::time::sleep_until(deadline) => {
+                    if self.last() + timeout <= tokio::time::Instant::now() {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 }
 

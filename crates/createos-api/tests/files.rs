@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{KEY, bounded, chunked_server, client, ok};
+use common::{KEY, bounded, chunked_server, client, client_for, ok};
 use createos_api::{Client, DownloadOptions, ErrorKind, RequestOptions, UploadBody};
 use futures::StreamExt;
 use httpmock::prelude::*;
@@ -47,39 +47,161 @@ async fn upload_bytes_sends_raw_octets_and_is_not_retried() {
     busy.assert_calls_async(1).await;
 }
 
+/// A one-connection HTTP/1.1 server for chunked uploads. It signals `first_bytes` as soon as
+/// it has received any body bytes, reads the body to its end, and answers with a JSend success
+/// whose `bytes` is the decoded body length. Returns the decoded body once done.
+async fn upload_server(
+    first_bytes: tokio::sync::oneshot::Sender<()>,
+) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut raw = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut signal = Some(first_bytes);
+        let head_end = loop {
+            let n = sock.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the client closed before sending a head");
+            raw.extend_from_slice(&buf[..n]);
+            if let Some(p) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        let mut body = raw.split_off(head_end);
+        while !body.ends_with(b"0\r\n\r\n") {
+            if !body.is_empty()
+                && let Some(tx) = signal.take()
+            {
+                let _ = tx.send(());
+            }
+            let n = sock.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the client closed mid-body");
+            body.extend_from_slice(&buf[..n]);
+        }
+        // Decode the chunked framing.
+        let mut decoded = Vec::new();
+        let mut rest = &body[..];
+        loop {
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16)
+                    .unwrap();
+            rest = &rest[line_end + 2..];
+            if size == 0 {
+                break;
+            }
+            decoded.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+        let answer = ok(json!({"bytes": decoded.len(), "path": "/srv/blob.bin"})).to_string();
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+            answer.len()
+        );
+        sock.write_all(reply.as_bytes()).await.unwrap();
+        decoded
+    });
+    (format!("http://{addr}"), task)
+}
+
 #[tokio::test]
 async fn upload_streams_from_any_async_reader() {
+    // The reader hands over its second half only after the server has received bytes of the
+    // first: a client that read the whole body before sending would wait forever.
+    use tokio::io::AsyncWriteExt;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (url, server) = upload_server(started_tx).await;
+    let (reader, mut writer) = tokio::io::duplex(16 * 1024);
+    let first: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let second: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    let expected = [first.clone(), second.clone()].concat();
+    let feeder = tokio::spawn(async move {
+        writer.write_all(&first).await.unwrap();
+        started_rx
+            .await
+            .expect("the server never saw body bytes before the reader finished");
+        writer.write_all(&second).await.unwrap();
+        writer.shutdown().await.unwrap();
+    });
+    let r = bounded(
+        client_for(&url, Duration::from_secs(10))
+            .sandbox_handle("s")
+            .files()
+            .upload("/srv/blob.bin", UploadBody::reader(reader)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.bytes, 500_000);
+    bounded(feeder).await.unwrap();
+    assert_eq!(bounded(server).await.unwrap(), expected);
+}
+
+/// A body of `chunks` chunks of 1 KiB, one every `gap`, then (when `stall` is set) a pause
+/// that never ends.
+fn paced_body(chunks: usize, gap: Duration, stall: bool) -> UploadBody {
+    let paced = futures::stream::iter(0..chunks).then(move |_| async move {
+        tokio::time::sleep(gap).await;
+        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'z'; 1024]))
+    });
+    if stall {
+        UploadBody::stream(paced.chain(futures::stream::pending()))
+    } else {
+        UploadBody::stream(paced)
+    }
+}
+
+#[tokio::test]
+async fn a_slow_upload_that_keeps_moving_outlives_the_timeout() {
     let server = MockServer::start_async().await;
-    let payload: Vec<u8> = (0..300_000u32)
-        .map(|i| (i % 251).to_le_bytes()[0])
-        .collect();
-    let expected = payload.clone();
     let m = server
         .mock_async(|when, then| {
             when.method(PUT)
                 .path("/v1/sandboxes/s/files")
-                .query_param("path", "/srv/blob.bin")
-                .is_true(move |req| req.body().as_ref() == expected.as_slice());
+                .is_true(|req| req.body().as_ref().len() == 12 * 1024);
             then.status(200)
-                .json_body(ok(json!({"bytes": 300_000, "path": "/srv/blob.bin"})));
+                .json_body(ok(json!({"bytes": 12 * 1024, "path": "/slow"})));
         })
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("blob.bin");
-    std::fs::write(&path, &payload).unwrap();
-    let file = tokio::fs::File::open(&path).await.unwrap();
-    let r = client(&server)
-        .sandbox_handle("s")
-        .files()
-        .upload_with(
-            "/srv/blob.bin",
-            UploadBody::reader(file),
-            &RequestOptions::with_timeout(Duration::from_secs(300)),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.bytes, 300_000);
+    let started = std::time::Instant::now();
+    // 12 chunks 100 ms apart: 1.2 s in all, four times the 300 ms timeout.
+    let r = bounded(client(&server).sandbox_handle("s").files().upload_with(
+        "/slow",
+        paced_body(12, Duration::from_millis(100), false),
+        &RequestOptions::with_timeout(Duration::from_millis(300)),
+    ))
+    .await
+    .unwrap();
+    assert!(started.elapsed() > Duration::from_millis(900));
+    assert_eq!(r.bytes, 12 * 1024);
     m.assert_async().await;
+}
+
+#[tokio::test]
+async fn a_stalled_upload_times_out() {
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(PUT).path("/v1/sandboxes/s/files");
+            then.status(200).json_body(ok(json!({"bytes": 0})));
+        })
+        .await;
+    let started = std::time::Instant::now();
+    let err = bounded(client(&server).sandbox_handle("s").files().upload_with(
+        "/stalled",
+        paced_body(3, Duration::from_millis(50), true),
+        &RequestOptions::with_timeout(Duration::from_millis(300)),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err:?}");
+    assert!(
+        matches!(err, createos_api::Error::Timeout { after, .. } if after == Duration::from_millis(300))
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
 }
 
 #[tokio::test]
