@@ -8,18 +8,20 @@
 use std::fmt;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt as _;
-use futures::stream::BoxStream;
+use bytes::Bytes;
 use reqwest::Method;
 use secrecy::SecretString;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 
-use crate::transport::{RawBody, Transport, body_chunks, seg};
+use crate::transport::{RawBody, Transport, seg};
 use crate::wire_enum::{nullable, protocol_error};
-use crate::{Error, RequestOptions, Result, Sandbox};
+use crate::{Download, Error, RequestOptions, Result, Sandbox};
+
+/// Largest screenshot [`Computer::screenshot_bytes`] collects: 64 MiB (an uncompressed
+/// 4K RGBA frame is about 33 MiB).
+pub const MAX_SCREENSHOT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Highest screen index a sandbox offers.
 pub const MAX_SCREEN_INDEX: u8 = 7;
@@ -514,33 +516,34 @@ impl Computer {
     }
 
     /// Captures a PNG of the screen, a window or a region, streamed as it arrives (never
-    /// retried). See [`Computer::screenshot_bytes`] to collect it.
-    pub async fn screenshot(
-        &self,
-        options: &ScreenshotOptions,
-    ) -> Result<BoxStream<'static, Result<Bytes>>> {
-        let query = self.query(options.query());
-        let response = self
-            .transport
-            .raw(
-                Method::GET,
-                &self.path("/screenshot"),
-                &query,
-                RawBody::None,
-                &self.options,
-            )
-            .await?;
-        Ok(body_chunks(response))
+    /// retried), with the response headers (`Content-Type`, `Content-Length` …). See
+    /// [`Computer::screenshot_bytes`] to collect it.
+    pub async fn screenshot(&self, options: &ScreenshotOptions) -> Result<Download> {
+        self.screenshot_capped(options, None).await
     }
 
-    /// [`Computer::screenshot`], collected into one buffer.
+    /// [`Computer::screenshot`], collected into one buffer of at most
+    /// [`MAX_SCREENSHOT_BYTES`] ([`Error::TooLarge`] beyond it, early when `Content-Length`
+    /// says so).
     pub async fn screenshot_bytes(&self, options: &ScreenshotOptions) -> Result<Bytes> {
-        let mut stream = self.screenshot(options).await?;
-        let mut png = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            png.extend_from_slice(&chunk?);
-        }
-        Ok(png.freeze())
+        self.screenshot_capped(options, Some(MAX_SCREENSHOT_BYTES))
+            .await?
+            .bytes()
+            .await
+    }
+
+    async fn screenshot_capped(
+        &self,
+        options: &ScreenshotOptions,
+        max_bytes: Option<u64>,
+    ) -> Result<Download> {
+        let query = self.query(options.query());
+        let path = self.path("/screenshot");
+        let response = self
+            .transport
+            .raw(Method::GET, &path, &query, RawBody::None, &self.options)
+            .await?;
+        Download::from_response(response, max_bytes, &format!("screenshot of {path}"))
     }
 
     /// The screen's size.

@@ -113,8 +113,8 @@ impl DownloadOptions {
     }
 }
 
-/// A streamed download. Implements `Stream<Item = Result<Bytes>>`; dropping it closes
-/// the connection.
+/// A streamed binary body (a file download or a screenshot) with its response headers.
+/// Implements `Stream<Item = Result<Bytes>>`; dropping it closes the connection.
 pub struct Download {
     headers: HeaderMap,
     content_length: Option<u64>,
@@ -282,21 +282,33 @@ impl Files {
                 &opts.request,
             )
             .await?;
+        Download::from_response(resp, opts.max_bytes, &format!("download of {path}"))
+    }
+}
+
+impl Download {
+    /// Wrap a raw 2xx response: refuse early when `Content-Length` exceeds `max_bytes`,
+    /// then enforce the cap while the body streams. `what` names the transfer in errors.
+    pub(crate) fn from_response(
+        resp: reqwest::Response,
+        max_bytes: Option<u64>,
+        what: &str,
+    ) -> Result<Download> {
         let content_length = resp.content_length();
-        if let (Some(len), Some(max)) = (content_length, opts.max_bytes)
+        if let (Some(len), Some(max)) = (content_length, max_bytes)
             && len > max
         {
             return Err(Error::TooLarge {
-                what: format!("download of {path} (Content-Length {len})"),
+                what: format!("{what} (Content-Length {len})"),
                 limit: max,
             });
         }
         let headers = resp.headers().clone();
         let chunks = body_chunks(resp);
-        let inner = match opts.max_bytes {
+        let inner = match max_bytes {
             None => chunks,
             Some(max) => {
-                let what = format!("download of {path}");
+                let what = what.to_owned();
                 chunks
                     .scan((0u64, false), move |(seen, stop), item| {
                         if *stop {
@@ -328,7 +340,7 @@ impl Files {
         Ok(Download {
             headers,
             content_length,
-            max_bytes: opts.max_bytes,
+            max_bytes,
             inner,
         })
     }

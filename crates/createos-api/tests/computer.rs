@@ -4,10 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{KEY, bounded, client, ok};
+use common::{KEY, bounded, chunked_server, client, client_for, ok};
 use createos_api::{
-    ClickRequest, ErrorKind, LaunchRequest, MouseButton, Point, ScreenCreateRequest, ScreenId,
-    ScreenSize, ScreenshotOptions, ScrollDirection, ScrollRequest, TypeRequest,
+    ClickRequest, ErrorKind, LaunchRequest, MAX_SCREENSHOT_BYTES, MouseButton, Point,
+    ScreenCreateRequest, ScreenId, ScreenSize, ScreenshotOptions, ScrollDirection, ScrollRequest,
+    TypeRequest,
 };
 use futures::StreamExt as _;
 use httpmock::prelude::*;
@@ -61,6 +62,9 @@ async fn screenshot_streams_png_bytes_with_the_query_rules() {
         .screenshot(&ScreenshotOptions::default())
         .await
         .unwrap();
+    // The response headers come with the stream.
+    assert_eq!(stream.headers().get("content-type").unwrap(), "image/png");
+    assert_eq!(stream.content_length(), Some(PNG.len() as u64));
     let mut got = Vec::new();
     while let Some(chunk) = bounded(stream.next()).await {
         got.extend_from_slice(&chunk.unwrap());
@@ -617,4 +621,24 @@ async fn the_desktop_example_against_a_mocked_desktop() {
     ] {
         m.assert_calls_async(1).await;
     }
+}
+
+#[tokio::test]
+async fn screenshot_bytes_is_capped_while_reading() {
+    // Chunked and endless: only the cap can end it.
+    let (url, written) = chunked_server(200, vec![vec![0u8; 256 * 1024]], true).await;
+    let err = bounded(
+        client_for(&url, Duration::from_secs(10))
+            .sandbox_handle("sb-1")
+            .computer()
+            .screenshot_bytes(&ScreenshotOptions::default()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TooLarge, "{err:?}");
+    assert!(
+        matches!(err, createos_api::Error::TooLarge { limit, .. } if limit == MAX_SCREENSHOT_BYTES)
+    );
+    let sent = bounded(written).await.unwrap();
+    assert!(sent < 2 * MAX_SCREENSHOT_BYTES, "{sent} bytes sent");
 }

@@ -205,6 +205,24 @@ async fn a_stalled_upload_times_out() {
 }
 
 #[tokio::test]
+async fn dropping_a_download_stops_the_transfer() {
+    let (url, written) = chunked_server(200, vec![vec![3u8; 64 * 1024]], true).await;
+    let mut dl = bounded(
+        client_for(&url, Duration::from_secs(10))
+            .sandbox_handle("s")
+            .files()
+            .download("/endless", DownloadOptions::default()),
+    )
+    .await
+    .unwrap();
+    assert!(!bounded(dl.next()).await.unwrap().unwrap().is_empty());
+    drop(dl);
+    // The server sees the connection close and stops (bounded, or the test fails).
+    let n = bounded(written).await.unwrap();
+    assert!(n > 0);
+}
+
+#[tokio::test]
 async fn download_streams_bytes_and_reports_the_length() {
     let server = MockServer::start_async().await;
     let data: Vec<u8> = (0..100_000u32)
