@@ -40,9 +40,7 @@ impl ExecLimits {
     /// touches a guest's activity clock only when exec is accepted, so a shorter window could
     /// pause a quiet, healthy run.
     pub fn auto_pause_seconds(&self) -> u32 {
-        let secs = (self.budget + self.kill_after)
-            .as_secs()
-            .saturating_add(120);
+        let secs = self.budget.as_secs().saturating_add(120);
         u32::try_from(secs.max(60)).unwrap_or(86_400).min(86_400)
     }
 }
@@ -127,14 +125,15 @@ mod tests {
 
     #[test]
     fn auto_pause_backstop() {
-        assert_eq!(ExecLimits::for_seconds(1).auto_pause_seconds(), 126);
-        assert_eq!(ExecLimits::for_seconds(300).auto_pause_seconds(), 425);
+        assert_eq!(ExecLimits::for_seconds(1).auto_pause_seconds(), 121);
+        assert_eq!(ExecLimits::for_seconds(300).auto_pause_seconds(), 420);
         let tiny = ExecLimits {
             budget: Duration::ZERO,
             kill_after: Duration::ZERO,
             host_grace: Duration::ZERO,
         };
         assert_eq!(tiny.auto_pause_seconds(), 120);
-        assert!(ExecLimits::for_seconds(30).auto_pause_seconds() >= 150);
+        assert_eq!(ExecLimits::for_seconds(30).auto_pause_seconds(), 150);
+        assert_eq!(ExecLimits::for_seconds(86_400).auto_pause_seconds(), 86_400);
     }
 }
