@@ -412,6 +412,8 @@ async fn stalled_exec_stream_times_out_with_partial_output_and_destroys() {
         .await
         .unwrap();
     assert_eq!(out.exit_code, -1, "{out:?}");
+    // What streamed before the control plane stalled is returned, not dropped.
+    assert!(out.stdout.contains("early"), "{out:?}");
     assert!(
         out.timings.destroy_ms.is_some(),
         "a host timeout destroys inline"
@@ -574,6 +576,84 @@ async fn concurrent_runs_share_one_backend() {
         assert_eq!(o.stdout, format!("{}\n", i * 2));
     }
     assert_eq!(requests(&fake, "whoami"), 1);
+    let b = Arc::try_unwrap(b).expect("sole owner");
+    finish(b, fake).await;
+}
+
+/// While a run is in flight, reads its guest back through the public API and returns what
+/// the control plane holds for it.
+async fn inspect_in_flight(
+    fake: &FakeServer,
+    b: &Arc<Backend>,
+    policy: LfxPolicy,
+) -> createos_api::SandboxInfo {
+    use futures::StreamExt as _;
+    let runner = Arc::clone(b);
+    let task = tokio::spawn(async move {
+        runner
+            .run("import time\ntime.sleep(1.5)\nprint('done')", None, &policy)
+            .await
+    });
+    let client = createos_api::Client::builder()
+        .api_key(KEY)
+        .base_url(fake.url())
+        .build()
+        .unwrap();
+    let mut seen = None;
+    for _ in 0..200 {
+        if requests(fake, "exec_stream") > 0 {
+            // Only running guests: an earlier run's guest may still be `destroying`.
+            let mut list = client.list_sandboxes(createos_api::ListSandboxesOptions::status(
+                createos_api::SandboxStatus::Running,
+            ));
+            if let Some(guest) = list.next().await {
+                seen = Some(guest.unwrap().info());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = task.await.unwrap().unwrap();
+    assert_eq!(out.stdout, "done\n");
+    seen.expect("the guest was listed while its program ran")
+}
+
+#[tokio::test]
+async fn created_guest_carries_the_policy_of_the_run() {
+    let fake = fake_with("").await;
+    let b = Arc::new(backend(&fake, &[]));
+    // lfx defaults: network denied, 30 s, 192 MiB floor (raised to 4096 MiB).
+    let denied = inspect_in_flight(&fake, &b, policy(30)).await;
+    assert_eq!(denied.egress, Some(vec!["240.0.0.0/4".to_owned()]));
+    assert_eq!(denied.auto_pause_after_seconds, Some(150));
+    assert_eq!(denied.rootfs.as_deref(), Some("devbox:1"));
+    assert_eq!(denied.shape.as_deref(), Some("s-2vcpu-4gb"));
+    assert!(denied.name.as_deref().unwrap().starts_with("lf-"));
+    // Network allowed, a longer budget, a bigger floor: all three reach the create call.
+    let allowed = inspect_in_flight(
+        &fake,
+        &b,
+        LfxPolicy {
+            timeout_seconds: 200,
+            memory_mb: 6000,
+            allow_network: true,
+            ..LfxPolicy::default()
+        },
+    )
+    .await;
+    assert_eq!(allowed.egress, Some(vec!["*".to_owned()]));
+    assert_eq!(allowed.auto_pause_after_seconds, Some(320));
+    assert_eq!(allowed.shape.as_deref(), Some("s-4vcpu-8gb"));
+    let b = Arc::try_unwrap(b).expect("sole owner");
+    finish(b, fake).await;
+}
+
+#[tokio::test]
+async fn rootfs_setting_reaches_the_create_call() {
+    let fake = fake_with("").await;
+    let b = Arc::new(backend(&fake, &[("CREATEOS_SANDBOX_ROOTFS", "desktop:1")]));
+    let guest = inspect_in_flight(&fake, &b, policy(30)).await;
+    assert_eq!(guest.rootfs.as_deref(), Some("desktop:1"));
     let b = Arc::try_unwrap(b).expect("sole owner");
     finish(b, fake).await;
 }
