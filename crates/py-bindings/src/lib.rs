@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use langflow_backend::{
-    Backend, BackendError, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, RunOutput,
+    Backend, BackendError, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy,
+    RunOutput,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
@@ -56,6 +57,12 @@ create_exception!(
 const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
 /// Time allowed for `shutdown()` to destroy every live guest.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
+/// Id of the process that imported the extension. A process with another id was forked
+/// from it: such children commonly end with `os._exit` (multiprocessing, pre-fork servers),
+/// which skips `atexit`, so they destroy each guest before `run()` returns instead of in the
+/// background.
+static IMPORTED_BY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
 /// Public module path, used as `__module__` of the classes and exceptions.
 const MODULE: &str = "langflow_sandbox_createos._native";
 
@@ -316,8 +323,12 @@ impl NativeBackend {
             return Arc::clone(backend);
         }
         forget_foreign(&mut slot);
+        let forked = IMPORTED_BY.get().is_some_and(|&origin| origin != pid);
         let live = Arc::new(Live {
-            backend: Backend::new(),
+            backend: Backend::with_options(BackendOptions {
+                background_destroy: !forked,
+                ..BackendOptions::default()
+            }),
             inflight: AtomicUsize::new(0),
         });
         *slot = Some((pid, Arc::clone(&live)));
@@ -446,9 +457,29 @@ impl NativeBackend {
     }
 
     /// Checks configuration and credential without creating a guest. Returns `(ok, report)`.
-    fn doctor(&self, py: Python<'_>, settings: &Bound<'_, PyAny>) -> PyResult<(bool, String)> {
+    ///
+    /// `settings` is lfx's `_SandboxSettings`, or `None` when lfx could not build its settings
+    /// service (lfx then refuses to run any flow, so the report fails).
+    fn doctor(
+        &self,
+        py: Python<'_>,
+        settings: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(bool, String)> {
         logbridge::install();
         logbridge::sync_level(py);
+        let Some(settings) = settings else {
+            let mut report = DoctorReport {
+                ok: false,
+                lines: vec![DoctorLine {
+                    level: DoctorLevel::Refused,
+                    text: "lfx settings: the settings service could not be built (see the log \
+                           above); lfx would refuse to run any flow"
+                        .to_owned(),
+                }],
+            };
+            add_trust_gate(&mut report, &|name| std::env::var(name).ok());
+            return Ok((report.ok, report.to_string()));
+        };
         let policy = policy_from(settings)?;
         let rt = runtime_or_err()?;
         let live = self.current();
@@ -541,6 +572,7 @@ fn public_module<T: pyo3::PyTypeInfo>(py: Python<'_>) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    IMPORTED_BY.get_or_init(std::process::id);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LOGGER_NAME", logbridge::LOGGER_NAME)?;
     m.add("CreateOSError", py.get_type::<CreateOSError>())?;
