@@ -93,8 +93,11 @@ class NativeBackend:
         """Destroy this process's live guests. Idempotent."""
     def reset_after_fork(self) -> None:
         """Drop state inherited from a parent process."""
-    def doctor(self, settings: _SandboxSettings) -> tuple[bool, str]:
-        """Check configuration and credential without creating a guest."""
+    def doctor(self, settings: _SandboxSettings | None) -> tuple[bool, str]:
+        """Check configuration and credential without creating a guest.
+
+        ``None`` means lfx could not build its settings service; the report then fails.
+        """
 
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
