@@ -121,6 +121,36 @@ def test_eight_concurrent_runs_from_threads(backend: object, clean_fake: Fake) -
     assert stats["created"] == 8
 
 
+def test_a_run_releases_the_gil(backend: object) -> None:
+    """Python threads keep running while a run waits on the guest."""
+    import time
+
+    def spin(seconds: float) -> int:
+        count, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            count += 1
+        return count
+
+    baseline = spin(0.3) / 0.3
+    done = threading.Event()
+    rate: list[float] = []
+
+    def run() -> None:
+        try:
+            backend.run("import time\ntime.sleep(1.5)")
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)  # the run is past its start and waiting on the guest
+    rate.append(spin(0.8) / 0.8)
+    worker.join(timeout=60)
+    assert done.is_set()
+    # Holding the GIL while blocked would starve this thread almost completely.
+    assert rate[0] > 0.3 * baseline, (rate[0], baseline)
+
+
 def test_timings_reach_python_logging(backend: object, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="langflow_sandbox_createos"):
         backend.run("print(1)")

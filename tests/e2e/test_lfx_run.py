@@ -66,6 +66,12 @@ REFUSALS = [
         ["CREATEOS_SANDBOX_SHAPE"],
         id="shape-below-memory-floor",
     ),
+    pytest.param(
+        # No shape has max(memory, 4096) MiB: never round down to a smaller guest.
+        {"LANGFLOW_SANDBOX_MEMORY_MB": "20000"},
+        ["LANGFLOW_SANDBOX_MEMORY_MB"],
+        id="no-shape-large-enough",
+    ),
     pytest.param({"CREATEOS_SANDBOX_BASE_URL": "not a url"}, ["CREATEOS_SANDBOX_BASE_URL"], id="bad-base-url"),
     pytest.param(
         {"LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "perhaps"},
