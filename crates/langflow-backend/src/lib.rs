@@ -30,6 +30,9 @@ use secrecy::ExposeSecret;
 mod doctor;
 
 pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
+/// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
+/// handed to the reaper: off the critical path, still guaranteed, and logged when done).
+pub use sandbox_core::lifecycle::Timings;
 
 /// What this backend declares to lfx's policy gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,24 +110,6 @@ impl From<LangflowPolicy> for LfxPolicy {
             allowed_domains: p.allowed_domains,
         }
     }
-}
-
-/// Per-phase timings of one run, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Timings {
-    /// Create (including retries).
-    pub create_ms: u64,
-    /// Upload, concurrent with the egress read-back.
-    pub upload_ms: u64,
-    /// The streaming exec.
-    pub exec_ms: u64,
-    /// Destroy, when it ran before returning; `None` when it was handed to the reaper (off the
-    /// critical path, still guaranteed, and logged when done).
-    pub destroy_ms: Option<u64>,
-    /// The whole run.
-    pub total_ms: u64,
-    /// Control-plane requests made before returning (every attempt counts).
-    pub requests: u32,
 }
 
 /// The result of a run whose program executed. A failing program is a result, not an error.
@@ -439,20 +424,12 @@ impl Backend {
             &redactor,
         )
         .await?;
-        let t = report.timings;
         Ok(RunOutput {
             stdout: report.stdout.text,
             stderr: report.stderr.text,
             exit_code: report.exit_code,
             execution_time_ms: report.execution_time_ms,
-            timings: Timings {
-                create_ms: t.create_ms,
-                upload_ms: t.upload_ms,
-                exec_ms: t.exec_ms,
-                destroy_ms: t.destroy_ms,
-                total_ms: t.total_ms,
-                requests: t.requests,
-            },
+            timings: report.timings,
             stdout_truncated: report.stdout.truncated,
             stderr_truncated: report.stderr.truncated,
             guest: report.guest_name,
