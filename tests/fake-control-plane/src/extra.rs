@@ -1,4 +1,4 @@
-//! Access tokens, templates, networks, disks and computer use.
+//! Access tokens, templates, networks and disks (computer use is in `desktop`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use crate::server::Req;
 use crate::state::{App, Disk, Mount, Network, Status, Template, Token};
 use crate::util::{map_guest_file, now_rfc3339, random_id};
 
-/// Routes for tokens, templates, networks, disks and the (unsupported) computer API.
+/// Routes for tokens, templates, networks, disks and (through `desktop`) computer use.
 pub(crate) async fn dispatch(app: &Arc<App>, req: &mut Req) -> ApiResult {
     match req.name {
         "token_create" => token_issue(app, req, false),
@@ -271,10 +271,7 @@ pub(crate) async fn dispatch(app: &Arc<App>, req: &mut Req) -> ApiResult {
             }
             ok(json!({"detached": true}))
         }
-        "computer" => Err(ApiError::error(
-            501,
-            "computer use is not supported by the fake control plane",
-        )),
+        "computer" => crate::desktop::dispatch(app, req).await,
         _ => Err(ApiError::not_found("no such route")),
     }
 }

@@ -377,6 +377,7 @@ fn new_sandbox(app: &App, inner: &mut Inner, shape: (&str, u64, u64, u64, u64)) 
         mounts: Vec::new(),
         token: None,
         processes: BTreeMap::new(),
+        desktop: None,
         epoch: 0,
     }
 }
@@ -762,6 +763,8 @@ async fn fork(app: &Arc<App>, req: &mut Req) -> ApiResult {
             .find(|s| s.0 == src.shape)
             .unwrap_or(&SHAPES[0]);
         let (src_id, src_dir) = (src.id.clone(), src.dir.clone());
+        // A fork is a snapshot of the whole VM, so a started desktop comes along.
+        let src_desktop = src.desktop.clone();
         let (rootfs, disk, src_egress, src_envs, src_ssh, src_ingress, src_auto) = (
             src.rootfs.clone(),
             src.disk_mib,
@@ -785,6 +788,7 @@ async fn fork(app: &Arc<App>, req: &mut Req) -> ApiResult {
         sb.ingress_enabled = ingress.unwrap_or(src_ingress);
         sb.auto_pause = src_auto;
         sb.forked_from = Some(src_id);
+        sb.desktop = src_desktop;
         let out = (src_dir, sb.dir.clone(), sb.id.clone());
         inner.sandboxes.push(sb);
         inner.created += 1;

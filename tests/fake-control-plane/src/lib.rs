@@ -3,8 +3,9 @@
 //! A guest is a directory on the host and its commands run as real local subprocesses, so this
 //! server gives **no isolation at all**. It speaks the REST contract of the CreateOS sandbox
 //! control plane (`JSend` envelopes, `X-Api-Key`, the sandbox state machine, exec buffered and
-//! streaming, files, managed processes, tokens, templates, networks, disks) and adds latency and
-//! fault injection, an injectable clock and counters for tests.
+//! streaming, files, managed processes, tokens, templates, networks, disks, a simulated desktop
+//! for computer use) and adds latency and fault injection, an injectable clock and counters for
+//! tests.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -14,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+mod desktop;
 mod exec;
 mod extra;
 mod faults;

@@ -56,6 +56,8 @@ pub(crate) async fn accept_loop(app: Arc<App>, listener: TcpListener) {
 #[derive(Debug)]
 pub(crate) struct Req {
     pub name: &'static str,
+    /// The HTTP method (the computer routes share one route name and dispatch on it).
+    pub method: Method,
     pub sid: Option<String>,
     pub sub: Option<String>,
     pub query: Vec<(String, String)>,
@@ -289,6 +291,7 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     }
     let req = Req {
         name,
+        method: parts.method.clone(),
         sid,
         sub,
         query,
@@ -502,6 +505,9 @@ async fn control(
                 })?;
             crate::advance(app, Duration::from_secs_f64(secs));
             ok(json!({"advanced_seconds": secs}))
+        }
+        ("GET", p) if p.starts_with("desktop/") => {
+            crate::desktop::inspect(app, &percent_decode(&p["desktop/".len()..]))
         }
         _ => Err(ApiError::not_found("no such control route")),
     }

@@ -125,6 +125,8 @@ pub(crate) struct Sandbox {
     pub mounts: Vec<Mount>,
     pub token: Option<Token>,
     pub processes: BTreeMap<String, Arc<ManagedProc>>,
+    /// The simulated desktop (`desktop:1` guests only), started on the first computer call.
+    pub desktop: Option<crate::desktop::Desktop>,
     /// Bumped on every state change so delayed transitions can tell they are stale.
     pub epoch: u64,
 }
