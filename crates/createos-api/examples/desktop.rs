@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! CREATEOS_API_KEY=... cargo run -p createos-api --example desktop
-//! # against a local fake (which answers 501 for computer use, so this waits and fails):
+//! # against a local fake (`cargo run -p createos-fake -- --port 8080`), whose `desktop:1` guests
+//! # have a simulated desktop:
 //! CREATEOS_SANDBOX_BASE_URL=http://127.0.0.1:8080 CREATEOS_API_KEY=test-key cargo run -p createos-api --example desktop
 //! ```
 
