@@ -29,6 +29,7 @@ use langflow_backend::{
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::wait::{Task, Waited, block_bounded, wait};
 
@@ -146,10 +147,11 @@ impl Timings {
 /// The outcome of one run: what the guest printed and how it exited.
 #[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
 pub struct RunResult {
-    /// Standard output (capped; see `stdout_truncated`).
-    stdout: String,
+    /// Standard output (capped; see `stdout_truncated`). Built once as a Python `str`, so
+    /// reading it never copies the text again.
+    stdout: Py<PyString>,
     /// Standard error (capped; see `stderr_truncated`).
-    stderr: String,
+    stderr: Py<PyString>,
     /// Exit code; `-1` means timed out, `137` killed (usually out of memory).
     exit_code: i32,
     /// Wall time of the run as lfx reports it.
@@ -166,23 +168,29 @@ pub struct RunResult {
 
 #[pymethods]
 impl RunResult {
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
             "RunResult(exit_code={}, stdout_len={}, stderr_len={}, guest={:?}, timings={})",
             self.exit_code,
-            self.stdout.len(),
-            self.stderr.len(),
+            self.stdout.bind(py).len()?,
+            self.stderr.bind(py).len()?,
             self.guest,
             self.timings.__repr__()
-        )
+        ))
     }
 }
 
-impl From<RunOutput> for RunResult {
-    fn from(out: RunOutput) -> Self {
+impl RunResult {
+    /// Converts a run's output, turning each stream into a Python `str` and freeing the Rust
+    /// copy at once, so at most one extra copy of a capped stream ever exists.
+    fn new(py: Python<'_>, out: RunOutput) -> Self {
+        let stdout = PyString::new(py, &out.stdout).unbind();
+        drop(out.stdout);
+        let stderr = PyString::new(py, &out.stderr).unbind();
+        drop(out.stderr);
         Self {
-            stdout: out.stdout,
-            stderr: out.stderr,
+            stdout,
+            stderr,
             exit_code: out.exit_code,
             execution_time_ms: out.execution_time_ms,
             stdout_truncated: out.stdout_truncated,
@@ -386,7 +394,7 @@ impl NativeBackend {
             }
             // langflow-backend logs each run's timings (`sandbox run finished`); the drain
             // below hands that record to Python's logging.
-            Waited::Finished(Ok(Some(Ok(out)))) => Ok(RunResult::from(out)),
+            Waited::Finished(Ok(Some(Ok(out)))) => Ok(RunResult::new(py, out)),
             Waited::Finished(Ok(Some(Err(err)))) => Err(to_py_err(err)),
             Waited::Finished(Err(join)) => Err(ExecutionFailed::new_err(if join.is_panic() {
                 "the sandbox run failed with an internal error (panic); its guest is destroyed by the reaper"

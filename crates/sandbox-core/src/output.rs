@@ -25,6 +25,11 @@ pub struct Captured {
     pub dropped_bytes: u64,
 }
 
+/// Bytes reserved behind the window for the truncation marker.
+const MARKER_ROOM: usize = 64;
+/// Output up to this size grows the buffer normally; past it the whole window is reserved.
+const SMALL_OUTPUT: usize = 16 * 1024;
+
 /// The marker put in front of a truncated stream.
 pub fn truncation_marker(dropped: u64) -> String {
     format!("[… {dropped} bytes truncated …]\n")
@@ -58,6 +63,14 @@ impl TailBuffer {
     /// Appends a chunk, dropping from the front whatever exceeds the cap.
     pub fn push(&mut self, data: &[u8]) {
         self.total += data.len() as u64;
+        let needed = self.buf.len() + data.len();
+        if needed > self.buf.capacity() && needed > SMALL_OUTPUT && self.buf.capacity() < self.cap {
+            // Once output outgrows the buffer, take the whole window (plus room for the
+            // truncation marker) in one allocation: growing by doubling would copy the tail
+            // several times and leave the smaller blocks behind in the allocator.
+            self.buf
+                .reserve_exact(self.cap + MARKER_ROOM - self.buf.len());
+        }
         if data.len() >= self.cap {
             self.buf.clear();
             self.buf.extend(&data[data.len() - self.cap..]);
@@ -94,14 +107,14 @@ impl TailBuffer {
             bytes.drain(..start);
             dropped += start as u64;
         }
-        let body = String::from_utf8(bytes)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-        let text = if dropped > 0 {
-            let mut t = truncation_marker(dropped);
-            t.push_str(&body);
-            t
-        } else {
-            body
+        if dropped > 0 {
+            // The marker goes in front of the kept bytes in place: no second copy of the tail.
+            let marker = truncation_marker(dropped);
+            bytes.splice(0..0, marker.bytes());
+        }
+        let text = match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         };
         Captured {
             text,
