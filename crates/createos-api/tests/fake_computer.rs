@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+mod common;
+
+use common::fake::{bounded, start};
 #[path = "../examples/desktop.rs"]
 mod desktop;
 
@@ -12,35 +15,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use createos_api::{
-    ClickRequest, Client, CreateSandboxRequest, ErrorKind, LaunchRequest, MouseButton, Point,
+    ClickRequest, CreateSandboxRequest, ErrorKind, LaunchRequest, MouseButton, Point,
     ScreenCreateRequest, ScreenId, ScreenSize, ScreenshotOptions, ScrollDirection, ScrollRequest,
     TypeRequest,
 };
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::FakeOptions;
 use secrecy::ExposeSecret as _;
-
-async fn fake() -> (FakeServer, Client) {
-    let server = FakeServer::start(FakeOptions::default())
-        .await
-        .expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn desktop_example_workflow() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     let o = bounded(desktop::run(&client, Duration::from_secs(10)))
         .await
         .unwrap();
@@ -67,7 +51,7 @@ async fn desktop_example_workflow() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_without_a_desktop_answers_501_and_the_wait_gives_up() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sb = client
             .create_sandbox(CreateSandboxRequest::new("s-1vcpu-1gb"))
@@ -88,7 +72,7 @@ async fn a_guest_without_a_desktop_answers_501_and_the_wait_gives_up() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_whole_computer_api_against_the_fake() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sb = client
             .create_sandbox(CreateSandboxRequest::new("s-2vcpu-4gb").rootfs("desktop:1"))
@@ -297,7 +281,7 @@ async fn the_desktop_example_binary_runs_against_the_fake() {
     let exe = profile.join("examples").join("desktop");
     assert!(exe.is_file(), "{} was not built", exe.display());
 
-    let (server, _client) = fake().await;
+    let (server, _client) = start(FakeOptions::default()).await;
     let run = tokio::process::Command::new(&exe)
         .env_remove("CREATEOS_SANDBOX_API_KEY")
         .env_remove("CREATEOS_SHAPE")

@@ -2,39 +2,19 @@
 
 #![allow(dead_code)]
 
+mod common;
+
+use common::fake::{bounded, start};
 #[path = "../examples/private_network.rs"]
 mod private_network;
 
-use std::time::Duration;
-
-use createos_api::{
-    Client, CreateSandboxRequest, ErrorKind, NetworkCreateRequest, PaginationOptions,
-};
-use createos_fake::{FakeOptions, FakeServer};
+use createos_api::{CreateSandboxRequest, ErrorKind, NetworkCreateRequest, PaginationOptions};
+use createos_fake::FakeOptions;
 use futures::TryStreamExt as _;
-
-async fn fake() -> (FakeServer, Client) {
-    let server = FakeServer::start(FakeOptions::default())
-        .await
-        .expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn attach_member_visible_detach_delete() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     let outcome = bounded(private_network::run(&client)).await.unwrap();
     assert_eq!(outcome.members.len(), 1, "{outcome:?}");
     let member = &outcome.members[0];
@@ -55,7 +35,7 @@ async fn attach_member_visible_detach_delete() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_shows_member_counts_and_unknown_networks_are_not_found() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sandbox = client
             .create_sandbox(CreateSandboxRequest::new("s-1vcpu-1gb"))

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+mod common;
+
+use common::fake::{bounded, start};
 #[path = "../examples/managed_process.rs"]
 mod managed_process;
 
@@ -13,25 +16,8 @@ use createos_api::{
     ManagedProcessWaitScope, ProcessEvent, ProcessKind, ProcessState, ProcessStreamKind, PtySize,
     Sandbox,
 };
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::FakeOptions;
 use futures::StreamExt as _;
-
-async fn fake(opts: FakeOptions) -> (FakeServer, Client) {
-    let server = FakeServer::start(opts).await.expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 async fn sandbox(client: &Client) -> Sandbox {
     client
@@ -52,7 +38,7 @@ fn tree_wait() -> ManagedProcessWaitOptions {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_example_lifecycle_in_ndjson_and_sse() {
     for sse in [false, true] {
-        let (server, client) = fake(FakeOptions {
+        let (server, client) = start(FakeOptions {
             sse,
             ..FakeOptions::default()
         })
@@ -96,7 +82,7 @@ async fn the_example_lifecycle_in_ndjson_and_sse() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stdout_and_stderr_stay_separate_and_pty_output_is_on_the_pty_stream() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sb = sandbox(&client).await;
         let procs = sb.processes();
@@ -171,7 +157,7 @@ async fn stdout_and_stderr_stay_separate_and_pty_output_is_on_the_pty_stream() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn follow_streams_live_output_and_list_input_signal_work() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sb = sandbox(&client).await;
         let procs = sb.processes();
@@ -229,7 +215,7 @@ async fn follow_streams_live_output_and_list_input_signal_work() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pipe_and_pty_reject_each_others_operations() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let sb = sandbox(&client).await;
         let procs = sb.processes();

@@ -2,40 +2,24 @@
 
 #![allow(dead_code)]
 
+mod common;
+
+use common::fake::{bounded, start};
 #[path = "../examples/custom_template.rs"]
 mod custom_template;
 
 use std::time::Duration;
 
 use createos_api::{
-    Client, ErrorKind, GetTemplateOptions, PaginationOptions, TemplateCreateRequest,
-    TemplateLogsOptions, TemplateStatus,
+    ErrorKind, GetTemplateOptions, PaginationOptions, TemplateCreateRequest, TemplateLogsOptions,
+    TemplateStatus,
 };
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::FakeOptions;
 use futures::TryStreamExt as _;
-
-async fn fake() -> (FakeServer, Client) {
-    let server = FakeServer::start(FakeOptions::default())
-        .await
-        .expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn followed_logs_ready_then_a_sandbox_from_the_template() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     let outcome = bounded(custom_template::run(
         &client,
         "custom-template-test",
@@ -69,7 +53,7 @@ async fn followed_logs_ready_then_a_sandbox_from_the_template() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_build_ends_with_failed_and_no_sandbox() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     let outcome = bounded(custom_template::run(
         &client,
         "broken-template",
@@ -88,7 +72,7 @@ async fn a_failing_build_ends_with_failed_and_no_sandbox() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn get_with_dockerfile_list_and_plain_text_logs() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let templates = client.templates();
         let dockerfile = "FROM nodeops/sandbox:debian\nRUN echo hi\n";

@@ -1,32 +1,15 @@
 //! Access-token delegation against the fake control plane.
 
-use std::time::Duration;
+mod common;
+
+use common::fake::{bounded, start};
 
 use createos_api::{
     Client, CreateSandboxRequest, ErrorKind, ExecOptions, PaginationOptions, RunCommandRequest,
 };
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::FakeOptions;
 use futures::TryStreamExt as _;
 use secrecy::ExposeSecret as _;
-
-async fn fake() -> (FakeServer, Client) {
-    let server = FakeServer::start(FakeOptions::default())
-        .await
-        .expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 async fn echo(sandbox: &createos_api::Sandbox, text: &str) -> createos_api::Result<String> {
     Ok(sandbox
@@ -41,7 +24,7 @@ async fn echo(sandbox: &createos_api::Sandbox, text: &str) -> createos_api::Resu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delegate_rotate_and_disable() {
-    let (server, client) = fake().await;
+    let (server, client) = start(FakeOptions::default()).await;
     bounded(async {
         let owner = client
             .create_sandbox(CreateSandboxRequest::new("s-1vcpu-1gb"))

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+mod common;
+
+use common::fake::{bounded, start};
 #[path = "../examples/command_streaming.rs"]
 mod command_streaming;
 #[path = "../examples/execution_server.rs"]
@@ -17,35 +20,13 @@ mod ingress_preview;
 use std::time::Duration;
 
 use createos_api::{
-    Client, CreateSandboxRequest, DownloadOptions, ErrorKind, ExecEvent, ExecOptions,
-    ListSandboxesOptions, RetryOptions, RunCommandRequest, SandboxStatus, WaitOptions,
+    CreateSandboxRequest, DownloadOptions, ErrorKind, ExecEvent, ExecOptions, ListSandboxesOptions,
+    RunCommandRequest, SandboxStatus, WaitOptions,
 };
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::FakeOptions;
 use futures::{StreamExt, TryStreamExt};
 
 const SHAPE: &str = "s-2vcpu-4gb";
-
-async fn fake(opts: FakeOptions) -> (FakeServer, Client) {
-    let server = FakeServer::start(opts).await.expect("fake starts");
-    let client = Client::builder()
-        .api_key(server.api_key().to_owned())
-        .base_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .retry(RetryOptions {
-            max_retries: 2,
-            base_delay: Duration::from_millis(5),
-            max_delay: Duration::from_millis(50),
-        })
-        .build()
-        .unwrap();
-    (server, client)
-}
-
-async fn bounded<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), fut)
-        .await
-        .expect("workflow timed out")
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -57,7 +38,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn hello_world() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     let out = bounded(hello_world::run(&client)).await.unwrap();
     assert!(out.starts_with("Rust says hello from "), "{out:?}");
     assert!(out.ends_with('\n'));
@@ -69,7 +50,7 @@ async fn hello_world() {
 #[tokio::test]
 async fn command_streaming_ndjson_and_sse() {
     for sse in [false, true] {
-        let (server, client) = fake(FakeOptions {
+        let (server, client) = start(FakeOptions {
             sse,
             heartbeat: Duration::from_millis(100),
             ..FakeOptions::default()
@@ -94,7 +75,7 @@ async fn command_streaming_ndjson_and_sse() {
 
 #[tokio::test]
 async fn files_and_snapshots_diverge_after_fork() {
-    let (server, client) = fake(FakeOptions {
+    let (server, client) = start(FakeOptions {
         resume_delay: Duration::from_millis(100),
         ..FakeOptions::default()
     })
@@ -111,7 +92,7 @@ async fn files_and_snapshots_diverge_after_fork() {
 
 #[tokio::test]
 async fn ingress_preview_waits_for_the_port() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     let port = free_port();
     let (url, page) = bounded(ingress_preview::run(&client, port)).await.unwrap();
     assert!(
@@ -125,7 +106,7 @@ async fn ingress_preview_waits_for_the_port() {
 
 #[tokio::test]
 async fn execution_server_validates_runs_and_always_destroys() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app =
@@ -174,7 +155,7 @@ async fn execution_server_validates_runs_and_always_destroys() {
 
 #[tokio::test]
 async fn lifecycle_listing_and_errors_against_the_fake() {
-    let (server, client) = fake(FakeOptions {
+    let (server, client) = start(FakeOptions {
         destroy_delay: Duration::from_millis(50),
         ..FakeOptions::default()
     })
@@ -271,7 +252,7 @@ async fn lifecycle_listing_and_errors_against_the_fake() {
 
 #[tokio::test]
 async fn retries_and_faults_against_the_fake() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     let sb = bounded(client.create_sandbox(CreateSandboxRequest::new(SHAPE)))
         .await
         .unwrap();
@@ -309,7 +290,7 @@ async fn retries_and_faults_against_the_fake() {
 
 #[tokio::test]
 async fn hostile_answers_from_the_fake_are_handled() {
-    let (server, client) = fake(FakeOptions::default()).await;
+    let (server, client) = start(FakeOptions::default()).await;
     let key = server.api_key().to_owned();
     bounded(async {
         // A server that reflects every request header must not leak the key into the error.

@@ -1,6 +1,8 @@
 //! Shared helpers for the mock-server tests.
 #![allow(dead_code, clippy::needless_pass_by_value)]
 
+pub mod fake;
+
 use std::time::Duration;
 
 use createos_api::{Client, RetryOptions};
