@@ -887,11 +887,13 @@ pub(crate) fn body_chunks(resp: reqwest::Response) -> BoxStream<'static, Result<
 /// Frame state for [`ndjson_frames`].
 struct Framer {
     chunks: BoxStream<'static, Result<Bytes>>,
-    buf: BytesMut,
-    ready: VecDeque<Map<String, Value>>,
+    /// What is left of the current network chunk; lines are cut from it without copying.
+    chunk: Bytes,
+    /// The start of a line whose end has not arrived yet.
+    partial: BytesMut,
     secrets: Secrets,
     eof: bool,
-    /// A framing error, delivered after the frames that preceded it.
+    /// A transport error, delivered after the complete lines that preceded it.
     failed: Option<Error>,
 }
 
@@ -932,35 +934,37 @@ impl Framer {
         }
     }
 
-    /// Split every complete line out of the buffer; a failure is kept for delivery
-    /// after the frames already parsed.
-    fn drain(&mut self, at_eof: bool) {
-        if let Err(e) = self.drain_lines(at_eof) {
-            self.failed = Some(e);
-        }
-    }
-
-    fn drain_lines(&mut self, at_eof: bool) -> Result<()> {
-        loop {
-            let Some(pos) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
-                if at_eof && !self.buf.is_empty() {
-                    let rest = self.buf.split();
-                    if let Some(f) = self.line(&rest)? {
-                        self.ready.push_back(f);
-                    }
-                }
-                if self.buf.len() > MAX_LINE {
-                    return Err(Error::protocol(format!(
-                        "stream line longer than {MAX_LINE} bytes"
-                    )));
-                }
-                return Ok(());
+    /// The next frame among the lines already received, parsed only now: a network chunk
+    /// carrying many frames is neither copied nor held parsed all at once. After end of
+    /// stream an unterminated last line counts too.
+    fn next_buffered(&mut self) -> Result<Option<Map<String, Value>>> {
+        while let Some(pos) = self.chunk.iter().position(|b| *b == b'\n' || *b == b'\r') {
+            let head = self.chunk.split_to(pos + 1);
+            let frame = if self.partial.is_empty() {
+                self.line(&head[..pos])?
+            } else {
+                self.partial.extend_from_slice(&head[..pos]);
+                let whole = self.partial.split();
+                self.line(&whole)?
             };
-            let line = self.buf.split_to(pos + 1);
-            if let Some(f) = self.line(&line[..pos])? {
-                self.ready.push_back(f);
+            if frame.is_some() {
+                return Ok(frame);
             }
         }
+        if !self.chunk.is_empty() {
+            self.partial.extend_from_slice(&self.chunk);
+            self.chunk.clear();
+        }
+        if self.partial.len() > MAX_LINE {
+            return Err(Error::protocol(format!(
+                "stream line longer than {MAX_LINE} bytes"
+            )));
+        }
+        if self.eof && !self.partial.is_empty() {
+            let rest = self.partial.split();
+            return self.line(&rest);
+        }
+        Ok(None)
     }
 }
 
@@ -974,10 +978,18 @@ pub(crate) fn ndjson_frames(
         .get::<RawMeta>()
         .map(|m| m.secrets.clone())
         .unwrap_or_default();
+    frames_from_chunks(body_chunks(resp), secrets)
+}
+
+/// The framing half of [`ndjson_frames`], over any stream of body chunks.
+fn frames_from_chunks(
+    chunks: BoxStream<'static, Result<Bytes>>,
+    secrets: Secrets,
+) -> BoxStream<'static, Result<Map<String, Value>>> {
     let framer = Framer {
-        chunks: body_chunks(resp),
-        buf: BytesMut::new(),
-        ready: VecDeque::new(),
+        chunks,
+        chunk: Bytes::new(),
+        partial: BytesMut::new(),
         secrets,
         eof: false,
         failed: None,
@@ -985,8 +997,10 @@ pub(crate) fn ndjson_frames(
     stream::unfold(Some(framer), |state| async move {
         let mut f = state?;
         loop {
-            if let Some(frame) = f.ready.pop_front() {
-                return Some((Ok(frame), Some(f)));
+            match f.next_buffered() {
+                Ok(Some(frame)) => return Some((Ok(frame), Some(f))),
+                Ok(None) => {}
+                Err(e) => return Some((Err(e), None)),
             }
             if let Some(e) = f.failed.take() {
                 return Some((Err(e), None));
@@ -995,15 +1009,9 @@ pub(crate) fn ndjson_frames(
                 return None;
             }
             match f.chunks.next().await {
-                Some(Ok(chunk)) => {
-                    f.buf.extend_from_slice(&chunk);
-                    f.drain(false);
-                }
+                Some(Ok(chunk)) => f.chunk = chunk,
                 Some(Err(e)) => f.failed = Some(e),
-                None => {
-                    f.eof = true;
-                    f.drain(true);
-                }
+                None => f.eof = true,
             }
         }
     })
@@ -1127,6 +1135,59 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frames_of(chunks: Vec<Result<Bytes>>) -> Vec<std::result::Result<Value, String>> {
+        let stream = frames_from_chunks(stream::iter(chunks).boxed(), Secrets::default());
+        futures::executor::block_on(stream.collect::<Vec<_>>())
+            .into_iter()
+            .map(|r| r.map(Value::Object).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn frames_survive_any_chunking_and_an_unterminated_last_line() {
+        let body = b": hi\r\n{\"a\":1}\ndata: {\"b\":\"\xc3\xa9\"}\r\n\nevent: x\n{\"c\":3}";
+        for size in 1..body.len() {
+            let chunks = body
+                .chunks(size)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            let got = frames_of(chunks);
+            let want: Vec<std::result::Result<Value, String>> = vec![
+                Ok(serde_json::json!({"a": 1})),
+                Ok(serde_json::json!({"b": "é"})),
+                Ok(serde_json::json!({"c": 3})),
+            ];
+            assert_eq!(got, want, "chunks of {size} bytes");
+        }
+    }
+
+    #[test]
+    fn frames_before_a_transport_error_come_first_and_a_partial_line_is_dropped() {
+        let got = frames_of(vec![
+            Ok(Bytes::from_static(b"{\"a\":1}\n{\"b\"")),
+            Err(Error::protocol("connection reset")),
+            Ok(Bytes::from_static(b":2}\n")),
+        ]);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], Ok(serde_json::json!({"a": 1})));
+        assert!(
+            got[1]
+                .as_ref()
+                .is_err_and(|e| e.contains("connection reset"))
+        );
+    }
+
+    #[test]
+    fn a_line_past_the_limit_fails_without_waiting_for_its_end() {
+        let piece = Bytes::from(vec![b'x'; 1024 * 1024]);
+        let chunks = (0..=MAX_LINE / piece.len())
+            .map(|_| Ok(piece.clone()))
+            .collect();
+        let got = frames_of(chunks);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].as_ref().is_err_and(|e| e.contains("longer than")));
+    }
 
     fn headers(v: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
