@@ -62,6 +62,30 @@ def test_run_returns_lfx_result(backend: object, clean_fake: Fake) -> None:
     assert clean_fake.wait_settled()["created"] == 1
 
 
+def test_capped_output_keeps_the_tail_as_a_compact_str(
+    backend: object, clean_fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", str(256 * 1024))
+    code = (
+        "import sys\n"
+        "for i in range(20000):\n    print(f'line {i:05d} ' + 'x' * 40)\n"
+        "sys.stderr.write('é' * 10 + '\\n')\n"
+        "print('the end')"
+    )
+    result = backend.run(code)
+    assert result.exit_code == 0
+    out = result.stdout
+    assert out.startswith("[... ") and "bytes truncated ...]\n" in out[:80], out[:80]
+    assert out.endswith("line 19999 " + "x" * 40 + "\nthe end\n")
+    # The tail is whole lines, cut at a line start, and within the cap.
+    body = out.split("\n", 1)[1]
+    assert body.startswith("line ") and len(body.encode()) <= 256 * 1024
+    assert sum(1 for line in body.splitlines() if line.startswith("line ")) > 4000
+    # ASCII output stays one byte per character in Python: the marker must not widen it.
+    assert sys.getsizeof(out) - sys.getsizeof("") < len(out) + 64
+    assert result.stderr == "é" * 10 + "\n"
+
+
 def test_env_reaches_the_guest(backend: object) -> None:
     result = backend.run("import os\nprint(os.environ['GREETING'])", env={"GREETING": "hello guest"})
     assert result.stdout.strip() == "hello guest"

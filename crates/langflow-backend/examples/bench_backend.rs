@@ -155,7 +155,7 @@ fn main() {
         stop.store(true, Ordering::Relaxed);
         sampler.join().ok();
         let growth_kib = peak.load(Ordering::Relaxed).saturating_sub(baseline);
-        assert!(out.stdout_truncated && out.stdout.ends_with("THE END\n"));
+        assert!(out.stdout_truncated && out.stdout.to_string().ends_with("THE END\n"));
         println!(
             "200 MiB run: {big_secs:.1} s, stdout kept {} bytes, truncated={}",
             out.stdout.len(),

@@ -33,6 +33,9 @@ pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
 pub use sandbox_core::lifecycle::Timings;
+/// The captured text of a stream and its pieces (re-exported so callers need not depend on
+/// sandbox-core).
+pub use sandbox_core::output::{Piece, Text};
 
 /// What this backend declares to lfx's policy gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,10 +118,11 @@ impl From<LangflowPolicy> for LfxPolicy {
 /// The result of a run whose program executed. A failing program is a result, not an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunOutput {
-    /// Standard output (its tail, with a visible marker, if over the cap).
-    pub stdout: String,
+    /// Standard output (its tail, with a visible marker, if over the cap), as pieces that
+    /// can be taken one at a time (see [`Text`]); `to_string()` joins them.
+    pub stdout: Text,
     /// Standard error (likewise).
-    pub stderr: String,
+    pub stderr: Text,
     /// Exit code: `-1` when the run hit its timeout (lfx: "timed out"), `137` for a kill inside
     /// the budget (lfx: memory), otherwise the program's status.
     pub exit_code: i32,

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use langflow_backend::{
-    Backend, BackendError, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy,
-    RunOutput,
+    Backend, BackendError, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, Piece,
+    RunOutput, Text,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
@@ -144,14 +144,82 @@ impl Timings {
     }
 }
 
+/// Largest `str` handed to Python per step when an [`Output`] is taken apart: small enough
+/// that the step's temporary `str` costs little, large enough that there are few steps.
+const STEP_BYTES: usize = 448;
+
+/// One stream of a run's output, handed to Python as an iterator of `str` pieces.
+///
+/// The pieces' Rust memory is released as each one is taken, and the package joins them with
+/// `+=`, which CPython performs in place on a `str` nobody else holds. So a capped stream
+/// (1 MiB by default) exists about once in memory while it becomes one Python `str`, never
+/// twice as a copy from one whole buffer to another would need.
+#[pyclass(module = "langflow_sandbox_createos._native")]
+pub struct Output {
+    text: Text,
+    /// The piece being handed over and how many of its bytes already were.
+    current: Option<(Piece, usize)>,
+    /// Bytes of text at the start (before any U+FFFD replacement).
+    len: usize,
+}
+
+impl Output {
+    fn new(text: Text) -> Self {
+        Self {
+            len: text.len(),
+            text,
+            current: None,
+        }
+    }
+}
+
+#[pymethods]
+impl Output {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next piece: at most `STEP_BYTES` bytes, always whole characters.
+    fn __next__<'py>(&mut self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+        loop {
+            if self.current.is_none() {
+                self.current = Some((self.text.next()?, 0));
+            }
+            let (piece, offset) = self.current.as_mut()?;
+            let bytes = piece.as_bytes();
+            if *offset < bytes.len() {
+                let mut end = (*offset + STEP_BYTES).min(bytes.len());
+                // Back off to a character start (a piece is whole UTF-8 characters).
+                while end < bytes.len() && (bytes[end] & 0b1100_0000) == 0b1000_0000 {
+                    end -= 1;
+                }
+                let step = PyString::new(py, &String::from_utf8_lossy(&bytes[*offset..end]));
+                *offset = end;
+                return Some(step);
+            }
+            // This piece is done: dropping it returns its memory.
+            self.current = None;
+        }
+    }
+
+    /// Bytes of text the stream held when the run finished.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Output(nbytes={})", self.len)
+    }
+}
+
 /// The outcome of one run: what the guest printed and how it exited.
 #[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
 pub struct RunResult {
-    /// Standard output (capped; see `stdout_truncated`). Built once as a Python `str`, so
-    /// reading it never copies the text again.
-    stdout: Py<PyString>,
-    /// Standard error (capped; see `stderr_truncated`).
-    stderr: Py<PyString>,
+    /// Standard output (capped; see `stdout_truncated`), to be taken once piece by piece.
+    stdout: Py<Output>,
+    /// Standard error (capped; see `stderr_truncated`), likewise.
+    stderr: Py<Output>,
     /// Exit code; `-1` means timed out, `137` killed (usually out of memory).
     exit_code: i32,
     /// Wall time of the run as lfx reports it.
@@ -168,29 +236,23 @@ pub struct RunResult {
 
 #[pymethods]
 impl RunResult {
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(format!(
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
             "RunResult(exit_code={}, stdout_len={}, stderr_len={}, guest={:?}, timings={})",
             self.exit_code,
-            self.stdout.bind(py).len()?,
-            self.stderr.bind(py).len()?,
+            self.stdout.borrow(py).len,
+            self.stderr.borrow(py).len,
             self.guest,
             self.timings.__repr__()
-        ))
+        )
     }
 }
 
 impl RunResult {
-    /// Converts a run's output, turning each stream into a Python `str` and freeing the Rust
-    /// copy at once, so at most one extra copy of a capped stream ever exists.
-    fn new(py: Python<'_>, out: RunOutput) -> Self {
-        let stdout = PyString::new(py, &out.stdout).unbind();
-        drop(out.stdout);
-        let stderr = PyString::new(py, &out.stderr).unbind();
-        drop(out.stderr);
-        Self {
-            stdout,
-            stderr,
+    fn new(py: Python<'_>, out: RunOutput) -> PyResult<Self> {
+        Ok(Self {
+            stdout: Py::new(py, Output::new(out.stdout))?,
+            stderr: Py::new(py, Output::new(out.stderr))?,
             exit_code: out.exit_code,
             execution_time_ms: out.execution_time_ms,
             stdout_truncated: out.stdout_truncated,
@@ -204,7 +266,7 @@ impl RunResult {
                 total_ms: out.timings.total_ms,
                 requests: out.timings.requests,
             },
-        }
+        })
     }
 }
 
@@ -394,7 +456,7 @@ impl NativeBackend {
             }
             // langflow-backend logs each run's timings (`sandbox run finished`); the drain
             // below hands that record to Python's logging.
-            Waited::Finished(Ok(Some(Ok(out)))) => Ok(RunResult::new(py, out)),
+            Waited::Finished(Ok(Some(Ok(out)))) => RunResult::new(py, out),
             Waited::Finished(Ok(Some(Err(err)))) => Err(to_py_err(err)),
             Waited::Finished(Err(join)) => Err(ExecutionFailed::new_err(if join.is_panic() {
                 "the sandbox run failed with an internal error (panic); its guest is destroyed by the reaper"
@@ -592,6 +654,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeBackend>()?;
     m.add_class::<NativeCapabilities>()?;
     m.add_class::<RunResult>()?;
+    m.add_class::<Output>()?;
     m.add_class::<Timings>()?;
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
     Ok(())

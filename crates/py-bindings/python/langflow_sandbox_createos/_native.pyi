@@ -57,13 +57,27 @@ class Timings:
     def requests(self) -> int: ...
 
 @final
+class Output:
+    """One stream of a run's output, taken once as ``str`` pieces of at most 16 KiB.
+
+    Each piece's native memory is released as it is taken; ``backend.output_text`` joins
+    them without holding the stream twice.
+    """
+
+    def __iter__(self) -> Output: ...
+    def __next__(self) -> str: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of text the stream held when the run finished."""
+
+@final
 class RunResult:
     """The outcome of one run."""
 
     @property
-    def stdout(self) -> str: ...
+    def stdout(self) -> Output: ...
     @property
-    def stderr(self) -> str: ...
+    def stderr(self) -> Output: ...
     @property
     def exit_code(self) -> int: ...
     @property

@@ -20,7 +20,21 @@ from lfx.utils.sandbox.base import (
 
 from . import _native
 
-__all__ = ["CreateOSBackend", "create_backend"]
+__all__ = ["CreateOSBackend", "create_backend", "output_text"]
+
+
+def output_text(output: _native.Output) -> str:
+    """Join one stream of a run's output into a ``str``.
+
+    The pieces come from Rust one at a time, each releasing its memory as it is taken, and
+    ``+=`` on a local ``str`` that nothing else references grows it in place in CPython (the
+    optimisation PEP 8 mentions). So the capped stream is held about once while it is joined,
+    where ``"".join`` would hold every piece and the result together.
+    """
+    text = ""
+    for piece in output:
+        text += piece
+    return text
 
 
 class CreateOSBackend:
@@ -57,8 +71,8 @@ class CreateOSBackend:
         except _native.ExecutionFailed as exc:
             raise SandboxExecutionError(str(exc)) from None
         return SandboxResult(
-            stdout=out.stdout,
-            stderr=out.stderr,
+            stdout=output_text(out.stdout),
+            stderr=output_text(out.stderr),
             exit_code=out.exit_code,
             execution_time_ms=out.execution_time_ms,
         )
