@@ -503,8 +503,23 @@ fn shutdown_works_from_a_fresh_runtime() {
     let rt2 = tokio::runtime::Runtime::new().unwrap();
     let pol = policy(120);
     let fut = b.run("import time\ntime.sleep(60)", None, &pol);
-    let res = rt2.block_on(async { tokio::time::timeout(Duration::from_millis(1500), fut).await });
-    assert!(res.is_err());
+    // Drop the runtime once the program runs in the guest: waiting for that, rather than a
+    // fixed time, keeps the test meaningful on a loaded machine.
+    let running = async {
+        while fake.stats().peak_concurrent_execs == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let dropped_mid_run = rt2.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::select! {
+                _ = fut => false,
+                () = running => true,
+            }
+        })
+        .await
+    });
+    assert_eq!(dropped_mid_run, Ok(true), "the program never started");
     drop(rt2);
     assert_eq!(b.registered_guests(), 1);
     let rt3 = tokio::runtime::Runtime::new().unwrap();
