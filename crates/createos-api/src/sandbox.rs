@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::models::{Bandwidth, ForkSandboxRequest, ResizeResult, SandboxInfo, SandboxStatus};
-use crate::options::RequestOptions;
+use crate::options::{RequestOptions, RetryOptions};
 use crate::transport::{Transport, seg};
 use crate::wire_enum::nullable;
 
@@ -118,6 +118,19 @@ impl Sandbox {
             id: self.id.clone(),
             info: Arc::clone(&self.info),
         }
+    }
+
+    /// A handle on the same sandbox (sharing the cached projection and the connection pool)
+    /// whose calls use another retry policy, e.g. [`RetryOptions::none`] around a call the
+    /// caller retries itself. Fails with [`ErrorKind::Config`](crate::ErrorKind::Config) for
+    /// an invalid policy, like [`Client::with_retry`](crate::Client::with_retry).
+    pub fn with_retry(&self, retry: RetryOptions) -> Result<Sandbox> {
+        retry.validate()?;
+        Ok(Sandbox {
+            t: Arc::new(self.t.with_settings(None, Some(retry))),
+            id: self.id.clone(),
+            info: Arc::clone(&self.info),
+        })
     }
 
     /// The sandbox id.

@@ -671,6 +671,39 @@ async fn retry_after_wins_over_the_backoff() {
 }
 
 #[tokio::test]
+async fn a_sandbox_handle_can_carry_its_own_retry_policy() {
+    let server = MockServer::start_async().await;
+    let m = server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes/s/pause");
+            then.status(503).body("busy");
+        })
+        .await;
+    let c = client(&server);
+    let handle = c.sandbox_handle("s");
+    let once = handle.with_retry(RetryOptions::none()).unwrap();
+    assert_eq!(
+        bounded(once.pause()).await.unwrap_err().kind(),
+        ErrorKind::Unavailable
+    );
+    m.assert_calls_async(1).await;
+    // The original handle keeps the client's policy (2 retries).
+    assert_eq!(
+        bounded(handle.pause()).await.unwrap_err().kind(),
+        ErrorKind::Unavailable
+    );
+    m.assert_calls_async(4).await;
+    let bad = RetryOptions {
+        base_delay: Duration::ZERO,
+        ..RetryOptions::default()
+    };
+    assert_eq!(
+        handle.with_retry(bad).unwrap_err().kind(),
+        ErrorKind::Config
+    );
+}
+
+#[tokio::test]
 async fn disable_retry_and_per_request_retry() {
     let server = MockServer::start_async().await;
     let m = server
