@@ -86,6 +86,21 @@ def test_capped_output_keeps_the_tail_as_a_compact_str(
     assert result.stderr == "é" * 10 + "\n"
 
 
+def test_native_output_comes_in_small_whole_character_pieces_taken_once(backend: object) -> None:
+    from langflow_sandbox_createos.backend import output_text
+    from lfx.utils.sandbox.base import _sandbox_settings
+
+    run = backend._native.run("print('€' * 1000)", None, _sandbox_settings())
+    assert run.stdout.nbytes == 3001
+    assert "stdout_len=3001" in repr(run)
+    pieces = list(run.stdout)
+    # 448-byte steps cut back to a character start (448 is not a multiple of 3).
+    assert len(pieces) > 5 and all(0 < len(p.encode()) <= 448 for p in pieces), [len(p) for p in pieces]
+    assert "".join(pieces) == "€" * 1000 + "\n"
+    assert output_text(run.stdout) == "", "an Output is taken once"
+    assert "stdout_len=3001" in repr(run)
+
+
 def test_env_reaches_the_guest(backend: object) -> None:
     result = backend.run("import os\nprint(os.environ['GREETING'])", env={"GREETING": "hello guest"})
     assert result.stdout.strip() == "hello guest"

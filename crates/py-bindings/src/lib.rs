@@ -154,12 +154,12 @@ const STEP_BYTES: usize = 448;
 /// `+=`, which CPython performs in place on a `str` nobody else holds. So a capped stream
 /// (1 MiB by default) exists about once in memory while it becomes one Python `str`, never
 /// twice as a copy from one whole buffer to another would need.
-#[pyclass(module = "langflow_sandbox_createos._native")]
+#[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct Output {
-    text: Text,
-    /// The piece being handed over and how many of its bytes already were.
-    current: Option<(Piece, usize)>,
-    /// Bytes of text at the start (before any U+FFFD replacement).
+    /// What is left to hand over: the text, and the piece being handed over with how many of
+    /// its bytes already were. Locked only for one step, always with the GIL held.
+    rest: Mutex<(Text, Option<(Piece, usize)>)>,
+    /// Bytes of text at the start.
     len: usize,
 }
 
@@ -167,8 +167,7 @@ impl Output {
     fn new(text: Text) -> Self {
         Self {
             len: text.len(),
-            text,
-            current: None,
+            rest: Mutex::new((text, None)),
         }
     }
 }
@@ -180,12 +179,14 @@ impl Output {
     }
 
     /// The next piece: at most `STEP_BYTES` bytes, always whole characters.
-    fn __next__<'py>(&mut self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+    fn __next__<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+        let mut rest = self.rest.lock().unwrap_or_else(PoisonError::into_inner);
+        let (text, current) = &mut *rest;
         loop {
-            if self.current.is_none() {
-                self.current = Some((self.text.next()?, 0));
+            if current.is_none() {
+                *current = Some((text.next()?, 0));
             }
-            let (piece, offset) = self.current.as_mut()?;
+            let (piece, offset) = current.as_mut()?;
             let bytes = piece.as_bytes();
             if *offset < bytes.len() {
                 let mut end = (*offset + STEP_BYTES).min(bytes.len());
@@ -198,7 +199,7 @@ impl Output {
                 return Some(step);
             }
             // This piece is done: dropping it returns its memory.
-            self.current = None;
+            *current = None;
         }
     }
 
@@ -236,12 +237,12 @@ pub struct RunResult {
 
 #[pymethods]
 impl RunResult {
-    fn __repr__(&self, py: Python<'_>) -> String {
+    fn __repr__(&self) -> String {
         format!(
             "RunResult(exit_code={}, stdout_len={}, stderr_len={}, guest={:?}, timings={})",
             self.exit_code,
-            self.stdout.borrow(py).len,
-            self.stderr.borrow(py).len,
+            self.stdout.get().len,
+            self.stderr.get().len,
             self.guest,
             self.timings.__repr__()
         )
