@@ -527,7 +527,9 @@ fn call_error(what: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
         CallFailure::Redirect => {
             " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL."
         }
-        _ if kind == ErrorKind::Transient => " No guest was created; retrying later may succeed.",
+        _ if kind == ErrorKind::Transient => {
+            " No guest was created and the program was not started; retrying later may succeed."
+        }
         _ => "",
     };
     SandboxError::new(kind, format!("CreateOS {what} failed: {detail}.{hint}")).redacted(redactor)

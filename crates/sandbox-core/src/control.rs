@@ -141,8 +141,9 @@ pub enum ExecFrame {
     Stdout(String),
     /// A chunk of standard error.
     Stderr(String),
-    /// The process exited with this status.
-    Exit(i32),
+    /// The process exited with this status, exactly as the agent reported it (a value outside
+    /// 0..=255 is not a process status, and the lifecycle treats it as a protocol failure).
+    Exit(i64),
     /// The agent reported an error (e.g. the command could not start).
     Error(String),
     /// Keep-alive.

@@ -231,9 +231,7 @@ impl ControlPlane for CreateOsControlPlane {
                 let out = match ev {
                     Ok(ExecEvent::Stdout { data }) => Some(Ok(ExecFrame::Stdout(data))),
                     Ok(ExecEvent::Stderr { data }) => Some(Ok(ExecFrame::Stderr(data))),
-                    Ok(ExecEvent::Exit { exit_code }) => Some(Ok(ExecFrame::Exit(
-                        i32::try_from(exit_code).unwrap_or(i32::MAX),
-                    ))),
+                    Ok(ExecEvent::Exit { exit_code }) => Some(Ok(ExecFrame::Exit(exit_code))),
                     Ok(ExecEvent::Error { message }) => Some(Ok(ExecFrame::Error(message))),
                     Ok(ExecEvent::Heartbeat) => Some(Ok(ExecFrame::Heartbeat)),
                     Ok(_) => None,

@@ -91,8 +91,38 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Maps a call error before dispatch to the taxonomy.
-fn before_dispatch(op: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
+/// The message every surface gives when a shutdown overtook a run.
+fn shut_down(stage: Stage) -> SandboxError {
+    match stage {
+        Stage::BeforeDispatch => SandboxError::new(
+            ErrorKind::Transient,
+            "the CreateOS sandbox backend was shut down while this run was starting; the \
+             program was not started and its guest is destroyed",
+        ),
+        Stage::Dispatched => SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            "the CreateOS sandbox backend was shut down while the program was running; its \
+             guest was destroyed, so the code may have run but did not finish",
+        ),
+    }
+}
+
+/// Whether the program may have started when something failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Nothing was dispatched: the program certainly did not run.
+    BeforeDispatch,
+    /// The exec request was sent.
+    Dispatched,
+}
+
+/// Maps a call error before dispatch to the taxonomy. After shutdown began, whatever the
+/// control plane answered (a 409 on a guest being destroyed, a reset) is reported as the
+/// shutdown it is.
+fn before_dispatch(op: &str, e: &CallError, reaper: &Reaper, redactor: &Redactor) -> SandboxError {
+    if reaper.is_closed() {
+        return shut_down(Stage::BeforeDispatch);
+    }
     let detail = cap_detail(&redactor.apply(&e.message));
     let (kind, hint) = match e.failure {
         CallFailure::Status(401) => (
@@ -117,10 +147,43 @@ fn before_dispatch(op: &str, e: &CallError, redactor: &Redactor) -> SandboxError
     SandboxError::new(kind, format!("CreateOS {op} failed: {detail}.{hint}")).redacted(redactor)
 }
 
+/// Maps a failed or broken exec, after the request was sent, to the taxonomy.
+fn after_dispatch(e: &CallError, reaper: &Reaper, redactor: &Redactor) -> SandboxError {
+    if reaper.is_closed() {
+        return shut_down(Stage::Dispatched);
+    }
+    let detail = cap_detail(&redactor.apply(&e.message));
+    let rejected = match e.failure {
+        CallFailure::Status(s) => (400..500).contains(&s),
+        CallFailure::Redirect | CallFailure::Config => true,
+        _ => false,
+    };
+    if rejected {
+        SandboxError::new(
+            ErrorKind::Rejected,
+            format!("CreateOS exec was rejected: {detail}. The program was not started"),
+        )
+    } else {
+        SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            format!(
+                "CreateOS exec failed after the program was dispatched ({detail}); the code may \
+                 have run. It was not retried"
+            ),
+        )
+    }
+    .redacted(redactor)
+}
+
+/// The largest exit status a process can have; anything else from the agent is not one.
+const MAX_EXIT_STATUS: i64 = 255;
+
 /// Runs `program` as a Python file in a fresh guest and destroys the guest.
 ///
 /// Cancellation-safe: dropping the returned future at any await point leaves the guest (or,
-/// during create, its name) with `reaper`, which destroys it.
+/// during create, its name) with `reaper`, which destroys it. With
+/// [`RunSpec::background_destroy`] off, the guest is destroyed before this returns on every
+/// path, errors included (a forked child that ends with `os._exit` never runs the reaper).
 pub async fn run_python(
     cp: Arc<dyn ControlPlane>,
     reaper: &Reaper,
@@ -137,183 +200,21 @@ pub async fn run_python(
     let t0 = Instant::now();
     let guard = create_guest(&cp, reaper, spec, redactor, deadline, &count).await?;
     let create_ms = ms(t0.elapsed());
-    let id = guard.id().unwrap_or_default().to_owned();
-    let name = guard.name().to_owned();
 
-    // 2. Upload the program while reading the egress back.
-    let t1 = Instant::now();
-    let path = format!(
-        "{WORKSPACE}/main_{:012x}.py",
-        rand::rng().random::<u64>() & 0xffff_ffff_ffff
-    );
-    let upload = retry_until(
-        &spec.backoff,
-        deadline,
-        "upload",
-        CallError::is_transient,
-        |_| {
-            count();
-            cp.upload(id.clone(), path.clone(), program.clone())
-        },
-    );
-    let readback = retry_until(
-        &spec.backoff,
-        deadline,
-        "egress read-back",
-        CallError::is_transient,
-        |_| {
-            count();
-            let (cp, id) = (cp.clone(), id.clone());
-            async move { cp.egress(id).await }
-        },
-    );
-    let ((up, _), (eg, _)) = tokio::join!(upload, readback);
-    let reported = eg.map_err(|e| before_dispatch("egress read-back", &e, redactor))?;
-    if !spec.egress.matches(reported.as_deref()) {
-        let got = reported.map_or_else(|| "(none)".to_owned(), |r| format!("{r:?}"));
-        let msg = format!(
-            "guest {name} reports egress {got}, but {} was requested; it was destroyed and the \
-             run refused rather than run code under a policy nobody asked for",
-            spec.egress
-        );
-        tracing::error!(target: LOG_TARGET, guest = %name, "{msg}");
-        count();
-        let _ = guard.destroy(&spec.backoff).await;
-        return Err(SandboxError::refused(msg).redacted(redactor));
-    }
-    up.map_err(|e| before_dispatch("upload", &e, redactor))?;
-    let upload_ms = ms(t1.elapsed());
-
-    // 3. Exec, streaming, under both clocks.
-    let (cmd, args) = python_command(&path, &spec.limits);
-    let host_budget = spec.limits.host_deadline();
-    let t2 = Instant::now();
-    let host_deadline = t2 + host_budget;
-    // Only a server that declined the request (429/503) is known not to have started it. The
-    // host deadline covers the dispatch too: a control plane that never answers is a timeout.
-    // The HTTP budget is a little longer so the host clock is the one that fires.
-    let dispatch = retry_until(
-        &spec.backoff,
-        deadline.max(t2 + Duration::from_secs(1)).min(host_deadline),
-        "exec",
-        CallError::is_declined,
-        |_| {
-            count();
-            let (cp, id, cmd, args) = (cp.clone(), id.clone(), cmd.clone(), args.clone());
-            async move {
-                cp.exec_stream(id, cmd, args, host_budget + Duration::from_secs(2))
-                    .await
-            }
-        },
-    );
-    let opened = match tokio::time::timeout_at(host_deadline, dispatch).await {
-        Ok((res, _)) => Some(res),
-        Err(_) => None,
-    };
-    let mut stream = match opened {
-        None => None,
-        Some(Ok(s)) => Some(s),
-        Some(Err(e)) if e.is_declined() => return Err(before_dispatch("exec", &e, redactor)),
-        Some(Err(e)) => {
-            let detail = cap_detail(&redactor.apply(&e.message));
-            let kind = match e.failure {
-                CallFailure::Status(s) if (400..500).contains(&s) => ErrorKind::Rejected,
-                CallFailure::Redirect | CallFailure::Config => ErrorKind::Rejected,
-                _ => ErrorKind::OutcomeUnknown,
-            };
-            let msg = if kind == ErrorKind::Rejected {
-                format!("CreateOS exec was rejected: {detail}")
-            } else {
-                format!(
-                    "CreateOS exec failed after the program was dispatched ({detail}); the code \
-                     may have run. It was not retried"
-                )
-            };
-            return Err(SandboxError::new(kind, msg).redacted(redactor));
-        }
-    };
-
-    let mut out = TailBuffer::new(spec.max_output_bytes);
-    let mut err = TailBuffer::new(spec.max_output_bytes);
-    let mut exit: Option<i32> = None;
-    let mut agent_error: Option<String> = None;
-    let mut broken: Option<CallError> = None;
-    let mut host_timed_out = stream.is_none();
-    while let Some(st) = stream.as_mut() {
-        match tokio::time::timeout_at(host_deadline, st.next()).await {
-            Err(_) => {
-                host_timed_out = true;
-                break;
-            }
-            Ok(None) => break,
-            Ok(Some(Ok(frame))) => match frame {
-                ExecFrame::Stdout(s) => out.push(s.as_bytes()),
-                ExecFrame::Stderr(s) => err.push(s.as_bytes()),
-                ExecFrame::Exit(c) => {
-                    exit = Some(c);
-                    break;
-                }
-                ExecFrame::Error(m) => agent_error = Some(m),
-                ExecFrame::Heartbeat => {}
-            },
-            Ok(Some(Err(e))) => {
-                broken = Some(e);
-                break;
-            }
-        }
-    }
-    drop(stream);
-    let exec_elapsed = t2.elapsed();
-    let exec_ms = ms(exec_elapsed);
-
-    if let Some(e) = broken {
-        let detail = cap_detail(&redactor.apply(&e.message));
-        let (o, se) = (out.total_bytes(), err.total_bytes());
-        return Err(SandboxError::new(
-            ErrorKind::OutcomeUnknown,
-            format!(
-                "the exec stream from CreateOS broke after the program was dispatched ({detail}); \
-                 the code may have run ({o} bytes of stdout and {se} of stderr had arrived). It \
-                 was not retried"
-            ),
-        )
-        .redacted(redactor));
-    }
-    if exit.is_none() && !host_timed_out {
-        let why = agent_error.map_or_else(
-            || "the exec stream ended without an exit status".to_owned(),
-            |m| {
-                format!(
-                    "the guest agent reported: {}",
-                    cap_detail(&redactor.apply(&m))
-                )
-            },
-        );
-        return Err(SandboxError::new(
-            ErrorKind::OutcomeUnknown,
-            format!("CreateOS exec did not complete: {why}; the code may have run"),
-        )
-        .redacted(redactor));
-    }
-    let exit_code = if host_timed_out {
-        tracing::warn!(
-            target: LOG_TARGET,
-            guest = %name,
-            waited_ms = exec_ms,
-            "the control plane did not finish the exec within budget + grace; destroying the guest \
-             and reporting a timeout with the output that arrived"
-        );
-        crate::exec::EXIT_TIMED_OUT
-    } else {
-        classify_exit(exit.unwrap_or(1), exec_elapsed, spec.limits.budget)
-    };
+    // 2-3. Upload and read back, then exec.
+    let ran = in_guest(
+        &cp, reaper, spec, &guard, program, redactor, deadline, &count,
+    )
+    .await;
 
     // 4. Destroy: now, or off the critical path with the reaper's guarantee. A host timeout
-    //    always destroys now, because that is what stops runaway code.
-    let destroy_ms = if spec.background_destroy && !host_timed_out {
-        guard.release_to_reaper();
-        None
-    } else {
+    //    always destroys now, because that is what stops runaway code; so does a shutdown,
+    //    and so does every path when background destroy is off.
+    let now = !spec.background_destroy
+        || reaper.is_closed()
+        || ran.as_ref().is_ok_and(|r| r.host_timed_out);
+    let name = guard.name().to_owned();
+    let destroy_ms = if now {
         count();
         match guard.destroy(&spec.backoff).await {
             Ok(d) => Some(ms(d)),
@@ -327,26 +228,30 @@ pub async fn run_python(
                 None
             }
         }
+    } else {
+        guard.release_to_reaper();
+        None
     };
+    let ran = ran?;
 
     let timings = Timings {
         create_ms,
-        upload_ms,
-        exec_ms,
+        upload_ms: ran.upload_ms,
+        exec_ms: ran.exec_ms,
         destroy_ms,
         total_ms: ms(t_start.elapsed()),
         requests: requests.load(Ordering::Relaxed),
     };
     let report = RunReport {
-        stdout: out.finish(),
-        stderr: err.finish(),
-        exit_code,
-        raw_exit_code: exit,
-        host_timed_out,
-        execution_time_ms: exec_ms,
+        stdout: ran.stdout,
+        stderr: ran.stderr,
+        exit_code: ran.exit_code,
+        raw_exit_code: ran.raw_exit_code,
+        host_timed_out: ran.host_timed_out,
+        execution_time_ms: ran.exec_ms,
         timings,
         guest_name: name,
-        guest_id: id,
+        guest_id: ran.guest_id,
     };
     tracing::info!(
         target: LOG_TARGET,
@@ -367,6 +272,244 @@ pub async fn run_python(
         "sandbox run finished"
     );
     Ok(report)
+}
+
+/// What happened inside the guest.
+struct InGuest {
+    stdout: Captured,
+    stderr: Captured,
+    exit_code: i32,
+    raw_exit_code: Option<i32>,
+    host_timed_out: bool,
+    upload_ms: u64,
+    exec_ms: u64,
+    guest_id: String,
+}
+
+/// Upload ∥ egress read-back, then the streaming exec under both clocks. The caller owns
+/// the guest's destroy.
+#[allow(clippy::too_many_arguments)]
+async fn in_guest(
+    cp: &Arc<dyn ControlPlane>,
+    reaper: &Reaper,
+    spec: &RunSpec,
+    guard: &GuestGuard,
+    program: Bytes,
+    redactor: &Redactor,
+    deadline: Instant,
+    count: &impl Fn() -> u32,
+) -> Result<InGuest, SandboxError> {
+    let id = guard.id().unwrap_or_default().to_owned();
+    let name = guard.name();
+    if reaper.is_closed() {
+        return Err(shut_down(Stage::BeforeDispatch));
+    }
+
+    // 2. Upload the program while reading the egress back.
+    let t1 = Instant::now();
+    let path = format!(
+        "{WORKSPACE}/main_{:012x}.py",
+        rand::rng().random::<u64>() & 0xffff_ffff_ffff
+    );
+    let upload = retry_until(
+        &spec.backoff,
+        deadline,
+        "upload",
+        |e| e.is_transient() && !reaper.is_closed(),
+        |_| {
+            count();
+            cp.upload(id.clone(), path.clone(), program.clone())
+        },
+    );
+    let readback = retry_until(
+        &spec.backoff,
+        deadline,
+        "egress read-back",
+        |e| e.is_transient() && !reaper.is_closed(),
+        |_| {
+            count();
+            let (cp, id) = (cp.clone(), id.clone());
+            async move { cp.egress(id).await }
+        },
+    );
+    let ((up, _), (eg, _)) = tokio::join!(upload, readback);
+    let reported = eg.map_err(|e| before_dispatch("egress read-back", &e, reaper, redactor))?;
+    if !spec.egress.matches(reported.as_deref()) {
+        let got = reported.map_or_else(|| "(none)".to_owned(), |r| format!("{r:?}"));
+        let msg = format!(
+            "guest {name} reports egress {got}, but {} was requested; it was destroyed and the \
+             run refused rather than run code under a policy nobody asked for",
+            spec.egress
+        );
+        tracing::error!(target: LOG_TARGET, guest = %name, "{msg}");
+        return Err(SandboxError::refused(msg).redacted(redactor));
+    }
+    up.map_err(|e| before_dispatch("upload", &e, reaper, redactor))?;
+    let upload_ms = ms(t1.elapsed());
+
+    // 3. Exec, streaming. Dispatch first: only a server that declined the request (429/503)
+    //    is known not to have started it, so only that is retried, inside the pre-dispatch
+    //    deadline (at least one second from now). A dispatch that never answers fails on
+    //    its own HTTP timeout as "may have run". The host clock starts once the exec is
+    //    accepted, so a declined or slow dispatch can never read as a program timeout.
+    let (cmd, args) = python_command(&path, &spec.limits);
+    let host_budget = spec.limits.host_deadline();
+    let t2 = Instant::now();
+    let (opened, _) = retry_until(
+        &spec.backoff,
+        deadline.max(t2 + Duration::from_secs(1)),
+        "exec",
+        |e| e.is_declined() && !reaper.is_closed(),
+        |_| {
+            let (cp, id, cmd, args) = (cp.clone(), id.clone(), cmd.clone(), args.clone());
+            let closed = reaper.is_closed();
+            if !closed {
+                count();
+            }
+            async move {
+                if closed {
+                    // Shutdown began: no program is dispatched any more.
+                    return Err(CallError::new(CallFailure::Config, "shut down"));
+                }
+                // The HTTP budget outlasts the host clock, so the host clock is the one that
+                // fires once the stream is open. The dispatch is bounded here too, in case a
+                // control plane does not honour its timeout.
+                let http = host_budget + Duration::from_secs(2);
+                tokio::time::timeout(
+                    http + Duration::from_secs(1),
+                    cp.exec_stream(id, cmd, args, http),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::new(
+                        CallFailure::Timeout,
+                        "no answer to the exec request",
+                    ))
+                })
+            }
+        },
+    )
+    .await;
+    let mut stream = match opened {
+        Ok(s) => s,
+        Err(_) if reaper.is_closed() => return Err(shut_down(Stage::BeforeDispatch)),
+        Err(e) if e.is_declined() => return Err(before_dispatch("exec", &e, reaper, redactor)),
+        Err(e) => return Err(after_dispatch(&e, reaper, redactor)),
+    };
+    let host_deadline = Instant::now() + host_budget;
+
+    let mut out = TailBuffer::new(spec.max_output_bytes);
+    let mut err = TailBuffer::new(spec.max_output_bytes);
+    let mut exit: Option<i64> = None;
+    let mut agent_error: Option<String> = None;
+    let mut broken: Option<CallError> = None;
+    let mut frames = 0u64;
+    let mut host_timed_out = false;
+    loop {
+        match tokio::time::timeout_at(host_deadline, stream.next()).await {
+            Err(_) => {
+                host_timed_out = true;
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => {
+                frames += 1;
+                match frame {
+                    ExecFrame::Stdout(s) => out.push(s.as_bytes()),
+                    ExecFrame::Stderr(s) => err.push(s.as_bytes()),
+                    ExecFrame::Exit(c) => {
+                        exit = Some(c);
+                        break;
+                    }
+                    ExecFrame::Error(m) => agent_error = Some(m),
+                    ExecFrame::Heartbeat => {}
+                }
+            }
+            Ok(Some(Err(e))) => {
+                broken = Some(e);
+                break;
+            }
+        }
+    }
+    drop(stream);
+    let exec_elapsed = t2.elapsed();
+    let exec_ms = ms(exec_elapsed);
+
+    if reaper.is_closed() && exit.is_none() {
+        return Err(shut_down(Stage::Dispatched));
+    }
+    if let Some(e) = broken {
+        let detail = cap_detail(&redactor.apply(&e.message));
+        let (o, se) = (out.total_bytes(), err.total_bytes());
+        return Err(SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            format!(
+                "the exec stream from CreateOS broke after the program was dispatched ({detail}); \
+                 the code may have run ({o} bytes of stdout and {se} of stderr had arrived). It \
+                 was not retried"
+            ),
+        )
+        .redacted(redactor));
+    }
+    let agent_said = agent_error.map(|m| cap_detail(&redactor.apply(&m)));
+    if host_timed_out && frames == 0 {
+        // Not one frame (no output, no heartbeat) since the exec was accepted: the control
+        // plane stopped answering; nothing says the program ran to its budget.
+        return Err(SandboxError::new(
+            ErrorKind::OutcomeUnknown,
+            format!(
+                "CreateOS accepted the exec but sent nothing (no output, heartbeat or exit \
+                 status) for {}s; the code may have run. The guest was destroyed",
+                host_budget.as_secs()
+            ),
+        )
+        .redacted(redactor));
+    }
+    let exit_code = if host_timed_out {
+        tracing::warn!(
+            target: LOG_TARGET,
+            guest = %name,
+            waited_ms = exec_ms,
+            "the control plane did not finish the exec within budget + grace; destroying the guest \
+             and reporting a timeout with the output that arrived"
+        );
+        crate::exec::EXIT_TIMED_OUT
+    } else {
+        match exit {
+            Some(c) if (0..=MAX_EXIT_STATUS).contains(&c) => {
+                let c = i32::try_from(c).unwrap_or(i32::MAX);
+                classify_exit(c, exec_elapsed, spec.limits.budget)
+            }
+            other => {
+                let what = other.map_or_else(
+                    || "the exec stream ended without an exit status".to_owned(),
+                    |c| format!("CreateOS reported exit status {c}, which no process can have"),
+                );
+                let why = agent_said
+                    .map_or_else(String::new, |m| format!(" (the guest agent reported: {m})"));
+                return Err(SandboxError::new(
+                    ErrorKind::OutcomeUnknown,
+                    format!("CreateOS exec did not complete: {what}{why}; the code may have run"),
+                )
+                .redacted(redactor));
+            }
+        }
+    };
+    if let Some(m) = agent_said {
+        // An exit status and an agent error together: keep the agent's word where the user
+        // reads failures.
+        err.push(format!("\n[CreateOS guest agent: {m}]\n").as_bytes());
+    }
+    Ok(InGuest {
+        stdout: out.finish(),
+        stderr: err.finish(),
+        exit_code,
+        raw_exit_code: exit.and_then(|c| i32::try_from(c).ok()),
+        host_timed_out,
+        upload_ms,
+        exec_ms,
+        guest_id: id,
+    })
 }
 
 /// Creates a guest, retrying transient failures with a fresh name each time. A create whose
@@ -400,6 +543,13 @@ async fn create_guest(
         match cp.create(req).await {
             Ok(info) => {
                 guard.set_id(&info.id);
+                if reaper.is_closed() {
+                    // Shutdown began while the create was in flight: nothing is dispatched
+                    // any more, and the guest is destroyed (once: shutdown may be at it).
+                    count();
+                    let _ = guard.destroy(&spec.backoff).await;
+                    return Err(shut_down(Stage::BeforeDispatch));
+                }
                 // The create response's own echo is a first read-back.
                 if let Some(eg) = &info.egress
                     && !spec.egress.matches(Some(eg))
@@ -431,10 +581,10 @@ async fn create_guest(
                     );
                     drop(guard);
                 }
-                let delay = e.retry_after.unwrap_or_else(|| spec.backoff.delay(attempt));
+                let delay = spec.backoff.delay_after(attempt, e.retry_after);
                 attempt += 1;
-                if !retryable || Instant::now() + delay >= deadline {
-                    return Err(before_dispatch("create", &e, redactor));
+                if !retryable || reaper.is_closed() || Instant::now() + delay >= deadline {
+                    return Err(before_dispatch("create", &e, reaper, redactor));
                 }
                 tracing::info!(
                     target: LOG_TARGET,

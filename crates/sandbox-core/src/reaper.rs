@@ -5,7 +5,12 @@
 //! never arrived can still be found. When the guard is dropped without [`GuestGuard::destroy`]
 //! having succeeded (an error, a timeout, a cancelled future, a panic), the guest is handed to
 //! a background task that destroys it with retries. [`Reaper::shutdown`] destroys everything
-//! still registered, including guests of runs still in flight, within a bounded time.
+//! still registered, including guests of runs still in flight and guests whose create is still
+//! in flight (found by name once it lands), within a bounded time.
+//!
+//! One guest, one DELETE: whoever destroys a guest (its run, the background task, shutdown)
+//! first *claims* its entry; the others wait for that destroy to finish (bounded) instead of
+//! sending their own.
 //!
 //! A `Reaper` holds no runtime handle: background work is spawned on whatever tokio runtime is
 //! current when a guard is dropped, and anything that could not be spawned waits for
@@ -28,9 +33,18 @@ use crate::retry::Backoff;
 pub struct ReaperConfig {
     /// Backoff between background destroy attempts.
     pub backoff: Backoff,
-    /// How long a name lookup keeps looking for a guest whose create may still land.
+    /// How long after a create's response was lost the reaper keeps looking the guest up by
+    /// name. A slow create can land well after its client gave up, so this is longer than a
+    /// control call's timeout; lookups are spaced out (doubling up to [`LOOKUP_POLL_MAX`]).
     pub lookup_patience: Duration,
 }
+
+/// Longest pause between two name lookups of a guest whose create response was lost.
+pub const LOOKUP_POLL_MAX: Duration = Duration::from_secs(10);
+/// First pause between two name lookups.
+const LOOKUP_POLL_MIN: Duration = Duration::from_millis(200);
+/// How often a caller waiting for another party's destroy looks again.
+const CLAIM_POLL: Duration = Duration::from_millis(20);
 
 impl Default for ReaperConfig {
     fn default() -> Self {
@@ -40,7 +54,7 @@ impl Default for ReaperConfig {
                 max: Duration::from_secs(10),
                 budget: Duration::from_secs(300),
             },
-            lookup_patience: Duration::from_secs(3),
+            lookup_patience: Duration::from_secs(60),
         }
     }
 }
@@ -65,8 +79,10 @@ struct Entry {
     cp: Arc<dyn ControlPlane>,
     target: Target,
     redactor: Redactor,
-    /// True once the owning run let go of it.
-    abandoned: bool,
+    /// When the owning run let go of it (`None` while the run still owns it).
+    abandoned_at: Option<Instant>,
+    /// A destroy of this guest is in flight; everyone else waits for it.
+    busy: bool,
 }
 
 struct Inner {
@@ -112,6 +128,38 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The outcome of trying to take the right to destroy one guest.
+enum Claim {
+    /// Nothing registered under the slot any more: the guest is gone.
+    Gone,
+    /// Someone else is destroying it right now.
+    Busy,
+    /// Ours to destroy until the token is dropped.
+    Got(Held),
+}
+
+/// The right to destroy one guest. Dropping it (also when the task holding it is cancelled,
+/// e.g. with its runtime) lets others take over.
+struct Held {
+    reaper: Reaper,
+    slot: u64,
+    cp: Arc<dyn ControlPlane>,
+    redactor: Redactor,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(e) = self.reaper.lock().get_mut(&self.slot) {
+            e.busy = false;
+        }
+    }
+}
+
+/// Sleeps for `d`, but never past `until`.
+async fn sleep_within(d: Duration, until: Instant) {
+    tokio::time::sleep_until((Instant::now() + d).min(until)).await;
+}
+
 impl Reaper {
     /// An empty registry.
     pub fn new(config: ReaperConfig) -> Self {
@@ -142,7 +190,8 @@ impl Reaper {
         self.inner.failures.load(Ordering::SeqCst)
     }
 
-    /// True after [`Reaper::shutdown`]: new guests are refused.
+    /// True after [`Reaper::shutdown`] began: new guests are refused, and a run must not
+    /// dispatch its program any more.
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::SeqCst)
     }
@@ -172,9 +221,16 @@ impl Reaper {
                 cp,
                 target: Target::Name(name.to_owned()),
                 redactor,
-                abandoned: false,
+                abandoned_at: None,
+                busy: false,
             },
         );
+        // A shutdown that began between the check and the insert may have missed this slot:
+        // refuse, so no guest is created behind its back.
+        if self.is_closed() {
+            self.forget(slot);
+            return None;
+        }
         Some(GuestGuard {
             reaper: self.clone(),
             slot,
@@ -197,20 +253,51 @@ impl Reaper {
         self.lock().remove(&slot);
     }
 
+    fn claim(&self, slot: u64) -> Claim {
+        let mut map = self.lock();
+        match map.get_mut(&slot) {
+            None => Claim::Gone,
+            Some(e) if e.busy => Claim::Busy,
+            Some(e) => {
+                e.busy = true;
+                Claim::Got(Held {
+                    reaper: self.clone(),
+                    slot,
+                    cp: e.cp.clone(),
+                    redactor: e.redactor.clone(),
+                })
+            }
+        }
+    }
+
+    /// The guest of `slot` is gone: forget it and count it.
+    fn destroyed(&self, slot: u64, name: &str, took: Duration, how: &'static str) {
+        self.forget(slot);
+        self.inner.destroyed.fetch_add(1, Ordering::SeqCst);
+        tracing::info!(
+            target: LOG_TARGET,
+            guest = name,
+            destroy_ms = ms(took),
+            "{how}"
+        );
+    }
+
     fn abandon(&self, slot: u64) {
         let spawn = {
             let mut map = self.lock();
             match map.get_mut(&slot) {
                 Some(e) => {
-                    e.abandoned = true;
+                    e.abandoned_at = Some(Instant::now());
                     true
                 }
                 None => false,
             }
         };
-        if !spawn || self.is_closed() {
+        if !spawn {
             return;
         }
+        // Spawned even after shutdown began: shutdown may already have given up on this guest
+        // (its create answered late), and claims keep the two from destroying it twice.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let me = self.clone();
             handle.spawn(async move { me.reap_in_background(slot).await });
@@ -222,25 +309,52 @@ impl Reaper {
         }
     }
 
-    /// Destroys one target once: by id, or by finding the name first. `Ok(true)` when it is
-    /// gone (or was never created), `Ok(false)` never; errors are the last call's.
-    async fn destroy_target(
+    /// Destroys the guest of a claimed `slot` once: by id, or by finding its name first.
+    ///
+    /// A name that is not (yet) listed is looked up again, with growing pauses, until `until`
+    /// or, for a create whose response was lost, until the lookup patience after it was
+    /// abandoned. The target is read again before each lookup, so an id that arrives
+    /// meanwhile (the create answered late) is used at once. `Ok` when the guest is gone or,
+    /// as far as the lookups can tell, was never created.
+    async fn destroy_slot(
+        &self,
+        slot: u64,
         cp: &Arc<dyn ControlPlane>,
-        target: &Target,
-        patience: Duration,
+        until: Instant,
     ) -> Result<(), CallError> {
-        match target {
-            Target::Id { id, .. } => cp.destroy(id.clone()).await,
-            Target::Name(name) => {
-                // A create that was cut off may still land: look a few times.
-                let give_up = Instant::now() + patience;
-                loop {
-                    match cp.find_by_name(name.clone()).await? {
-                        Some(g) if g.is_terminal() => return Ok(()),
-                        Some(g) => return cp.destroy(g.id).await,
-                        None if Instant::now() >= give_up => return Ok(()),
-                        None => tokio::time::sleep(Duration::from_millis(200)).await,
+        let mut poll = LOOKUP_POLL_MIN;
+        loop {
+            let current = {
+                let map = self.lock();
+                map.get(&slot).map(|e| (e.target.clone(), e.abandoned_at))
+            };
+            let Some((target, abandoned_at)) = current else {
+                return Ok(());
+            };
+            let name = match target {
+                Target::Id { id, .. } => return cp.destroy(id).await,
+                Target::Name(name) => name,
+            };
+            match cp.find_by_name(name.clone()).await? {
+                Some(g) if g.is_terminal() => return Ok(()),
+                Some(g) => {
+                    self.set_id(slot, &g.id);
+                    return cp.destroy(g.id).await;
+                }
+                None => {
+                    let give_up = abandoned_at.map_or(until, |t| {
+                        (t + self.inner.config.lookup_patience).min(until)
+                    });
+                    if Instant::now() + poll >= give_up {
+                        tracing::debug!(
+                            target: LOG_TARGET,
+                            guest = %name,
+                            "no guest under this name; its create never landed"
+                        );
+                        return Ok(());
                     }
+                    sleep_within(poll, give_up).await;
+                    poll = (poll * 2).min(LOOKUP_POLL_MAX);
                 }
             }
         }
@@ -249,42 +363,37 @@ impl Reaper {
     async fn reap_in_background(self, slot: u64) {
         let started = Instant::now();
         let cfg = self.inner.config;
+        let until = started + cfg.backoff.budget;
         let mut attempt = 0u32;
         loop {
-            if self.is_closed() {
-                return; // shutdown owns it now
-            }
-            let snapshot = {
-                let map = self.lock();
-                map.get(&slot)
-                    .map(|e| (e.cp.clone(), e.target.clone(), e.redactor.clone()))
+            let held = match self.claim(slot) {
+                Claim::Gone => return,
+                Claim::Busy => {
+                    if Instant::now() >= until {
+                        return;
+                    }
+                    sleep_within(CLAIM_POLL, until).await;
+                    continue;
+                }
+                Claim::Got(held) => held,
             };
-            let Some((cp, target, redactor)) = snapshot else {
-                return;
-            };
+            let name = self.name_of(slot);
             let t0 = Instant::now();
-            match Self::destroy_target(&cp, &target, cfg.lookup_patience).await {
+            match self.destroy_slot(slot, &held.cp, until).await {
                 Ok(()) => {
-                    self.forget(slot);
-                    self.inner.destroyed.fetch_add(1, Ordering::SeqCst);
-                    tracing::info!(
-                        target: LOG_TARGET,
-                        guest = target.name(),
-                        destroy_ms = ms(t0.elapsed()),
-                        attempts = attempt + 1,
-                        "guest destroyed"
-                    );
+                    self.destroyed(slot, &name, t0.elapsed(), "guest destroyed");
                     return;
                 }
                 Err(e) => {
+                    let msg = held.redactor.apply(&e.message);
+                    drop(held);
                     self.inner.failures.fetch_add(1, Ordering::SeqCst);
-                    let delay = cfg.backoff.delay(attempt);
+                    let delay = cfg.backoff.delay_after(attempt, e.retry_after);
                     attempt += 1;
-                    let msg = redactor.apply(&e.message);
-                    if started.elapsed() + delay > cfg.backoff.budget {
+                    if Instant::now() + delay > until {
                         tracing::error!(
                             target: LOG_TARGET,
-                            guest = target.name(),
+                            guest = %name,
                             attempts = attempt,
                             error = %msg,
                             "could not destroy guest; it stays registered for shutdown, and \
@@ -294,7 +403,7 @@ impl Reaper {
                     }
                     tracing::warn!(
                         target: LOG_TARGET,
-                        guest = target.name(),
+                        guest = %name,
                         attempt,
                         error = %msg,
                         "guest destroy failed; retrying"
@@ -305,76 +414,94 @@ impl Reaper {
         }
     }
 
-    /// Destroys every registered guest (running or abandoned), concurrently, within `timeout`,
-    /// and stops background retries. Idempotent; later registrations are refused.
+    fn name_of(&self, slot: u64) -> String {
+        self.lock()
+            .get(&slot)
+            .map(|e| e.target.name().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Destroys every registered guest (running, abandoned, or still being created),
+    /// concurrently, within `timeout`, and refuses new registrations. A destroy already in
+    /// flight elsewhere is waited for, not repeated. Idempotent.
     pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         self.inner.closed.store(true, Ordering::SeqCst);
-        let entries: Vec<(u64, Arc<dyn ControlPlane>, Target, Redactor)> = self
-            .lock()
-            .iter()
-            .map(|(k, e)| (*k, e.cp.clone(), e.target.clone(), e.redactor.clone()))
-            .collect();
-        if entries.is_empty() {
+        let slots: Vec<u64> = self.lock().keys().copied().collect();
+        if slots.is_empty() {
             return ShutdownReport::default();
         }
         let deadline = Instant::now() + timeout;
-        let patience = self.inner.config.lookup_patience.min(timeout / 2);
-        let jobs = entries.into_iter().map(|(slot, cp, target, redactor)| {
-            let me = self.clone();
-            async move {
-                let mut attempt = 0u32;
-                loop {
-                    let t0 = Instant::now();
-                    let res = tokio::time::timeout_at(
-                        deadline,
-                        Self::destroy_target(&cp, &target, patience),
-                    )
-                    .await;
-                    match res {
-                        Ok(Ok(())) => {
-                            me.forget(slot);
-                            me.inner.destroyed.fetch_add(1, Ordering::SeqCst);
-                            tracing::info!(
-                                target: LOG_TARGET,
-                                guest = target.name(),
-                                destroy_ms = ms(t0.elapsed()),
-                                "guest destroyed at shutdown"
-                            );
-                            return true;
-                        }
-                        Ok(Err(e)) => {
-                            me.inner.failures.fetch_add(1, Ordering::SeqCst);
-                            let delay = Duration::from_millis(100 << attempt.min(4));
-                            attempt += 1;
-                            if Instant::now() + delay >= deadline {
-                                tracing::error!(
-                                    target: LOG_TARGET,
-                                    guest = target.name(),
-                                    error = %redactor.apply(&e.message),
-                                    "could not destroy guest at shutdown; auto-pause bounds its cost"
-                                );
-                                return false;
-                            }
-                            tokio::time::sleep(delay).await;
-                        }
-                        Err(_) => {
-                            tracing::error!(
-                                target: LOG_TARGET,
-                                guest = target.name(),
-                                "guest destroy did not finish before the shutdown deadline; \
-                                 auto-pause bounds its cost"
-                            );
-                            return false;
-                        }
-                    }
-                }
-            }
-        });
-        let results = futures::future::join_all(jobs).await;
+        let results =
+            futures::future::join_all(slots.into_iter().map(|slot| self.settle(slot, deadline)))
+                .await;
         let destroyed = results.iter().filter(|ok| **ok).count();
         ShutdownReport {
             destroyed,
             failed: results.len() - destroyed,
+        }
+    }
+
+    /// Shutdown's part for one guest: destroy it, or wait for whoever is destroying it.
+    /// True when it is gone by `deadline`.
+    async fn settle(&self, slot: u64, deadline: Instant) -> bool {
+        let mut attempt = 0u32;
+        loop {
+            let held = match self.claim(slot) {
+                Claim::Gone => return true,
+                Claim::Busy => {
+                    if Instant::now() >= deadline {
+                        tracing::error!(
+                            target: LOG_TARGET,
+                            guest = %self.name_of(slot),
+                            "a destroy of this guest was still in flight at the shutdown \
+                             deadline; auto-pause bounds its cost"
+                        );
+                        return false;
+                    }
+                    sleep_within(CLAIM_POLL, deadline).await;
+                    continue;
+                }
+                Claim::Got(held) => held,
+            };
+            let name = self.name_of(slot);
+            let t0 = Instant::now();
+            let res =
+                tokio::time::timeout_at(deadline, self.destroy_slot(slot, &held.cp, deadline))
+                    .await;
+            match res {
+                Ok(Ok(())) => {
+                    self.destroyed(slot, &name, t0.elapsed(), "guest destroyed at shutdown");
+                    return true;
+                }
+                Ok(Err(e)) => {
+                    let redactor = held.redactor.clone();
+                    drop(held);
+                    self.inner.failures.fetch_add(1, Ordering::SeqCst);
+                    let delay = Duration::from_millis(100 << attempt.min(4))
+                        .max(e.retry_after.unwrap_or_default());
+                    attempt += 1;
+                    if Instant::now() + delay >= deadline {
+                        tracing::error!(
+                            target: LOG_TARGET,
+                            guest = %name,
+                            error = %redactor.apply(&e.message),
+                            "could not destroy guest at shutdown; auto-pause bounds its cost"
+                        );
+                        return false;
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+                Err(_) => {
+                    drop(held);
+                    tracing::error!(
+                        target: LOG_TARGET,
+                        guest = %name,
+                        "guest destroy did not finish before the shutdown deadline; \
+                         auto-pause bounds its cost"
+                    );
+                    return false;
+                }
+            }
         }
     }
 }
@@ -423,36 +550,59 @@ impl GuestGuard {
         self.reaper.forget(self.slot);
     }
 
-    /// Destroys the guest now, with retries inside `backoff.budget`. On failure the guard is
-    /// dropped, which hands the guest to the background reaper.
+    /// Destroys the guest now, with retries inside `backoff.budget`; if a destroy of it is
+    /// already in flight (shutdown), waits for that one instead of sending another. On
+    /// failure the guard is dropped, which hands the guest to the background reaper.
     pub async fn destroy(mut self, backoff: &Backoff) -> Result<Duration, CallError> {
-        let cp = {
-            let map = self.reaper.lock();
-            map.get(&self.slot)
-                .map(|e| (e.cp.clone(), e.target.clone()))
-        };
-        let Some((cp, target)) = cp else {
-            // Already destroyed by shutdown.
-            self.armed = false;
-            return Ok(Duration::ZERO);
-        };
         let t0 = Instant::now();
-        let patience = self.reaper.inner.config.lookup_patience;
-        let (res, _) = crate::retry::retry_until(
-            backoff,
-            t0 + backoff.budget,
-            "destroy",
-            CallError::is_transient,
-            |_| {
-                let (cp, target) = (cp.clone(), target.clone());
-                async move { Reaper::destroy_target(&cp, &target, patience).await }
-            },
-        )
-        .await;
-        res?;
-        self.armed = false;
-        self.reaper.forget(self.slot);
-        Ok(t0.elapsed())
+        let until = t0 + backoff.budget;
+        let mut attempt = 0u32;
+        loop {
+            let held = match self.reaper.claim(self.slot) {
+                Claim::Gone => {
+                    // Destroyed by someone else (shutdown).
+                    self.armed = false;
+                    return Ok(t0.elapsed());
+                }
+                Claim::Busy if Instant::now() < until => {
+                    sleep_within(CLAIM_POLL, until).await;
+                    continue;
+                }
+                Claim::Busy => {
+                    return Err(CallError::new(
+                        crate::control::CallFailure::Timeout,
+                        format!(
+                            "a destroy of guest {} started elsewhere did not finish in time",
+                            self.name
+                        ),
+                    ));
+                }
+                Claim::Got(held) => held,
+            };
+            match self.reaper.destroy_slot(self.slot, &held.cp, until).await {
+                Ok(()) => {
+                    self.armed = false;
+                    self.reaper.forget(self.slot);
+                    return Ok(t0.elapsed());
+                }
+                Err(e) => {
+                    drop(held);
+                    let delay = backoff.delay_after(attempt, e.retry_after);
+                    attempt += 1;
+                    if !e.is_transient() || Instant::now() + delay >= until {
+                        return Err(e);
+                    }
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        guest = %self.name,
+                        attempt,
+                        error = %e,
+                        "retrying destroy"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
     }
 
     /// Hands the guest to the background reaper now (destroy off the critical path).

@@ -14,7 +14,8 @@ use crate::control::CallError;
 pub struct Backoff {
     /// First delay.
     pub base: Duration,
-    /// Largest delay (a server's `Retry-After` is honoured up to the deadline).
+    /// Largest scheduled delay. A server's `Retry-After` may lengthen a wait beyond it (up to
+    /// the deadline), never shorten one below the schedule.
     pub max: Duration,
     /// Total time a call may spend retrying, measured from its first attempt.
     pub budget: Duration,
@@ -37,6 +38,14 @@ impl Backoff {
         let exp = self.base.saturating_mul(1u32 << attempt.min(16));
         let jitter = self.base.mul_f64(rand::rng().random_range(0.0..1.0));
         exp.min(self.max) + jitter
+    }
+
+    /// The wait before retry number `attempt` (0-based) after a failure that carried
+    /// `retry_after`: the scheduled [`Backoff::delay`], lengthened to the server's
+    /// `Retry-After` when that is longer. A zero, missing or smaller value never shortens the
+    /// schedule, so a server answering `Retry-After: 0` cannot turn the retries into a storm.
+    pub fn delay_after(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        self.delay(attempt).max(retry_after.unwrap_or_default())
     }
 }
 
@@ -61,7 +70,7 @@ where
         match res {
             Ok(v) => return (Ok(v), attempt),
             Err(e) if retryable(&e) => {
-                let delay = e.retry_after.unwrap_or_else(|| backoff.delay(attempt - 1));
+                let delay = backoff.delay_after(attempt - 1, e.retry_after);
                 if Instant::now() + delay >= deadline {
                     return (Err(e), attempt);
                 }
@@ -146,6 +155,46 @@ mod tests {
         .await;
         assert!(r.is_err());
         assert!(attempts >= 2, "{attempts}");
+    }
+
+    #[tokio::test]
+    async fn retry_after_zero_never_shortens_the_schedule() {
+        // A server that declines every call with `Retry-After: 0` gets the backoff schedule,
+        // so a 300 ms deadline with a 40 ms base admits a handful of attempts, not hundreds.
+        let b = Backoff {
+            base: Duration::from_millis(40),
+            max: Duration::from_millis(200),
+            budget: Duration::from_secs(5),
+        };
+        let n = AtomicU32::new(0);
+        let (r, attempts) = retry_until(
+            &b,
+            Instant::now() + Duration::from_millis(300),
+            "t",
+            CallError::is_declined,
+            |_| async {
+                n.fetch_add(1, Ordering::SeqCst);
+                let mut e = CallError::new(CallFailure::Status(429), "slow down");
+                e.retry_after = Some(Duration::ZERO);
+                Err::<(), _>(e)
+            },
+        )
+        .await;
+        assert!(r.is_err());
+        // 40+80+160 ms (each plus jitter) already reach the deadline: at most 4 attempts.
+        assert!((2..=4).contains(&attempts), "{attempts} attempts");
+        assert_eq!(n.load(Ordering::SeqCst), attempts);
+    }
+
+    #[test]
+    fn retry_after_lengthens_but_never_shortens() {
+        let b = quick();
+        assert!(b.delay_after(0, Some(Duration::ZERO)) >= b.base);
+        assert!(b.delay_after(0, None) >= b.base);
+        assert_eq!(
+            b.delay_after(3, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]

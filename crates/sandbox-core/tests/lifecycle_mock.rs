@@ -39,6 +39,8 @@ enum Fault {
     Hang,
     /// Panic inside the call.
     Panic,
+    /// Answer normally, but only after this long (a slow control plane).
+    Delay(Duration),
 }
 
 #[derive(Default)]
@@ -97,6 +99,10 @@ async fn apply<T>(fault: Option<Fault>, effect: impl FnOnce() -> T) -> Result<T,
         }
         Some(Fault::Hang) => futures::future::pending().await,
         Some(Fault::Panic) => panic!("injected panic"),
+        Some(Fault::Delay(d)) => {
+            tokio::time::sleep(d).await;
+            Ok(effect())
+        }
     }
 }
 
@@ -723,15 +729,241 @@ async fn shutdown_flushes_guests_abandoned_without_a_runtime_task() {
 }
 
 #[tokio::test]
-async fn control_plane_that_never_answers_exec_is_a_timeout() {
+async fn control_plane_that_never_answers_exec_may_have_run_and_is_no_timeout() {
+    // The exec request was sent and never answered: nothing says the program ran to its
+    // budget, so this is "may have run", not lfx's "timed out" (issue: hardening #2).
     let m = Mock::new();
     m.frames(ok_frames());
     m.fault("exec_stream", Fault::Hang);
     let r = reaper();
-    let rep = run(&m, &r, &spec()).await.unwrap();
-    assert_eq!(rep.exit_code, -1);
-    assert!(rep.host_timed_out);
-    assert_eq!(rep.stdout.text, "");
-    assert!(rep.timings.destroy_ms.is_some());
+    let e = run(&m, &r, &spec()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{e}");
+    assert!(e.to_string().contains("may have run"), "{e}");
+    settle(&m).await;
     assert_eq!(m.live(), 0);
+}
+
+fn declined() -> CallError {
+    CallError::new(CallFailure::Status(503), "busy")
+}
+
+#[tokio::test]
+async fn agent_exit_minus_one_is_not_a_timeout() {
+    // -1 is lfx's "timed out"; an agent that reports it (or any status no process can have)
+    // is a protocol failure, never a timeout verdict.
+    for bad in [-1_i64, 1 << 40, 256] {
+        let m = Mock::new();
+        m.frames(vec![(Duration::ZERO, ExecFrame::Exit(bad))]);
+        let r = reaper();
+        let e = run(&m, &r, &spec()).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{bad}: {e}");
+        assert!(e.to_string().contains(&bad.to_string()), "{e}");
+        assert!(e.to_string().contains("may have run"), "{e}");
+        assert_eq!(m.live(), 0);
+    }
+}
+
+#[tokio::test]
+async fn agent_error_text_is_kept_next_to_an_exit_code() {
+    let m = Mock::new();
+    m.frames(vec![
+        (Duration::ZERO, ExecFrame::Stderr("boom\n".into())),
+        (
+            Duration::ZERO,
+            ExecFrame::Error("process killed: OOM".into()),
+        ),
+        (Duration::ZERO, ExecFrame::Exit(137)),
+    ]);
+    let r = reaper();
+    let rep = run(&m, &r, &spec()).await.unwrap();
+    assert_eq!(rep.exit_code, 137);
+    let err = rep.stderr.text.to_string();
+    assert!(err.starts_with("boom\n"), "{err}");
+    assert!(err.contains("process killed: OOM"), "{err}");
+}
+
+#[tokio::test]
+async fn exec_declined_past_the_host_budget_is_not_started_not_timed_out() {
+    // Declined (503) until long after budget + grace: the program never started, so the run
+    // is an error that says so, never exit -1.
+    let m = Mock::new();
+    m.frames(ok_frames());
+    for _ in 0..10_000 {
+        m.fault("exec_stream", Fault::Fail(declined()));
+    }
+    let r = reaper();
+    let mut s = spec();
+    s.backoff.budget = Duration::from_millis(1500); // > host deadline of 550 ms
+    let e = run(&m, &r, &s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+    assert!(e.to_string().contains("not started"), "{e}");
+    assert!(m.calls("exec_stream") >= 2);
+    assert_eq!(m.live(), 0);
+}
+
+#[tokio::test]
+async fn an_accepted_exec_that_sends_nothing_may_have_run() {
+    // The stream opened and then not one frame (no heartbeat either) until the host deadline.
+    let m = Mock::new();
+    m.frames(vec![]);
+    m.exec_hang_after.store(1, Ordering::SeqCst);
+    let r = reaper();
+    let e = run(&m, &r, &spec()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{e}");
+    assert!(e.to_string().contains("sent nothing"), "{e}");
+    assert_eq!(m.live(), 0, "destroyed before returning");
+}
+
+#[tokio::test]
+async fn without_background_destroy_every_error_path_destroys_before_returning() {
+    // A forked child ends with os._exit: whatever failed, its guest must already be gone.
+    let cases: Vec<(&'static str, Fault)> = vec![
+        (
+            "upload",
+            Fault::Fail(CallError::new(CallFailure::Status(500), "x")),
+        ),
+        (
+            "egress_get",
+            Fault::Fail(CallError::new(CallFailure::Status(404), "x")),
+        ),
+        (
+            "exec_stream",
+            Fault::Fail(CallError::new(CallFailure::Status(500), "x")),
+        ),
+    ];
+    for (op, fault) in cases {
+        let m = Mock::new();
+        m.frames(ok_frames());
+        for _ in 0..1000 {
+            m.fault(op, fault.clone());
+        }
+        let r = reaper();
+        let mut s = spec();
+        s.background_destroy = false;
+        s.backoff.budget = Duration::from_millis(200);
+        assert!(run(&m, &r, &s).await.is_err(), "{op}");
+        assert_eq!(m.live(), 0, "{op}: the guest outlived run()");
+        assert_eq!(r.registered(), 0, "{op}");
+    }
+}
+
+#[tokio::test]
+async fn shutdown_during_an_in_flight_create_dispatches_nothing_and_leaves_nothing() {
+    // Create answers after 800 ms; listing fails meanwhile. Shutdown starts while the create
+    // is in flight: the program must never be uploaded or run, and the guest that lands is
+    // destroyed exactly once.
+    let m = Mock::new();
+    m.frames(ok_frames());
+    m.fault("create", Fault::Delay(Duration::from_millis(800)));
+    for _ in 0..1000 {
+        m.fault(
+            "list",
+            Fault::Fail(CallError::new(CallFailure::Status(500), "list down")),
+        );
+    }
+    let r = reaper();
+    let s = spec();
+    let (m2, r2, s2) = (m.clone(), r.clone(), s.clone());
+    let j = tokio::spawn(async move { run(&m2, &r2, &s2).await });
+    for _ in 0..200 {
+        if m.calls("create") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rep = r.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(rep.destroyed, 1, "{rep:?}");
+    let e = j.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("shut down"), "{e}");
+    assert!(e.to_string().contains("not started"), "{e}");
+    assert_eq!(m.calls("upload"), 0);
+    assert_eq!(m.calls("exec_stream"), 0);
+    assert_eq!(m.live(), 0);
+    assert_eq!(m.calls("delete"), 1, "one guest, one DELETE");
+}
+
+#[tokio::test]
+async fn a_late_create_is_still_destroyed_when_shutdown_gave_up() {
+    // Shutdown's deadline passes before the create answers: the run itself destroys the guest
+    // it gets back, and dispatches nothing.
+    let m = Mock::new();
+    m.frames(ok_frames());
+    m.fault("create", Fault::Delay(Duration::from_millis(600)));
+    for _ in 0..1000 {
+        m.fault(
+            "list",
+            Fault::Fail(CallError::new(CallFailure::Status(500), "list down")),
+        );
+    }
+    let r = reaper();
+    let s = spec();
+    let (m2, r2, s2) = (m.clone(), r.clone(), s.clone());
+    let j = tokio::spawn(async move { run(&m2, &r2, &s2).await });
+    for _ in 0..200 {
+        if m.calls("create") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rep = r.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(rep.failed, 1, "{rep:?}");
+    let e = j.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("shut down"), "{e}");
+    assert_eq!(m.calls("exec_stream"), 0);
+    assert_eq!(m.live(), 0);
+    assert_eq!(m.calls("delete"), 1);
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_a_background_destroy_instead_of_repeating_it() {
+    let m = Mock::new();
+    m.frames(ok_frames());
+    m.fault("delete", Fault::Delay(Duration::from_millis(300)));
+    let r = reaper();
+    let mut s = spec();
+    s.background_destroy = true;
+    let rep = run(&m, &r, &s).await.unwrap();
+    assert_eq!(rep.timings.destroy_ms, None);
+    // The process exits right after the run: the background DELETE is in flight.
+    for _ in 0..200 {
+        if m.calls("delete") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let out = r.shutdown(Duration::from_secs(3)).await;
+    assert_eq!(out.failed, 0);
+    assert_eq!(m.live(), 0);
+    assert_eq!(m.calls("delete"), 1, "one guest, one DELETE");
+}
+
+#[tokio::test]
+async fn a_slow_create_is_found_after_the_first_lookups_miss() {
+    // The create's response is lost and the guest appears only 3.5 s later (the old lookup
+    // gave up after 3 s): with the default patience the reaper still finds and destroys it.
+    let m = Mock::new();
+    m.frames(ok_frames());
+    let r = Reaper::new(ReaperConfig::default());
+    let guard = r
+        .register(
+            Arc::new(Cp(m.clone())),
+            "lf-slowcreate",
+            Redactor::default(),
+        )
+        .unwrap();
+    drop(guard); // the run gave up on the create
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    m.guests
+        .lock()
+        .unwrap()
+        .insert("sb-late".into(), ("lf-slowcreate".into(), vec![], true));
+    for _ in 0..2000 {
+        if m.live() == 0 && r.registered() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(m.live(), 0, "the late guest was never found");
+    // Spaced out, not a poll every 200 ms: a handful of lookups.
+    assert!((2..=10).contains(&m.calls("list")), "{}", m.calls("list"));
 }
