@@ -23,6 +23,10 @@ use crate::shapes::Shape;
 /// Default timeout of one control call (not exec, which gets the host deadline).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest server-requested wait [`map_error`] passes on in
+/// [`CallError::retry_after`] (30 s).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// The CreateOS control plane.
 pub struct CreateOsControlPlane {
     client: Client,
@@ -46,20 +50,20 @@ pub fn map_error(e: &ApiError, redactor: &Redactor) -> CallError {
         _ => {
             if let Some(s) = e.status() {
                 CallFailure::Status(s.as_u16())
-            } else if e.to_string().contains("redirect") {
+            } else if e.is_redirect() {
                 CallFailure::Redirect
             } else {
                 CallFailure::Protocol
             }
         }
     };
+    // createos-api already parsed `Retry-After` (seconds or an HTTP date; negative and past
+    // values are zero, garbage is `None`). A zero comes through as `Some(0)`: the retry loops
+    // wait max(backoff, retry_after), so it can lengthen a wait, never shorten it.
     let retry_after = e
         .as_api()
-        .and_then(|a| a.headers.get("retry-after"))
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| Duration::from_secs_f64(s.min(30.0)));
+        .and_then(|a| a.retry_after)
+        .map(|d| d.min(MAX_RETRY_AFTER));
     CallError {
         failure,
         message: redactor.apply(&e.to_string()),
