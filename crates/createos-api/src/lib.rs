@@ -37,6 +37,7 @@ mod sandbox;
 pub use sandbox::*;
 mod processes;
 pub(crate) mod transport;
+pub use transport::MIN_SECRET_FRAGMENT;
 mod wire_enum;
 pub use processes::*;
 mod tokens;

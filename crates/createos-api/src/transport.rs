@@ -72,6 +72,73 @@ impl BodyCap {
     }
 }
 
+/// The shortest fragment of a secret that is masked at the edge of a text (4 bytes).
+///
+/// A text that was cut (an error snippet, a body cut at its cap, a stream line shown in part)
+/// may end with the first bytes of a key or start with its last bytes. Any suffix of a text
+/// that is a prefix of a secret, and any prefix of a text that is a suffix of a secret, at
+/// least this long, is treated as the secret and replaced. Shorter fragments are left alone:
+/// masking every 1 to 3 byte coincidence would shred ordinary messages, and 3 bytes of a key
+/// give an attacker nothing useful.
+pub const MIN_SECRET_FRAGMENT: usize = 4;
+
+/// The range of `text` left once a prefix of `secret` at its end and a suffix of `secret`
+/// at its start (each at least [`MIN_SECRET_FRAGMENT`] bytes) are taken away.
+fn edge_fragments(text: &[u8], secret: &[u8]) -> (usize, usize) {
+    let longest = secret.len().saturating_sub(1);
+    let mut end = text.len();
+    for k in (MIN_SECRET_FRAGMENT..=longest.min(text.len())).rev() {
+        if text.ends_with(&secret[..k]) {
+            end = text.len() - k;
+            break;
+        }
+    }
+    let mut start = 0;
+    for k in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
+        if text[..end].starts_with(&secret[secret.len() - k..]) {
+            start = k;
+            break;
+        }
+    }
+    (start, end)
+}
+
+/// `text` with every whole occurrence of `secret` replaced, then with a fragment of it at
+/// either edge replaced (see [`MIN_SECRET_FRAGMENT`]).
+fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    if secret.is_empty() || !text.windows(secret.len()).any(|w| w == secret) {
+        out.extend_from_slice(text);
+    } else {
+        let mut i = 0;
+        while i < text.len() {
+            if text[i..].starts_with(secret) {
+                out.extend_from_slice(REDACTED.as_bytes());
+                i += secret.len();
+            } else {
+                out.push(text[i]);
+                i += 1;
+            }
+        }
+    }
+    if secret.len() <= MIN_SECRET_FRAGMENT {
+        return out;
+    }
+    let (start, end) = edge_fragments(&out, secret);
+    if start == 0 && end == out.len() {
+        return out;
+    }
+    let mut masked = Vec::with_capacity(out.len() + 2 * REDACTED.len());
+    if start > 0 {
+        masked.extend_from_slice(REDACTED.as_bytes());
+    }
+    masked.extend_from_slice(&out[start..end]);
+    if end < out.len() {
+        masked.extend_from_slice(REDACTED.as_bytes());
+    }
+    masked
+}
+
 /// The secrets a transport must never reveal.
 #[derive(Clone, Default)]
 pub(crate) struct Secrets(Arc<Vec<SecretString>>);
@@ -80,55 +147,46 @@ impl Secrets {
     fn with(&self, s: &SecretString) -> Secrets {
         let mut v: Vec<SecretString> = self.0.iter().cloned().collect();
         v.push(s.clone());
+        // Longest first, so a secret that contains another is replaced whole.
+        v.sort_by_key(|s| std::cmp::Reverse(s.expose_secret().len()));
         Secrets(Arc::new(v))
     }
 
-    /// Replace every secret occurrence in `text`.
+    /// Replace every secret occurrence in `text`, and a fragment of a secret at either edge
+    /// of it (see [`MIN_SECRET_FRAGMENT`]).
     pub(crate) fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for s in self.0.iter() {
-            let s = s.expose_secret();
-            if !s.is_empty() && out.contains(s) {
-                out = out.replace(s, REDACTED);
-            }
-        }
-        out
+        let bytes = self.scrub_bytes(text.as_bytes(), true);
+        // Whole UTF-8 sequences were replaced by ASCII, and the edge fragments start at the
+        // first byte or end at the last byte of a secret, so the result stays valid UTF-8.
+        String::from_utf8(bytes.to_vec()).unwrap_or_else(|e| {
+            String::from_utf8_lossy(e.as_bytes()).into_owned()
+        })
     }
 
-    /// Replace every secret occurrence in `bytes`; also drop a trailing partial secret
-    /// left by truncation.
-    pub(crate) fn scrub_bytes(&self, bytes: &[u8], truncated: bool) -> Bytes {
+    /// Replace every secret occurrence in `bytes`, and a fragment of a secret at either
+    /// edge (a body cut by a cap ends with what may be the start of a key).
+    pub(crate) fn scrub_bytes(&self, bytes: &[u8], _truncated: bool) -> Bytes {
         let mut out = bytes.to_vec();
         for s in self.0.iter() {
-            let s = s.expose_secret().as_bytes();
-            if s.is_empty() {
-                continue;
-            }
-            if out.windows(s.len()).any(|w| w == s) {
-                let mut res = Vec::with_capacity(out.len());
-                let mut i = 0;
-                while i < out.len() {
-                    if out[i..].starts_with(s) {
-                        res.extend_from_slice(REDACTED.as_bytes());
-                        i += s.len();
-                    } else {
-                        res.push(out[i]);
-                        i += 1;
-                    }
-                }
-                out = res;
-            }
-            if truncated {
-                for k in (4.min(s.len())..s.len()).rev() {
-                    if out.ends_with(&s[..k]) {
-                        out.truncate(out.len() - k);
-                        out.extend_from_slice(REDACTED.as_bytes());
-                        break;
-                    }
-                }
-            }
+            out = redact_bytes(&out, s.expose_secret().as_bytes());
         }
         Bytes::from(out)
+    }
+
+    /// At most `max_chars` characters of `text`, redacted before the cut and again after
+    /// it, so a secret that straddles the cut leaves no fragment behind.
+    pub(crate) fn shorten(&self, text: &str, max_chars: usize) -> String {
+        let longest = self
+            .0
+            .iter()
+            .map(|s| s.expose_secret().len())
+            .max()
+            .unwrap_or(0);
+        // Every secret that starts inside the kept part ends inside this window.
+        let window: String = text.chars().take(max_chars + longest).collect();
+        let scrubbed = self.scrub(&window);
+        let cut: String = scrubbed.chars().take(max_chars).collect();
+        self.scrub(&cut)
     }
 }
 
@@ -395,15 +453,22 @@ impl Transport {
                 .and_then(|l| l.to_str().ok())
                 .and_then(|l| sent.join(l).ok())
                 .is_some_and(|target| target.origin() != self.shared.base.origin());
-            return Err(Error::protocol(if cross {
-                "refusing redirect to non-base origin"
-            } else {
-                "unexpected redirect response"
-            }));
+            return Err(Error::redirect(
+                if cross {
+                    "refusing redirect to non-base origin"
+                } else {
+                    "unexpected redirect response"
+                },
+                Some(status),
+                cross,
+            ));
         }
         if resp.url() != sent {
-            return Err(Error::protocol(
+            let cross = resp.url().origin() != self.shared.base.origin();
+            return Err(Error::redirect(
                 "the HTTP client followed a redirect; redirects are never accepted",
+                None,
+                cross,
             ));
         }
         if status.is_success() {
@@ -567,10 +632,7 @@ impl Transport {
             {
                 Ok(answer) => return Ok(answer),
                 Err(e) if attempt < max && Self::should_retry(&method, &e) => {
-                    let delay = e
-                        .as_api()
-                        .and_then(|a| a.retry_after)
-                        .unwrap_or_else(|| retry.backoff(attempt));
+                    let delay = retry.delay(attempt, e.as_api().and_then(|a| a.retry_after));
                     tracing::debug!(%method, path, attempt, ?delay, error = %e, "retrying createos request");
                     tokio::time::sleep(delay).await;
                     attempt += 1;
@@ -661,9 +723,11 @@ impl Transport {
         }
     }
 
+    /// The first 200 characters of a body, for an error message; redacted before and after
+    /// the cut.
     fn snippet(&self, bytes: &[u8]) -> String {
-        let cut = &bytes[..bytes.len().min(200)];
-        self.secrets.scrub(&String::from_utf8_lossy(cut))
+        let window = &bytes[..bytes.len().min(200 * 4 + 4096)];
+        self.secrets.shorten(&String::from_utf8_lossy(window), 200)
     }
 
     /// Raw response for streams, bytes and uploads: never retried; non-2xx already
@@ -925,10 +989,10 @@ impl Framer {
             Ok(Value::Object(m)) => Ok(Some(m)),
             Ok(_) => Err(Error::protocol("stream frame is not a JSON object")),
             Err(e) => {
-                let shown: String = json.chars().take(200).collect();
                 Err(Error::protocol(format!(
-                    "invalid stream frame: {e}; line starts with {:?}",
-                    self.secrets.scrub(&shown)
+                    "invalid stream frame: {}; line starts with {:?}",
+                    self.secrets.scrub(&e.to_string()),
+                    self.secrets.shorten(json, 200)
                 )))
             }
         }
@@ -1264,7 +1328,31 @@ mod tests {
             b"xx [REDACTED] yy"
         );
         assert_eq!(&s.scrub_bytes(b"xx sekri", true)[..], b"xx [REDACTED]");
-        assert_eq!(&s.scrub_bytes(b"xx sekri", false)[..], b"xx sekri");
+        // Fragments of at least MIN_SECRET_FRAGMENT bytes at either edge are masked ...
+        assert_eq!(s.scrub("xx sekr"), "xx [REDACTED]");
+        assert_eq!(s.scrub("it-key yy"), "[REDACTED] yy");
+        assert_eq!(s.scrub("b_tok, then sekrit-k"), "[REDACTED], then [REDACTED]");
+        // ... shorter ones, and fragments inside the text, are not.
+        assert_eq!(s.scrub("xx sek"), "xx sek");
+        assert_eq!(s.scrub("key yy"), "key yy");
+        assert_eq!(s.scrub("a sekri b"), "a sekri b");
+    }
+
+    #[test]
+    fn shorten_redacts_across_the_cut_at_every_offset() {
+        let key = "sk_live_0123456789abcdefXYZ";
+        let s = Secrets::default().with(&SecretString::from(key));
+        for offset in 150..250 {
+            let mut text = "a".repeat(offset);
+            text.push_str(key);
+            text.push_str(&"b".repeat(500 - text.len().min(500)));
+            let shown = s.shorten(&text, 200);
+            assert!(shown.chars().count() <= 200 + REDACTED.len(), "{offset}");
+            for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
+                let frag = &key[i..i + MIN_SECRET_FRAGMENT];
+                assert!(!shown.contains(frag), "offset {offset}: {frag:?} in {shown}");
+            }
+        }
     }
 
     #[test]
