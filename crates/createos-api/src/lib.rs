@@ -31,6 +31,8 @@ mod files;
 pub use files::*;
 mod models;
 pub use models::*;
+mod net;
+pub use net::*;
 mod options;
 pub use options::*;
 mod sandbox;

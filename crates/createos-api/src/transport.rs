@@ -200,6 +200,8 @@ pub(crate) struct Shared {
     pub(crate) retry: RetryOptions,
     pub(crate) user_agent: HeaderValue,
     pub(crate) allow_insecure_http: bool,
+    /// The proxy in use, redacted for display (`None`: direct, or an injected client).
+    pub(crate) proxy: Option<String>,
 }
 
 /// The HTTP transport. Cheap to clone via `Arc`.
@@ -212,7 +214,8 @@ pub(crate) struct Transport {
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transport")
-            .field("base_url", &self.shared.base_str)
+            .field("base_url", &crate::net::redact_url(&self.shared.base_str))
+            .field("proxy", &self.shared.proxy)
             .field("credential", &self.credential.as_ref().map(|_| REDACTED))
             .field("timeout", &self.shared.timeout)
             .field("retry", &self.shared.retry)
@@ -273,7 +276,9 @@ pub(crate) fn is_loopback_host(url: &Url) -> bool {
         Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
-            d == "localhost" || d.ends_with(".localhost")
+            // Only the name itself: `*.localhost` resolves wherever DNS says, so it is not
+            // a loopback host for the plain-http rule.
+            d == "localhost"
         }
         None => false,
     }
@@ -342,6 +347,10 @@ impl Transport {
 
     pub(crate) fn base_url(&self) -> &str {
         &self.shared.base_str
+    }
+
+    pub(crate) fn proxy(&self) -> Option<&str> {
+        self.shared.proxy.as_deref()
     }
 
     pub(crate) fn has_credential(&self) -> bool {

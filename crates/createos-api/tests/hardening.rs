@@ -225,3 +225,223 @@ async fn a_key_reflected_across_a_stream_frame_cut_leaves_no_fragment() {
         assert_no_fragment(&format!("{err:?}"), KEY, &format!("Debug, offset {offset}"));
     }
 }
+
+// ---------------------------------------------------------------- 4. proxies
+
+fn env_map(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> + Send + Sync {
+    move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fake_counts_what_reaches_it_as_a_proxy() {
+    // The detector the next tests rely on: a client that does send through the fake as a
+    // plain-HTTP proxy is seen, key included.
+    let proxy = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let http = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::http(proxy.url()).unwrap())
+        .build()
+        .unwrap();
+    let resp = http
+        .get("http://127.0.0.1:9/v1/whoami")
+        .header("x-api-key", "leaked")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 502);
+    let stats = proxy.stats();
+    assert_eq!((stats.proxied_requests, stats.proxied_with_api_key), (1, 1));
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_http_base_url_is_never_sent_through_a_proxy() {
+    let target = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let proxy = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let p = proxy.url();
+    let env = env_map(vec![
+        ("HTTP_PROXY", p.clone()),
+        ("http_proxy", p.clone()),
+        ("ALL_PROXY", p.clone()),
+        ("all_proxy", p.clone()),
+        ("HTTPS_PROXY", p.clone()),
+    ]);
+    let c = Client::builder()
+        .api_key(target.api_key().to_owned())
+        .base_url(target.url())
+        .env_lookup(env)
+        .build()
+        .unwrap();
+    assert_eq!(c.proxy(), None);
+    bounded(c.whoami()).await.unwrap();
+    let seen = proxy.stats();
+    assert!(seen.requests.is_empty(), "{seen:?}");
+    assert_eq!(
+        (seen.proxied_requests, seen.proxied_with_api_key, seen.connect_requests),
+        (0, 0, 0)
+    );
+    assert_eq!(target.stats().requests.get("whoami"), Some(&1));
+    target.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_base_url_tunnels_through_https_proxy_and_never_shows_the_key() {
+    let proxy = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let with_creds = proxy
+        .url()
+        .replacen("http://", "http://proxyuser:proxy-pw-secret@", 1);
+    for var in ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"] {
+        let before = proxy.stats().connect_requests;
+        let c = Client::builder()
+            .api_key(KEY)
+            .base_url("https://127.0.0.1:9")
+            .retry(RetryOptions::none())
+            .env_lookup(env_map(vec![(var, with_creds.clone())]))
+            .build()
+            .unwrap();
+        let shown = c.proxy().unwrap().to_owned();
+        assert!(shown.ends_with(&proxy.addr().to_string()), "{var}: {shown}");
+        assert!(!shown.contains("proxy-pw-secret"), "{shown}");
+        assert!(!format!("{c:?}").contains("proxy-pw-secret"));
+        let err = bounded(c.whoami()).await.unwrap_err();
+        assert!(!err.to_string().contains("proxy-pw-secret"), "{err}");
+        let seen = proxy.stats();
+        assert_eq!(seen.connect_requests, before + 1, "{var}: {seen:?}");
+        assert_eq!((seen.proxied_requests, seen.proxied_with_api_key), (0, 0));
+        assert!(seen.requests.is_empty(), "{seen:?}");
+    }
+    // NO_PROXY excludes the host: no proxy at all.
+    let c = Client::builder()
+        .api_key(KEY)
+        .base_url("https://127.0.0.1:9")
+        .env_lookup(env_map(vec![
+            ("HTTPS_PROXY", proxy.url()),
+            ("NO_PROXY", "localhost,127.0.0.0/8".into()),
+        ]))
+        .build()
+        .unwrap();
+    assert_eq!(c.proxy(), None);
+    proxy.shutdown().await;
+}
+
+/// Run only as a child of `process_proxy_variables_never_carry_a_plain_http_request`, with
+/// the proxy variables set in its own environment: a client built the ordinary way (no
+/// `env_lookup`) calls the target named by `HARDENING_TARGET_URL`.
+#[tokio::test]
+#[ignore = "child process of process_proxy_variables_never_carry_a_plain_http_request"]
+async fn child_plain_http_call_under_process_proxy_variables() {
+    let (Ok(url), Ok(key)) = (
+        std::env::var("HARDENING_TARGET_URL"),
+        std::env::var("HARDENING_TARGET_KEY"),
+    ) else {
+        return;
+    };
+    let c = Client::builder()
+        .api_key(key)
+        .base_url(url)
+        .retry(RetryOptions::none())
+        .build()
+        .unwrap();
+    assert_eq!(c.proxy(), None);
+    assert!(createos_api::proxy_for(c.base_url()).is_none());
+    bounded(c.whoami()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn process_proxy_variables_never_carry_a_plain_http_request() {
+    let target = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let proxy = createos_fake::FakeServer::start(createos_fake::FakeOptions::default())
+        .await
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = tokio::process::Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "child_plain_http_call_under_process_proxy_variables",
+            "--nocapture",
+        ])
+        .env("HARDENING_TARGET_URL", target.url())
+        .env("HARDENING_TARGET_KEY", target.api_key())
+        .env("HTTP_PROXY", proxy.url())
+        .env("http_proxy", proxy.url())
+        .env("ALL_PROXY", proxy.url())
+        .env("all_proxy", proxy.url())
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .env_remove("REQUEST_METHOD")
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("child test finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = proxy.stats();
+    assert_eq!((seen.proxied_requests, seen.proxied_with_api_key), (0, 0), "{seen:?}");
+    assert_eq!(target.stats().requests.get("whoami"), Some(&1));
+    target.shutdown().await;
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------- 5. URLs with credentials
+
+/// Base URLs whose secret parts (`pw-secret`, `tok-secret`, `frag-secret`) must never show.
+const HOSTILE_URLS: [&str; 7] = [
+    "https://user:pw-secret@/x",
+    "https://user:pw-secret@host.test:99999",
+    "https://user:pw-secret@host.test/api",
+    "https://host.test/api?token=tok-secret",
+    "https://host.test/api#frag-secret",
+    "http://u:pw-secret@127.0.0.1:1/?token=tok-secret",
+    "https://u:p/w-secret@host.test",
+];
+
+#[test]
+fn hostile_base_urls_are_refused_without_echoing_their_secrets() {
+    for url in HOSTILE_URLS {
+        let builder = Client::builder().api_key(KEY).base_url(url);
+        let shown = format!("{builder:?}");
+        let result = builder.build();
+        let mut texts = vec![shown];
+        match &result {
+            Err(e) => texts.extend([e.to_string(), format!("{e:?}")]),
+            Ok(c) => texts.extend([format!("{c:?}"), c.base_url().to_owned()]),
+        }
+        for text in texts {
+            for secret in ["pw-secret", "tok-secret", "frag-secret", "w-secret"] {
+                assert!(!text.contains(secret), "{url}: {secret} in {text}");
+            }
+        }
+        assert!(result.is_err(), "{url} was accepted");
+    }
+    assert_eq!(
+        createos_api::redact_url("https://user:pw-secret@host.test:99999/a?token=t"),
+        "https://***@host.test:99999/a"
+    );
+}
+
+#[test]
+fn only_localhost_and_loopback_addresses_count_as_loopback_for_plain_http() {
+    for ok_url in ["http://localhost:1", "http://127.0.0.2:1", "http://[::1]:1"] {
+        Client::builder().api_key(KEY).base_url(ok_url).build().unwrap();
+    }
+    for bad in ["http://evil.localhost:1", "http://localhost.evil.test:1", "http://10.0.0.1:1"] {
+        let e = Client::builder().api_key(KEY).base_url(bad).build().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+    }
+}

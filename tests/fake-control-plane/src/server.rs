@@ -157,6 +157,19 @@ fn delegated_allowed(name: &str) -> bool {
 
 async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> Response {
     let (parts, body) = req.into_parts();
+    // Used as a proxy: record what arrived (and whether a key came with it), serve nothing.
+    if parts.method == Method::CONNECT || parts.uri.authority().is_some() {
+        let mut inner = app.lock();
+        if parts.method == Method::CONNECT {
+            inner.connect_requests += 1;
+        } else {
+            inner.proxied_requests += 1;
+        }
+        if parts.headers.contains_key("x-api-key") {
+            inner.proxied_with_api_key += 1;
+        }
+        return ApiError::error(502, "createos-fake is not a proxy").into_response();
+    }
     let raw_path = parts.uri.path().to_owned();
     let query = parse_query(parts.uri.query());
     let Some(path) = strip_base(&app.base_path, &raw_path) else {
