@@ -36,9 +36,17 @@ pub struct CreateOsControlPlane {
 impl std::fmt::Debug for CreateOsControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CreateOsControlPlane")
-            .field("base_url", &self.client.base_url())
+            .field("base_url", &createos_api::redact_url(self.client.base_url()))
+            .field("proxy", &self.client.proxy())
             .finish_non_exhaustive()
     }
+}
+
+/// The proxy a control plane for `base_url` goes through, credentials hidden, or `None` for
+/// a direct connection: plain `http` is never proxied; `https` honours `HTTPS_PROXY`,
+/// `ALL_PROXY` and `NO_PROXY` of the process environment (see [`createos_api::proxy_for`]).
+pub fn proxy_for(base_url: &str) -> Option<String> {
+    createos_api::proxy_for(base_url)
 }
 
 /// Maps a client error to a [`CallError`], redacting the key.
@@ -79,6 +87,7 @@ impl CreateOsControlPlane {
         request_timeout: Duration,
     ) -> Result<Self, SandboxError> {
         let redactor = Redactor::new(api_key.expose_secret());
+        let shown = createos_api::redact_url(base_url);
         let client = Client::builder()
             .api_key(SecretString::from(api_key.expose_secret().to_owned()))
             .base_url(base_url)
@@ -87,7 +96,7 @@ impl CreateOsControlPlane {
             .build()
             .map_err(|e| {
                 SandboxError::refused(format!(
-                    "cannot use the CreateOS control plane at {base_url}: {}. Check \
+                    "cannot use the CreateOS control plane at {shown}: {}. Check \
                      CREATEOS_SANDBOX_BASE_URL and CREATEOS_SANDBOX_API_KEY",
                     redactor.apply(&e.to_string())
                 ))
