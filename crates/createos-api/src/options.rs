@@ -88,7 +88,8 @@ pub struct RequestOptions {
     /// plain text) it bounds the whole exchange, body read included; for streams and
     /// downloads it bounds the wait for the response headers and then each idle gap between
     /// two body chunks; for a streamed upload it bounds each gap between two chunks sent and
-    /// then the wait for the response (no total deadline while the body makes progress).
+    /// then the whole answer, headers and body, within one timeout of the body's end (no total
+    /// deadline while the body makes progress).
     pub timeout: Option<Duration>,
     /// Disable retries for this call.
     pub disable_retry: bool,

@@ -244,6 +244,10 @@ pub(crate) struct RawMeta {
     pub(crate) endpoint: String,
     pub(crate) idle_timeout: Duration,
     pub(crate) secrets: Secrets,
+    /// When a buffered answer to this request must be complete: the request's timeout
+    /// after its last progress (the end of a streamed body, else the start). Uploads read
+    /// their answer under it, so a trickling answer cannot hold them forever.
+    pub(crate) answer_deadline: tokio::time::Instant,
 }
 
 /// Percent-encode one path segment (every byte except `A-Za-z0-9-._~`).
@@ -802,6 +806,7 @@ impl Transport {
             endpoint: path.to_owned(),
             idle_timeout: timeout,
             secrets: self.secrets.clone(),
+            answer_deadline: progress.last() + timeout,
         });
         Ok(resp)
     }
@@ -920,6 +925,7 @@ pub(crate) fn body_chunks(resp: reqwest::Response) -> BoxStream<'static, Result<
             endpoint: resp.url().path().to_owned(),
             idle_timeout: Duration::from_secs(60),
             secrets: Secrets::default(),
+            answer_deadline: tokio::time::Instant::now() + Duration::from_secs(60),
         });
     let inner = resp.bytes_stream();
     stream::unfold(Some((inner, meta)), |state| async move {

@@ -445,3 +445,88 @@ fn only_localhost_and_loopback_addresses_count_as_loopback_for_plain_http() {
         assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
     }
 }
+
+// ---------------------------------------------------------------- 6. trickling upload answers
+
+/// A one-connection HTTP/1.1 server on 127.0.0.1 that reads a whole request (head and a
+/// `Content-Length` body), then answers 200 with a 200-byte JSON body: the head at once when
+/// `head_at_once`, and every other byte one per 200 ms. Returns its URL.
+async fn trickling_server(head_at_once: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok(Ok((mut sock, _))) =
+            tokio::time::timeout(Duration::from_secs(30), listener.accept()).await
+        else {
+            return;
+        };
+        let mut seen = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let head_end = loop {
+            if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&seen[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while seen.len() < head_end + len {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let mut body = br#"{"status":"success","data":{"bytes":5,"path":"/workspace/f"},"pad":""#.to_vec();
+        body.resize(198, b'x');
+        body.extend_from_slice(b"\"}");
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut rest = body;
+        if head_at_once {
+            if sock.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+        } else {
+            rest = [head.into_bytes(), rest].concat();
+        }
+        for b in rest {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if sock.write_all(&[b]).await.is_err() {
+                return;
+            }
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn an_upload_whose_answer_trickles_times_out() {
+    for head_at_once in [true, false] {
+        let url = trickling_server(head_at_once).await;
+        let c = common::client_for(&url, Duration::from_secs(1));
+        let files = c.sandbox_handle("s").files();
+        // Without a total deadline the answer takes 40 s; the bound below is far shorter.
+        let err = tokio::time::timeout(Duration::from_secs(15), async {
+            let stream = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+                b"hello",
+            ))]);
+            files
+                .upload("/workspace/f", createos_api::UploadBody::stream(stream))
+                .await
+        })
+        .await
+        .expect("a trickling answer held the upload past its timeout")
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "head at once {head_at_once}: {err:?}");
+    }
+}
