@@ -39,7 +39,7 @@ mod sandbox;
 pub use sandbox::*;
 mod processes;
 pub(crate) mod transport;
-pub use transport::MIN_SECRET_FRAGMENT;
+pub use transport::{MAX_PAGES, MIN_SECRET_FRAGMENT};
 mod wire_enum;
 pub use processes::*;
 mod tokens;

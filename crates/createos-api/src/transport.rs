@@ -1135,6 +1135,21 @@ pub(crate) const DEFAULT_PAGE: u64 = 100;
 /// The server's largest page.
 pub(crate) const MAX_PAGE: u64 = 500;
 
+/// The most pages one list walk requests (1000, so 500 000 rows at the largest page size);
+/// a walk that has not ended by then fails with a protocol error rather than run forever.
+pub const MAX_PAGES: u32 = 1000;
+
+/// A fingerprint of a page's rows, to notice a server that answers the same page again.
+fn page_fingerprint(rows: &[Value]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in rows {
+        r.to_string().hash(&mut h);
+    }
+    rows.len().hash(&mut h);
+    h.finish()
+}
+
 struct Pager {
     t: Arc<Transport>,
     path: String,
@@ -1145,10 +1160,17 @@ struct Pager {
     limit: u64,
     buffered: VecDeque<Value>,
     done: bool,
+    pages: u32,
+    last_page: Option<u64>,
 }
 
 /// Walk limit/offset pages lazily, yielding rows. `query` may carry `limit` (page size,
 /// capped at 500) and `offset` (start); both are replaced by the walk.
+///
+/// The walk ends on an empty page, a page shorter than asked, a page identical to the one
+/// before (a server ignoring `offset`), a missing `total` or `offset + rows >= total`; a
+/// `total` that is never reached cannot keep it going. After [`MAX_PAGES`] pages it fails
+/// with a protocol error.
 pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
     t: Arc<Transport>,
     path: String,
@@ -1176,6 +1198,8 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
         limit: limit.clamp(1, MAX_PAGE),
         buffered: VecDeque::new(),
         done: false,
+        pages: 0,
+        last_page: None,
     };
     stream::unfold(Some(pager), |state| async move {
         let mut p = state?;
@@ -1190,6 +1214,16 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
             if p.done {
                 return None;
             }
+            if p.pages >= MAX_PAGES {
+                return Some((
+                    Err(Error::protocol(format!(
+                        "list {} did not end after {MAX_PAGES} pages",
+                        p.path
+                    ))),
+                    None,
+                ));
+            }
+            p.pages += 1;
             let mut q: Vec<(&str, String)> = p.query.iter().map(|(k, v)| (*k, v.clone())).collect();
             q.push(("limit", p.limit.to_string()));
             q.push(("offset", p.offset.to_string()));
@@ -1201,8 +1235,14 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
                 Err(e) => return Some((Err(e), None)),
             };
             let n = rows.len() as u64;
+            let fingerprint = page_fingerprint(&rows);
+            if p.last_page == Some(fingerprint) {
+                // The same rows again: the server ignores `offset`; they were yielded already.
+                return None;
+            }
+            p.last_page = Some(fingerprint);
             match total {
-                Some(total) if n > 0 && p.offset + n < total => p.offset += n,
+                Some(total) if n >= p.limit && p.offset + n < total => p.offset += n,
                 _ => p.done = true,
             }
             p.buffered.extend(rows);

@@ -530,3 +530,99 @@ async fn an_upload_whose_answer_trickles_times_out() {
         assert_eq!(err.kind(), ErrorKind::Timeout, "head at once {head_at_once}: {err:?}");
     }
 }
+
+// ---------------------------------------------------------------- 7. pagination ends
+
+fn row(i: u64) -> serde_json::Value {
+    json!({"id": format!("sb-{i}"), "status": "running"})
+}
+
+#[tokio::test]
+async fn a_total_that_is_never_reached_does_not_keep_a_list_going() {
+    use futures::TryStreamExt;
+    let server = MockServer::start_async().await;
+    // Empty pages with a huge total.
+    let empty = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/sandboxes").query_param("status", "paused");
+            then.status(200)
+                .json_body(ok(json!({"data": [], "pagination": {"total": 10_000}})));
+        })
+        .await;
+    // A short page (1 row when 2 were asked) with a huge total.
+    let short = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/sandboxes").query_param("status", "running");
+            then.status(200)
+                .json_body(ok(json!({"data": [row(1)], "pagination": {"total": 10_000}})));
+        })
+        .await;
+    // The same full page forever, whatever the offset.
+    let same = server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/sandboxes").query_param("status", "creating");
+            then.status(200).json_body(ok(
+                json!({"data": [row(1), row(2)], "pagination": {"total": 10_000}}),
+            ));
+        })
+        .await;
+    let c = common::client(&server);
+    let list = |status: &str| {
+        c.list_sandboxes(createos_api::ListSandboxesOptions {
+            status: Some(createos_api::SandboxStatus::from(status)),
+            limit: Some(2),
+            ..Default::default()
+        })
+        .try_collect::<Vec<_>>()
+    };
+    assert_eq!(bounded(list("paused")).await.unwrap().len(), 0);
+    empty.assert_calls_async(1).await;
+    assert_eq!(bounded(list("running")).await.unwrap().len(), 1);
+    short.assert_calls_async(1).await;
+    let rows = bounded(list("creating")).await.unwrap();
+    assert_eq!(rows.len(), 2, "a repeated page is not yielded twice");
+    same.assert_calls_async(2).await;
+}
+
+#[tokio::test]
+async fn an_endless_list_stops_at_max_pages() {
+    use futures::TryStreamExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Distinct full pages forever: only the page bound can end the walk.
+    let served = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = served.clone();
+    let app = axum::Router::new().route(
+        "/v1/sandboxes",
+        axum::routing::get(
+            move |q: axum::extract::Query<std::collections::HashMap<String, String>>| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let offset: u64 = q.get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+                    axum::Json(ok(json!({
+                        "data": [row(offset)],
+                        "pagination": {"total": u64::MAX}
+                    })))
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let c = common::client_for(&format!("http://{addr}"), Duration::from_secs(10));
+    let err = tokio::time::timeout(
+        Duration::from_secs(120),
+        c.list_sandboxes(createos_api::ListSandboxesOptions {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .try_collect::<Vec<_>>(),
+    )
+    .await
+    .expect("the walk ended")
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol);
+    assert!(err.to_string().contains("pages"), "{err}");
+    assert_eq!(served.load(Ordering::SeqCst), u64::from(createos_api::MAX_PAGES));
+}
