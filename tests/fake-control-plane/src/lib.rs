@@ -52,7 +52,8 @@ pub struct FakeOptions {
     pub base_path: String,
     /// Added to every API request before it is handled (default 0).
     pub latency: Duration,
-    /// Fault rules, `ROUTE=ACTION[@PROB][#COUNT]` separated by `;` (default none).
+    /// Fault rules, `ROUTE=ACTION[+ra=VALUE][@PROB][#COUNT]` separated by `;` (default
+    /// none); see the crate README.
     pub faults: String,
     /// Directories prepended to the guest `PATH` (e.g. a virtualenv's `bin`).
     pub guest_path: Vec<PathBuf>,

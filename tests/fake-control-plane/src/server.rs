@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::faults::{Action, Faults};
+use crate::faults::{Action, Fault, Faults, RetryAfter};
 use crate::handlers;
 use crate::jsend::{ApiError, ApiResult, ok};
 use crate::state::App;
@@ -218,13 +218,29 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     if !app.latency.is_zero() {
         tokio::time::sleep(app.latency).await;
     }
-    let action = app.faults().pick(name);
+    let fault = app.faults().pick(name);
     let mut reset_after = false;
     let mut stall_mid = false;
-    match action {
+    let retry_after = fault
+        .as_ref()
+        .map_or(RetryAfter::Default, |f| f.retry_after.clone());
+    match fault.map(|Fault { action, .. }| action) {
         None => {}
         Some(Action::Status(code)) => {
-            return ApiError::error(code, format!("injected fault: HTTP {code}")).into_response();
+            let mut resp =
+                ApiError::error(code, format!("injected fault: HTTP {code}")).into_response();
+            match retry_after {
+                RetryAfter::Default => {}
+                RetryAfter::Omit => {
+                    resp.headers_mut().remove(header::RETRY_AFTER);
+                }
+                RetryAfter::Value(v) => {
+                    if let Ok(v) = header::HeaderValue::from_str(&v) {
+                        resp.headers_mut().insert(header::RETRY_AFTER, v);
+                    }
+                }
+            }
+            return resp;
         }
         Some(Action::Reset) => {
             kill.cancel();
