@@ -58,7 +58,10 @@ impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
-            .field("base_url", &self.base_url.as_deref().map(crate::net::redact_url))
+            .field(
+                "base_url",
+                &self.base_url.as_deref().map(crate::net::redact_url),
+            )
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
             .field("user_agent", &self.user_agent)
@@ -208,34 +211,31 @@ impl ClientBuilder {
         let user_agent =
             HeaderValue::from_str(self.user_agent.as_deref().unwrap_or(DEFAULT_USER_AGENT))
                 .map_err(|_| Error::Config("invalid user agent".into()))?;
-        let (http, proxy) = match self.http {
-            Some(http) => {
-                check_injected(&http)?;
-                (http, None)
+        let (http, proxy) = if let Some(http) = self.http {
+            check_injected(&http)?;
+            (http, None)
+        } else {
+            // Proxies are chosen here, explicitly, never by reqwest's defaults (which
+            // would send a plain-http request, key included, through HTTP_PROXY).
+            let mut b = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(timeout)
+                .no_proxy();
+            let proxy = crate::net::resolve_proxy(&base_str, env);
+            if let Some(p) = &proxy {
+                let shown = crate::net::redact_url(p);
+                let px = reqwest::Proxy::all(p.as_str()).map_err(|_| {
+                    Error::Config(format!(
+                        "the proxy {shown} (from HTTPS_PROXY or ALL_PROXY) is not a usable \
+                         proxy URL; fix it, or exclude this host with NO_PROXY"
+                    ))
+                })?;
+                b = b.proxy(px);
             }
-            None => {
-                // Proxies are chosen here, explicitly, never by reqwest's defaults (which
-                // would send a plain-http request, key included, through HTTP_PROXY).
-                let mut b = reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .connect_timeout(timeout)
-                    .no_proxy();
-                let proxy = crate::net::resolve_proxy(&base_str, env);
-                if let Some(p) = &proxy {
-                    let shown = crate::net::redact_url(p);
-                    let px = reqwest::Proxy::all(p.as_str()).map_err(|_| {
-                        Error::Config(format!(
-                            "the proxy {shown} (from HTTPS_PROXY or ALL_PROXY) is not a usable \
-                             proxy URL; fix it, or exclude this host with NO_PROXY"
-                        ))
-                    })?;
-                    b = b.proxy(px);
-                }
-                let http = b
-                    .build()
-                    .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-                (http, proxy.map(|p| crate::net::redact_url(&p)))
-            }
+            let http = b
+                .build()
+                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+            (http, proxy.map(|p| crate::net::redact_url(&p)))
         };
         let shared = Shared {
             http,

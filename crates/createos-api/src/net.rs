@@ -107,7 +107,10 @@ fn in_block(ip: IpAddr, net: IpAddr, bits: u32) -> bool {
 
 /// The proxy URL (credentials included) a client for `base_url` must use, read through
 /// `env`; `None` for no proxy. See [`proxy_for`] for the rules.
-pub(crate) fn resolve_proxy(base_url: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn resolve_proxy(
+    base_url: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
     let url = Url::parse(base_url.trim()).ok()?;
     if url.scheme() != "https" {
         return None;
@@ -171,7 +174,10 @@ mod tests {
     fn redact_url_hides_userinfo_query_and_fragment_even_when_unparseable() {
         let cases = [
             ("https://user:pw-secret@/x", "https://***@/x"),
-            ("https://user:pw-secret@host:99999", "https://***@host:99999"),
+            (
+                "https://user:pw-secret@host:99999",
+                "https://***@host:99999",
+            ),
             ("https://h.test/api?token=tok-secret", "https://h.test/api"),
             ("https://h.test/#frag-secret", "https://h.test/"),
             ("https://u:p/w-secret@h.test/x", "https://***@h.test/x"),
@@ -204,27 +210,50 @@ mod tests {
     fn https_uses_https_proxy_then_all_proxy_in_either_case() {
         let b = "https://api.test";
         let p = |pairs| proxy_for_env(b, &env_of(pairs));
-        assert_eq!(p(&[("HTTPS_PROXY", "http://a.test:1")]).as_deref(), Some("http://a.test:1"));
-        assert_eq!(p(&[("https_proxy", "b.test:2")]).as_deref(), Some("http://b.test:2"));
-        assert_eq!(p(&[("ALL_PROXY", "http://c.test:3")]).as_deref(), Some("http://c.test:3"));
-        assert_eq!(p(&[("all_proxy", "http://d.test:4")]).as_deref(), Some("http://d.test:4"));
+        assert_eq!(
+            p(&[("HTTPS_PROXY", "http://a.test:1")]).as_deref(),
+            Some("http://a.test:1")
+        );
+        assert_eq!(
+            p(&[("https_proxy", "b.test:2")]).as_deref(),
+            Some("http://b.test:2")
+        );
+        assert_eq!(
+            p(&[("ALL_PROXY", "http://c.test:3")]).as_deref(),
+            Some("http://c.test:3")
+        );
+        assert_eq!(
+            p(&[("all_proxy", "http://d.test:4")]).as_deref(),
+            Some("http://d.test:4")
+        );
         assert_eq!(
             p(&[("HTTPS_PROXY", " "), ("ALL_PROXY", "http://c.test:3")]).as_deref(),
             Some("http://c.test:3"),
             "a blank variable counts as unset"
         );
         assert_eq!(
-            p(&[("HTTPS_PROXY", "http://a.test:1"), ("ALL_PROXY", "http://c.test:3")]).as_deref(),
+            p(&[
+                ("HTTPS_PROXY", "http://a.test:1"),
+                ("ALL_PROXY", "http://c.test:3")
+            ])
+            .as_deref(),
             Some("http://a.test:1")
         );
-        assert_eq!(p(&[("HTTP_PROXY", "http://a.test:1")]), None, "HTTP_PROXY is for http");
+        assert_eq!(
+            p(&[("HTTP_PROXY", "http://a.test:1")]),
+            None,
+            "HTTP_PROXY is for http"
+        );
         assert_eq!(
             p(&[("HTTPS_PROXY", "http://user:pw-secret@a.test:1/?k=v")]).as_deref(),
             Some("http://***@a.test:1/"),
             "credentials of the proxy are never shown"
         );
         assert_eq!(
-            p(&[("HTTPS_PROXY", "http://a.test:1"), ("REQUEST_METHOD", "GET")]),
+            p(&[
+                ("HTTPS_PROXY", "http://a.test:1"),
+                ("REQUEST_METHOD", "GET")
+            ]),
             None,
             "CGI environments ignore proxy variables"
         );

@@ -158,9 +158,8 @@ impl Secrets {
         let bytes = self.scrub_bytes(text.as_bytes(), true);
         // Whole UTF-8 sequences were replaced by ASCII, and the edge fragments start at the
         // first byte or end at the last byte of a secret, so the result stays valid UTF-8.
-        String::from_utf8(bytes.to_vec()).unwrap_or_else(|e| {
-            String::from_utf8_lossy(e.as_bytes()).into_owned()
-        })
+        String::from_utf8(bytes.to_vec())
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// Replace every secret occurrence in `bytes`, and a fragment of a secret at either
@@ -1003,13 +1002,11 @@ impl Framer {
         match serde_json::from_str::<Value>(json) {
             Ok(Value::Object(m)) => Ok(Some(m)),
             Ok(_) => Err(Error::protocol("stream frame is not a JSON object")),
-            Err(e) => {
-                Err(Error::protocol(format!(
-                    "invalid stream frame: {}; line starts with {:?}",
-                    self.secrets.scrub(&e.to_string()),
-                    self.secrets.shorten(json, 200)
-                )))
-            }
+            Err(e) => Err(Error::protocol(format!(
+                "invalid stream frame: {}; line starts with {:?}",
+                self.secrets.scrub(&e.to_string()),
+                self.secrets.shorten(json, 200)
+            ))),
         }
     }
 
@@ -1386,7 +1383,10 @@ mod tests {
         // Fragments of at least MIN_SECRET_FRAGMENT bytes at either edge are masked ...
         assert_eq!(s.scrub("xx sekr"), "xx [REDACTED]");
         assert_eq!(s.scrub("it-key yy"), "[REDACTED] yy");
-        assert_eq!(s.scrub("b_tok, then sekrit-k"), "[REDACTED], then [REDACTED]");
+        assert_eq!(
+            s.scrub("b_tok, then sekrit-k"),
+            "[REDACTED], then [REDACTED]"
+        );
         // ... shorter ones, and fragments inside the text, are not.
         assert_eq!(s.scrub("xx sek"), "xx sek");
         assert_eq!(s.scrub("key yy"), "key yy");
@@ -1405,7 +1405,10 @@ mod tests {
             assert!(shown.chars().count() <= 200 + REDACTED.len(), "{offset}");
             for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
                 let frag = &key[i..i + MIN_SECRET_FRAGMENT];
-                assert!(!shown.contains(frag), "offset {offset}: {frag:?} in {shown}");
+                assert!(
+                    !shown.contains(frag),
+                    "offset {offset}: {frag:?} in {shown}"
+                );
             }
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{KEY, bounded, ok};
 use createos_api::{Client, ErrorKind, RetryOptions};
+use futures::StreamExt;
 use httpmock::prelude::*;
 use serde_json::json;
 
@@ -102,7 +103,10 @@ fn retry_delay_is_the_larger_of_backoff_and_a_capped_retry_after() {
     for _ in 0..20 {
         assert!(r.delay(0, Some(Duration::ZERO)) >= Duration::from_millis(100));
         assert!(r.delay(2, None) >= Duration::from_millis(400));
-        assert_eq!(r.delay(0, Some(Duration::from_secs(5))), Duration::from_secs(5));
+        assert_eq!(
+            r.delay(0, Some(Duration::from_secs(5))),
+            Duration::from_secs(5)
+        );
         assert_eq!(
             r.delay(0, Some(Duration::from_secs(86_400))),
             createos_api::MAX_RETRY_AFTER
@@ -160,7 +164,10 @@ async fn a_refused_redirect_is_recognisable_without_reading_the_message() {
     let worded = c.get_sandbox("s1").await.unwrap_err();
     assert_eq!(worded.kind(), ErrorKind::Protocol);
     assert!(worded.to_string().contains("redirect"), "{worded}");
-    assert!(!worded.is_redirect(), "matched a word, not the error: {worded:?}");
+    assert!(
+        !worded.is_redirect(),
+        "matched a word, not the error: {worded:?}"
+    );
 }
 
 // ---------------------------------------------------------------- 3. key fragments at cuts
@@ -202,7 +209,8 @@ async fn a_key_reflected_across_a_stream_frame_cut_leaves_no_fragment() {
         let body = format!("{{\"stdout\":\"ok\"}}\n{}\n", reflected_at(offset));
         server
             .mock_async(|when, then| {
-                when.method(POST).path(format!("/v1/sandboxes/o{offset}/exec"));
+                when.method(POST)
+                    .path(format!("/v1/sandboxes/o{offset}/exec"));
                 then.status(200).body(body);
             })
             .await;
@@ -217,7 +225,6 @@ async fn a_key_reflected_across_a_stream_frame_cut_leaves_no_fragment() {
             )
             .await
             .unwrap();
-        use futures::StreamExt;
         assert!(events.next().await.unwrap().is_ok());
         let err = events.next().await.unwrap().unwrap_err();
         assert!(err.to_string().contains("invalid stream frame"), "{err}");
@@ -282,7 +289,11 @@ async fn a_plain_http_base_url_is_never_sent_through_a_proxy() {
     let seen = proxy.stats();
     assert!(seen.requests.is_empty(), "{seen:?}");
     assert_eq!(
-        (seen.proxied_requests, seen.proxied_with_api_key, seen.connect_requests),
+        (
+            seen.proxied_requests,
+            seen.proxied_with_api_key,
+            seen.connect_requests
+        ),
         (0, 0, 0)
     );
     assert_eq!(target.stats().requests.get("whoami"), Some(&1));
@@ -392,7 +403,11 @@ async fn process_proxy_variables_never_carry_a_plain_http_request() {
         String::from_utf8_lossy(&out.stderr)
     );
     let seen = proxy.stats();
-    assert_eq!((seen.proxied_requests, seen.proxied_with_api_key), (0, 0), "{seen:?}");
+    assert_eq!(
+        (seen.proxied_requests, seen.proxied_with_api_key),
+        (0, 0),
+        "{seen:?}"
+    );
     assert_eq!(target.stats().requests.get("whoami"), Some(&1));
     target.shutdown().await;
     proxy.shutdown().await;
@@ -438,10 +453,22 @@ fn hostile_base_urls_are_refused_without_echoing_their_secrets() {
 #[test]
 fn only_localhost_and_loopback_addresses_count_as_loopback_for_plain_http() {
     for ok_url in ["http://localhost:1", "http://127.0.0.2:1", "http://[::1]:1"] {
-        Client::builder().api_key(KEY).base_url(ok_url).build().unwrap();
+        Client::builder()
+            .api_key(KEY)
+            .base_url(ok_url)
+            .build()
+            .unwrap();
     }
-    for bad in ["http://evil.localhost:1", "http://localhost.evil.test:1", "http://10.0.0.1:1"] {
-        let e = Client::builder().api_key(KEY).base_url(bad).build().unwrap_err();
+    for bad in [
+        "http://evil.localhost:1",
+        "http://localhost.evil.test:1",
+        "http://10.0.0.1:1",
+    ] {
+        let e = Client::builder()
+            .api_key(KEY)
+            .base_url(bad)
+            .build()
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
     }
 }
@@ -484,7 +511,8 @@ async fn trickling_server(head_at_once: bool) -> String {
                 Ok(n) => seen.extend_from_slice(&buf[..n]),
             }
         }
-        let mut body = br#"{"status":"success","data":{"bytes":5,"path":"/workspace/f"},"pad":""#.to_vec();
+        let mut body =
+            br#"{"status":"success","data":{"bytes":5,"path":"/workspace/f"},"pad":""#.to_vec();
         body.resize(198, b'x');
         body.extend_from_slice(b"\"}");
         let head = format!(
@@ -517,9 +545,9 @@ async fn an_upload_whose_answer_trickles_times_out() {
         let files = c.sandbox_handle("s").files();
         // Without a total deadline the answer takes 40 s; the bound below is far shorter.
         let err = tokio::time::timeout(Duration::from_secs(15), async {
-            let stream = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
-                b"hello",
-            ))]);
+            let stream = futures::stream::iter([Ok::<_, std::io::Error>(
+                bytes::Bytes::from_static(b"hello"),
+            )]);
             files
                 .upload("/workspace/f", createos_api::UploadBody::stream(stream))
                 .await
@@ -527,7 +555,11 @@ async fn an_upload_whose_answer_trickles_times_out() {
         .await
         .expect("a trickling answer held the upload past its timeout")
         .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Timeout, "head at once {head_at_once}: {err:?}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Timeout,
+            "head at once {head_at_once}: {err:?}"
+        );
     }
 }
 
@@ -544,7 +576,9 @@ async fn a_total_that_is_never_reached_does_not_keep_a_list_going() {
     // Empty pages with a huge total.
     let empty = server
         .mock_async(|when, then| {
-            when.method(GET).path("/v1/sandboxes").query_param("status", "paused");
+            when.method(GET)
+                .path("/v1/sandboxes")
+                .query_param("status", "paused");
             then.status(200)
                 .json_body(ok(json!({"data": [], "pagination": {"total": 10_000}})));
         })
@@ -552,15 +586,20 @@ async fn a_total_that_is_never_reached_does_not_keep_a_list_going() {
     // A short page (1 row when 2 were asked) with a huge total.
     let short = server
         .mock_async(|when, then| {
-            when.method(GET).path("/v1/sandboxes").query_param("status", "running");
-            then.status(200)
-                .json_body(ok(json!({"data": [row(1)], "pagination": {"total": 10_000}})));
+            when.method(GET)
+                .path("/v1/sandboxes")
+                .query_param("status", "running");
+            then.status(200).json_body(ok(
+                json!({"data": [row(1)], "pagination": {"total": 10_000}}),
+            ));
         })
         .await;
     // The same full page forever, whatever the offset.
     let same = server
         .mock_async(|when, then| {
-            when.method(GET).path("/v1/sandboxes").query_param("status", "creating");
+            when.method(GET)
+                .path("/v1/sandboxes")
+                .query_param("status", "creating");
             then.status(200).json_body(ok(
                 json!({"data": [row(1), row(2)], "pagination": {"total": 10_000}}),
             ));
@@ -624,5 +663,8 @@ async fn an_endless_list_stops_at_max_pages() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Protocol);
     assert!(err.to_string().contains("pages"), "{err}");
-    assert_eq!(served.load(Ordering::SeqCst), u64::from(createos_api::MAX_PAGES));
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        u64::from(createos_api::MAX_PAGES)
+    );
 }

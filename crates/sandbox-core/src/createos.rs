@@ -43,7 +43,10 @@ pub struct CreateOsControlPlane {
 impl std::fmt::Debug for CreateOsControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CreateOsControlPlane")
-            .field("base_url", &createos_api::redact_url(self.client.base_url()))
+            .field(
+                "base_url",
+                &createos_api::redact_url(self.client.base_url()),
+            )
             .field("proxy", &self.client.proxy())
             .finish_non_exhaustive()
     }
@@ -202,15 +205,17 @@ impl ControlPlane for CreateOsControlPlane {
             Ok(terminal)
         };
         async move {
-            tokio::time::timeout(deadline, walk).await.unwrap_or_else(|_| {
-                Err(CallError::new(
-                    CallFailure::Timeout,
-                    format!(
-                        "GET /v1/sandboxes: looking up a sandbox by name did not finish within \
+            tokio::time::timeout(deadline, walk)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::new(
+                        CallFailure::Timeout,
+                        format!(
+                            "GET /v1/sandboxes: looking up a sandbox by name did not finish within \
                          {deadline:?}"
-                    ),
-                ))
-            })
+                        ),
+                    ))
+                })
         }
         .boxed()
     }
@@ -408,7 +413,11 @@ mod tests {
             .expect("find_by_name has an overall deadline")
             .unwrap_err();
         assert_eq!(e.failure, CallFailure::Timeout, "{e:?}");
-        assert!(started.elapsed() >= Duration::from_secs(3), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -456,15 +465,30 @@ mod tests {
         let e = cp.check_credential().await.unwrap_err();
         assert_eq!(e.failure, CallFailure::Status(429));
         assert_eq!(e.retry_after, Some(Duration::ZERO));
-        let e = map_error(&cp.client.get_sandbox("ra2").await.unwrap_err(), &cp.redactor);
+        let e = map_error(
+            &cp.client.get_sandbox("ra2").await.unwrap_err(),
+            &cp.redactor,
+        );
         assert_eq!(e.retry_after, Some(Duration::from_secs(2)));
-        let e = map_error(&cp.client.get_sandbox("garbage").await.unwrap_err(), &cp.redactor);
+        let e = map_error(
+            &cp.client.get_sandbox("garbage").await.unwrap_err(),
+            &cp.redactor,
+        );
         assert_eq!(e.retry_after, None);
-        let e = map_error(&cp.client.get_sandbox("long").await.unwrap_err(), &cp.redactor);
+        let e = map_error(
+            &cp.client.get_sandbox("long").await.unwrap_err(),
+            &cp.redactor,
+        );
         assert_eq!(e.retry_after, Some(MAX_RETRY_AFTER));
-        let e = map_error(&cp.client.get_sandbox("redir").await.unwrap_err(), &cp.redactor);
+        let e = map_error(
+            &cp.client.get_sandbox("redir").await.unwrap_err(),
+            &cp.redactor,
+        );
         assert_eq!(e.failure, CallFailure::Redirect);
-        let e = map_error(&cp.client.get_sandbox("worded").await.unwrap_err(), &cp.redactor);
+        let e = map_error(
+            &cp.client.get_sandbox("worded").await.unwrap_err(),
+            &cp.redactor,
+        );
         assert_eq!(e.failure, CallFailure::Protocol, "{e:?}");
     }
 
@@ -476,8 +500,9 @@ mod tests {
             "https://host.test/api?token=tok-secret",
             "http://evil.localhost:1",
         ] {
-            let e = CreateOsControlPlane::new(&SecretString::from(KEY), url, Duration::from_secs(1))
-                .unwrap_err();
+            let e =
+                CreateOsControlPlane::new(&SecretString::from(KEY), url, Duration::from_secs(1))
+                    .unwrap_err();
             let text = format!("{e} {e:?}");
             assert!(!text.contains("secret"), "{url}: {text}");
             assert!(!text.contains(KEY), "{url}: {text}");

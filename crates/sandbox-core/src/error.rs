@@ -179,8 +179,7 @@ fn mask_edge_fragments(text: &str, secret: &str) -> String {
     }
     let mut start = 0;
     for n in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
-        if t[..end].starts_with(&k[k.len() - n..]) && text.is_char_boundary(n)
-        {
+        if t[..end].starts_with(&k[k.len() - n..]) && text.is_char_boundary(n) {
             start = n;
             break;
         }
@@ -321,7 +320,10 @@ mod tests {
             let capped = r.cap(&text);
             for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
                 let frag = &key[i..i + MIN_SECRET_FRAGMENT];
-                assert!(!capped.contains(frag), "offset {offset}: {frag} in {capped}");
+                assert!(
+                    !capped.contains(frag),
+                    "offset {offset}: {frag} in {capped}"
+                );
             }
             assert!(capped.chars().count() <= MAX_DETAIL_CHARS + 1 + REDACTED.len());
         }
@@ -338,7 +340,10 @@ mod tests {
                 "z".repeat(50)
             );
             let capped = r.cap(&text);
-            assert!(!capped.contains(&key[..MIN_SECRET_FRAGMENT]), "n={n}: {capped}");
+            assert!(
+                !capped.contains(&key[..MIN_SECRET_FRAGMENT]),
+                "n={n}: {capped}"
+            );
             assert!(capped.ends_with(&format!("{REDACTED}…")), "n={n}: {capped}");
         }
     }

@@ -288,14 +288,20 @@ mod tests {
         .unwrap();
         let ra = |f: Option<Fault>| f.map(|f| f.retry_after);
         assert_eq!(ra(f.pick("create")), Some(RetryAfter::Value("0".into())));
-        assert_eq!(ra(f.pick("exec_stream")), Some(RetryAfter::Value("2".into())));
+        assert_eq!(
+            ra(f.pick("exec_stream")),
+            Some(RetryAfter::Value("2".into()))
+        );
         assert_eq!(ra(f.pick("whoami")), Some(RetryAfter::Omit));
         assert_eq!(
             ra(f.pick("get")),
             Some(RetryAfter::Value("Wed, 21 Oct 2015 07:28:00 GMT".into()))
         );
         // #1 used up: exec_stream falls through to the wildcard.
-        assert_eq!(ra(f.pick("exec_stream")), Some(RetryAfter::Value("garbage".into())));
+        assert_eq!(
+            ra(f.pick("exec_stream")),
+            Some(RetryAfter::Value("garbage".into()))
+        );
         let plain = Faults::parse("create=503").unwrap().pick("create");
         assert_eq!(ra(plain), Some(RetryAfter::Default));
         assert!(Faults::parse("create=reset+ra=1").is_err());

@@ -393,9 +393,15 @@ async fn status_faults_carry_the_retry_after_they_are_given() {
     let r = fx
         .post("/v1/sandboxes", json!({"shape": "s-1vcpu-256mb"}))
         .await;
-    assert_eq!((r.status, r.headers["retry-after"].to_str().unwrap()), (429, "0"));
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "0")
+    );
     let r = fx.get("/v1/whoami").await;
-    assert_eq!((r.status, r.headers["retry-after"].to_str().unwrap()), (503, "2"));
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (503, "2")
+    );
     assert_eq!(fx.get("/v1/whoami").await.status, 200, "#1 fired once");
     let r = fx.get("/v1/shapes").await;
     assert_eq!(r.status, 429);
@@ -403,7 +409,10 @@ async fn status_faults_carry_the_retry_after_they_are_given() {
     // Through the control route too, garbage included.
     fx.set_faults("*=429+ra=garbage").await.unwrap();
     let r = fx.get("/v1/whoami").await;
-    assert_eq!((r.status, r.headers["retry-after"].to_str().unwrap()), (429, "garbage"));
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "garbage")
+    );
     fx.set_faults("exec_stream=503+ra=Wed, 21 Oct 2015 07:28:00 GMT")
         .await
         .unwrap();
