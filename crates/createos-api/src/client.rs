@@ -48,19 +48,27 @@ pub struct ClientBuilder {
     http: Option<reqwest::Client>,
     allow_insecure_http: bool,
     from_env: bool,
+    env: Option<EnvLookup>,
 }
+
+/// An environment lookup given to [`ClientBuilder::env_lookup`].
+type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
-            .field("base_url", &self.base_url)
+            .field(
+                "base_url",
+                &self.base_url.as_deref().map(crate::net::redact_url),
+            )
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
             .field("user_agent", &self.user_agent)
             .field("http_client_injected", &self.http.is_some())
             .field("allow_insecure_http", &self.allow_insecure_http)
             .field("from_env", &self.from_env)
+            .field("env_lookup", &self.env.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -127,10 +135,27 @@ impl ClientBuilder {
         self
     }
 
+    /// Read environment variables through `lookup` instead of the process environment:
+    /// the proxy variables (always; see [`crate::proxy_for`]) and, with
+    /// [`ClientBuilder::from_env`], the key and base URL. Lets tests and embedders pass an
+    /// environment without mutating the process's.
+    #[must_use]
+    pub fn env_lookup(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.env = Some(Arc::new(lookup));
+        self
+    }
+
     /// Validate everything and build the client. Fails with [`Error::Config`] on a bad
-    /// base URL, a blank key, invalid retry options or an unsafe injected client.
-    pub fn build(self) -> Result<Client> {
-        self.build_with_env(&|name| std::env::var(name).ok())
+    /// base URL, a blank key, invalid retry options, an unusable proxy setting or an unsafe
+    /// injected client.
+    pub fn build(mut self) -> Result<Client> {
+        match self.env.take() {
+            Some(env) => self.build_with_env(&*env),
+            None => self.build_with_env(&|name| std::env::var(name).ok()),
+        }
     }
 
     /// [`ClientBuilder::build`] reading the environment through `env` (testable).
@@ -186,16 +211,31 @@ impl ClientBuilder {
         let user_agent =
             HeaderValue::from_str(self.user_agent.as_deref().unwrap_or(DEFAULT_USER_AGENT))
                 .map_err(|_| Error::Config("invalid user agent".into()))?;
-        let http = match self.http {
-            Some(http) => {
-                check_injected(&http)?;
-                http
-            }
-            None => reqwest::Client::builder()
+        let (http, proxy) = if let Some(http) = self.http {
+            check_injected(&http)?;
+            (http, None)
+        } else {
+            // Proxies are chosen here, explicitly, never by reqwest's defaults (which
+            // would send a plain-http request, key included, through HTTP_PROXY).
+            let mut b = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(timeout)
+                .no_proxy();
+            let proxy = crate::net::resolve_proxy(&base_str, env);
+            if let Some(p) = &proxy {
+                let shown = crate::net::redact_url(p);
+                let px = reqwest::Proxy::all(p.as_str()).map_err(|_| {
+                    Error::Config(format!(
+                        "the proxy {shown} (from HTTPS_PROXY or ALL_PROXY) is not a usable \
+                         proxy URL; fix it, or exclude this host with NO_PROXY"
+                    ))
+                })?;
+                b = b.proxy(px);
+            }
+            let http = b
                 .build()
-                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
+                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+            (http, proxy.map(|p| crate::net::redact_url(&p)))
         };
         let shared = Shared {
             http,
@@ -205,6 +245,7 @@ impl ClientBuilder {
             retry,
             user_agent,
             allow_insecure_http: self.allow_insecure_http,
+            proxy,
         };
         Ok(Client {
             t: Arc::new(Transport::new(shared, key)),
@@ -310,6 +351,14 @@ impl Client {
     /// The base URL (without a trailing slash).
     pub fn base_url(&self) -> &str {
         self.t.base_url()
+    }
+
+    /// The proxy this client's requests go through, for display (userinfo, query and
+    /// fragment hidden, see [`crate::redact_url`]); `None` for direct connections. Always
+    /// `None` for a plain-`http` base URL (see [`crate::proxy_for`] for the rules), and for
+    /// an injected `reqwest::Client`, whose own proxy settings this client cannot see.
+    pub fn proxy(&self) -> Option<&str> {
+        self.t.proxy()
     }
 
     /// Whether a credential is configured.

@@ -201,6 +201,39 @@ impl Error {
         }
     }
 
+    /// Whether this is a refused redirect: the server answered a 3xx (or the HTTP client
+    /// followed one), which this client never accepts. Such an error is an
+    /// [`ErrorKind::Protocol`] whose source is a [`RedirectRefused`]; test it with this
+    /// method rather than by matching words in the message.
+    pub fn is_redirect(&self) -> bool {
+        self.redirect_details().is_some()
+    }
+
+    /// The details of a refused redirect (see [`Error::is_redirect`]).
+    pub fn redirect_details(&self) -> Option<&RedirectRefused> {
+        match self {
+            Error::Protocol {
+                source: Some(src), ..
+            } => src.downcast_ref::<RedirectRefused>(),
+            _ => None,
+        }
+    }
+
+    /// A protocol error for a refused redirect.
+    pub(crate) fn redirect(
+        message: impl Into<String>,
+        status: Option<StatusCode>,
+        cross_origin: bool,
+    ) -> Self {
+        Error::Protocol {
+            message: message.into(),
+            source: Some(Box::new(RedirectRefused {
+                status,
+                cross_origin,
+            })),
+        }
+    }
+
     pub(crate) fn protocol(message: impl Into<String>) -> Self {
         Error::Protocol {
             message: message.into(),
@@ -215,6 +248,29 @@ impl Error {
         }
     }
 }
+
+/// Why a redirect was refused: the source of the [`Error::Protocol`] that
+/// [`Error::is_redirect`] recognises. The `Location` is not kept (it may carry a token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedirectRefused {
+    /// The 3xx status the server answered; `None` when an injected HTTP client followed the
+    /// redirect itself before this client saw it.
+    pub status: Option<StatusCode>,
+    /// Whether the `Location` pointed at an origin other than the base URL's.
+    pub cross_origin: bool,
+}
+
+impl fmt::Display for RedirectRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.status {
+            Some(s) => write!(f, "HTTP {} redirect refused", s.as_u16()),
+            None => f.write_str("followed redirect refused"),
+        }
+    }
+}
+
+impl std::error::Error for RedirectRefused {}
 
 /// A non-2xx answer from the control plane, with everything needed to act on it.
 #[derive(Clone)]

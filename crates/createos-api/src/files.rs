@@ -4,6 +4,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
@@ -16,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use crate::error::{Error, Result};
 use crate::options::RequestOptions;
 use crate::sandbox::Sandbox;
-use crate::transport::{RawBody, Transport, body_chunks};
+use crate::transport::{RawBody, RawMeta, Transport, body_chunks};
 use crate::wire_enum::nullable;
 
 /// An upload source: bytes in memory, or any `AsyncRead` streamed without buffering it all.
@@ -215,8 +216,9 @@ impl Files {
     }
 
     /// [`Files::upload`] with per-request options. For a reader or stream body the timeout
-    /// only bounds stalls (each gap between two chunks, then the wait for the answer), so a
-    /// big file needs no longer timeout.
+    /// only bounds stalls while the body is sent (each gap between two chunks), so a big file
+    /// needs no longer timeout; the whole answer (headers and body) must then arrive within
+    /// the timeout of the body's end, however slowly it trickles.
     pub async fn upload_with(
         &self,
         path: &str,
@@ -239,14 +241,30 @@ impl Files {
             )
             .await?;
         let endpoint = self.base.clone();
-        let mut body = BytesMut::new();
-        let mut chunks = body_chunks(resp);
-        while let Some(c) = chunks.next().await {
-            body.extend_from_slice(&c?);
-            if body.len() > crate::error::MAX_ERROR_BODY {
-                return Err(Error::protocol("upload response is too large"));
+        // The body phase had no total deadline; the answer has one: headers and body within
+        // the timeout of the body's end, however slowly the bytes trickle in.
+        let (deadline, after) = match resp.extensions().get::<RawMeta>() {
+            Some(m) => (m.answer_deadline, m.idle_timeout),
+            None => (tokio::time::Instant::now(), Duration::ZERO),
+        };
+        let read = async {
+            let mut body = BytesMut::new();
+            let mut chunks = body_chunks(resp);
+            while let Some(c) = chunks.next().await {
+                body.extend_from_slice(&c?);
+                if body.len() > crate::error::MAX_ERROR_BODY {
+                    return Err(Error::protocol("upload response is too large"));
+                }
             }
-        }
+            Ok(body)
+        };
+        let body = tokio::time::timeout_at(deadline, read)
+            .await
+            .map_err(|_| Error::Timeout {
+                method: Method::PUT,
+                endpoint: endpoint.clone(),
+                after,
+            })??;
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(UploadResult {
                 bytes: 0,

@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 
+/// The longest wait a server's `Retry-After` can impose on one retry when
+/// [`RetryOptions::max_delay`] is shorter (60 s).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 /// Retry policy for idempotent-safe failures (see the crate docs for the rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryOptions {
@@ -11,8 +15,9 @@ pub struct RetryOptions {
     pub max_retries: u32,
     /// Base of the exponential backoff (default 0.5 s).
     pub base_delay: Duration,
-    /// Cap of the exponential backoff (default 30 s). A server's `Retry-After`
-    /// is honoured as sent, uncapped, like every official SDK.
+    /// Cap of the exponential backoff (default 30 s). A server's `Retry-After` may
+    /// lengthen a wait up to the larger of this and [`MAX_RETRY_AFTER`], never shorten it
+    /// below the backoff: see [`RetryOptions::delay`].
     pub max_delay: Duration,
 }
 
@@ -47,6 +52,24 @@ impl RetryOptions {
         Ok(())
     }
 
+    /// The wait before retry number `attempt` (0-based) when the server sent
+    /// `retry_after` (the parsed `Retry-After`, see [`crate::ApiError::retry_after`]):
+    /// `max(backoff(attempt), min(retry_after, max(max_delay, MAX_RETRY_AFTER)))`.
+    ///
+    /// A server may ask for a *longer* wait, capped so a hostile or confused answer cannot
+    /// park the caller for hours; it can never make the client retry faster than its own
+    /// backoff schedule (a `Retry-After: 0`, a negative, a date in the past or garbage all
+    /// mean "use the backoff"), so a server answering 429 forever cannot turn the client's
+    /// retries into a tight loop.
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let backoff = self.backoff(attempt);
+        let cap = self.max_delay.max(MAX_RETRY_AFTER);
+        match retry_after {
+            Some(asked) => backoff.max(asked.min(cap)),
+            None => backoff,
+        }
+    }
+
     /// The backoff before retry number `attempt` (0-based), without `Retry-After`:
     /// `min(base * 2^attempt + U[0,1) * base, max_delay)`.
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
@@ -65,7 +88,8 @@ pub struct RequestOptions {
     /// plain text) it bounds the whole exchange, body read included; for streams and
     /// downloads it bounds the wait for the response headers and then each idle gap between
     /// two body chunks; for a streamed upload it bounds each gap between two chunks sent and
-    /// then the wait for the response (no total deadline while the body makes progress).
+    /// then the whole answer, headers and body, within one timeout of the body's end (no total
+    /// deadline while the body makes progress).
     pub timeout: Option<Duration>,
     /// Disable retries for this call.
     pub disable_retry: bool,

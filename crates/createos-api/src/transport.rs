@@ -72,6 +72,73 @@ impl BodyCap {
     }
 }
 
+/// The shortest fragment of a secret that is masked at the edge of a text (4 bytes).
+///
+/// A text that was cut (an error snippet, a body cut at its cap, a stream line shown in part)
+/// may end with the first bytes of a key or start with its last bytes. Any suffix of a text
+/// that is a prefix of a secret, and any prefix of a text that is a suffix of a secret, at
+/// least this long, is treated as the secret and replaced. Shorter fragments are left alone:
+/// masking every 1 to 3 byte coincidence would shred ordinary messages, and 3 bytes of a key
+/// give an attacker nothing useful.
+pub const MIN_SECRET_FRAGMENT: usize = 4;
+
+/// The range of `text` left once a prefix of `secret` at its end and a suffix of `secret`
+/// at its start (each at least [`MIN_SECRET_FRAGMENT`] bytes) are taken away.
+fn edge_fragments(text: &[u8], secret: &[u8]) -> (usize, usize) {
+    let longest = secret.len().saturating_sub(1);
+    let mut end = text.len();
+    for k in (MIN_SECRET_FRAGMENT..=longest.min(text.len())).rev() {
+        if text.ends_with(&secret[..k]) {
+            end = text.len() - k;
+            break;
+        }
+    }
+    let mut start = 0;
+    for k in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
+        if text[..end].starts_with(&secret[secret.len() - k..]) {
+            start = k;
+            break;
+        }
+    }
+    (start, end)
+}
+
+/// `text` with every whole occurrence of `secret` replaced, then with a fragment of it at
+/// either edge replaced (see [`MIN_SECRET_FRAGMENT`]).
+fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    if secret.is_empty() || !text.windows(secret.len()).any(|w| w == secret) {
+        out.extend_from_slice(text);
+    } else {
+        let mut i = 0;
+        while i < text.len() {
+            if text[i..].starts_with(secret) {
+                out.extend_from_slice(REDACTED.as_bytes());
+                i += secret.len();
+            } else {
+                out.push(text[i]);
+                i += 1;
+            }
+        }
+    }
+    if secret.len() <= MIN_SECRET_FRAGMENT {
+        return out;
+    }
+    let (start, end) = edge_fragments(&out, secret);
+    if start == 0 && end == out.len() {
+        return out;
+    }
+    let mut masked = Vec::with_capacity(out.len() + 2 * REDACTED.len());
+    if start > 0 {
+        masked.extend_from_slice(REDACTED.as_bytes());
+    }
+    masked.extend_from_slice(&out[start..end]);
+    if end < out.len() {
+        masked.extend_from_slice(REDACTED.as_bytes());
+    }
+    masked
+}
+
 /// The secrets a transport must never reveal.
 #[derive(Clone, Default)]
 pub(crate) struct Secrets(Arc<Vec<SecretString>>);
@@ -80,55 +147,45 @@ impl Secrets {
     fn with(&self, s: &SecretString) -> Secrets {
         let mut v: Vec<SecretString> = self.0.iter().cloned().collect();
         v.push(s.clone());
+        // Longest first, so a secret that contains another is replaced whole.
+        v.sort_by_key(|s| std::cmp::Reverse(s.expose_secret().len()));
         Secrets(Arc::new(v))
     }
 
-    /// Replace every secret occurrence in `text`.
+    /// Replace every secret occurrence in `text`, and a fragment of a secret at either edge
+    /// of it (see [`MIN_SECRET_FRAGMENT`]).
     pub(crate) fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for s in self.0.iter() {
-            let s = s.expose_secret();
-            if !s.is_empty() && out.contains(s) {
-                out = out.replace(s, REDACTED);
-            }
-        }
-        out
+        let bytes = self.scrub_bytes(text.as_bytes(), true);
+        // Whole UTF-8 sequences were replaced by ASCII, and the edge fragments start at the
+        // first byte or end at the last byte of a secret, so the result stays valid UTF-8.
+        String::from_utf8(bytes.to_vec())
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
-    /// Replace every secret occurrence in `bytes`; also drop a trailing partial secret
-    /// left by truncation.
-    pub(crate) fn scrub_bytes(&self, bytes: &[u8], truncated: bool) -> Bytes {
+    /// Replace every secret occurrence in `bytes`, and a fragment of a secret at either
+    /// edge (a body cut by a cap ends with what may be the start of a key).
+    pub(crate) fn scrub_bytes(&self, bytes: &[u8], _truncated: bool) -> Bytes {
         let mut out = bytes.to_vec();
         for s in self.0.iter() {
-            let s = s.expose_secret().as_bytes();
-            if s.is_empty() {
-                continue;
-            }
-            if out.windows(s.len()).any(|w| w == s) {
-                let mut res = Vec::with_capacity(out.len());
-                let mut i = 0;
-                while i < out.len() {
-                    if out[i..].starts_with(s) {
-                        res.extend_from_slice(REDACTED.as_bytes());
-                        i += s.len();
-                    } else {
-                        res.push(out[i]);
-                        i += 1;
-                    }
-                }
-                out = res;
-            }
-            if truncated {
-                for k in (4.min(s.len())..s.len()).rev() {
-                    if out.ends_with(&s[..k]) {
-                        out.truncate(out.len() - k);
-                        out.extend_from_slice(REDACTED.as_bytes());
-                        break;
-                    }
-                }
-            }
+            out = redact_bytes(&out, s.expose_secret().as_bytes());
         }
         Bytes::from(out)
+    }
+
+    /// At most `max_chars` characters of `text`, redacted before the cut and again after
+    /// it, so a secret that straddles the cut leaves no fragment behind.
+    pub(crate) fn shorten(&self, text: &str, max_chars: usize) -> String {
+        let longest = self
+            .0
+            .iter()
+            .map(|s| s.expose_secret().len())
+            .max()
+            .unwrap_or(0);
+        // Every secret that starts inside the kept part ends inside this window.
+        let window: String = text.chars().take(max_chars + longest).collect();
+        let scrubbed = self.scrub(&window);
+        let cut: String = scrubbed.chars().take(max_chars).collect();
+        self.scrub(&cut)
     }
 }
 
@@ -142,6 +199,8 @@ pub(crate) struct Shared {
     pub(crate) retry: RetryOptions,
     pub(crate) user_agent: HeaderValue,
     pub(crate) allow_insecure_http: bool,
+    /// The proxy in use, redacted for display (`None`: direct, or an injected client).
+    pub(crate) proxy: Option<String>,
 }
 
 /// The HTTP transport. Cheap to clone via `Arc`.
@@ -154,7 +213,8 @@ pub(crate) struct Transport {
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transport")
-            .field("base_url", &self.shared.base_str)
+            .field("base_url", &crate::net::redact_url(&self.shared.base_str))
+            .field("proxy", &self.shared.proxy)
             .field("credential", &self.credential.as_ref().map(|_| REDACTED))
             .field("timeout", &self.shared.timeout)
             .field("retry", &self.shared.retry)
@@ -183,6 +243,10 @@ pub(crate) struct RawMeta {
     pub(crate) endpoint: String,
     pub(crate) idle_timeout: Duration,
     pub(crate) secrets: Secrets,
+    /// When a buffered answer to this request must be complete: the request's timeout
+    /// after its last progress (the end of a streamed body, else the start). Uploads read
+    /// their answer under it, so a trickling answer cannot hold them forever.
+    pub(crate) answer_deadline: tokio::time::Instant,
 }
 
 /// Percent-encode one path segment (every byte except `A-Za-z0-9-._~`).
@@ -215,7 +279,9 @@ pub(crate) fn is_loopback_host(url: &Url) -> bool {
         Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
-            d == "localhost" || d.ends_with(".localhost")
+            // Only the name itself: `*.localhost` resolves wherever DNS says, so it is not
+            // a loopback host for the plain-http rule.
+            d == "localhost"
         }
         None => false,
     }
@@ -284,6 +350,10 @@ impl Transport {
 
     pub(crate) fn base_url(&self) -> &str {
         &self.shared.base_str
+    }
+
+    pub(crate) fn proxy(&self) -> Option<&str> {
+        self.shared.proxy.as_deref()
     }
 
     pub(crate) fn has_credential(&self) -> bool {
@@ -395,15 +465,22 @@ impl Transport {
                 .and_then(|l| l.to_str().ok())
                 .and_then(|l| sent.join(l).ok())
                 .is_some_and(|target| target.origin() != self.shared.base.origin());
-            return Err(Error::protocol(if cross {
-                "refusing redirect to non-base origin"
-            } else {
-                "unexpected redirect response"
-            }));
+            return Err(Error::redirect(
+                if cross {
+                    "refusing redirect to non-base origin"
+                } else {
+                    "unexpected redirect response"
+                },
+                Some(status),
+                cross,
+            ));
         }
         if resp.url() != sent {
-            return Err(Error::protocol(
+            let cross = resp.url().origin() != self.shared.base.origin();
+            return Err(Error::redirect(
                 "the HTTP client followed a redirect; redirects are never accepted",
+                None,
+                cross,
             ));
         }
         if status.is_success() {
@@ -567,10 +644,7 @@ impl Transport {
             {
                 Ok(answer) => return Ok(answer),
                 Err(e) if attempt < max && Self::should_retry(&method, &e) => {
-                    let delay = e
-                        .as_api()
-                        .and_then(|a| a.retry_after)
-                        .unwrap_or_else(|| retry.backoff(attempt));
+                    let delay = retry.delay(attempt, e.as_api().and_then(|a| a.retry_after));
                     tracing::debug!(%method, path, attempt, ?delay, error = %e, "retrying createos request");
                     tokio::time::sleep(delay).await;
                     attempt += 1;
@@ -661,9 +735,11 @@ impl Transport {
         }
     }
 
+    /// The first 200 characters of a body, for an error message; redacted before and after
+    /// the cut.
     fn snippet(&self, bytes: &[u8]) -> String {
-        let cut = &bytes[..bytes.len().min(200)];
-        self.secrets.scrub(&String::from_utf8_lossy(cut))
+        let window = &bytes[..bytes.len().min(200 * 4 + 4096)];
+        self.secrets.shorten(&String::from_utf8_lossy(window), 200)
     }
 
     /// Raw response for streams, bytes and uploads: never retried; non-2xx already
@@ -729,6 +805,7 @@ impl Transport {
             endpoint: path.to_owned(),
             idle_timeout: timeout,
             secrets: self.secrets.clone(),
+            answer_deadline: progress.last() + timeout,
         });
         Ok(resp)
     }
@@ -847,6 +924,7 @@ pub(crate) fn body_chunks(resp: reqwest::Response) -> BoxStream<'static, Result<
             endpoint: resp.url().path().to_owned(),
             idle_timeout: Duration::from_secs(60),
             secrets: Secrets::default(),
+            answer_deadline: tokio::time::Instant::now() + Duration::from_secs(60),
         });
     let inner = resp.bytes_stream();
     stream::unfold(Some((inner, meta)), |state| async move {
@@ -924,13 +1002,11 @@ impl Framer {
         match serde_json::from_str::<Value>(json) {
             Ok(Value::Object(m)) => Ok(Some(m)),
             Ok(_) => Err(Error::protocol("stream frame is not a JSON object")),
-            Err(e) => {
-                let shown: String = json.chars().take(200).collect();
-                Err(Error::protocol(format!(
-                    "invalid stream frame: {e}; line starts with {:?}",
-                    self.secrets.scrub(&shown)
-                )))
-            }
+            Err(e) => Err(Error::protocol(format!(
+                "invalid stream frame: {}; line starts with {:?}",
+                self.secrets.scrub(&e.to_string()),
+                self.secrets.shorten(json, 200)
+            ))),
         }
     }
 
@@ -1056,6 +1132,21 @@ pub(crate) const DEFAULT_PAGE: u64 = 100;
 /// The server's largest page.
 pub(crate) const MAX_PAGE: u64 = 500;
 
+/// The most pages one list walk requests (1000, so 500 000 rows at the largest page size);
+/// a walk that has not ended by then fails with a protocol error rather than run forever.
+pub const MAX_PAGES: u32 = 1000;
+
+/// A fingerprint of a page's rows, to notice a server that answers the same page again.
+fn page_fingerprint(rows: &[Value]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in rows {
+        r.to_string().hash(&mut h);
+    }
+    rows.len().hash(&mut h);
+    h.finish()
+}
+
 struct Pager {
     t: Arc<Transport>,
     path: String,
@@ -1066,10 +1157,17 @@ struct Pager {
     limit: u64,
     buffered: VecDeque<Value>,
     done: bool,
+    pages: u32,
+    last_page: Option<u64>,
 }
 
 /// Walk limit/offset pages lazily, yielding rows. `query` may carry `limit` (page size,
 /// capped at 500) and `offset` (start); both are replaced by the walk.
+///
+/// The walk ends on an empty page, a page shorter than asked, a page identical to the one
+/// before (a server ignoring `offset`), a missing `total` or `offset + rows >= total`; a
+/// `total` that is never reached cannot keep it going. After [`MAX_PAGES`] pages it fails
+/// with a protocol error.
 pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
     t: Arc<Transport>,
     path: String,
@@ -1097,6 +1195,8 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
         limit: limit.clamp(1, MAX_PAGE),
         buffered: VecDeque::new(),
         done: false,
+        pages: 0,
+        last_page: None,
     };
     stream::unfold(Some(pager), |state| async move {
         let mut p = state?;
@@ -1111,6 +1211,16 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
             if p.done {
                 return None;
             }
+            if p.pages >= MAX_PAGES {
+                return Some((
+                    Err(Error::protocol(format!(
+                        "list {} did not end after {MAX_PAGES} pages",
+                        p.path
+                    ))),
+                    None,
+                ));
+            }
+            p.pages += 1;
             let mut q: Vec<(&str, String)> = p.query.iter().map(|(k, v)| (*k, v.clone())).collect();
             q.push(("limit", p.limit.to_string()));
             q.push(("offset", p.offset.to_string()));
@@ -1122,8 +1232,14 @@ pub(crate) fn paginate<T: DeserializeOwned + Send + 'static>(
                 Err(e) => return Some((Err(e), None)),
             };
             let n = rows.len() as u64;
+            let fingerprint = page_fingerprint(&rows);
+            if p.last_page == Some(fingerprint) {
+                // The same rows again: the server ignores `offset`; they were yielded already.
+                return None;
+            }
+            p.last_page = Some(fingerprint);
             match total {
-                Some(total) if n > 0 && p.offset + n < total => p.offset += n,
+                Some(total) if n >= p.limit && p.offset + n < total => p.offset += n,
                 _ => p.done = true,
             }
             p.buffered.extend(rows);
@@ -1264,7 +1380,37 @@ mod tests {
             b"xx [REDACTED] yy"
         );
         assert_eq!(&s.scrub_bytes(b"xx sekri", true)[..], b"xx [REDACTED]");
-        assert_eq!(&s.scrub_bytes(b"xx sekri", false)[..], b"xx sekri");
+        // Fragments of at least MIN_SECRET_FRAGMENT bytes at either edge are masked ...
+        assert_eq!(s.scrub("xx sekr"), "xx [REDACTED]");
+        assert_eq!(s.scrub("it-key yy"), "[REDACTED] yy");
+        assert_eq!(
+            s.scrub("b_tok, then sekrit-k"),
+            "[REDACTED], then [REDACTED]"
+        );
+        // ... shorter ones, and fragments inside the text, are not.
+        assert_eq!(s.scrub("xx sek"), "xx sek");
+        assert_eq!(s.scrub("key yy"), "key yy");
+        assert_eq!(s.scrub("a sekri b"), "a sekri b");
+    }
+
+    #[test]
+    fn shorten_redacts_across_the_cut_at_every_offset() {
+        let key = "sk_live_0123456789abcdefXYZ";
+        let s = Secrets::default().with(&SecretString::from(key));
+        for offset in 150..250 {
+            let mut text = "a".repeat(offset);
+            text.push_str(key);
+            text.push_str(&"b".repeat(500 - text.len().min(500)));
+            let shown = s.shorten(&text, 200);
+            assert!(shown.chars().count() <= 200 + REDACTED.len(), "{offset}");
+            for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
+                let frag = &key[i..i + MIN_SECRET_FRAGMENT];
+                assert!(
+                    !shown.contains(frag),
+                    "offset {offset}: {frag:?} in {shown}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -622,52 +622,42 @@ async fn a_retry_that_then_succeeds_returns_the_success() {
 }
 
 #[tokio::test]
-async fn retry_after_wins_over_the_backoff() {
-    // The backoff would sleep an hour; Retry-After says 0 (delta) and a past HTTP-date.
+async fn retry_after_lengthens_the_backoff_but_never_shortens_it() {
+    // The backoff is ~10 ms; the server asks for 1 s once, then answers.
     let server = MockServer::start_async().await;
-    for (path, value) in [
-        ("/v1/whoami", "0"),
-        ("/v1/rootfs", "Wed, 21 Oct 2015 07:28:00 GMT"),
-    ] {
-        server
-            .mock_async(|when, then| {
-                when.path(path);
-                then.status(503)
-                    .up_to_n_times(1)
-                    .header("retry-after", value)
-                    .body("busy");
-            })
-            .await;
-    }
+    let busy = server
+        .mock_async(|when, then| {
+            when.path("/v1/whoami");
+            then.status(503)
+                .up_to_n_times(1)
+                .header("retry-after", "1")
+                .body("busy");
+        })
+        .await;
     server
         .mock_async(|when, then| {
             when.path("/v1/whoami");
             then.status(200).json_body(ok(json!({"user_id": "u"})));
         })
         .await;
-    server
-        .mock_async(|when, then| {
-            when.path("/v1/rootfs");
-            then.status(200)
-                .json_body(ok(json!({"rootfs": ["devbox:1"], "default": "devbox:1"})));
-        })
-        .await;
-    let slow = RetryOptions {
-        max_retries: 1,
-        base_delay: Duration::from_secs(3600),
-        max_delay: Duration::from_secs(3600),
-    };
     let c = Client::builder()
         .api_key(KEY)
         .base_url(server.base_url())
-        .retry(slow)
+        .retry(RetryOptions {
+            max_retries: 1,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(20),
+        })
         .build()
         .unwrap();
+    let started = std::time::Instant::now();
     bounded(c.whoami()).await.unwrap();
-    assert_eq!(
-        bounded(c.list_root_file_systems()).await.unwrap().default,
-        "devbox:1"
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1 was not honoured ({:?})",
+        started.elapsed()
     );
+    busy.assert_calls_async(1).await;
 }
 
 #[tokio::test]

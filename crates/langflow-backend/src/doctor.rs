@@ -106,6 +106,18 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
         DoctorLevel::Info,
         format!("control plane: {}", settings.base_url),
     );
+    out.push(
+        DoctorLevel::Info,
+        match sandbox_core::createos::proxy_for(&settings.base_url) {
+            Some(p) => format!(
+                "proxy: {p} (from HTTPS_PROXY or ALL_PROXY; the key travels inside a CONNECT \
+                 tunnel; exclude the host with NO_PROXY)"
+            ),
+            None => "proxy: no proxy (plain http is never proxied; https honours HTTPS_PROXY, \
+                     ALL_PROXY and NO_PROXY)"
+                .to_owned(),
+        },
+    );
     out.push(DoctorLevel::Info, format!("rootfs: {}", settings.rootfs));
     out.push(
         DoctorLevel::Info,

@@ -23,18 +23,40 @@ use crate::shapes::Shape;
 /// Default timeout of one control call (not exec, which gets the host deadline).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest server-requested wait [`map_error`] passes on in
+/// [`CallError::retry_after`] (30 s).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// How many request timeouts a whole `find_by_name` walk may take (3): each page is bounded
+/// by the request timeout, and the walk as a whole by this many of them, so a control plane
+/// serving slow pages one after another cannot hold a lookup (and the cleanup waiting on
+/// it) for long.
+pub const FIND_BY_NAME_TIMEOUT_FACTOR: u32 = 3;
+
 /// The CreateOS control plane.
 pub struct CreateOsControlPlane {
     client: Client,
     redactor: Redactor,
+    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for CreateOsControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CreateOsControlPlane")
-            .field("base_url", &self.client.base_url())
+            .field(
+                "base_url",
+                &createos_api::redact_url(self.client.base_url()),
+            )
+            .field("proxy", &self.client.proxy())
             .finish_non_exhaustive()
     }
+}
+
+/// The proxy a control plane for `base_url` goes through, credentials hidden, or `None` for
+/// a direct connection: plain `http` is never proxied; `https` honours `HTTPS_PROXY`,
+/// `ALL_PROXY` and `NO_PROXY` of the process environment (see [`createos_api::proxy_for`]).
+pub fn proxy_for(base_url: &str) -> Option<String> {
+    createos_api::proxy_for(base_url)
 }
 
 /// Maps a client error to a [`CallError`], redacting the key.
@@ -46,20 +68,20 @@ pub fn map_error(e: &ApiError, redactor: &Redactor) -> CallError {
         _ => {
             if let Some(s) = e.status() {
                 CallFailure::Status(s.as_u16())
-            } else if e.to_string().contains("redirect") {
+            } else if e.is_redirect() {
                 CallFailure::Redirect
             } else {
                 CallFailure::Protocol
             }
         }
     };
+    // createos-api already parsed `Retry-After` (seconds or an HTTP date; negative and past
+    // values are zero, garbage is `None`). A zero comes through as `Some(0)`: the retry loops
+    // wait max(backoff, retry_after), so it can lengthen a wait, never shorten it.
     let retry_after = e
         .as_api()
-        .and_then(|a| a.headers.get("retry-after"))
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| Duration::from_secs_f64(s.min(30.0)));
+        .and_then(|a| a.retry_after)
+        .map(|d| d.min(MAX_RETRY_AFTER));
     CallError {
         failure,
         message: redactor.apply(&e.to_string()),
@@ -75,6 +97,7 @@ impl CreateOsControlPlane {
         request_timeout: Duration,
     ) -> Result<Self, SandboxError> {
         let redactor = Redactor::new(api_key.expose_secret());
+        let shown = createos_api::redact_url(base_url);
         let client = Client::builder()
             .api_key(SecretString::from(api_key.expose_secret().to_owned()))
             .base_url(base_url)
@@ -83,12 +106,16 @@ impl CreateOsControlPlane {
             .build()
             .map_err(|e| {
                 SandboxError::refused(format!(
-                    "cannot use the CreateOS control plane at {base_url}: {}. Check \
+                    "cannot use the CreateOS control plane at {shown}: {}. Check \
                      CREATEOS_SANDBOX_BASE_URL and CREATEOS_SANDBOX_API_KEY",
                     redactor.apply(&e.to_string())
                 ))
             })?;
-        Ok(Self { client, redactor })
+        Ok(Self {
+            client,
+            redactor,
+            request_timeout,
+        })
     }
 
     fn err(&self, e: &ApiError) -> CallError {
@@ -155,7 +182,8 @@ impl ControlPlane for CreateOsControlPlane {
     }
 
     fn find_by_name(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
-        async move {
+        let deadline = self.request_timeout * FIND_BY_NAME_TIMEOUT_FACTOR;
+        let walk = async move {
             let opts = ListSandboxesOptions {
                 limit: Some(500),
                 request: no_retry(),
@@ -175,6 +203,19 @@ impl ControlPlane for CreateOsControlPlane {
                 }
             }
             Ok(terminal)
+        };
+        async move {
+            tokio::time::timeout(deadline, walk)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CallError::new(
+                        CallFailure::Timeout,
+                        format!(
+                            "GET /v1/sandboxes: looking up a sandbox by name did not finish within \
+                         {deadline:?}"
+                        ),
+                    ))
+                })
         }
         .boxed()
     }
@@ -273,5 +314,198 @@ impl ControlPlane for CreateOsControlPlane {
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const KEY: &str = "sk-core-test-0123456789abcdef";
+
+    /// What the test server does with a request line: answer after a delay, or never.
+    type Script = Arc<dyn Fn(&str) -> Option<(Duration, String)> + Send + Sync>;
+
+    /// A keep-alive HTTP/1.1 server on 127.0.0.1 that answers every request per `script`.
+    async fn serve(script: Script) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let script = script.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut seen = Vec::new();
+                    loop {
+                        let end = loop {
+                            if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match sock.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&seen[..end]).into_owned();
+                        seen.drain(..end);
+                        let line = head.lines().next().unwrap_or_default().to_owned();
+                        let Some((delay, reply)) = script(&line) else {
+                            std::future::pending::<()>().await;
+                            return;
+                        };
+                        tokio::time::sleep(delay).await;
+                        if sock.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn reply(status: u16, extra_headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra_headers}\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// A full page of 500 sandboxes none of which is called `wanted`, with a huge total.
+    fn full_page(line: &str) -> String {
+        let offset: u64 = line
+            .split("offset=")
+            .nth(1)
+            .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let rows: Vec<String> = (offset..offset + 500)
+            .map(|i| format!(r#"{{"id":"sb-{i}","status":"running","name":"other-{i}"}}"#))
+            .collect();
+        let body = format!(
+            r#"{{"status":"success","data":{{"data":[{}],"pagination":{{"total":1000000000}}}}}}"#,
+            rows.join(",")
+        );
+        reply(200, "", &body)
+    }
+
+    fn plane(url: &str, timeout: Duration) -> CreateOsControlPlane {
+        CreateOsControlPlane::new(&SecretString::from(KEY), url, timeout).unwrap()
+    }
+
+    #[tokio::test]
+    async fn find_by_name_over_slow_endless_pages_hits_its_deadline() {
+        let url = serve(Arc::new(|line: &str| {
+            Some((Duration::from_millis(600), full_page(line)))
+        }))
+        .await;
+        let cp = plane(&url, Duration::from_secs(1));
+        let started = Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(30), cp.find_by_name("wanted".into()))
+            .await
+            .expect("find_by_name has an overall deadline")
+            .unwrap_err();
+        assert_eq!(e.failure, CallFailure::Timeout, "{e:?}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn find_by_name_with_a_stalling_second_page_times_out() {
+        let url = serve(Arc::new(|line: &str| {
+            if line.contains("offset=0") {
+                Some((Duration::ZERO, full_page(line)))
+            } else {
+                None
+            }
+        }))
+        .await;
+        let cp = plane(&url, Duration::from_millis(500));
+        let e = tokio::time::timeout(Duration::from_secs(30), cp.find_by_name("wanted".into()))
+            .await
+            .expect("a stalled page is bounded")
+            .unwrap_err();
+        assert_eq!(e.failure, CallFailure::Timeout, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn map_error_passes_the_parsed_retry_after_and_types_redirects() {
+        let url = serve(Arc::new(|line: &str| {
+            let busy = r#"{"status":"error","message":"busy"}"#;
+            Some((
+                Duration::ZERO,
+                if line.contains("/v1/whoami") {
+                    reply(429, "retry-after: 0\r\n", busy)
+                } else if line.contains("/v1/sandboxes/ra2") {
+                    reply(503, "retry-after: 2\r\n", busy)
+                } else if line.contains("/v1/sandboxes/garbage") {
+                    reply(503, "retry-after: soon\r\n", busy)
+                } else if line.contains("/v1/sandboxes/long") {
+                    reply(429, "retry-after: 86400\r\n", busy)
+                } else if line.contains("/v1/sandboxes/redir") {
+                    reply(302, "location: https://elsewhere.test/x\r\n", "")
+                } else {
+                    // A protocol error that merely mentions a redirect.
+                    reply(200, "", r#"{"status":"odd","message":"redirect me"}"#)
+                },
+            ))
+        }))
+        .await;
+        let cp = plane(&url, Duration::from_secs(5));
+        let e = cp.check_credential().await.unwrap_err();
+        assert_eq!(e.failure, CallFailure::Status(429));
+        assert_eq!(e.retry_after, Some(Duration::ZERO));
+        let e = map_error(
+            &cp.client.get_sandbox("ra2").await.unwrap_err(),
+            &cp.redactor,
+        );
+        assert_eq!(e.retry_after, Some(Duration::from_secs(2)));
+        let e = map_error(
+            &cp.client.get_sandbox("garbage").await.unwrap_err(),
+            &cp.redactor,
+        );
+        assert_eq!(e.retry_after, None);
+        let e = map_error(
+            &cp.client.get_sandbox("long").await.unwrap_err(),
+            &cp.redactor,
+        );
+        assert_eq!(e.retry_after, Some(MAX_RETRY_AFTER));
+        let e = map_error(
+            &cp.client.get_sandbox("redir").await.unwrap_err(),
+            &cp.redactor,
+        );
+        assert_eq!(e.failure, CallFailure::Redirect);
+        let e = map_error(
+            &cp.client.get_sandbox("worded").await.unwrap_err(),
+            &cp.redactor,
+        );
+        assert_eq!(e.failure, CallFailure::Protocol, "{e:?}");
+    }
+
+    #[test]
+    fn hostile_base_urls_are_refused_without_their_secrets() {
+        for url in [
+            "https://user:pw-secret@/x",
+            "https://user:pw-secret@host.test:99999",
+            "https://host.test/api?token=tok-secret",
+            "http://evil.localhost:1",
+        ] {
+            let e =
+                CreateOsControlPlane::new(&SecretString::from(KEY), url, Duration::from_secs(1))
+                    .unwrap_err();
+            let text = format!("{e} {e:?}");
+            assert!(!text.contains("secret"), "{url}: {text}");
+            assert!(!text.contains(KEY), "{url}: {text}");
+        }
+        let cp = plane("http://127.0.0.1:1", Duration::from_secs(1));
+        assert!(format!("{cp:?}").contains("127.0.0.1:1"));
     }
 }

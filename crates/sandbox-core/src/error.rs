@@ -131,7 +131,8 @@ impl Redactor {
         }
     }
 
-    /// Returns `text` with every secret replaced and `x-api-key` header values masked.
+    /// Returns `text` with every secret replaced, a fragment of a secret at either edge of
+    /// the text replaced (see [`MIN_SECRET_FRAGMENT`]) and `x-api-key` header values masked.
     pub fn apply(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for s in &self.secrets {
@@ -139,8 +140,62 @@ impl Redactor {
                 out = out.replace(s.as_str(), REDACTED);
             }
         }
+        for s in &self.secrets {
+            out = mask_edge_fragments(&out, s);
+        }
         mask_api_key_headers(&out)
     }
+
+    /// [`cap_detail`] for text that may hold a secret: redacts, cuts to
+    /// [`MAX_DETAIL_CHARS`], then redacts again, so a secret that straddled the cut leaves no
+    /// fragment at the new edge.
+    pub fn cap(&self, text: &str) -> String {
+        let capped = cap_detail(&self.apply(text));
+        match capped.strip_suffix('…') {
+            Some(cut) => format!("{}…", self.apply(cut)),
+            None => capped,
+        }
+    }
+}
+
+/// The shortest fragment of a secret that [`Redactor::apply`] masks at the start or end of a
+/// text (4 bytes): a text that was cut somewhere upstream may end with the first bytes of the
+/// key or start with its last bytes. Any such fragment at least this long counts as the key;
+/// shorter ones are left alone, since masking every 1–3 character coincidence would shred
+/// ordinary messages and reveals nothing useful.
+pub const MIN_SECRET_FRAGMENT: usize = 4;
+
+/// Replaces a suffix of `text` that is a prefix of `secret`, and a prefix of `text` that is a
+/// suffix of `secret`, when at least [`MIN_SECRET_FRAGMENT`] bytes long.
+fn mask_edge_fragments(text: &str, secret: &str) -> String {
+    let (t, k) = (text.as_bytes(), secret.as_bytes());
+    let longest = k.len().saturating_sub(1);
+    let mut end = t.len();
+    for n in (MIN_SECRET_FRAGMENT..=longest.min(t.len())).rev() {
+        if t.ends_with(&k[..n]) && text.is_char_boundary(t.len() - n) {
+            end = t.len() - n;
+            break;
+        }
+    }
+    let mut start = 0;
+    for n in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
+        if t[..end].starts_with(&k[k.len() - n..]) && text.is_char_boundary(n) {
+            start = n;
+            break;
+        }
+    }
+    if start == 0 && end == t.len() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 2 * REDACTED.len());
+    if start > 0 {
+        out.push_str(REDACTED);
+    }
+    out.push_str(&text[start..end]);
+    if end < t.len() {
+        out.push_str(REDACTED);
+    }
+    out
 }
 
 /// Masks the value following `x-api-key` (any case) and a `:`/`=`/`"` separator.
@@ -187,6 +242,8 @@ fn mask_api_key_headers(text: &str) -> String {
 }
 
 /// Truncates server-provided detail to [`MAX_DETAIL_CHARS`] characters (char-boundary safe).
+/// For text that may carry a secret use [`Redactor::cap`], which redacts before and after
+/// the cut.
 pub fn cap_detail(detail: &str) -> String {
     let detail = detail.trim();
     match detail.char_indices().nth(MAX_DETAIL_CHARS) {
@@ -241,6 +298,54 @@ mod tests {
     fn debug_of_redactor_hides_secrets() {
         let r = Redactor::new("very-secret-key");
         assert!(!format!("{r:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn fragments_at_either_edge_count_as_the_key() {
+        let key = "sk-live-0123456789abcdef";
+        let r = Redactor::new(key);
+        assert_eq!(r.apply("cut here: sk-live-01"), "cut here: [REDACTED]");
+        assert_eq!(r.apply("89abcdef was the rest"), "[REDACTED] was the rest");
+        // Below the threshold, or inside the text, nothing is masked.
+        assert_eq!(r.apply("ends with sk-"), "ends with sk-");
+        assert_eq!(r.apply("a sk-live-01 b"), "a sk-live-01 b");
+    }
+
+    #[test]
+    fn cap_never_leaves_a_fragment_at_the_cut() {
+        let key = "sk-live-0123456789abcdef";
+        let r = Redactor::new(key);
+        for offset in MAX_DETAIL_CHARS - 30..MAX_DETAIL_CHARS + 5 {
+            let text = format!("{}{key}{}", "a".repeat(offset), "b".repeat(300));
+            let capped = r.cap(&text);
+            for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
+                let frag = &key[i..i + MIN_SECRET_FRAGMENT];
+                assert!(
+                    !capped.contains(frag),
+                    "offset {offset}: {frag} in {capped}"
+                );
+            }
+            assert!(capped.chars().count() <= MAX_DETAIL_CHARS + 1 + REDACTED.len());
+        }
+        // A text that arrives already cut through the key is masked at its edge too.
+        let pre_cut = format!("{}{}", "a".repeat(100), &key[..12]);
+        assert_eq!(r.cap(&pre_cut), format!("{}{REDACTED}", "a".repeat(100)));
+        // A partial key inside the text (not masked: it is not at an edge) is not exposed
+        // further by a cut that lands inside it.
+        for n in MIN_SECRET_FRAGMENT..12 {
+            let text = format!(
+                "{}{} tail {}",
+                "a".repeat(MAX_DETAIL_CHARS - n),
+                &key[..12],
+                "z".repeat(50)
+            );
+            let capped = r.cap(&text);
+            assert!(
+                !capped.contains(&key[..MIN_SECRET_FRAGMENT]),
+                "n={n}: {capped}"
+            );
+            assert!(capped.ends_with(&format!("{REDACTED}…")), "n={n}: {capped}");
+        }
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl fmt::Debug for Settings {
                 &self.api_key.as_ref().map(|_| crate::error::REDACTED),
             )
             .field("api_key_source", &self.api_key_source)
-            .field("base_url", &self.base_url)
+            .field("base_url", &createos_api::redact_url(&self.base_url))
             .field("rootfs", &self.rootfs)
             .field("pinned_shape", &self.pinned_shape)
             .field("accept_egress_exceptions", &self.accept_egress_exceptions)
@@ -110,11 +110,13 @@ pub fn parse_bool(name: &str, raw: &str) -> Result<bool, SandboxError> {
 }
 
 /// Checks a base URL: http(s), a host, no credentials, query or fragment. Returns it without a
-/// trailing `/`.
+/// trailing `/`. A refusal shows the value through [`createos_api::redact_url`]: never its
+/// userinfo, query or fragment, even when it does not parse.
 pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
+    let shown = createos_api::redact_url(raw);
     let bad = |why: &str| {
         SandboxError::refused(format!(
-            "{name}={raw:?} is not a usable control-plane URL ({why}); set it to e.g. {DEFAULT_BASE_URL}"
+            "{name}={shown:?} is not a usable control-plane URL ({why}); set it to e.g. {DEFAULT_BASE_URL}"
         ))
     };
     let u = url::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
@@ -398,6 +400,24 @@ mod tests {
             .unwrap_err();
         assert!(!e.to_string().contains("pw-secret"));
         assert!(e.to_string().contains(ENV_BASE_URL));
+    }
+
+    #[test]
+    fn hostile_base_urls_never_show_their_secrets() {
+        for raw in [
+            "https://user:pw-secret@/x",
+            "https://user:pw-secret@host.test:99999",
+            "https://host.test/api?token=tok-secret",
+            "https://host.test/#frag-secret",
+            "https://u:p/w-secret@host.test",
+            "not a url?token=tok-secret",
+            "ftp://u:pw-secret@host.test",
+        ] {
+            let e = Settings::from_lookup(&env(&[(ENV_BASE_URL, raw)])).unwrap_err();
+            let text = format!("{e} {e:?}");
+            assert!(!text.contains("secret"), "{raw}: {text}");
+            assert!(text.contains(ENV_BASE_URL), "{raw}: {text}");
+        }
     }
 
     #[test]

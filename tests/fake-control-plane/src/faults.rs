@@ -1,4 +1,4 @@
-//! Fault injection rules: `ROUTE=ACTION[@PROB][#COUNT]` separated by `;`.
+//! Fault injection rules: `ROUTE=ACTION[+ra=VALUE][@PROB][#COUNT]` separated by `;`.
 
 use rand::Rng;
 
@@ -91,10 +91,28 @@ pub(crate) enum Action {
     Malformed,
 }
 
+/// The `Retry-After` header of a status fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RetryAfter {
+    /// The usual: `0` on 429 and 503, nothing on other statuses.
+    Default,
+    /// No `Retry-After` at all (`+ra=none`).
+    Omit,
+    /// This value, verbatim, valid or not (`+ra=2`, `+ra=garbage`, `+ra=-1`, an HTTP date).
+    Value(String),
+}
+
+/// What to do to one request: the action and, for a status, its `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub action: Action,
+    pub retry_after: RetryAfter,
+}
+
 #[derive(Debug, Clone)]
 struct Rule {
     route: String,
-    action: Action,
+    fault: Fault,
     prob: f64,
     remaining: Option<u64>,
 }
@@ -120,7 +138,7 @@ impl Faults {
     }
 
     /// Picks the action to apply to a request for `route`, consuming one use of the rule.
-    pub(crate) fn pick(&mut self, route: &str) -> Option<Action> {
+    pub(crate) fn pick(&mut self, route: &str) -> Option<Fault> {
         let mut rng = rand::rng();
         for rule in &mut self.rules {
             if rule.route != "*" && rule.route != route {
@@ -135,7 +153,7 @@ impl Faults {
             if let Some(n) = rule.remaining.as_mut() {
                 *n -= 1;
             }
-            return Some(rule.action);
+            return Some(rule.fault.clone());
         }
         None
     }
@@ -180,11 +198,40 @@ fn parse_rule(raw: &str) -> Result<Rule, String> {
         }
         suffix = &body[stop..];
     }
-    let action = parse_action(action_text)
-        .ok_or_else(|| format!("fault rule {raw:?}: unknown action {action_text:?}"))?;
+    let mut parts = action_text.split('+');
+    let action_name = parts.next().unwrap_or_default().trim();
+    let action = parse_action(action_name)
+        .ok_or_else(|| format!("fault rule {raw:?}: unknown action {action_name:?}"))?;
+    let mut retry_after = RetryAfter::Default;
+    for option in parts {
+        let Some(value) = option.trim().strip_prefix("ra=") else {
+            return Err(format!(
+                "fault rule {raw:?}: unknown option {option:?} (expected +ra=VALUE)"
+            ));
+        };
+        if !matches!(action, Action::Status(_)) {
+            return Err(format!(
+                "fault rule {raw:?}: +ra= applies to a status action only"
+            ));
+        }
+        let value = value.trim();
+        if value.is_empty() || !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(format!(
+                "fault rule {raw:?}: a Retry-After value must be printable ASCII (or none)"
+            ));
+        }
+        retry_after = if value == "none" {
+            RetryAfter::Omit
+        } else {
+            RetryAfter::Value(value.to_owned())
+        };
+    }
     Ok(Rule {
         route: route.to_owned(),
-        action,
+        fault: Fault {
+            action,
+            retry_after,
+        },
         prob,
         remaining,
     })
@@ -218,9 +265,10 @@ mod tests {
     #[test]
     fn parses_rules_with_probability_and_count() {
         let mut f = Faults::parse("create=503#2; exec=reset@1.0;*=stall@0.5#1").unwrap();
-        assert_eq!(f.pick("create"), Some(Action::Status(503)));
-        assert_eq!(f.pick("create"), Some(Action::Status(503)));
-        assert_eq!(f.pick("exec"), Some(Action::Reset));
+        let act = |f: Option<Fault>| f.map(|f| f.action);
+        assert_eq!(act(f.pick("create")), Some(Action::Status(503)));
+        assert_eq!(act(f.pick("create")), Some(Action::Status(503)));
+        assert_eq!(act(f.pick("exec")), Some(Action::Reset));
         // The wildcard rule fires at most once, with probability 0.5.
         let mut fired = 0;
         for _ in 0..200 {
@@ -229,6 +277,37 @@ mod tests {
             }
         }
         assert!(fired <= 1);
+    }
+
+    #[test]
+    fn status_faults_carry_a_retry_after() {
+        let mut f = Faults::parse(
+            "create=429+ra=0;exec_stream=503+ra=2@1#1;whoami=429+ra=none;\
+             get=503+ra=Wed, 21 Oct 2015 07:28:00 GMT;*=429+ra=garbage",
+        )
+        .unwrap();
+        let ra = |f: Option<Fault>| f.map(|f| f.retry_after);
+        assert_eq!(ra(f.pick("create")), Some(RetryAfter::Value("0".into())));
+        assert_eq!(
+            ra(f.pick("exec_stream")),
+            Some(RetryAfter::Value("2".into()))
+        );
+        assert_eq!(ra(f.pick("whoami")), Some(RetryAfter::Omit));
+        assert_eq!(
+            ra(f.pick("get")),
+            Some(RetryAfter::Value("Wed, 21 Oct 2015 07:28:00 GMT".into()))
+        );
+        // #1 used up: exec_stream falls through to the wildcard.
+        assert_eq!(
+            ra(f.pick("exec_stream")),
+            Some(RetryAfter::Value("garbage".into()))
+        );
+        let plain = Faults::parse("create=503").unwrap().pick("create");
+        assert_eq!(ra(plain), Some(RetryAfter::Default));
+        assert!(Faults::parse("create=reset+ra=1").is_err());
+        assert!(Faults::parse("create=503+ra=").is_err());
+        assert!(Faults::parse("create=503+rb=1").is_err());
+        assert!(Faults::parse("create=503+ra=\u{e9}").is_err());
     }
 
     #[test]

@@ -52,7 +52,8 @@ pub struct FakeOptions {
     pub base_path: String,
     /// Added to every API request before it is handled (default 0).
     pub latency: Duration,
-    /// Fault rules, `ROUTE=ACTION[@PROB][#COUNT]` separated by `;` (default none).
+    /// Fault rules, `ROUTE=ACTION[+ra=VALUE][@PROB][#COUNT]` separated by `;` (default
+    /// none); see the crate README.
     pub faults: String,
     /// Directories prepended to the guest `PATH` (e.g. a virtualenv's `bin`).
     pub guest_path: Vec<PathBuf>,
@@ -130,6 +131,18 @@ pub struct Stats {
     pub requests: BTreeMap<String, u64>,
     /// The most execs (buffered or streaming) ever in flight at once.
     pub peak_concurrent_execs: u64,
+    /// Requests received in absolute form (`GET http://other-host/v1/...`), i.e. sent to
+    /// this server as to a plain-HTTP proxy. Each is answered 502 and never served.
+    #[serde(default)]
+    pub proxied_requests: u64,
+    /// Of [`Stats::proxied_requests`], how many carried an `X-Api-Key` header: a key that
+    /// crossed a proxy unencrypted.
+    #[serde(default)]
+    pub proxied_with_api_key: u64,
+    /// `CONNECT host:port` requests (an `https` client tunnelling through this server as
+    /// its proxy). Each is answered 502: no tunnel is opened.
+    #[serde(default)]
+    pub connect_requests: u64,
 }
 
 /// A running fake control plane bound to `127.0.0.1`.
@@ -294,6 +307,9 @@ pub(crate) fn stats_of(app: &App) -> Stats {
             .count() as u64,
         requests: inner.requests.clone(),
         peak_concurrent_execs: app.peak_execs.load(Ordering::SeqCst),
+        proxied_requests: inner.proxied_requests,
+        proxied_with_api_key: inner.proxied_with_api_key,
+        connect_requests: inner.connect_requests,
     }
 }
 

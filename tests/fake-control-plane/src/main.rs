@@ -27,7 +27,10 @@ struct Cli {
     /// Latency added to every API request, in milliseconds.
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
-    /// Fault rules: ROUTE=ACTION[@PROB][#COUNT] separated by ';'.
+    /// Fault rules: ROUTE=ACTION[+ra=VALUE][@PROB][#COUNT] separated by ';'. A status
+    /// ACTION (429, 503, ...) may carry `+ra=VALUE`: its Retry-After header, sent verbatim
+    /// (`+ra=0`, `+ra=2`, `+ra=garbage`, an HTTP date), or `+ra=none` for no header
+    /// (default: `0` on 429 and 503).
     #[arg(long, default_value = "")]
     faults: String,
     /// Directories prepended to the guest PATH (':'-separated).

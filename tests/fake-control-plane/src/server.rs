@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::faults::{Action, Faults};
+use crate::faults::{Action, Fault, Faults, RetryAfter};
 use crate::handlers;
 use crate::jsend::{ApiError, ApiResult, ok};
 use crate::state::App;
@@ -157,6 +157,19 @@ fn delegated_allowed(name: &str) -> bool {
 
 async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> Response {
     let (parts, body) = req.into_parts();
+    // Used as a proxy: record what arrived (and whether a key came with it), serve nothing.
+    if parts.method == Method::CONNECT || parts.uri.authority().is_some() {
+        let mut inner = app.lock();
+        if parts.method == Method::CONNECT {
+            inner.connect_requests += 1;
+        } else {
+            inner.proxied_requests += 1;
+        }
+        if parts.headers.contains_key("x-api-key") {
+            inner.proxied_with_api_key += 1;
+        }
+        return ApiError::error(502, "createos-fake is not a proxy").into_response();
+    }
     let raw_path = parts.uri.path().to_owned();
     let query = parse_query(parts.uri.query());
     let Some(path) = strip_base(&app.base_path, &raw_path) else {
@@ -205,13 +218,29 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     if !app.latency.is_zero() {
         tokio::time::sleep(app.latency).await;
     }
-    let action = app.faults().pick(name);
+    let fault = app.faults().pick(name);
     let mut reset_after = false;
     let mut stall_mid = false;
-    match action {
+    let retry_after = fault
+        .as_ref()
+        .map_or(RetryAfter::Default, |f| f.retry_after.clone());
+    match fault.map(|Fault { action, .. }| action) {
         None => {}
         Some(Action::Status(code)) => {
-            return ApiError::error(code, format!("injected fault: HTTP {code}")).into_response();
+            let mut resp =
+                ApiError::error(code, format!("injected fault: HTTP {code}")).into_response();
+            match retry_after {
+                RetryAfter::Default => {}
+                RetryAfter::Omit => {
+                    resp.headers_mut().remove(header::RETRY_AFTER);
+                }
+                RetryAfter::Value(v) => {
+                    if let Ok(v) = header::HeaderValue::from_str(&v) {
+                        resp.headers_mut().insert(header::RETRY_AFTER, v);
+                    }
+                }
+            }
+            return resp;
         }
         Some(Action::Reset) => {
             kill.cancel();

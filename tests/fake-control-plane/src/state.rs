@@ -278,6 +278,12 @@ pub(crate) struct Inner {
     pub templates: Vec<Template>,
     pub networks: Vec<Network>,
     pub disks: Vec<Disk>,
+    /// Requests that arrived as to a proxy (see `Stats::proxied_requests`).
+    pub proxied_requests: u64,
+    /// Of those, how many carried an `X-Api-Key` header.
+    pub proxied_with_api_key: u64,
+    /// `CONNECT` requests (see `Stats::connect_requests`).
+    pub connect_requests: u64,
 }
 
 impl Inner {

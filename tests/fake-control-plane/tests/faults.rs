@@ -382,3 +382,49 @@ async fn fault_probability_is_honoured_over_http() {
         "every request was counted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_faults_carry_the_retry_after_they_are_given() {
+    let fx = Fx::with(FakeOptions {
+        faults: "create=429+ra=0;whoami=503+ra=2#1;shapes=429+ra=none".into(),
+        ..fast()
+    })
+    .await;
+    let r = fx
+        .post("/v1/sandboxes", json!({"shape": "s-1vcpu-256mb"}))
+        .await;
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "0")
+    );
+    let r = fx.get("/v1/whoami").await;
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (503, "2")
+    );
+    assert_eq!(fx.get("/v1/whoami").await.status, 200, "#1 fired once");
+    let r = fx.get("/v1/shapes").await;
+    assert_eq!(r.status, 429);
+    assert!(!r.headers.contains_key("retry-after"), "{:?}", r.headers);
+    // Through the control route too, garbage included.
+    fx.set_faults("*=429+ra=garbage").await.unwrap();
+    let r = fx.get("/v1/whoami").await;
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "garbage")
+    );
+    fx.set_faults("exec_stream=503+ra=Wed, 21 Oct 2015 07:28:00 GMT")
+        .await
+        .unwrap();
+    let id = fx.create(json!({})).await;
+    let r = fx
+        .post(
+            &format!("/v1/sandboxes/{id}/exec?stream=true"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["retry-after"], "Wed, 21 Oct 2015 07:28:00 GMT");
+    assert!(fx.set_faults("create=reset+ra=1").await.is_err());
+    assert!(fx.set_faults("create=503+ra=").await.is_err());
+}
