@@ -4,8 +4,9 @@
 //!
 //! The target is `CREATEOS_LIVE_BASE_URL` (default the production API) with the key in
 //! `CREATEOS_LIVE_API_KEY`. Exit status: 0 every check passed (skips allowed), 1 some check
-//! failed, 2 bad usage or configuration, 3 no key given (nothing was checked), 130/143 stopped by
-//! SIGINT/SIGTERM (after destroying the suite's guests).
+//! failed (or a guest may be left behind), 2 bad usage or configuration, 3 no key given
+//! (nothing was checked), 130/143 stopped by SIGINT/SIGTERM (after destroying the suite's
+//! guests).
 //!
 //! Every guest is named `<prefix>-...`, is registered the moment its create is answered, and is
 //! destroyed on every path; the run ends by listing the prefix and deleting anything left.
@@ -37,6 +38,8 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 /// Exit status when no key was given: nothing was checked.
 const EXIT_NO_KEY: u8 = 3;
+/// How long cleanup waits for creates in flight (a create may hold until the guest runs).
+const CREATE_WAIT: Duration = Duration::from_secs(120);
 
 /// Command line (the key is read from the environment only, never from a flag).
 #[derive(Debug, Parser)]
@@ -44,7 +47,7 @@ const EXIT_NO_KEY: u8 = 3;
     name = "createos-live-check",
     about = "Check a CreateOS control plane against every fact this project relies on",
     after_help = "The key is read from CREATEOS_LIVE_API_KEY. Exit status: 0 all checks \
-                  passed, 1 some check failed, 2 usage or configuration error, 3 no key given, \
+                  passed, 1 some check failed or a guest may be left, 2 usage or configuration error, 3 no key given, \
                   130/143 interrupted (the suite's guests are destroyed first)."
 )]
 struct Args {
@@ -186,7 +189,7 @@ async fn main() -> ExitCode {
 
     // Cleanup runs on every path; a second signal cuts it short and says what may be left.
     let cleaned = tokio::select! {
-        () = cleanup(&ctx) => true,
+        clean = cleanup(&ctx) => clean,
         (name, _) = signals.next() => {
             let left: Vec<String> = ctx.registry.live().into_iter().map(|(id, n)| format!("{id} ({n})")).collect();
             println!("{name} again: cleanup cut short; guests possibly left: {left:?}");
@@ -219,9 +222,18 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Destroys every registered guest, then lists the prefix and deletes whatever is left (a guest
-/// whose create answer was lost, or one created while a signal was being handled).
-async fn cleanup(ctx: &Ctx) {
+/// Waits (bounded) for creates still in flight, destroys every registered guest, then lists the
+/// prefix and deletes whatever is left (say, a guest whose create answer never arrived).
+/// Returns whether no guest is known to be left.
+async fn cleanup(ctx: &Ctx) -> bool {
+    let n = ctx.registry.inflight();
+    if n > 0 {
+        println!("cleanup: waiting for {n} create(s) in flight to be answered");
+        let deadline = tokio::time::Instant::now() + CREATE_WAIT;
+        while ctx.registry.inflight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     for (id, name) in ctx.registry.live() {
         let sb = ctx.client.sandbox_handle(&id);
         match sb.destroy().await {
@@ -245,7 +257,7 @@ async fn cleanup(ctx: &Ctx) {
         Ok(rows) => rows,
         Err(e) => {
             println!("sweep: cannot list guests: {}", describe(&e));
-            return;
+            return false;
         }
     };
     let mut left = 0;
@@ -268,6 +280,11 @@ async fn cleanup(ctx: &Ctx) {
         }
     }
     println!("sweep: {left} leftover guest(s) under {head}");
+    let still = ctx.registry.live();
+    if !still.is_empty() {
+        println!("cleanup: guests possibly left: {still:?}");
+    }
+    still.is_empty()
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Every guest the suite created, so that each one is destroyed on every path (a failed check,
 //! an error, Ctrl-C) and the run's cost can be stated.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One guest the suite knows about.
@@ -19,6 +20,18 @@ struct Guest {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     guests: Mutex<Vec<Guest>>,
+    /// Creates sent whose answer has not been handled yet.
+    inflight: Arc<AtomicUsize>,
+}
+
+/// Counts one create in flight until dropped.
+#[derive(Debug)]
+pub(crate) struct CreateInFlight(Arc<AtomicUsize>);
+
+impl Drop for CreateInFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Registry {
@@ -26,6 +39,18 @@ impl Registry {
         self.guests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts a create as in flight until the returned guard is dropped (after its answer was
+    /// registered), so cleanup can wait for answers that are still on their way.
+    pub(crate) fn begin_create(&self) -> CreateInFlight {
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        CreateInFlight(Arc::clone(&self.inflight))
+    }
+
+    /// Creates whose answer has not been handled yet.
+    pub(crate) fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
     }
 
     /// Notes a guest the suite created (or found under its prefix). A known id is not counted
@@ -91,5 +116,17 @@ mod tests {
         assert_eq!((created, destroyed), (2, 1));
         assert!(secs >= 0.0);
         assert_eq!(r.live(), vec![("b".to_owned(), "lc-2".to_owned())]);
+    }
+
+    #[test]
+    fn creates_in_flight_are_counted_until_the_guard_drops() {
+        let r = Registry::default();
+        let a = r.begin_create();
+        let b = r.begin_create();
+        assert_eq!(r.inflight(), 2);
+        drop(a);
+        assert_eq!(r.inflight(), 1);
+        drop(b);
+        assert_eq!(r.inflight(), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! The results of the checks: printed as they come, counted at the end.
 
-use std::io::Write;
+use std::fmt::Write as _;
+use std::io::Write as _;
 
 use crate::facts::{FACTS, Fact, fact_of};
 
@@ -64,10 +65,11 @@ impl Report {
             fact.section
         );
         if !pass {
-            out.push_str(&format!(
-                "      disagrees with the fake: {} encodes the expected value\n",
+            let _ = writeln!(
+                out,
+                "      disagrees with the fake: {} encodes the expected value",
                 fact.fake
-            ));
+            );
         }
         self.push(fact, verdict, &out);
     }

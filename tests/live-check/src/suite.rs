@@ -5,6 +5,7 @@
 //! Every guest is named `<prefix>-...` and registered the moment its create is answered; the
 //! caller destroys what is left and sweeps the prefix, whatever happens here.
 
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,12 +87,27 @@ impl Ctx {
     }
 
     /// Creates a guest and registers it before anything else can happen.
+    /// The create runs in a task of its own: if the suite is interrupted meanwhile, the answer
+    /// still reaches the registry (a real create may hold until the guest runs), and cleanup
+    /// waits for it before destroying.
     async fn create(&self, req: CreateSandboxRequest) -> Result<Sandbox, Error> {
         let name = req.name.clone();
-        // A POST is retried only on 429/503, which the contract says were not processed.
-        let sb = self.client.create_sandbox(req).await?;
-        self.registry.created(sb.id(), &name);
-        Ok(sb)
+        let client = self.client.clone();
+        let registry = Arc::clone(&self.registry);
+        let guard = registry.begin_create();
+        let task = tokio::spawn(async move {
+            // A POST is retried only on 429/503, which the contract says were not processed.
+            let answer = client.create_sandbox(req).await;
+            if let Ok(sb) = &answer {
+                registry.created(sb.id(), &name);
+            }
+            drop(guard);
+            answer
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
     }
 
     /// DELETE; the registry notes an accepted one (or a guest already gone).
@@ -542,7 +558,7 @@ fn show(r: &Result<createos_api::CommandResult, String>) -> String {
                 clip(&c.stderr, 120)
             );
             if let Some(err) = c.error.as_deref().filter(|e| !e.is_empty()) {
-                s.push_str(&format!(", error {err:?}"));
+                let _ = write!(s, ", error {err:?}");
             }
             s
         }
@@ -1216,6 +1232,9 @@ async fn allow_all_guest(ctx: &Ctx, shape: &str) -> bool {
     ok
 }
 
+/// Pages of one row are walked this far at most (an account may run many other guests).
+const MAX_WALK: usize = 200;
+
 async fn list_checks(ctx: &Ctx, sb: &Sandbox, name: &str) {
     let expected = format!("one running row named {name:?}, id {}", sb.id());
     let all: Result<Vec<Sandbox>, Error> = ctx
@@ -1252,8 +1271,6 @@ async fn list_checks(ctx: &Ctx, sb: &Sandbox, name: &str) {
         Err(e) => ctx.check("list.by-name", false, &expected, &describe(&e)),
     }
 
-    // Pages of one row, bounded: an account with more running guests than this is not walked.
-    const MAX_WALK: usize = 200;
     let walk = |limit: u32| {
         ctx.client
             .list_sandboxes(ListSandboxesOptions {
