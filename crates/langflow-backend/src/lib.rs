@@ -513,7 +513,7 @@ impl Backend {
 /// Maps a failed preflight call to the taxonomy.
 fn call_error(what: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
     use sandbox_core::control::CallFailure;
-    let detail = sandbox_core::error::cap_detail(&redactor.apply(&e.message));
+    let detail = redactor.cap(&e.message);
     let kind = match e.failure {
         CallFailure::Status(s) if (400..500).contains(&s) && s != 429 => ErrorKind::Rejected,
         CallFailure::Redirect => ErrorKind::Rejected,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::LOG_TARGET;
 use crate::control::{CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame};
 use crate::egress::EgressPolicy;
-use crate::error::{ErrorKind, Redactor, SandboxError, cap_detail};
+use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::exec::{ExecLimits, classify_exit, python_command};
 use crate::names::mint_name;
 use crate::output::{Captured, TailBuffer};
@@ -123,7 +123,7 @@ fn before_dispatch(op: &str, e: &CallError, reaper: &Reaper, redactor: &Redactor
     if reaper.is_closed() {
         return shut_down(Stage::BeforeDispatch);
     }
-    let detail = cap_detail(&redactor.apply(&e.message));
+    let detail = redactor.cap(&e.message);
     let (kind, hint) = match e.failure {
         CallFailure::Status(401) => (
             ErrorKind::Rejected,
@@ -152,7 +152,7 @@ fn after_dispatch(e: &CallError, reaper: &Reaper, redactor: &Redactor) -> Sandbo
     if reaper.is_closed() {
         return shut_down(Stage::Dispatched);
     }
-    let detail = cap_detail(&redactor.apply(&e.message));
+    let detail = redactor.cap(&e.message);
     let rejected = match e.failure {
         CallFailure::Status(s) => (400..500).contains(&s),
         CallFailure::Redirect | CallFailure::Config => true,
@@ -439,7 +439,7 @@ async fn in_guest(
         return Err(shut_down(Stage::Dispatched));
     }
     if let Some(e) = broken {
-        let detail = cap_detail(&redactor.apply(&e.message));
+        let detail = redactor.cap(&e.message);
         let (o, se) = (out.total_bytes(), err.total_bytes());
         return Err(SandboxError::new(
             ErrorKind::OutcomeUnknown,
@@ -451,7 +451,7 @@ async fn in_guest(
         )
         .redacted(redactor));
     }
-    let agent_said = agent_error.map(|m| cap_detail(&redactor.apply(&m)));
+    let agent_said = agent_error.map(|m| redactor.cap(&m));
     if host_timed_out && frames == 0 {
         // Not one frame (no output, no heartbeat) since the exec was accepted: the control
         // plane stopped answering; nothing says the program ran to its budget.
