@@ -1,19 +1,35 @@
-//! Every fault the fake can inject, at every call a run makes, once each: the run must end in
-//! the class the error taxonomy promises, never leak the key, and never leak a guest.
+//! The fault matrix: every fault the fake can inject, at every call a run makes, once (`#1`),
+//! twice (`#2`) and for good — for a run, and for a shutdown that races one.
+//!
+//! After each case it asserts what a user relies on:
+//! - the verdict class the error taxonomy promises (ran / timed out / unavailable / not
+//!   started / may have run);
+//! - no live guest afterwards, or, where the control plane never lets a guest be deleted or
+//!   found, that guest still accounted for by the backend (auto-pause is then its backstop);
+//! - no fragment of eight or more characters of the key in any error or log line;
+//! - a bounded number of requests when the control plane declines everything (429/503, with a
+//!   `Retry-After` of zero, garbage, or a real value).
+//!
+//! The cases run concurrently against one fresh fake each; one test per mode so the test
+//! runner spreads them over processes.
+
+#![allow(clippy::too_many_lines)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use createos_fake::{FakeOptions, FakeServer};
+use createos_fake::{FakeOptions, FakeServer, Stats};
 use futures::StreamExt;
 use langflow_backend::{Backend, BackendError, BackendOptions, LfxPolicy, RunOutput};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
 
-const KEY: &str = "lf-matrix-key-5d1c0b7a93";
+const KEY: &str = "lf-matrix-key-5d1c0b7a93e1f";
 
-const ROUTES: &[&str] = &[
+/// Calls one run makes, in order.
+const RUN_ROUTES: &[&str] = &[
     "whoami",
     "shapes",
     "create",
@@ -23,6 +39,7 @@ const ROUTES: &[&str] = &[
     "delete",
 ];
 
+/// Every action the fake can inject (status faults also with each kind of `Retry-After`).
 const ACTIONS: &[&str] = &[
     "401",
     "404",
@@ -30,6 +47,10 @@ const ACTIONS: &[&str] = &[
     "429",
     "500",
     "503",
+    "429+ra=0",
+    "503+ra=0",
+    "429+ra=garbage",
+    "503+ra=1",
     "reset",
     "reset-after",
     "stall",
@@ -41,40 +62,142 @@ const ACTIONS: &[&str] = &[
     "malformed",
 ];
 
+/// Most requests one case may cost when the control plane declines everything ("tens").
+const DECLINED_REQUEST_BOUND: u64 = 60;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expect {
+enum Mode {
+    Once,
+    Twice,
+    Always,
+}
+
+impl Mode {
+    fn suffix(self) -> &'static str {
+        match self {
+            Mode::Once => "#1",
+            Mode::Twice => "#2",
+            Mode::Always => "",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
     /// The program ran and printed `1`.
     Ran,
-    /// A timeout result (-1) after the host deadline.
+    /// A timeout result (-1) with the output that arrived.
     TimedOut,
-    /// `SandboxUnavailableError`.
+    /// `SandboxUnavailableError`: refused or rejected, nothing ran.
     Unavailable,
+    /// `SandboxExecutionError` saying the program was not started.
+    NotStarted,
     /// `SandboxExecutionError` saying the code may have run.
     MayHaveRun,
 }
 
-fn expected(route: &str, action: &str) -> Expect {
-    let rejected = matches!(action, "401" | "404" | "409" | "redirect" | "huge");
-    match route {
+#[derive(Debug, Clone)]
+struct Case {
+    /// The fault spec given to the fake.
+    faults: String,
+    /// The route whose fault is under test.
+    route: &'static str,
+    action: &'static str,
+    mode: Mode,
+    want: Verdict,
+    /// The control plane can never delete (or find) the guest: it must stay accounted for.
+    undeletable: bool,
+}
+
+fn is_rejection(action: &str) -> bool {
+    matches!(action, "401" | "404" | "409" | "redirect" | "huge")
+}
+
+fn is_declined(action: &str) -> bool {
+    action.starts_with("429") || action.starts_with("503")
+}
+
+/// Whether the fake still carries out a request that it answers with `action`.
+fn processed(action: &str) -> bool {
+    matches!(action, "reset-after" | "stall-mid")
+}
+
+fn case(route: &'static str, action: &'static str, mode: Mode) -> Case {
+    let always = mode == Mode::Always;
+    let (faults, want, undeletable) = match route {
         // Destroy happens after the result; failures are retried by the reaper.
-        "delete" => Expect::Ran,
-        "exec_stream" => match action {
-            a if rejected && a != "reset" => Expect::Unavailable,
-            "429" | "503" => Expect::Ran,
-            "stall" | "stall-mid" => Expect::TimedOut,
-            _ => Expect::MayHaveRun,
-        },
+        "delete" => (
+            format!("delete={action}{}", mode.suffix()),
+            Verdict::Ran,
+            always && !processed(action),
+        ),
+        // The lookup that recovers a lost create.
+        // Listing has no effect to carry out: any persistent failure but stall-mid (which
+        // answers normally off streaming routes) keeps the lost guest from being found.
+        "list" => (
+            format!("create=reset-after#1;list={action}{}", mode.suffix()),
+            Verdict::Ran,
+            always && action != "stall-mid",
+        ),
+        // The read that confirms a DELETE answered 404.
+        "get" => (
+            format!("delete=404#1;get={action}{}", mode.suffix()),
+            Verdict::Ran,
+            false,
+        ),
+        "exec_stream" => {
+            let want = match action {
+                a if is_rejection(a) => Verdict::Unavailable,
+                a if is_declined(a) && always => Verdict::NotStarted,
+                a if is_declined(a) => Verdict::Ran,
+                // Output arrived, then silence until the host deadline.
+                "stall-mid" => Verdict::TimedOut,
+                // The request was sent: a 500, a reset or no answer at all may have run it.
+                _ => Verdict::MayHaveRun,
+            };
+            (
+                format!("exec_stream={action}{}", mode.suffix()),
+                want,
+                false,
+            )
+        }
         // Everything before dispatch: 4xx fails closed, the rest is retried.
-        _ if rejected => Expect::Unavailable,
-        _ => Expect::Ran,
+        _ => {
+            let want = if is_rejection(action) {
+                Verdict::Unavailable
+            } else if always && action != "stall-mid" {
+                Verdict::NotStarted
+            } else {
+                Verdict::Ran
+            };
+            (format!("{route}={action}{}", mode.suffix()), want, false)
+        }
+    };
+    Case {
+        faults,
+        route,
+        action,
+        mode,
+        want,
+        undeletable,
     }
+}
+
+fn cases(mode: Mode) -> Vec<Case> {
+    let mut out = Vec::new();
+    for route in RUN_ROUTES.iter().chain(&["list", "get"]) {
+        for action in ACTIONS {
+            out.push(case(route, action, mode));
+        }
+    }
+    out
 }
 
 fn options(url: String) -> BackendOptions {
     let quick = Backoff {
-        base: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        budget: Duration::from_secs(5),
+        base: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+        budget: Duration::from_secs(3),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
@@ -93,96 +216,239 @@ fn options(url: String) -> BackendOptions {
         backoff: quick,
         kill_after: Duration::from_millis(300),
         host_grace: Duration::from_millis(1200),
-        shutdown_timeout: Duration::from_secs(5),
+        shutdown_timeout: Duration::from_secs(3),
         reaper: ReaperConfig {
             backoff: quick,
-            lookup_patience: Duration::from_millis(300),
+            lookup_patience: Duration::from_millis(600),
         },
         ..BackendOptions::default()
     }
 }
 
-fn classify(res: &Result<RunOutput, BackendError>) -> Result<Expect, String> {
-    match res {
-        Ok(o) if o.exit_code == 0 && o.stdout == "1\n" => Ok(Expect::Ran),
-        Ok(o) if o.exit_code == -1 => Ok(Expect::TimedOut),
-        Ok(o) => Err(format!("unexpected result {o:?}")),
-        Err(BackendError::Unavailable(_)) => Ok(Expect::Unavailable),
-        Err(BackendError::Execution(m)) if m.contains("may have run") => Ok(Expect::MayHaveRun),
-        Err(e) => Err(format!("unexpected error {e:?}")),
+fn policy() -> LfxPolicy {
+    // Generous: the machine is busy with many cases, and python3 must start well inside it.
+    LfxPolicy {
+        timeout_seconds: 5,
+        ..LfxPolicy::default()
     }
 }
 
-/// Runs `print(1)` once under `faults` and returns a problem description, if any.
-async fn one(faults: String, want: Expect) -> Option<String> {
-    let fake = FakeServer::start(FakeOptions {
+fn classify(res: &Result<RunOutput, BackendError>) -> Result<Verdict, String> {
+    match res {
+        Ok(o) if o.exit_code == 0 && o.stdout == "1\n" => Ok(Verdict::Ran),
+        Ok(o) if o.exit_code == -1 => Ok(Verdict::TimedOut),
+        Ok(o) => Err(format!("unexpected result {o:?}")),
+        Err(BackendError::Unavailable(_)) => Ok(Verdict::Unavailable),
+        Err(BackendError::Execution(m)) if m.contains("may have run") => Ok(Verdict::MayHaveRun),
+        Err(BackendError::Execution(m)) if m.contains("not started") => Ok(Verdict::NotStarted),
+        Err(e) => Err(format!("error of no verdict class: {e:?}")),
+    }
+}
+
+/// Every log line of this test process, for the key check.
+fn log_buffer() -> &'static Arc<Mutex<Vec<u8>>> {
+    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    BUF.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("debug")
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .try_init();
+        buf
+    })
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The first fragment of eight or more characters of the key found in `text`.
+fn key_fragment(text: &str) -> Option<&'static str> {
+    (0..=KEY.len() - 8)
+        .map(|i| &KEY[i..i + 8])
+        .find(|w| text.contains(w))
+}
+
+fn total_requests(s: &Stats) -> u64 {
+    s.requests.values().sum()
+}
+
+async fn fake_for(faults: &str) -> FakeServer {
+    FakeServer::start(FakeOptions {
         api_key: KEY.to_owned(),
-        faults: faults.clone(),
+        faults: faults.to_owned(),
         heartbeat: Duration::from_millis(300),
         destroy_delay: Duration::from_millis(10),
         ..FakeOptions::default()
     })
     .await
-    .expect("fake starts");
-    let b = Backend::with_options(options(fake.url()));
-    // Generous: the machine may be busy, and python3 must start well inside the budget.
-    let policy = LfxPolicy {
-        timeout_seconds: 5,
-        ..LfxPolicy::default()
-    };
-    let res = b.run("print(1)", None, &policy).await;
-    let mut problems = Vec::new();
-    if let Err(e) = &res
-        && (e.to_string().contains(KEY) || format!("{e:?}").contains(KEY))
-    {
-        problems.push("the key leaked into the error".to_owned());
-    }
-    match classify(&res) {
-        Ok(got) if got == want => {}
-        Ok(got) => problems.push(format!("expected {want:?}, got {got:?}: {res:?}")),
-        Err(m) => problems.push(m),
-    }
-    // Background destroys and lost-create recovery finish on their own; shutdown flushes the rest.
-    let mut live = fake.stats().live;
-    for _ in 0..150 {
-        if live == 0 {
-            break;
+    .expect("fake starts")
+}
+
+/// Waits (bounded) for background destroys and lost-create recovery to finish.
+async fn quiesce(fake: &FakeServer) {
+    for _ in 0..200 {
+        if fake.stats().live == 0 {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        live = fake.stats().live;
-    }
-    b.shutdown().await;
-    let stats = fake.stats();
-    if stats.live != 0 {
-        problems.push(format!("{} guest(s) leaked: {stats:?}", stats.live));
-    }
-    fake.shutdown().await;
-    if problems.is_empty() {
-        None
-    } else {
-        Some(format!("[{faults}] {}", problems.join("; ")))
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fault_at_every_call() {
-    let mut cases: Vec<(String, Expect)> = Vec::new();
-    for route in ROUTES {
-        for action in ACTIONS {
-            cases.push((format!("{route}={action}#1"), expected(route, action)));
+/// The checks every case ends with; returns what went wrong.
+fn after(
+    c: &Case,
+    b: &Backend,
+    stats: &Stats,
+    res: &Result<RunOutput, BackendError>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Err(e) = res
+        && let Some(f) = key_fragment(&format!("{e} {e:?}"))
+    {
+        problems.push(format!("a key fragment {f:?} is in the error"));
+    }
+    if c.undeletable {
+        // Nothing can delete it; it must not be forgotten either.
+        if stats.live > 1 || b.registered_guests() != usize::try_from(stats.live).unwrap_or(0) {
+            problems.push(format!(
+                "undeletable guest not accounted for: live {} vs registered {}",
+                stats.live,
+                b.registered_guests()
+            ));
         }
+    } else if stats.live != 0 {
+        problems.push(format!("{} guest(s) leaked: {stats:?}", stats.live));
     }
-    // The name lookup that recovers a lost create can itself fail: it is retried.
-    for action in ["500", "503", "reset", "stall", "malformed", "401"] {
-        cases.push((format!("create=reset-after#1;list={action}#1"), Expect::Ran));
+    if c.mode == Mode::Always
+        && is_declined(c.action)
+        && total_requests(stats) > DECLINED_REQUEST_BOUND
+    {
+        problems.push(format!(
+            "{} requests for one run against a declining control plane: {:?}",
+            total_requests(stats),
+            stats.requests
+        ));
     }
+    problems
+}
+
+/// One run under the case's faults.
+async fn run_case(c: Case) -> Option<String> {
+    let fake = fake_for(&c.faults).await;
+    let b = Backend::with_options(options(fake.url()));
+    let res = b.run("print(1)", None, &policy()).await;
+    let mut problems = Vec::new();
+    match classify(&res) {
+        Ok(got) if got == c.want => {}
+        Ok(got) => problems.push(format!("expected {:?}, got {got:?}: {res:?}", c.want)),
+        Err(m) => problems.push(m),
+    }
+    quiesce(&fake).await;
+    b.shutdown().await;
+    let stats = fake.stats();
+    problems.extend(after(&c, &b, &stats, &res));
+    fake.shutdown().await;
+    (!problems.is_empty()).then(|| format!("[{}] {}", c.faults, problems.join("; ")))
+}
+
+/// A run that a shutdown overtakes once the faulted call has been made.
+async fn shutdown_case(c: Case) -> Option<String> {
+    let fake = fake_for(&c.faults).await;
+    let b = Arc::new(Backend::with_options(options(fake.url())));
+    let runner = {
+        let b = b.clone();
+        tokio::spawn(async move { b.run("print(1)", None, &policy()).await })
+    };
+    let hit = |s: &Stats| s.requests.get(c.route).copied().unwrap_or(0) > 0;
+    for _ in 0..500 {
+        if hit(&fake.stats()) || runner.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let execs_before = fake
+        .stats()
+        .requests
+        .get("exec_stream")
+        .copied()
+        .unwrap_or(0);
+    b.shutdown().await;
+    let res = match tokio::time::timeout(Duration::from_secs(30), runner).await {
+        Ok(Ok(res)) => res,
+        other => return Some(format!("[{}] the run did not end: {other:?}", c.faults)),
+    };
+    let mut problems = Vec::new();
+    let shut_down = matches!(&res, Err(e) if e.to_string().contains("shut down"));
+    match classify(&res) {
+        Ok(got) if got == c.want => {}
+        Ok(Verdict::NotStarted | Verdict::MayHaveRun) if shut_down => {}
+        Ok(got) => problems.push(format!(
+            "expected {:?} or a shutdown, got {got:?}: {res:?}",
+            c.want
+        )),
+        Err(m) => problems.push(m),
+    }
+    quiesce(&fake).await;
+    let stats = fake.stats();
+    let execs_after = stats.requests.get("exec_stream").copied().unwrap_or(0);
+    // An exec already on its way when shutdown began may arrive; no new one may be sent.
+    if execs_after > execs_before + 1 {
+        problems.push(format!(
+            "{} exec request(s) after shutdown began",
+            execs_after - execs_before
+        ));
+    }
+    problems.extend(after(&c, &b, &stats, &res));
+    fake.shutdown().await;
+    (!problems.is_empty()).then(|| format!("[shutdown; {}] {}", c.faults, problems.join("; ")))
+}
+
+async fn check_all<F, Fut>(cases: Vec<Case>, concurrency: usize, f: F)
+where
+    F: Fn(Case) -> Fut,
+    Fut: std::future::Future<Output = Option<String>>,
+{
+    let logs = log_buffer();
     let n = cases.len();
-    let problems: Vec<String> = futures::stream::iter(cases)
-        .map(|(f, want)| one(f, want))
-        .buffer_unordered(4)
+    let mut problems: Vec<String> = futures::stream::iter(cases)
+        .map(f)
+        .buffer_unordered(concurrency)
         .filter_map(|p| async move { p })
         .collect()
         .await;
+    let text = String::from_utf8_lossy(
+        &logs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned();
+    if let Some(f) = key_fragment(&text) {
+        let at = text.find(f).unwrap_or(0);
+        let line = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+        problems.push(format!(
+            "a key fragment {f:?} is in a log line: {}",
+            &text[line..end]
+        ));
+    }
+    assert!(
+        !problems.is_empty() || !text.is_empty(),
+        "no log line was captured; the key check would prove nothing"
+    );
     assert!(
         problems.is_empty(),
         "{} of {n} cases failed:\n{}",
@@ -191,47 +457,94 @@ async fn every_fault_at_every_call() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_once() {
+    check_all(cases(Mode::Once), 10, run_case).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_twice() {
+    check_all(cases(Mode::Twice), 10, run_case).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_for_good() {
+    check_all(cases(Mode::Always), 10, run_case).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_racing_every_persistent_fault() {
+    // Routes a run is still waiting on when shutdown begins (delete/list/get come after it).
+    let cases: Vec<Case> = cases(Mode::Always)
+        .into_iter()
+        .filter(|c| !matches!(c.route, "delete" | "list" | "get"))
+        .collect();
+    check_all(cases, 10, shutdown_case).await;
+}
+
 #[tokio::test]
-async fn persistent_transient_faults_become_execution_errors() {
-    for route in ["whoami", "shapes", "create", "upload", "egress_get"] {
-        let faults = format!("{route}=503");
-        let fake = FakeServer::start(FakeOptions {
-            api_key: KEY.to_owned(),
-            faults,
-            ..FakeOptions::default()
-        })
-        .await
-        .unwrap();
-        let mut o = options(fake.url());
-        o.backoff.budget = Duration::from_millis(400);
-        let b = Backend::with_options(o);
-        let e = b
-            .run(
-                "print(1)",
-                None,
-                &LfxPolicy {
-                    timeout_seconds: 1,
-                    ..LfxPolicy::default()
-                },
-            )
-            .await
-            .unwrap_err();
-        let BackendError::Execution(msg) = &e else {
-            panic!("{route}: {e:?}")
-        };
-        assert!(!msg.contains("may have run"), "{route}: {msg}");
-        assert!(
-            fake.stats().requests.get(route).copied().unwrap_or(0) >= 2,
-            "{route} not retried"
-        );
-        b.shutdown().await;
-        for _ in 0..100 {
-            if fake.stats().live == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+async fn shutdown_while_a_slow_create_is_in_flight_and_listing_fails() {
+    // Issue scenario: 1 s control-plane latency, listing failing with 500; shutdown begins
+    // while the create is in flight. No program may run and no guest may stay live.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        faults: "list=500".to_owned(),
+        latency: Duration::from_secs(1),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let mut o = options(fake.url());
+    o.request_timeout = Duration::from_secs(5);
+    o.shutdown_timeout = Duration::from_secs(10);
+    let b = Arc::new(Backend::with_options(o));
+    let runner = {
+        let b = b.clone();
+        tokio::spawn(async move { b.run("print(1)", None, &policy()).await })
+    };
+    for _ in 0..1000 {
+        if fake.stats().requests.get("create").copied().unwrap_or(0) > 0 {
+            break;
         }
-        assert_eq!(fake.stats().live, 0, "{route}");
-        fake.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    b.shutdown().await;
+    let res = tokio::time::timeout(Duration::from_secs(20), runner)
+        .await
+        .expect("the run ends")
+        .unwrap();
+    let Err(BackendError::Execution(msg)) = &res else {
+        panic!("{res:?}")
+    };
+    assert!(
+        msg.contains("shut down") && msg.contains("not started"),
+        "{msg}"
+    );
+    let stats = fake.stats();
+    assert_eq!(stats.requests.get("upload"), None, "{stats:?}");
+    assert_eq!(stats.requests.get("exec_stream"), None, "{stats:?}");
+    assert_eq!(stats.live, 0, "{stats:?}");
+    assert_eq!(stats.requests.get("delete").copied(), Some(1), "one DELETE");
+    fake.shutdown().await;
+}
+
+#[tokio::test]
+async fn exit_right_after_a_run_sends_one_delete() {
+    // The background destroy is in flight (300 ms latency) when the process exits: shutdown
+    // waits for it instead of sending a second DELETE.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        latency: Duration::from_millis(300),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let b = Backend::with_options(options(fake.url()));
+    let out = b.run("print(1)", None, &policy()).await.unwrap();
+    assert_eq!(out.timings.destroy_ms, None, "destroyed in the background");
+    b.shutdown().await;
+    let stats = fake.stats();
+    assert_eq!(stats.live, 0);
+    assert_eq!(stats.requests.get("delete").copied(), Some(1), "{stats:?}");
+    fake.shutdown().await;
 }

@@ -296,9 +296,22 @@ impl ControlPlane for CreateOsControlPlane {
                 Ok(_) => Ok(()),
                 Err(e) if e.kind() == ApiKind::NotFound => {
                     // A 404 should mean "already gone", but a misrouted or intercepted request
-                    // says the same: confirm before forgetting the guest.
+                    // says the same: confirm before forgetting the guest. When the read says
+                    // 404 too, ask DELETE once more: a guest is forgotten only after three
+                    // answers agree (a single route that lies cannot leak it).
                     match self.client.get_sandbox(&id).await {
-                        Err(e2) if e2.kind() == ApiKind::NotFound => Ok(()),
+                        Err(e2) if e2.kind() == ApiKind::NotFound => {
+                            match self
+                                .client
+                                .sandbox_handle(id.clone())
+                                .destroy_with(&no_retry())
+                                .await
+                            {
+                                Ok(_) => Ok(()),
+                                Err(e3) if e3.kind() == ApiKind::NotFound => Ok(()),
+                                Err(e3) => Err(self.err(&e3)),
+                            }
+                        }
                         Ok(sb) if guest(&sb.info()).is_terminal() => Ok(()),
                         Ok(_) => Err(CallError::new(
                             CallFailure::Transport,

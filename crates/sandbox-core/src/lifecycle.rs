@@ -435,7 +435,9 @@ async fn in_guest(
     let exec_elapsed = t2.elapsed();
     let exec_ms = ms(exec_elapsed);
 
-    if reaper.is_closed() && exit.is_none() {
+    if reaper.is_closed() && exit != Some(0) {
+        // Shutdown destroys the guest, which kills the program: its 137 (or the missing
+        // exit) is the shutdown's doing, not a result of the program's own.
         return Err(shut_down(Stage::Dispatched));
     }
     if let Some(e) = broken {
@@ -526,6 +528,10 @@ async fn create_guest(
     loop {
         let name = mint_name(spec.name_prefix);
         let Some(mut guard) = reaper.register(cp.clone(), &name, redactor.clone()) else {
+            if attempt > 0 {
+                // This run was already under way when shutdown began.
+                return Err(shut_down(Stage::BeforeDispatch));
+            }
             return Err(SandboxError::new(
                 ErrorKind::Refused,
                 "the CreateOS sandbox backend has been shut down; no new guests are created",
