@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -177,3 +180,89 @@ def test_a_sigterm_handler_installed_by_the_host_is_left_in_place(clean_fake: Fa
     lines = proc.stdout.splitlines()
     assert lines == ["ran 1", "same handler True", "handler ran True", "still alive"], lines
     clean_fake.wait_settled()
+
+
+def _api(fake: Fake, method: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        f"{fake.url}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"X-Api-Key": fake.key, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())["data"]
+
+
+def _guest(fake: Fake, name: str, *, paused: bool) -> str:
+    sandbox_id = _api(fake, "POST", "/v1/sandboxes", {"shape": "s-1vcpu-1gb", "name": name})["id"]
+    if paused:
+        _api(fake, "POST", f"/v1/sandboxes/{sandbox_id}/pause")
+    return sandbox_id
+
+
+def _status(fake: Fake, sandbox_id: str) -> str:
+    try:
+        return _api(fake, "GET", f"/v1/sandboxes/{sandbox_id}")["status"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return "gone"
+        raise
+
+
+def _reap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos", "reap", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+
+
+ORPHAN = "lf-0rphan0000000000000"
+
+
+def test_reap_deletes_only_paused_one_shot_guests_and_dry_run_deletes_nothing(clean_fake: Fake) -> None:
+    orphan = _guest(clean_fake, ORPHAN, paused=True)
+    others = {
+        "running one-shot": _guest(clean_fake, "lf-runn1ng000000000000", paused=False),
+        "reused (lf-c-)": _guest(clean_fake, "lf-c-reused00000000000", paused=True),
+        "not ours": _guest(clean_fake, "build-cache", paused=True),
+    }
+    env = backend_env(clean_fake)
+
+    dry = _reap(env, "--dry-run")
+    assert dry.returncode == 0, (dry.stdout, dry.stderr[-3000:])
+    assert f"would delete {ORPHAN} ({orphan})" in dry.stdout.splitlines()
+    assert "1 orphaned guest(s) would be deleted (dry run)" in dry.stdout
+    assert _status(clean_fake, orphan) == "paused"
+    assert clean_fake.stats()["requests"].get("delete", 0) == 0
+
+    done = _reap(env)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert f"deleted {ORPHAN} ({orphan})" in done.stdout.splitlines()
+    assert _status(clean_fake, orphan) in ("destroying", "destroyed", "gone")
+    for what, sandbox_id in others.items():
+        assert _status(clean_fake, sandbox_id) in ("running", "paused"), what
+    # Nothing of any other name was mentioned.
+    assert done.stdout.count("deleted lf-") == 1
+    assert "1 orphaned guest(s) deleted" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": None}, "CREATEOS_SANDBOX_API_KEY", id="no-key"),
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": "wrong-key"}, "401", id="wrong-key"),
+    ],
+)
+def test_reap_fails_clearly(clean_fake: Fake, overrides: dict[str, str | None], needle: str) -> None:
+    orphan = _guest(clean_fake, ORPHAN, paused=True)
+    proc = _reap(backend_env(clean_fake, **overrides))
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("reap failed: "), proc.stderr[-3000:]
+    assert needle in proc.stderr
+    assert "wrong-key" not in proc.stdout + proc.stderr
+    assert _status(clean_fake, orphan) == "paused"

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use langflow_backend::{
     Backend, BackendError, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, Piece,
-    RunOutput, Text,
+    RunOutput, SweepReport, Text,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
@@ -652,6 +652,84 @@ impl NativeBackend {
     }
 }
 
+/// What `reap()` did: the orphaned guests deleted (or, in a dry run, that would be).
+#[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
+pub struct ReapReport {
+    /// Nothing was deleted; `deleted` lists what would have been.
+    dry_run: bool,
+    /// `lf-` guests the listing returned, in any status.
+    examined: usize,
+    /// `(name, id)` of each orphan deleted (or that would be).
+    deleted: Vec<(String, String)>,
+    /// `(name, id, error)` of each orphan that could not be deleted.
+    failed: Vec<(String, String, String)>,
+}
+
+#[pymethods]
+impl ReapReport {
+    fn __repr__(&self) -> String {
+        format!(
+            "ReapReport(dry_run={}, examined={}, deleted={}, failed={})",
+            py_bool(self.dry_run),
+            self.examined,
+            self.deleted.len(),
+            self.failed.len()
+        )
+    }
+}
+
+impl From<SweepReport> for ReapReport {
+    fn from(report: SweepReport) -> Self {
+        Self {
+            dry_run: report.dry_run,
+            examined: report.examined,
+            deleted: report
+                .deleted
+                .into_iter()
+                .map(|orphan| (orphan.name, orphan.id))
+                .collect(),
+            failed: report
+                .failed
+                .into_iter()
+                .map(|(orphan, error)| (orphan.name, orphan.id, error))
+                .collect(),
+        }
+    }
+}
+
+/// Deletes this account's orphaned guests (one-shot `lf-` guests found paused), or with
+/// `dry_run` only lists them. Reads the `CREATEOS_*` settings; blocks with the GIL released;
+/// Ctrl-C interrupts. A missing key or a failed listing raises `Unavailable` or
+/// `ExecutionFailed`; a delete that fails is in the report's `failed`.
+#[pyfunction]
+#[pyo3(signature = (dry_run = false))]
+fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
+    logbridge::install();
+    logbridge::sync_level(py);
+    let rt = runtime_or_err()?;
+    let mut task = Task::start(rt, move || async move {
+        // This sweep is the whole job: no second one in the background.
+        let backend = Backend::with_options(BackendOptions {
+            orphan_sweep: false,
+            ..BackendOptions::default()
+        });
+        backend.sweep_orphans(dry_run).await
+    });
+    let result = match wait(py, rt, &mut task.handle) {
+        Waited::Finished(Ok(Some(Ok(report)))) => Ok(ReapReport::from(report)),
+        Waited::Finished(Ok(Some(Err(err)))) => Err(to_py_err(err)),
+        Waited::Finished(_) => Err(ExecutionFailed::new_err(
+            "the orphan sweep failed with an internal error",
+        )),
+        Waited::Interrupted(interrupt) => {
+            task.cancel();
+            Err(interrupt)
+        }
+    };
+    logbridge::drain(py);
+    result
+}
+
 /// The entry-point name lfx must be told to trust and select.
 const PLUGIN_NAME: &str = "createos";
 
@@ -723,7 +801,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RunResult>()?;
     m.add_class::<Output>()?;
     m.add_class::<Timings>()?;
+    m.add_class::<ReapReport>()?;
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(reap, m)?)?;
     Ok(())
 }
 
