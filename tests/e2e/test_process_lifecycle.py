@@ -266,3 +266,69 @@ def test_reap_fails_clearly(clean_fake: Fake, overrides: dict[str, str | None], 
     assert needle in proc.stderr
     assert "wrong-key" not in proc.stdout + proc.stderr
     assert _status(clean_fake, orphan) == "paused"
+
+
+# Threads log through the native bridge without pause while the main thread forks again and
+# again; each child logs one record and must see it arrive in Python's logging. Without the
+# fork hooks about one child in twenty inherits the queue's mutex locked (measured): it hung
+# before, and without the hooks it would now drop its records rather than hang.
+FORK_WHILE_LOGGING_SCRIPT = """
+import logging, os, sys, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
+from langflow_sandbox_createos import _native
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+logging.getLogger(_native.LOGGER_NAME).propagate = False  # keep the spam off stderr
+stop = threading.Event()
+
+def spam():
+    while not stop.is_set():
+        _native._emit_log_records(5000, "spam")
+
+spammers = [threading.Thread(target=spam, daemon=True) for _ in range(3)]
+for thread in spammers:
+    thread.start()
+time.sleep(0.3)
+ok = hung = failed = 0
+for i in range(100):
+    pid = os.fork()
+    if pid == 0:
+        seen = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logging.getLogger(_native.LOGGER_NAME).addHandler(handler)
+        _native._emit_log_records(1, f"child {i}")
+        os._exit(0 if any(m.startswith(f"child {i}") for m in seen) else 2)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            ok += code == 0
+            failed += code != 0
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            hung += 1
+            break
+        time.sleep(0.01)
+stop.set()
+for thread in spammers:
+    thread.join(60)
+print("ok", ok, "failed", failed, "hung", hung, flush=True)
+"""
+
+
+def test_a_child_forked_while_another_thread_logs_can_log(clean_fake: Fake) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_LOGGING_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake),
+        timeout=600,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    assert proc.stdout.split() == ["ok", "100", "failed", "0", "hung", "0"], (proc.stdout, proc.stderr[-3000:])

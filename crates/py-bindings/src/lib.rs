@@ -804,6 +804,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ReapReport>()?;
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(reap, m)?)?;
+    m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
+    logbridge::register_fork_hooks(m)?;
     Ok(())
 }
 

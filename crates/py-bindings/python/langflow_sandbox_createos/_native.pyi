@@ -139,3 +139,9 @@ def reap(dry_run: bool = False) -> ReapReport:
     Reads the ``CREATEOS_*`` settings; blocks with the GIL released; Ctrl-C interrupts. Raises
     ``Unavailable`` or ``ExecutionFailed`` when the key is missing or the listing fails.
     """
+
+def _emit_log_records(count: int, message: str) -> None:
+    """Diagnostic: emit ``count`` INFO records from this thread (GIL released), then forward them.
+
+    The fork-safety test logs heavily with it from one thread while another forks.
+    """
