@@ -138,7 +138,8 @@ async fn soak(runs: usize, callers: usize) -> bool {
         .get("FAIL-OPEN (wrong result)")
         .copied()
         .unwrap_or(0);
-    let fail_open = wrong + usize::try_from(u64::try_from(ran).unwrap_or(0).saturating_sub(execs)).unwrap_or(0);
+    let fail_open =
+        wrong + usize::try_from(u64::try_from(ran).unwrap_or(0).saturating_sub(execs)).unwrap_or(0);
 
     println!("| measure | result |");
     println!("|---|---|");
@@ -153,7 +154,9 @@ async fn soak(runs: usize, callers: usize) -> bool {
     }
     #[allow(clippy::cast_precision_loss)]
     let per_run = requests as f64 / runs as f64;
-    println!("| control-plane requests per run (all, retries and destroys included) | {per_run:.2} |");
+    println!(
+        "| control-plane requests per run (all, retries and destroys included) | {per_run:.2} |"
+    );
     println!("| requests by route | {:?} |", stats.requests);
     println!(
         "| guests created / destroyed | {} / {} |",

@@ -28,8 +28,10 @@ use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use secrecy::ExposeSecret;
 
 mod doctor;
+mod orphans;
 
 pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
+pub use orphans::{Orphan, SweepReport};
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
 pub use sandbox_core::lifecycle::Timings;
@@ -191,6 +193,9 @@ pub struct BackendOptions {
     pub reaper: ReaperConfig,
     /// How a control plane is built from settings.
     pub connector: Connector,
+    /// Delete paused one-shot guests of earlier processes (orphans) in the background, once
+    /// per process per account, after the account's first credential check.
+    pub orphan_sweep: bool,
 }
 
 impl fmt::Debug for BackendOptions {
@@ -202,6 +207,7 @@ impl fmt::Debug for BackendOptions {
             .field("host_grace", &self.host_grace)
             .field("background_destroy", &self.background_destroy)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("orphan_sweep", &self.orphan_sweep)
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +233,7 @@ impl Default for BackendOptions {
             shutdown_timeout: Duration::from_secs(20),
             reaper: ReaperConfig::default(),
             connector: http_connector(),
+            orphan_sweep: true,
         }
     }
 }
@@ -236,6 +243,7 @@ struct Account {
     cp: Arc<dyn ControlPlane>,
     credential: tokio::sync::OnceCell<String>,
     shapes: tokio::sync::OnceCell<Vec<Shape>>,
+    orphans: orphans::SweepOnce,
 }
 
 /// The CreateOS sandbox backend. Cheap to construct (no I/O), `Send + Sync`, and meant to be
@@ -346,6 +354,7 @@ impl Backend {
             cp,
             credential: tokio::sync::OnceCell::new(),
             shapes: tokio::sync::OnceCell::new(),
+            orphans: orphans::SweepOnce::default(),
         });
         map.insert(id, a.clone());
         Ok(a)
@@ -404,6 +413,9 @@ impl Backend {
         }
         let account = self.account(&plan.settings)?;
         let (_, catalog) = self.preflight(&account, &redactor).await?;
+        if self.opts.orphan_sweep {
+            account.orphans.start(&account.cp, self.sweep_config());
+        }
         let choice = select_shape(
             &catalog,
             policy.memory_mb,

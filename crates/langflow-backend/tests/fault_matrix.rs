@@ -221,6 +221,8 @@ fn options(url: String) -> BackendOptions {
             backoff: quick,
             lookup_patience: Duration::from_millis(600),
         },
+        // The `list` faults below are meant for the lost-create lookup, not the orphan sweep.
+        orphan_sweep: false,
         ..BackendOptions::default()
     }
 }

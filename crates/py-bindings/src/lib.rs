@@ -15,16 +15,17 @@
 
 mod logbridge;
 mod runtime;
+mod sigterm;
 mod wait;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use langflow_backend::{
     Backend, BackendError, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, Piece,
-    RunOutput, Text,
+    RunOutput, SweepReport, Text,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
@@ -56,6 +57,9 @@ create_exception!(
 
 /// Time allowed, after Ctrl-C, for the interrupted run's guest to be destroyed.
 const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
+/// Time allowed, in a forked child, for a run's guest to be destroyed before `run()`
+/// returns, whatever the run's outcome.
+const FORKED_CLEANUP: Duration = Duration::from_secs(15);
 /// Time allowed for `shutdown()` to destroy every live guest.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
 /// Id of the process that imported the extension. A process with another id was forked
@@ -335,6 +339,10 @@ fn runtime_or_err() -> PyResult<&'static tokio::runtime::Runtime> {
 struct Live {
     backend: Backend,
     inflight: AtomicUsize,
+    /// Built in a process forked from the one that imported the extension. Such a process
+    /// commonly ends with `os._exit` (multiprocessing, pre-fork servers), which skips `atexit`
+    /// and kills background work, so every run settles its guest before `run()` returns.
+    forked: bool,
 }
 
 impl Live {
@@ -348,6 +356,38 @@ impl Live {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// Every backend built in this process image, with the id of the process that built it, so
+/// SIGTERM can shut down the current process's backends without any Python object.
+static LIVES: Mutex<Vec<(u32, Weak<Live>)>> = Mutex::new(Vec::new());
+
+fn remember(live: &Arc<Live>) {
+    let pid = std::process::id();
+    let mut lives = LIVES.lock().unwrap_or_else(PoisonError::into_inner);
+    // Entries of other processes (a parent) and of dropped backends are dead weight here.
+    lives.retain(|(owner, weak)| *owner == pid && weak.strong_count() > 0);
+    lives.push((pid, Arc::downgrade(live)));
+}
+
+/// Shuts down every backend of this process, concurrently, within [`SHUTDOWN_BUDGET`].
+async fn shutdown_all() {
+    let pid = std::process::id();
+    let lives: Vec<Arc<Live>> = LIVES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|(owner, _)| *owner == pid)
+        .filter_map(|(_, weak)| weak.upgrade())
+        .collect();
+    let all = futures::future::join_all(lives.iter().map(|live| live.backend.shutdown()));
+    if tokio::time::timeout(SHUTDOWN_BUDGET, all).await.is_err() {
+        tracing::warn!(
+            target: "langflow_sandbox_createos",
+            "shutdown did not finish within {}s; remaining guests are bounded by auto-pause",
+            SHUTDOWN_BUDGET.as_secs()
+        );
     }
 }
 
@@ -401,8 +441,10 @@ impl NativeBackend {
                 ..BackendOptions::default()
             }),
             inflight: AtomicUsize::new(0),
+            forked,
         });
         *slot = Some((pid, Arc::clone(&live)));
+        remember(&live);
         live
     }
 }
@@ -443,6 +485,7 @@ impl NativeBackend {
         logbridge::sync_level(py);
         let policy = policy_from(settings)?;
         let rt = runtime_or_err()?;
+        sigterm::arm(py, rt, shutdown_all);
         let live = self.current();
         let in_flight = InFlight::new(Arc::clone(&live));
         let mut task = Task::start(rt, move || async move {
@@ -451,6 +494,12 @@ impl NativeBackend {
             outcome
         });
         let outcome = wait(py, rt, &mut task.handle);
+        if sigterm::terminating() {
+            // The process is about to die of SIGTERM and this run's guest was destroyed under
+            // it: no verdict (a failure would be a false one). Bounded, in case the exit fails.
+            py.detach(|| std::thread::sleep(SHUTDOWN_BUDGET + Duration::from_secs(5)));
+        }
+        let settle_here = live.forked && matches!(outcome, Waited::Finished(_));
         let result = match outcome {
             Waited::Finished(Ok(None)) => {
                 Err(ExecutionFailed::new_err("the sandbox run was cancelled"))
@@ -469,6 +518,7 @@ impl NativeBackend {
                 // wait, bounded, for that destroy to reach the control plane before re-raising.
                 task.cancel();
                 let handle = task.handle;
+                let live = Arc::clone(&live);
                 let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
                     let _ = handle.await;
                     live.settle_interrupted().await;
@@ -484,6 +534,22 @@ impl NativeBackend {
                 Err(interrupt)
             }
         };
+        if settle_here {
+            // A forked child may `os._exit` the moment this returns: whatever the outcome
+            // (a failed run hands its guest to the reaper in the background), wait, bounded,
+            // until this process holds no guest that a run still in flight cannot account for.
+            let settled = block_bounded(py, rt, FORKED_CLEANUP, async move {
+                live.settle_interrupted().await;
+            });
+            if settled.is_none() {
+                tracing::warn!(
+                    target: "langflow_sandbox_createos",
+                    "a guest of this forked process was not confirmed destroyed within {}s; \
+                     its auto-pause backstop bounds the cost",
+                    FORKED_CLEANUP.as_secs()
+                );
+            }
+        }
         logbridge::drain(py);
         result
     }
@@ -586,6 +652,84 @@ impl NativeBackend {
     }
 }
 
+/// What `reap()` did: the orphaned guests deleted (or, in a dry run, that would be).
+#[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
+pub struct ReapReport {
+    /// Nothing was deleted; `deleted` lists what would have been.
+    dry_run: bool,
+    /// `lf-` guests the listing returned, in any status.
+    examined: usize,
+    /// `(name, id)` of each orphan deleted (or that would be).
+    deleted: Vec<(String, String)>,
+    /// `(name, id, error)` of each orphan that could not be deleted.
+    failed: Vec<(String, String, String)>,
+}
+
+#[pymethods]
+impl ReapReport {
+    fn __repr__(&self) -> String {
+        format!(
+            "ReapReport(dry_run={}, examined={}, deleted={}, failed={})",
+            py_bool(self.dry_run),
+            self.examined,
+            self.deleted.len(),
+            self.failed.len()
+        )
+    }
+}
+
+impl From<SweepReport> for ReapReport {
+    fn from(report: SweepReport) -> Self {
+        Self {
+            dry_run: report.dry_run,
+            examined: report.examined,
+            deleted: report
+                .deleted
+                .into_iter()
+                .map(|orphan| (orphan.name, orphan.id))
+                .collect(),
+            failed: report
+                .failed
+                .into_iter()
+                .map(|(orphan, error)| (orphan.name, orphan.id, error))
+                .collect(),
+        }
+    }
+}
+
+/// Deletes this account's orphaned guests (one-shot `lf-` guests found paused), or with
+/// `dry_run` only lists them. Reads the `CREATEOS_*` settings; blocks with the GIL released;
+/// Ctrl-C interrupts. A missing key or a failed listing raises `Unavailable` or
+/// `ExecutionFailed`; a delete that fails is in the report's `failed`.
+#[pyfunction]
+#[pyo3(signature = (dry_run = false))]
+fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
+    logbridge::install();
+    logbridge::sync_level(py);
+    let rt = runtime_or_err()?;
+    let mut task = Task::start(rt, move || async move {
+        // This sweep is the whole job: no second one in the background.
+        let backend = Backend::with_options(BackendOptions {
+            orphan_sweep: false,
+            ..BackendOptions::default()
+        });
+        backend.sweep_orphans(dry_run).await
+    });
+    let result = match wait(py, rt, &mut task.handle) {
+        Waited::Finished(Ok(Some(Ok(report)))) => Ok(ReapReport::from(report)),
+        Waited::Finished(Ok(Some(Err(err)))) => Err(to_py_err(err)),
+        Waited::Finished(_) => Err(ExecutionFailed::new_err(
+            "the orphan sweep failed with an internal error",
+        )),
+        Waited::Interrupted(interrupt) => {
+            task.cancel();
+            Err(interrupt)
+        }
+    };
+    logbridge::drain(py);
+    result
+}
+
 /// The entry-point name lfx must be told to trust and select.
 const PLUGIN_NAME: &str = "createos";
 
@@ -657,7 +801,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RunResult>()?;
     m.add_class::<Output>()?;
     m.add_class::<Timings>()?;
+    m.add_class::<ReapReport>()?;
     m.add_function(wrap_pyfunction!(capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(reap, m)?)?;
+    m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
+    logbridge::register_fork_hooks(m)?;
     Ok(())
 }
 

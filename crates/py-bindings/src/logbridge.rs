@@ -6,11 +6,20 @@
 //! does so between its signal checks and when the run ends. No Python object is ever touched
 //! from a runtime thread, so a worker can never stall on the GIL or outlive the interpreter
 //! while holding a Python reference.
+//!
+//! Fork safety: a child created by `fork()` while another thread held the queue's mutex would
+//! inherit it locked, with no thread left to unlock it, and hang on its first log record. So
+//! (1) `os.fork()` takes the mutex before forking and releases it on both sides afterwards
+//! ([`register_fork_hooks`], through `os.register_at_fork`), and (2) a process that did not
+//! lock the queue yet (`OWNER` is another process's id) never blocks on it: it tries, a
+//! bounded number of times, and if the mutex stays locked (a fork from C, without the hooks)
+//! it drops its records and says so once instead of hanging.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError, TryLockError};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -66,6 +75,101 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     records: VecDeque::new(),
     dropped: 0,
 });
+
+/// Id of the process whose threads lock [`QUEUE`] (0: none yet). Any other value means the
+/// mutex was copied from a parent and may be held by a thread that does not exist here.
+static OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Attempts at taking an inherited mutex before giving up on logging in this process.
+const INHERITED_ATTEMPTS: u32 = 2000;
+
+/// This process found the queue locked by a thread of its parent: records are dropped.
+static UNUSABLE: AtomicBool = AtomicBool::new(false);
+/// The warning about [`UNUSABLE`] was emitted.
+static UNUSABLE_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The queue, emptied of records another process queued; `None` when it cannot be had
+/// without waiting forever.
+fn lock_queue() -> Option<MutexGuard<'static, Queue>> {
+    let pid = std::process::id();
+    if OWNER.load(Ordering::Acquire) == pid {
+        return Some(QUEUE.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    if UNUSABLE.load(Ordering::Acquire) {
+        return None;
+    }
+    for _ in 0..INHERITED_ATTEMPTS {
+        let mut queue = match QUEUE.try_lock() {
+            Ok(queue) => queue,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                std::thread::yield_now();
+                continue;
+            }
+        };
+        if queue.pid != pid {
+            queue.pid = pid;
+            queue.records.clear();
+            queue.dropped = 0;
+        }
+        OWNER.store(pid, Ordering::Release);
+        return Some(queue);
+    }
+    UNUSABLE.store(true, Ordering::Release);
+    None
+}
+
+thread_local! {
+    /// The queue's guard held by the thread calling `os.fork()`, between the hooks.
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Queue>>> = const { RefCell::new(None) };
+}
+
+/// `os.register_at_fork(before=...)`: takes the queue so no other thread holds it at the fork.
+///
+/// The forking thread holds the GIL, and no thread holds the queue while waiting for the GIL,
+/// so this never deadlocks.
+#[pyfunction]
+fn _fork_before() {
+    let guard = lock_queue();
+    HELD_FOR_FORK.with(|held| *held.borrow_mut() = guard);
+}
+
+/// `os.register_at_fork(after_in_parent=..., after_in_child=...)`: releases the queue.
+#[pyfunction]
+fn _fork_after() {
+    HELD_FOR_FORK.with(|held| drop(held.borrow_mut().take()));
+}
+
+/// Registers the fork hooks with `os.register_at_fork`. Cheap: no thread, no I/O.
+pub fn register_fork_hooks(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
+    let before = wrap_pyfunction!(_fork_before, module)?;
+    let after = wrap_pyfunction!(_fork_after, module)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("before", before)?;
+    kwargs.set_item("after_in_parent", &after)?;
+    kwargs.set_item("after_in_child", &after)?;
+    py.import("os")?
+        .getattr("register_at_fork")?
+        .call((), Some(&kwargs))?;
+    Ok(())
+}
+
+/// Emits `count` INFO events with `message` from the calling thread, with the GIL released,
+/// then forwards what is queued to Python's `logging`. A diagnostic (the fork-safety test
+/// uses it to log heavily from one thread while another forks).
+#[pyfunction]
+#[pyo3(signature = (count, message))]
+pub fn _emit_log_records(py: Python<'_>, count: u64, message: &str) {
+    install();
+    sync_level(py);
+    py.detach(|| {
+        for seq in 0..count {
+            tracing::info!(target: "langflow_sandbox_createos", seq, "{message}");
+        }
+    });
+    drain(py);
+}
 
 fn py_level(level: Level) -> u32 {
     match level {
@@ -146,13 +250,9 @@ impl<S: Subscriber> Layer<S> for Forward {
 }
 
 fn push(record: Record) {
-    let pid = std::process::id();
-    let mut queue = QUEUE.lock().unwrap_or_else(PoisonError::into_inner);
-    if queue.pid != pid {
-        queue.pid = pid;
-        queue.records.clear();
-        queue.dropped = 0;
-    }
+    let Some(mut queue) = lock_queue() else {
+        return;
+    };
     if queue.records.len() >= QUEUE_CAP {
         queue.records.pop_front();
         queue.dropped += 1;
@@ -197,20 +297,37 @@ pub fn sync_level(py: Python<'_>) {
 
 /// Emits every queued record through Python's `logging`. Needs the GIL; never fails.
 pub fn drain(py: Python<'_>) {
-    let pid = std::process::id();
-    let (records, dropped) = {
-        let mut queue = QUEUE.lock().unwrap_or_else(PoisonError::into_inner);
-        if queue.pid != pid {
-            return;
+    let Some((records, dropped)) = take_queued() else {
+        if !UNUSABLE_REPORTED.swap(true, Ordering::SeqCst)
+            && let Ok(logger) = logger(py)
+        {
+            let _ = logger.call_method1(
+                "log",
+                (
+                    PY_WARNING,
+                    "log records of the native extension are unavailable in this process: it \
+                     was forked (without os.fork) while another thread was logging",
+                ),
+            );
         }
-        (
-            std::mem::take(&mut queue.records),
-            std::mem::take(&mut queue.dropped),
-        )
+        return;
     };
     if records.is_empty() && dropped == 0 {
         return;
     }
+    emit(py, records, dropped);
+}
+
+/// Takes every queued record and the count of dropped ones.
+fn take_queued() -> Option<(VecDeque<Record>, u64)> {
+    let mut queue = lock_queue()?;
+    Some((
+        std::mem::take(&mut queue.records),
+        std::mem::take(&mut queue.dropped),
+    ))
+}
+
+fn emit(py: Python<'_>, records: VecDeque<Record>, dropped: u64) {
     let Ok(logger) = logger(py) else { return };
     if dropped > 0 {
         let _ = logger.call_method1(

@@ -178,4 +178,16 @@ pub trait ControlPlane: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<ExecStream, CallError>>;
     /// Destroys a guest; a guest that is already gone (404) counts as destroyed.
     fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>>;
+    /// Lists every guest whose name starts with `prefix`, whatever its status. The
+    /// implementation bounds the walk (pages and total time) and fails rather than hang.
+    ///
+    /// The default answers a [`CallFailure::Config`] error ("cannot list"), so a control plane
+    /// that only runs programs (a test double) need not implement it; only the orphan sweep
+    /// ([`crate::orphans`]) uses it.
+    fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
+        Box::pin(futures::future::ready(Err(CallError::new(
+            CallFailure::Config,
+            format!("this control plane cannot list guests (prefix {prefix:?})"),
+        ))))
+    }
 }

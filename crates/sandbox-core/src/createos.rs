@@ -328,7 +328,61 @@ impl ControlPlane for CreateOsControlPlane {
         }
         .boxed()
     }
+
+    fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
+        async move {
+            let opts = ListSandboxesOptions {
+                limit: Some(LIST_PAGE),
+                request: no_retry(),
+                ..ListSandboxesOptions::default()
+            };
+            let mut rows = self.client.list_sandboxes(opts);
+            let mut found = Vec::new();
+            let mut seen = 0usize;
+            let walk = async {
+                while let Some(row) = rows.next().await {
+                    let info = row.map_err(|e| self.err(&e))?.info();
+                    seen += 1;
+                    if info
+                        .name
+                        .as_deref()
+                        .is_some_and(|name| name.starts_with(prefix.as_str()))
+                    {
+                        found.push(guest(&info));
+                    }
+                    if seen >= LIST_MAX_ROWS {
+                        tracing::warn!(
+                            target: crate::LOG_TARGET,
+                            rows = seen,
+                            "the guest list is longer than the walk allows; the rest is not examined"
+                        );
+                        break;
+                    }
+                }
+                Ok::<(), CallError>(())
+            };
+            match tokio::time::timeout(LIST_DEADLINE, walk).await {
+                Ok(Ok(())) => Ok(found),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(CallError::new(
+                    CallFailure::Timeout,
+                    format!(
+                        "listing sandboxes did not finish within {}s",
+                        LIST_DEADLINE.as_secs()
+                    ),
+                )),
+            }
+        }
+        .boxed()
+    }
 }
+
+/// Page size of a guest listing (the contract's maximum).
+const LIST_PAGE: u32 = 500;
+/// Rows a listing walks at most (twenty full pages).
+const LIST_MAX_ROWS: usize = 10_000;
+/// Time a whole listing may take, every page included.
+const LIST_DEADLINE: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 //! - [`shapes`]: shape selection that never rounds down.
 //! - [`names`]: guest names minted before create.
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
+//! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
 //! - [`lifecycle`]: one run in one fresh guest, with two clocks and capped output.
 //! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
@@ -19,6 +20,7 @@ pub mod error;
 pub mod exec;
 pub mod lifecycle;
 pub mod names;
+pub mod orphans;
 pub mod output;
 pub mod reaper;
 pub mod retry;

@@ -1,4 +1,4 @@
-"""Operator commands: ``python -m langflow_sandbox_createos doctor``."""
+"""Operator commands: ``python -m langflow_sandbox_createos doctor`` and ``reap [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,28 @@ def _doctor() -> int:
     return 0 if ok else 1
 
 
+def _reap(dry_run: bool) -> int:
+    # No lfx here: the sweep reads only the CREATEOS_* settings.
+    from . import _native
+
+    try:
+        report = _native.reap(dry_run)
+    except _native.CreateOSError as exc:
+        print(f"reap failed: {exc}", file=sys.stderr)
+        return 1
+    verb = "would delete" if report.dry_run else "deleted"
+    for name, sandbox_id in report.deleted:
+        print(f"{verb} {name} ({sandbox_id})")
+    for name, sandbox_id, error in report.failed:
+        print(f"could not delete {name} ({sandbox_id}): {error}", file=sys.stderr)
+    outcome = "would be deleted (dry run)" if report.dry_run else "deleted"
+    print(
+        f"{len(report.deleted)} orphaned guest(s) {outcome}, {len(report.failed)} failed, "
+        f"{report.examined} lf- guest(s) examined"
+    )
+    return 1 if report.failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m langflow_sandbox_createos``."""
     parser = argparse.ArgumentParser(
@@ -31,9 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         "doctor",
         help="check configuration and credential and show what a run would get; creates no guest",
     )
+    reap = commands.add_parser(
+        "reap",
+        help="delete orphaned guests: one-shot lf- guests found paused, left by processes that died",
+    )
+    reap.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor()
+    if args.command == "reap":
+        return _reap(args.dry_run)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

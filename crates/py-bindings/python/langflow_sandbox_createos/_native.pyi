@@ -115,3 +115,33 @@ class NativeBackend:
 
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
+
+@final
+class ReapReport:
+    """What ``reap()`` did."""
+
+    @property
+    def dry_run(self) -> bool:
+        """Nothing was deleted; ``deleted`` lists what would have been."""
+    @property
+    def examined(self) -> int:
+        """``lf-`` guests the listing returned, in any status."""
+    @property
+    def deleted(self) -> list[tuple[str, str]]:
+        """``(name, id)`` of each orphan deleted (or, in a dry run, that would be)."""
+    @property
+    def failed(self) -> list[tuple[str, str, str]]:
+        """``(name, id, error)`` of each orphan that could not be deleted."""
+
+def reap(dry_run: bool = False) -> ReapReport:
+    """Delete orphaned guests (one-shot ``lf-`` guests found paused), or only list them.
+
+    Reads the ``CREATEOS_*`` settings; blocks with the GIL released; Ctrl-C interrupts. Raises
+    ``Unavailable`` or ``ExecutionFailed`` when the key is missing or the listing fails.
+    """
+
+def _emit_log_records(count: int, message: str) -> None:
+    """Diagnostic: emit ``count`` INFO records from this thread (GIL released), then forward them.
+
+    The fork-safety test logs heavily with it from one thread while another forks.
+    """

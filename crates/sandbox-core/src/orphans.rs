@@ -1,0 +1,449 @@
+//! Orphans: guests of one-shot runs whose process died before destroying them.
+//!
+//! A one-shot run (the lfx backend) names its guest [`BACKEND_PREFIX`] followed by exactly
+//! 19 characters of `[a-z0-9]` ([`crate::names::mint_name`]), and keeps the guest busy from
+//! create to destroy: its program runs under an exec that keeps the guest active, and the
+//! auto-pause backstop is longer than any run's budget plus grace. So a one-shot guest found
+//! **paused** was left behind by a process that is gone (SIGKILL, OOM kill, power loss) and
+//! can only be an orphan. Everything else is left alone: running guests (a run may be using
+//! them), names with another shape (reused guests will be named `lf-c-…`, and a one-shot name
+//! has no second `-`), and guests nobody here named.
+//!
+//! [`sweep`] lists the account's guests, picks the paused one-shot ones and deletes them
+//! (or, in a dry run, only reports them), with bounded retries and a deadline.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::control::{CallError, CallFailure, ControlPlane, GuestInfo};
+use crate::names::{BACKEND_PREFIX, NAME_MAX};
+use crate::retry::{Backoff, retry_until};
+
+/// Length of the random part of a one-shot guest name.
+pub const ONE_SHOT_RANDOM_LEN: usize = NAME_MAX - BACKEND_PREFIX.len();
+
+/// Whether `name` is the name of a one-shot backend guest: `lf-` and then exactly
+/// [`ONE_SHOT_RANDOM_LEN`] characters of `[a-z0-9]` (so no second `-`).
+pub fn is_one_shot_name(name: &str) -> bool {
+    name.strip_prefix(BACKEND_PREFIX).is_some_and(|rest| {
+        rest.len() == ONE_SHOT_RANDOM_LEN
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// Whether `guest` is an orphan: a one-shot guest in status `paused`.
+pub fn is_orphan(guest: &GuestInfo) -> bool {
+    guest.status == "paused" && guest.name.as_deref().is_some_and(is_one_shot_name)
+}
+
+/// One orphaned guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Sandbox id.
+    pub id: String,
+    /// Guest name.
+    pub name: String,
+}
+
+/// What a [`sweep`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Nothing was deleted: `deleted` lists what would have been.
+    pub dry_run: bool,
+    /// Guests whose name starts with `lf-` that the listing returned (any status).
+    pub examined: usize,
+    /// Orphans deleted (or, in a dry run, that would be).
+    pub deleted: Vec<Orphan>,
+    /// Orphans that could not be deleted, with the last error (free of the API key).
+    pub failed: Vec<(Orphan, String)>,
+}
+
+/// How hard a sweep tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepConfig {
+    /// Retries of the listing and of each delete (429, 5xx, transport failures).
+    pub backoff: Backoff,
+    /// Time the whole sweep may take; what is not done by then is reported as failed.
+    pub deadline: Duration,
+    /// Deletes in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff {
+                base: Duration::from_millis(250),
+                max: Duration::from_secs(5),
+                budget: Duration::from_secs(30),
+            },
+            deadline: Duration::from_secs(120),
+            concurrency: 4,
+        }
+    }
+}
+
+/// Lists the account's `lf-` guests and deletes the paused one-shot ones (see the module
+/// docs), or in a `dry_run` only reports them.
+///
+/// Fails only when the listing fails (after retries, or past the deadline); a delete that
+/// fails is reported in [`SweepReport::failed`]. Every deletion is logged.
+pub async fn sweep(
+    cp: &dyn ControlPlane,
+    dry_run: bool,
+    config: &SweepConfig,
+) -> Result<SweepReport, CallError> {
+    let deadline = Instant::now() + config.deadline;
+    let listing = retry_until(
+        &config.backoff,
+        deadline.min(Instant::now() + config.backoff.budget),
+        "list guests",
+        CallError::is_transient,
+        |_| cp.list_guests(BACKEND_PREFIX.to_owned()),
+    );
+    let guests = match tokio::time::timeout_at(deadline, listing).await {
+        Ok((res, _)) => res?,
+        Err(_) => {
+            return Err(CallError::new(
+                CallFailure::Timeout,
+                format!(
+                    "listing guests did not finish within {}s",
+                    config.deadline.as_secs()
+                ),
+            ));
+        }
+    };
+    let orphans: Vec<Orphan> = guests
+        .iter()
+        .filter(|g| is_orphan(g))
+        .map(|g| Orphan {
+            id: g.id.clone(),
+            name: g.name.clone().unwrap_or_default(),
+        })
+        .collect();
+    let mut report = SweepReport {
+        dry_run,
+        examined: guests.len(),
+        ..SweepReport::default()
+    };
+    if dry_run {
+        for orphan in &orphans {
+            tracing::info!(
+                target: LOG_TARGET,
+                guest = %orphan.name,
+                id = %orphan.id,
+                "orphaned guest found (dry run: not deleted)"
+            );
+        }
+        report.deleted = orphans;
+        return Ok(report);
+    }
+    let outcomes: Vec<(Orphan, Result<(), CallError>)> = futures::stream::iter(orphans)
+        .map(|orphan| async move {
+            let res = delete(cp, &orphan, config, deadline).await;
+            (orphan, res)
+        })
+        .buffer_unordered(config.concurrency.max(1))
+        .collect()
+        .await;
+    for (orphan, res) in outcomes {
+        match res {
+            Ok(()) => {
+                tracing::info!(
+                    target: LOG_TARGET,
+                    guest = %orphan.name,
+                    id = %orphan.id,
+                    "orphaned guest deleted"
+                );
+                report.deleted.push(orphan);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = %orphan.name,
+                    id = %orphan.id,
+                    error = %e.message,
+                    "orphaned guest could not be deleted"
+                );
+                report.failed.push((orphan, e.message));
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Deletes one orphan, retrying transient failures inside the backoff budget and the
+/// sweep's deadline.
+async fn delete(
+    cp: &dyn ControlPlane,
+    orphan: &Orphan,
+    config: &SweepConfig,
+    deadline: Instant,
+) -> Result<(), CallError> {
+    let attempt_deadline = deadline.min(Instant::now() + config.backoff.budget);
+    let attempts = retry_until(
+        &config.backoff,
+        attempt_deadline,
+        "delete orphaned guest",
+        CallError::is_transient,
+        |_| cp.destroy(orphan.id.clone()),
+    );
+    match tokio::time::timeout_at(deadline, attempts).await {
+        Ok((res, _)) => res,
+        Err(_) => Err(CallError::new(
+            CallFailure::Timeout,
+            "the sweep's deadline passed before the delete finished",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::control::{CreateGuest, ExecStream};
+    use crate::shapes::Shape;
+
+    #[test]
+    fn one_shot_names() {
+        assert!(is_one_shot_name("lf-0123456789abcdefghi"));
+        assert!(is_one_shot_name(&crate::names::mint_name(BACKEND_PREFIX)));
+        // Reused guests of the component: a second '-', never swept.
+        assert!(!is_one_shot_name("lf-c-0123456789abcdefg"));
+        assert!(!is_one_shot_name("lf-0123456789abcdefgh")); // 18
+        assert!(!is_one_shot_name("lf-0123456789abcdefghij")); // 20
+        assert!(!is_one_shot_name("lf-0123456789ABCDEFGHI"));
+        assert!(!is_one_shot_name("xx-0123456789abcdefghi"));
+        assert!(!is_one_shot_name("lf-"));
+    }
+
+    fn guest(name: &str, status: &str) -> GuestInfo {
+        GuestInfo {
+            id: format!("id-{name}"),
+            name: Some(name.to_owned()),
+            status: status.to_owned(),
+            egress: None,
+        }
+    }
+
+    /// Lists a fixed set of guests; fails each listing and each delete a given number of
+    /// times first.
+    struct Listed {
+        guests: Vec<GuestInfo>,
+        list_failures: Mutex<u32>,
+        delete_failures: Mutex<u32>,
+        deleted: Mutex<Vec<String>>,
+    }
+
+    impl Listed {
+        fn new(guests: Vec<GuestInfo>, list_failures: u32, delete_failures: u32) -> Self {
+            Self {
+                guests,
+                list_failures: Mutex::new(list_failures),
+                delete_failures: Mutex::new(delete_failures),
+                deleted: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    fn unused<T: Send + 'static>() -> BoxFuture<'static, Result<T, CallError>> {
+        Box::pin(async { Err(CallError::new(CallFailure::Config, "unused")) })
+    }
+
+    fn take_failure(counter: &Mutex<u32>) -> bool {
+        let mut left = counter.lock().unwrap();
+        if *left > 0 {
+            *left -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    impl ControlPlane for Listed {
+        fn check_credential(&self) -> BoxFuture<'_, Result<String, CallError>> {
+            unused()
+        }
+        fn list_shapes(&self) -> BoxFuture<'_, Result<Vec<Shape>, CallError>> {
+            unused()
+        }
+        fn create(&self, _req: CreateGuest) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+            unused()
+        }
+        fn find_by_name(&self, _n: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
+            unused()
+        }
+        fn egress(&self, _id: String) -> BoxFuture<'_, Result<Option<Vec<String>>, CallError>> {
+            unused()
+        }
+        fn upload(
+            &self,
+            _i: String,
+            _p: String,
+            _d: Bytes,
+        ) -> BoxFuture<'_, Result<(), CallError>> {
+            unused()
+        }
+        fn exec_stream(
+            &self,
+            _id: String,
+            _cmd: String,
+            _args: Vec<String>,
+            _timeout: Duration,
+        ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
+            unused()
+        }
+        fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
+            Box::pin(async move {
+                if take_failure(&self.delete_failures) {
+                    return Err(CallError::new(CallFailure::Status(503), "busy"));
+                }
+                self.deleted.lock().unwrap().push(id);
+                Ok(())
+            })
+        }
+        fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
+            Box::pin(async move {
+                if take_failure(&self.list_failures) {
+                    return Err(CallError::new(CallFailure::Status(429), "slow down"));
+                }
+                Ok(self
+                    .guests
+                    .iter()
+                    .filter(|g| g.name.as_deref().is_some_and(|n| n.starts_with(&prefix)))
+                    .cloned()
+                    .collect())
+            })
+        }
+    }
+
+    fn quick() -> SweepConfig {
+        SweepConfig {
+            backoff: Backoff {
+                base: Duration::from_millis(1),
+                max: Duration::from_millis(5),
+                budget: Duration::from_secs(5),
+            },
+            deadline: Duration::from_secs(10),
+            concurrency: 2,
+        }
+    }
+
+    fn mixed() -> Vec<GuestInfo> {
+        vec![
+            guest("lf-aaaaaaaaaaaaaaaaaaa", "paused"),
+            guest("lf-bbbbbbbbbbbbbbbbbbb", "running"),
+            guest("lf-c-ccccccccccccccccc", "paused"),
+            guest("other-guest", "paused"),
+            guest("lf-ddddddddddddddddddd", "pausing"),
+            guest("lf-eeeeeeeeeeeeeeeeeee", "paused"),
+        ]
+    }
+
+    #[tokio::test]
+    async fn deletes_only_paused_one_shot_guests_after_retries() {
+        let cp = Listed::new(mixed(), 2, 1);
+        let report = sweep(&cp, false, &quick()).await.unwrap();
+        let mut deleted = cp.deleted.lock().unwrap().clone();
+        deleted.sort();
+        assert_eq!(
+            deleted,
+            ["id-lf-aaaaaaaaaaaaaaaaaaa", "id-lf-eeeeeeeeeeeeeeeeeee"]
+        );
+        assert_eq!(report.deleted.len(), 2);
+        assert!(report.failed.is_empty());
+        assert!(!report.dry_run);
+        // "other-guest" does not start with lf- and is not even returned.
+        assert_eq!(report.examined, 5);
+    }
+
+    #[tokio::test]
+    async fn dry_run_deletes_nothing() {
+        let cp = Listed::new(mixed(), 0, 0);
+        let report = sweep(&cp, true, &quick()).await.unwrap();
+        assert!(cp.deleted.lock().unwrap().is_empty());
+        let names: Vec<_> = report.deleted.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["lf-aaaaaaaaaaaaaaaaaaa", "lf-eeeeeeeeeeeeeeeeeee"]);
+        assert!(report.dry_run);
+    }
+
+    #[tokio::test]
+    async fn a_delete_that_keeps_failing_is_reported_not_fatal() {
+        let cp = Listed::new(vec![guest("lf-aaaaaaaaaaaaaaaaaaa", "paused")], 0, u32::MAX);
+        let mut config = quick();
+        config.backoff.budget = Duration::from_millis(50);
+        let report = sweep(&cp, false, &config).await.unwrap();
+        assert!(report.deleted.is_empty());
+        assert_eq!(report.failed.len(), 1);
+        assert!(report.failed[0].1.contains("busy"));
+    }
+
+    #[tokio::test]
+    async fn a_listing_that_keeps_failing_is_an_error() {
+        let cp = Listed::new(mixed(), u32::MAX, 0);
+        let mut config = quick();
+        config.backoff.budget = Duration::from_millis(50);
+        let err = sweep(&cp, false, &config).await.unwrap_err();
+        assert_eq!(err.failure, CallFailure::Status(429));
+        assert!(cp.deleted.lock().unwrap().is_empty());
+    }
+
+    /// A control plane that does not implement listing (the trait's default) makes the
+    /// sweep fail without retrying.
+    #[tokio::test]
+    async fn default_listing_is_unsupported() {
+        struct NoList;
+        impl ControlPlane for NoList {
+            fn check_credential(&self) -> BoxFuture<'_, Result<String, CallError>> {
+                unused()
+            }
+            fn list_shapes(&self) -> BoxFuture<'_, Result<Vec<Shape>, CallError>> {
+                unused()
+            }
+            fn create(&self, _r: CreateGuest) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+                unused()
+            }
+            fn find_by_name(
+                &self,
+                _n: String,
+            ) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
+                unused()
+            }
+            fn egress(&self, _i: String) -> BoxFuture<'_, Result<Option<Vec<String>>, CallError>> {
+                unused()
+            }
+            fn upload(
+                &self,
+                _i: String,
+                _p: String,
+                _d: Bytes,
+            ) -> BoxFuture<'_, Result<(), CallError>> {
+                unused()
+            }
+            fn exec_stream(
+                &self,
+                _i: String,
+                _c: String,
+                _a: Vec<String>,
+                _t: Duration,
+            ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
+                unused()
+            }
+            fn destroy(&self, _i: String) -> BoxFuture<'_, Result<(), CallError>> {
+                unused()
+            }
+        }
+        let err = sweep(&NoList, false, &quick()).await.unwrap_err();
+        assert_eq!(err.failure, CallFailure::Config);
+        assert!(err.message.contains("cannot list"));
+    }
+}

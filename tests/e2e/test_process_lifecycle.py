@@ -1,0 +1,334 @@
+"""Process lifecycle: forked children, SIGTERM, orphans. No guest outlives its process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import E2E, FLOW, Fake, backend_env, venv_bin
+
+# The parent runs once, waits until its guest is gone, then installs `argv[1]` as the fake's
+# faults and forks. The child's run must fail; the child then ends with os._exit at once,
+# the way multiprocessing and pre-fork servers end their workers.
+FORK_FAILURE_SCRIPT = """
+import json, os, sys, time, urllib.request
+from langflow_sandbox_createos.backend import create_backend
+
+base = os.environ["CREATEOS_SANDBOX_BASE_URL"]
+
+def fake(method, path, body=None):
+    request = urllib.request.Request(base + path, data=body, method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["data"]
+
+backend = create_backend()
+print("parent", backend.run("print('p1')").stdout.strip(), flush=True)
+deadline = time.monotonic() + 30
+while fake("GET", "/_fake/stats")["live"] and time.monotonic() < deadline:
+    time.sleep(0.05)
+fake("PUT", "/_fake/faults", sys.argv[1].encode())
+pid = os.fork()
+if pid == 0:
+    try:
+        backend.run("print('c1')")
+        print("child run succeeded", flush=True)
+    except BaseException as exc:
+        print("child raised", type(exc).__name__, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child-exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # The exec is answered 500 (the code may have run); the first DELETE is refused, so
+        # the guest's destroy cannot finish before the child would have exited.
+        pytest.param("exec_stream=500;delete=503#1", id="exec-500"),
+        # The egress read-back is answered 404: the run is refused after create.
+        pytest.param("egress_get=404;delete=503#1", id="egress-404"),
+    ],
+)
+def test_forked_child_whose_run_fails_leaves_no_guest(clean_fake: Fake, faults: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_FAILURE_SCRIPT, faults],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake),
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert "parent p1" in lines
+    assert any(line.startswith("child raised SandboxExecutionError") or line.startswith("child raised SandboxUnavailableError") for line in lines), lines
+    assert "child-exit 0" in lines
+    # The child is gone; nothing else knows its guest. It must already be deleted.
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=10)
+    assert stats["created"] == 2
+
+
+SLEEPING_CODE = "import time\nprint('started', flush=True)\ntime.sleep(120)"
+
+
+def _exec_started(stats: dict) -> bool:
+    return stats["live"] == 1 and stats["requests"].get("exec", 0) + stats["requests"].get("exec_stream", 0) >= 1
+
+
+def test_sigterm_to_lfx_run_destroys_the_guest(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", "--no-check-dependencies", str(FLOW), SLEEPING_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+    )
+    try:
+        clean_fake.wait_for(_exec_started, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    # It dies of SIGTERM, as it would have without the backend, and reports no result.
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
+    assert '"success"' not in stdout
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=15)
+    assert stats["created"] == 1
+
+
+SIGTERM_IN_THREAD_SCRIPT = """
+import threading
+from langflow_sandbox_createos.backend import create_backend
+backend = create_backend()
+# A worker thread runs, as lfx does (asyncio.to_thread); the main thread just waits.
+threading.Thread(target=lambda: backend.run("import time\\ntime.sleep(120)"), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait(120)
+print("not terminated", flush=True)
+"""
+
+
+def test_sigterm_during_a_run_in_a_worker_thread(clean_fake: Fake) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_IN_THREAD_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120"),
+        cwd=E2E,
+    )
+    try:
+        clean_fake.wait_for(_exec_started, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout, stderr[-3000:])
+    assert "not terminated" not in stdout
+    assert clean_fake.wait_for(lambda s: s["live"] == 0, timeout=15)["created"] == 1
+
+
+KEEP_HANDLER_SCRIPT = """
+import os, signal, time
+got = []
+
+def mine(signum, frame):
+    got.append(signum)
+
+signal.signal(signal.SIGTERM, mine)
+from langflow_sandbox_createos.backend import create_backend
+backend = create_backend()
+print("ran", backend.run("print(1)").stdout.strip(), flush=True)
+print("same handler", signal.getsignal(signal.SIGTERM) is mine, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+deadline = time.monotonic() + 10
+while not got and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("handler ran", got == [signal.SIGTERM], flush=True)
+# Had the backend taken SIGTERM over, it would end the process well within this second.
+time.sleep(1)
+print("still alive", flush=True)
+backend.shutdown()
+"""
+
+
+def test_a_sigterm_handler_installed_by_the_host_is_left_in_place(clean_fake: Fake) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", KEEP_HANDLER_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake),
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert lines == ["ran 1", "same handler True", "handler ran True", "still alive"], lines
+    clean_fake.wait_settled()
+
+
+def _api(fake: Fake, method: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        f"{fake.url}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"X-Api-Key": fake.key, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())["data"]
+
+
+def _guest(fake: Fake, name: str, *, paused: bool) -> str:
+    sandbox_id = _api(fake, "POST", "/v1/sandboxes", {"shape": "s-1vcpu-1gb", "name": name})["id"]
+    if paused:
+        _api(fake, "POST", f"/v1/sandboxes/{sandbox_id}/pause")
+    return sandbox_id
+
+
+def _status(fake: Fake, sandbox_id: str) -> str:
+    try:
+        return _api(fake, "GET", f"/v1/sandboxes/{sandbox_id}")["status"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return "gone"
+        raise
+
+
+def _reap(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos", "reap", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+
+
+ORPHAN = "lf-0rphan0000000000000"
+
+
+def test_reap_deletes_only_paused_one_shot_guests_and_dry_run_deletes_nothing(clean_fake: Fake) -> None:
+    orphan = _guest(clean_fake, ORPHAN, paused=True)
+    others = {
+        "running one-shot": _guest(clean_fake, "lf-runn1ng000000000000", paused=False),
+        "reused (lf-c-)": _guest(clean_fake, "lf-c-reused00000000000", paused=True),
+        "not ours": _guest(clean_fake, "build-cache", paused=True),
+    }
+    env = backend_env(clean_fake)
+
+    dry = _reap(env, "--dry-run")
+    assert dry.returncode == 0, (dry.stdout, dry.stderr[-3000:])
+    assert f"would delete {ORPHAN} ({orphan})" in dry.stdout.splitlines()
+    assert "1 orphaned guest(s) would be deleted (dry run)" in dry.stdout
+    assert _status(clean_fake, orphan) == "paused"
+    assert clean_fake.stats()["requests"].get("delete", 0) == 0
+
+    done = _reap(env)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    assert f"deleted {ORPHAN} ({orphan})" in done.stdout.splitlines()
+    assert _status(clean_fake, orphan) in ("destroying", "destroyed", "gone")
+    for what, sandbox_id in others.items():
+        assert _status(clean_fake, sandbox_id) in ("running", "paused"), what
+    # Nothing of any other name was mentioned.
+    assert done.stdout.count("deleted lf-") == 1
+    assert "1 orphaned guest(s) deleted" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": None}, "CREATEOS_SANDBOX_API_KEY", id="no-key"),
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": "wrong-key"}, "401", id="wrong-key"),
+    ],
+)
+def test_reap_fails_clearly(clean_fake: Fake, overrides: dict[str, str | None], needle: str) -> None:
+    orphan = _guest(clean_fake, ORPHAN, paused=True)
+    proc = _reap(backend_env(clean_fake, **overrides))
+    assert proc.returncode != 0
+    assert proc.stderr.startswith("reap failed: "), proc.stderr[-3000:]
+    assert needle in proc.stderr
+    assert "wrong-key" not in proc.stdout + proc.stderr
+    assert _status(clean_fake, orphan) == "paused"
+
+
+# Threads log through the native bridge without pause while the main thread forks again and
+# again; each child logs one record and must see it arrive in Python's logging. Without the
+# fork hooks about one child in twenty inherits the queue's mutex locked (measured): it hung
+# before, and without the hooks it would now drop its records rather than hang.
+FORK_WHILE_LOGGING_SCRIPT = """
+import logging, os, sys, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
+from langflow_sandbox_createos import _native
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+logging.getLogger(_native.LOGGER_NAME).propagate = False  # keep the spam off stderr
+stop = threading.Event()
+
+def spam():
+    while not stop.is_set():
+        _native._emit_log_records(5000, "spam")
+
+spammers = [threading.Thread(target=spam, daemon=True) for _ in range(3)]
+for thread in spammers:
+    thread.start()
+time.sleep(0.3)
+ok = hung = failed = 0
+for i in range(100):
+    pid = os.fork()
+    if pid == 0:
+        seen = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logging.getLogger(_native.LOGGER_NAME).addHandler(handler)
+        _native._emit_log_records(1, f"child {i}")
+        os._exit(0 if any(m.startswith(f"child {i}") for m in seen) else 2)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            ok += code == 0
+            failed += code != 0
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            hung += 1
+            break
+        time.sleep(0.01)
+stop.set()
+for thread in spammers:
+    thread.join(60)
+print("ok", ok, "failed", failed, "hung", hung, flush=True)
+"""
+
+
+def test_a_child_forked_while_another_thread_logs_can_log(clean_fake: Fake) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_LOGGING_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake),
+        timeout=600,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    assert proc.stdout.split() == ["ok", "100", "failed", "0", "hung", "0"], (proc.stdout, proc.stderr[-3000:])
