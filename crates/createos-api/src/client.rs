@@ -561,15 +561,7 @@ fn readiness_from(status: u16, body: &[u8]) -> Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
+    use crate::net::env_of;
 
     #[test]
     fn from_env_reads_key_and_base_url() {

@@ -133,18 +133,22 @@ pub fn proxy_for_env(base_url: &str, env: &dyn Fn(&str) -> Option<String>) -> Op
     resolve_proxy(base_url, env).map(|p| redact_url(&p))
 }
 
+/// A variable lookup over fixed `(name, value)` pairs, for tests of code that takes one.
+#[cfg(test)]
+pub(crate) fn env_of(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<String> {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
 
     #[test]
     fn plain_http_is_never_proxied() {

@@ -291,11 +291,7 @@ impl Transport {
     ) -> Result<(StatusCode, Bytes)> {
         let mut rb = self.build(method, path, query, opts)?.timeout(timeout);
         if let Some(b) = body {
-            let bytes = serde_json::to_vec(b)
-                .map_err(|e| Error::InvalidArgument(format!("cannot encode request body: {e}")))?;
-            rb = rb
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(bytes);
+            rb = with_json(rb, b)?;
         }
         let req = rb
             .build()
@@ -474,17 +470,16 @@ impl Transport {
         opts: &RequestOptions,
     ) -> Result<reqwest::Response> {
         let timeout = opts.timeout.unwrap_or(self.shared.timeout);
+        let timed_out = |method| Error::Timeout {
+            method,
+            endpoint: path.to_owned(),
+            after: timeout,
+        };
         let mut rb = self.build(&method, path, query, opts)?;
         let progress = Progress::new();
         rb = match body {
             RawBody::None => rb,
-            RawBody::Json(v) => {
-                let bytes = serde_json::to_vec(&v).map_err(|e| {
-                    Error::InvalidArgument(format!("cannot encode request body: {e}"))
-                })?;
-                rb.header(header::CONTENT_TYPE, "application/json")
-                    .body(bytes)
-            }
+            RawBody::Json(v) => with_json(rb, &v)?,
             RawBody::Bytes(b, ct) => rb.header(header::CONTENT_TYPE, ct).body(b),
             RawBody::Stream(s) => rb
                 .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -497,24 +492,12 @@ impl Transport {
         progress.touch();
         let fut = self.shared.http.execute(req);
         let resp = match progress.run(fut, timeout).await {
-            None => {
-                return Err(Error::Timeout {
-                    method,
-                    endpoint: path.to_owned(),
-                    after: timeout,
-                });
-            }
+            None => return Err(timed_out(method)),
             Some(r) => r.map_err(|e| self.map_send_error(&method, path, e, timeout))?,
         };
         let mut resp =
             match tokio::time::timeout(timeout, self.check(&method, path, &sent, resp)).await {
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        method,
-                        endpoint: path.to_owned(),
-                        after: timeout,
-                    });
-                }
+                Err(_) => return Err(timed_out(method)),
                 Ok(r) => r?,
             };
         resp.extensions_mut().insert(RawMeta {
@@ -526,6 +509,15 @@ impl Transport {
         });
         Ok(resp)
     }
+}
+
+/// `rb` with `value` as its JSON body.
+fn with_json(rb: reqwest::RequestBuilder, value: &Value) -> Result<reqwest::RequestBuilder> {
+    let bytes = serde_json::to_vec(value)
+        .map_err(|e| Error::InvalidArgument(format!("cannot encode request body: {e}")))?;
+    Ok(rb
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(bytes))
 }
 
 /// A failure of the HTTP client while sending to or reading from `endpoint`: a timeout
