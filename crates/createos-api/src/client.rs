@@ -60,7 +60,7 @@ impl fmt::Debug for ClientBuilder {
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
             .field(
                 "base_url",
-                &self.base_url.as_deref().map(crate::net::redact_url),
+                &self.base_url.as_deref().map(transport::redact_url),
             )
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
@@ -223,7 +223,7 @@ impl ClientBuilder {
                 .no_proxy();
             let proxy = crate::net::resolve_proxy(&base_str, env);
             if let Some(p) = &proxy {
-                let shown = crate::net::redact_url(p);
+                let shown = transport::redact_url(p);
                 let px = reqwest::Proxy::all(p.as_str()).map_err(|_| {
                     Error::Config(format!(
                         "the proxy {shown} (from HTTPS_PROXY or ALL_PROXY) is not a usable \
@@ -235,7 +235,7 @@ impl ClientBuilder {
             let http = b
                 .build()
                 .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-            (http, proxy.map(|p| crate::net::redact_url(&p)))
+            (http, proxy.map(|p| transport::redact_url(&p)))
         };
         let shared = Shared {
             http,
@@ -561,15 +561,7 @@ fn readiness_from(status: u16, body: &[u8]) -> Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
+    use crate::net::env_of;
 
     #[test]
     fn from_env_reads_key_and_base_url() {

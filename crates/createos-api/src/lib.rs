@@ -39,7 +39,9 @@ mod sandbox;
 pub use sandbox::*;
 mod processes;
 pub(crate) mod transport;
-pub use transport::{MAX_PAGES, MIN_SECRET_FRAGMENT};
+pub use transport::{
+    LineFramer, LineTooLong, MAX_PAGES, MAX_STREAM_LINE, MIN_SECRET_FRAGMENT, redact_url,
+};
 mod wire_enum;
 pub use processes::*;
 mod tokens;

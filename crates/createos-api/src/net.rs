@@ -1,8 +1,11 @@
-//! Safe display of configured URLs, and the proxy rules of the clients this crate builds.
+//! The proxy rules of the clients this crate builds. (How a configured URL is shown safely,
+//! [`redact_url`], lives with the other redaction helpers in `transport::secrets`.)
 
 use std::net::IpAddr;
 
 use url::Url;
+
+use crate::transport::redact_url;
 
 /// Variables naming the proxy for an `https` base URL, in the order they are consulted
 /// (the first one set and not blank wins). Plain-`http` base URLs are never proxied.
@@ -10,33 +13,6 @@ pub const PROXY_ENV_VARS: [&str; 4] = ["HTTPS_PROXY", "https_proxy", "ALL_PROXY"
 
 /// Variables listing hosts that bypass the proxy, in the order they are consulted.
 pub const NO_PROXY_ENV_VARS: [&str; 2] = ["NO_PROXY", "no_proxy"];
-
-/// A configured URL as it may be shown in a message, log or `Debug`: everything from the
-/// first `?` or `#` is dropped (a query or fragment may carry a token) and a `userinfo@` in
-/// the authority becomes `***@`.
-///
-/// Works on text that is not a valid URL too (a bad port, an empty host, no scheme): it
-/// never parses, it only cuts. Every `@` after the scheme is taken as the end of a userinfo,
-/// so a password holding an unencoded `/` or `@` is hidden as well (at the price of also
-/// hiding a path segment before an `@` in a path, which base URLs do not have).
-///
-/// ```
-/// use createos_api::redact_url;
-/// assert_eq!(redact_url("https://user:pw@h.test:99999/x?token=t#f"), "https://***@h.test:99999/x");
-/// assert_eq!(redact_url("https://h.test/api"), "https://h.test/api");
-/// ```
-pub fn redact_url(raw: &str) -> String {
-    let raw = raw.trim();
-    let kept = &raw[..raw.find(['?', '#']).unwrap_or(raw.len())];
-    let (scheme, rest) = match kept.find("://") {
-        Some(i) => kept.split_at(i + 3),
-        None => ("", kept),
-    };
-    match rest.rfind('@') {
-        Some(at) => format!("{scheme}***@{}", &rest[at + 1..]),
-        None => kept.to_owned(),
-    }
-}
 
 /// The first of `names` that `env` has set to a non-blank value, trimmed.
 fn first_set(env: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Option<String> {
@@ -157,42 +133,22 @@ pub fn proxy_for_env(base_url: &str, env: &dyn Fn(&str) -> Option<String>) -> Op
     resolve_proxy(base_url, env).map(|p| redact_url(&p))
 }
 
+/// A variable lookup over fixed `(name, value)` pairs, for tests of code that takes one.
+#[cfg(test)]
+pub(crate) fn env_of(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<String> {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
-
-    #[test]
-    fn redact_url_hides_userinfo_query_and_fragment_even_when_unparseable() {
-        let cases = [
-            ("https://user:pw-secret@/x", "https://***@/x"),
-            (
-                "https://user:pw-secret@host:99999",
-                "https://***@host:99999",
-            ),
-            ("https://h.test/api?token=tok-secret", "https://h.test/api"),
-            ("https://h.test/#frag-secret", "https://h.test/"),
-            ("https://u:p/w-secret@h.test/x", "https://***@h.test/x"),
-            ("https://u:p@w-secret@h.test", "https://***@h.test"),
-            ("user:pw-secret@h.test:1/x", "***@h.test:1/x"),
-            ("  http://127.0.0.1:8080/api  ", "http://127.0.0.1:8080/api"),
-            ("not a url?token=tok-secret", "not a url"),
-            ("", ""),
-        ];
-        for (raw, want) in cases {
-            let got = redact_url(raw);
-            assert_eq!(got, want, "{raw}");
-            assert!(!got.contains("secret"), "{raw} -> {got}");
-        }
-    }
 
     #[test]
     fn plain_http_is_never_proxied() {

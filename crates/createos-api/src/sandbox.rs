@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
@@ -186,6 +187,19 @@ impl Sandbox {
         Ok(self.store(info))
     }
 
+    /// A JSend call on this sandbox's path plus `suffix`, with the default request options.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        suffix: &str,
+        body: Option<Value>,
+    ) -> Result<T> {
+        let opts = RequestOptions::default();
+        self.t
+            .json(method, &self.path(suffix), &[], body, &opts)
+            .await
+    }
+
     /// `GET /v1/sandboxes/{id}`; updates the cache.
     pub async fn refresh(&self) -> Result<SandboxInfo> {
         self.refresh_with(&RequestOptions::default()).await
@@ -212,16 +226,7 @@ impl Sandbox {
     /// `POST …/fork`: a new sandbox cloned from this one (pause it first).
     pub async fn fork(&self, req: ForkSandboxRequest) -> Result<Sandbox> {
         let body = serde_json::to_value(&req).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let info: SandboxInfo = self
-            .t
-            .json(
-                Method::POST,
-                &self.path("/fork"),
-                &[],
-                Some(body),
-                &RequestOptions::default(),
-            )
-            .await?;
+        let info: SandboxInfo = self.call(Method::POST, "/fork", Some(body)).await?;
         Ok(Sandbox::from_info(Arc::clone(&self.t), info))
     }
 
@@ -248,13 +253,10 @@ impl Sandbox {
     /// `POST …/resize` (grow only); updates the cached `disk_mib`.
     pub async fn resize(&self, disk_mib: u64) -> Result<ResizeResult> {
         let r: ResizeResult = self
-            .t
-            .json(
+            .call(
                 Method::POST,
-                &self.path("/resize"),
-                &[],
+                "/resize",
                 Some(json!({ "disk_mib": disk_mib })),
-                &RequestOptions::default(),
             )
             .await?;
         self.lock().disk_mib = Some(r.disk_mib);
@@ -297,30 +299,14 @@ impl Sandbox {
     ) -> Result<u64> {
         let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
         let ans: CountAnswer = self
-            .t
-            .json(
-                Method::POST,
-                &self.path("/ssh-pubkeys"),
-                &[],
-                Some(json!({ "keys": keys })),
-                &RequestOptions::default(),
-            )
+            .call(Method::POST, "/ssh-pubkeys", Some(json!({ "keys": keys })))
             .await?;
         Ok(ans.count)
     }
 
     /// `GET …/egress`: the stored allowlist (empty = allow-all).
     pub async fn egress(&self) -> Result<Vec<String>> {
-        let ans: EgressAnswer = self
-            .t
-            .json(
-                Method::GET,
-                &self.path("/egress"),
-                &[],
-                None,
-                &RequestOptions::default(),
-            )
-            .await?;
+        let ans: EgressAnswer = self.call(Method::GET, "/egress", None).await?;
         Ok(ans.egress)
     }
 
@@ -331,14 +317,7 @@ impl Sandbox {
     ) -> Result<Vec<String>> {
         let rules: Vec<String> = rules.into_iter().map(Into::into).collect();
         let ans: EgressAnswer = self
-            .t
-            .json(
-                Method::PUT,
-                &self.path("/egress"),
-                &[],
-                Some(json!({ "egress": rules })),
-                &RequestOptions::default(),
-            )
+            .call(Method::PUT, "/egress", Some(json!({ "egress": rules })))
             .await?;
         self.lock().egress = Some(ans.egress.clone());
         Ok(ans.egress)
@@ -346,28 +325,17 @@ impl Sandbox {
 
     /// `GET …/bandwidth`.
     pub async fn bandwidth(&self) -> Result<Bandwidth> {
-        self.t
-            .json(
-                Method::GET,
-                &self.path("/bandwidth"),
-                &[],
-                None,
-                &RequestOptions::default(),
-            )
-            .await
+        self.call(Method::GET, "/bandwidth", None).await
     }
 
     /// `POST …/bandwidth/recharge`.
     pub async fn recharge_bandwidth(&self, add_bytes: u64) -> Result<Bandwidth> {
-        self.t
-            .json(
-                Method::POST,
-                &self.path("/bandwidth/recharge"),
-                &[],
-                Some(json!({ "add_bytes": add_bytes })),
-                &RequestOptions::default(),
-            )
-            .await
+        self.call(
+            Method::POST,
+            "/bandwidth/recharge",
+            Some(json!({ "add_bytes": add_bytes })),
+        )
+        .await
     }
 
     /// The public URL of `port`: `ingress_url_template` with `<port>` substituted.
@@ -383,34 +351,24 @@ impl Sandbox {
         }
     }
 
+    /// The states from which a sandbox never becomes `running` or `paused`.
+    const GONE_OR_FAILED: &[SandboxStatus] = &[
+        SandboxStatus::Error,
+        SandboxStatus::Failed,
+        SandboxStatus::Destroying,
+        SandboxStatus::Destroyed,
+    ];
+
     /// Poll until `running`; fails on `error`, `failed`, `destroying`, `destroyed`.
     pub async fn wait_until_running(&self, opts: WaitOptions) -> Result<SandboxInfo> {
-        self.wait_for(
-            SandboxStatus::Running,
-            &[
-                SandboxStatus::Error,
-                SandboxStatus::Failed,
-                SandboxStatus::Destroying,
-                SandboxStatus::Destroyed,
-            ],
-            opts,
-        )
-        .await
+        self.wait_for(SandboxStatus::Running, Self::GONE_OR_FAILED, opts)
+            .await
     }
 
     /// Poll until `paused`; fails on `error`, `failed`, `destroying`, `destroyed`.
     pub async fn wait_until_paused(&self, opts: WaitOptions) -> Result<SandboxInfo> {
-        self.wait_for(
-            SandboxStatus::Paused,
-            &[
-                SandboxStatus::Error,
-                SandboxStatus::Failed,
-                SandboxStatus::Destroying,
-                SandboxStatus::Destroyed,
-            ],
-            opts,
-        )
-        .await
+        self.wait_for(SandboxStatus::Paused, Self::GONE_OR_FAILED, opts)
+            .await
     }
 
     /// Poll until `destroyed` (a 404 also counts); fails on `error`, `failed`.
