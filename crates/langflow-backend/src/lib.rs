@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
-use sandbox_core::exec::ExecLimits;
+use sandbox_core::exec::{ExecLimits, is_valid_env_name};
 use sandbox_core::lifecycle::{RunSpec, run_python};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::reaper::{Reaper, ReaperConfig};
@@ -324,14 +324,6 @@ impl Default for Backend {
     }
 }
 
-fn valid_env_name(k: &str) -> bool {
-    let mut chars = k.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// Everything a run or `doctor` decides before creating a guest.
 pub(crate) struct Plan {
     pub settings: Settings,
@@ -406,7 +398,7 @@ impl Backend {
         let plan = self.plan(policy)?;
         let redactor = plan.settings.redactor();
         let envs = env.unwrap_or_default();
-        if let Some(bad) = envs.keys().find(|k| !valid_env_name(k)) {
+        if let Some(bad) = envs.keys().find(|k| !is_valid_env_name(k)) {
             return Err(BackendError::Unavailable(format!(
                 "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
@@ -619,15 +611,6 @@ mod tests {
             ..LfxPolicy::default()
         };
         assert_eq!(open.egress(false).unwrap(), EgressPolicy::AllowAll);
-    }
-
-    #[test]
-    fn env_names() {
-        assert!(valid_env_name("FOO_1"));
-        assert!(valid_env_name("_x"));
-        assert!(!valid_env_name("1X"));
-        assert!(!valid_env_name("A-B"));
-        assert!(!valid_env_name(""));
     }
 
     #[test]

@@ -29,7 +29,6 @@ pub fn hint(failure: CallFailure, stage: Stage) -> &'static str {
         (CallFailure::Redirect, _) => {
             " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL."
         }
-        (_, Stage::Dispatched) => "",
         (f, Stage::BeforeDispatch) if kind_before_dispatch(f) == ErrorKind::Transient => {
             " The program was not started; retrying later may succeed."
         }

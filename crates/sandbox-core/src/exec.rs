@@ -112,6 +112,18 @@ pub fn python_command(path: &str, limits: &ExecLimits) -> (String, Vec<String>) 
     Command::python(path).under_timeout(limits)
 }
 
+/// Whether `name` can be an environment variable of a guest: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_valid_env_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let starts_well = bytes
+        .first()
+        .is_some_and(|b| *b == b'_' || b.is_ascii_alphabetic());
+    starts_well
+        && bytes
+            .iter()
+            .all(|b| *b == b'_' || b.is_ascii_alphanumeric())
+}
+
 /// Classifies a guest exit. 124 (TERM fired) and 137 (KILL) count as a timeout only when the
 /// run actually reached its budget; a 137 well inside the budget is an out-of-memory kill and
 /// stays 137, and a program that itself exits 124 early keeps its code.
@@ -167,6 +179,16 @@ mod tests {
                 "echo hi; exit 3"
             ]
         );
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(is_valid_env_name("FOO_1"));
+        assert!(is_valid_env_name("_x"));
+        assert!(!is_valid_env_name("1X"));
+        assert!(!is_valid_env_name("A-B"));
+        assert!(!is_valid_env_name("É"));
+        assert!(!is_valid_env_name(""));
     }
 
     #[test]

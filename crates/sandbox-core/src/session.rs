@@ -178,10 +178,13 @@ pub struct Session {
     inner: Arc<Inner>,
 }
 
+/// Accounts by (SHA-256 of the key, base URL).
+type Accounts = HashMap<(Vec<u8>, String), Arc<Account>>;
+
 struct Inner {
     connector: Connector,
     request_timeout: Duration,
-    accounts: Mutex<HashMap<(String, String), Arc<Account>>>,
+    accounts: Mutex<Accounts>,
 }
 
 impl std::fmt::Debug for Session {
@@ -212,7 +215,7 @@ impl Session {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Account>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Accounts> {
         self.inner
             .accounts
             .lock()
@@ -222,14 +225,8 @@ impl Session {
     /// The account of `settings`' key and base URL, built on first use. Refused without a key.
     pub fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
         let key = settings.require_key()?;
-        let digest = Sha256::digest(key.expose_secret().as_bytes());
-        let id = (
-            digest
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>(),
-            settings.base_url.clone(),
-        );
+        let digest = Sha256::digest(key.expose_secret().as_bytes()).to_vec();
+        let id = (digest, settings.base_url.clone());
         let mut map = self.lock();
         if let Some(a) = map.get(&id) {
             return Ok(a.clone());
