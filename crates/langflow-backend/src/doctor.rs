@@ -4,12 +4,12 @@ use std::fmt;
 
 use sandbox_core::ErrorKind;
 use sandbox_core::egress::EgressPolicy;
-use sandbox_core::settings::{
-    ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_LF_ALLOW_NETWORK,
-};
+use sandbox_core::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_API_KEY, ENV_API_KEY_FALLBACK};
 use sandbox_core::shapes::select_shape;
 
-use crate::{Backend, LfxPolicy, describe_egress, describe_shape};
+use crate::{
+    Backend, ENV_LF_ALLOW_NETWORK, ENV_LF_MEMORY, LfxPolicy, describe_egress, describe_shape,
+};
 
 /// How a doctor line should be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,21 +138,17 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
             limits.auto_pause_seconds()
         ),
     );
-    if let Err(e) = policy.core().validate() {
+    if let Err(e) = policy.validate() {
         out.push(DoctorLevel::Refused, e.message());
     }
-    match EgressPolicy::decide(
-        policy.allow_network,
-        &policy.allowed_domains,
-        settings.accept_egress_exceptions,
-    ) {
+    match policy.egress(settings.accept_egress_exceptions) {
         Ok(e) => {
             let level = if e == EgressPolicy::AllowAll {
                 DoctorLevel::Warn
             } else {
                 DoctorLevel::Ok
             };
-            out.push(level, describe_egress(e));
+            out.push(level, describe_egress(&e));
         }
         Err(e) => out.push(DoctorLevel::Refused, e.message()),
     }
@@ -186,7 +182,12 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
     }
     match shapes {
         Ok(catalog) => {
-            match select_shape(&catalog, policy.memory_mb, settings.pinned_shape.as_deref()) {
+            match select_shape(
+                &catalog,
+                policy.memory_mb,
+                settings.pinned_shape.as_deref(),
+                ENV_LF_MEMORY,
+            ) {
                 Ok(c) => out.push(DoctorLevel::Ok, describe_shape(&c)),
                 Err(e) => out.push(DoctorLevel::Refused, e.message()),
             }

@@ -6,26 +6,25 @@
 //! The Python glue (in `py-bindings`) passes lfx's `_sandbox_settings()` values in as an
 //! [`LfxPolicy`] and maps [`BackendError`] to lfx's exceptions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::FutureExt;
-use sandbox_core::control::{CallError, ControlPlane};
-use sandbox_core::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
-use sandbox_core::exec::ExecLimits;
+use sandbox_core::exec::{ExecLimits, is_valid_env_name};
 use sandbox_core::lifecycle::{RunSpec, run_python};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::reaper::{Reaper, ReaperConfig};
-use sandbox_core::retry::{Backoff, retry_until};
-use sandbox_core::settings::{LangflowPolicy, Settings};
+use sandbox_core::retry::Backoff;
+use sandbox_core::session::{Account, Session, http_connector};
+use sandbox_core::settings::{
+    ENV_ACCEPT_EGRESS_EXCEPTIONS, SettingNames, Settings, non_blank, parse_bool,
+};
 use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
-use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
-use secrecy::ExposeSecret;
+use sandbox_core::{LOG_TARGET, SandboxError};
 
 mod doctor;
 mod orphans;
@@ -38,6 +37,8 @@ pub use sandbox_core::lifecycle::Timings;
 /// The captured text of a stream and its pieces (re-exported so callers need not depend on
 /// sandbox-core).
 pub use sandbox_core::output::{Piece, Text};
+/// Builds a control plane from settings (re-exported from sandbox-core's session layer).
+pub use sandbox_core::session::Connector;
 
 /// What this backend declares to lfx's policy gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,27 +63,54 @@ pub fn capabilities() -> Capabilities {
     }
 }
 
-/// lfx's sandbox settings (`_sandbox_settings()`), passed in by the caller.
+/// lfx's `LANGFLOW_SANDBOX_TIMEOUT_SECONDS`.
+pub const ENV_LF_TIMEOUT: &str = "LANGFLOW_SANDBOX_TIMEOUT_SECONDS";
+/// lfx's `LANGFLOW_SANDBOX_MEMORY_MB`.
+pub const ENV_LF_MEMORY: &str = "LANGFLOW_SANDBOX_MEMORY_MB";
+/// lfx's `LANGFLOW_SANDBOX_ALLOW_NETWORK`.
+pub const ENV_LF_ALLOW_NETWORK: &str = "LANGFLOW_SANDBOX_ALLOW_NETWORK";
+/// lfx's `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`.
+pub const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+
+/// lfx's default timeout, in seconds.
+pub const LF_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
+/// lfx's default memory, in MB.
+pub const LF_DEFAULT_MEMORY_MB: u32 = 192;
+/// lfx's largest accepted timeout.
+pub const LF_MAX_TIMEOUT_SECONDS: u32 = 300;
+/// lfx's smallest accepted memory.
+pub const LF_MIN_MEMORY_MB: u32 = 128;
+
+/// The settings this surface's refusals name.
+pub const SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: "LANGFLOW_SANDBOX_ALLOW_NETWORK=false",
+    allow_egress: "LANGFLOW_SANDBOX_ALLOW_NETWORK=true",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: ENV_LF_MEMORY,
+};
+
+/// lfx's sandbox settings (`_sandbox_settings()`), passed in by the caller; validated again
+/// here because a backend must fail closed on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LfxPolicy {
     /// `LANGFLOW_SANDBOX_TIMEOUT_SECONDS` (default 30, 1..=300).
     pub timeout_seconds: u32,
-    /// `LANGFLOW_SANDBOX_MEMORY_MB` (default 192): a floor, not the VM size.
+    /// `LANGFLOW_SANDBOX_MEMORY_MB` (default 192, >= 128): a floor, not the VM size.
     pub memory_mb: u32,
     /// `LANGFLOW_SANDBOX_ALLOW_NETWORK` (default false).
     pub allow_network: bool,
-    /// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS` (refused when non-empty).
+    /// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS` (refused when non-empty: CreateOS does not enforce
+    /// hostname rules).
     pub allowed_domains: Vec<String>,
 }
 
 impl Default for LfxPolicy {
     fn default() -> Self {
-        let p = LangflowPolicy::default();
         Self {
-            timeout_seconds: p.timeout_seconds,
-            memory_mb: p.memory_mb,
-            allow_network: p.allow_network,
-            allowed_domains: p.allowed_domains,
+            timeout_seconds: LF_DEFAULT_TIMEOUT_SECONDS,
+            memory_mb: LF_DEFAULT_MEMORY_MB,
+            allow_network: false,
+            allowed_domains: Vec::new(),
         }
     }
 }
@@ -91,29 +119,73 @@ impl LfxPolicy {
     /// Reads lfx's `LANGFLOW_SANDBOX_*` variables from the process environment, with lfx's
     /// defaults (for `doctor` run outside Langflow).
     pub fn from_env() -> Result<Self, BackendError> {
-        let p =
-            LangflowPolicy::from_lookup(&|k| std::env::var(k).ok()).map_err(BackendError::from)?;
-        Ok(Self::from(p))
+        Self::from_lookup(&|k| std::env::var(k).ok()).map_err(BackendError::from)
     }
 
-    pub(crate) fn core(&self) -> LangflowPolicy {
-        LangflowPolicy {
-            timeout_seconds: self.timeout_seconds,
-            memory_mb: self.memory_mb,
-            allow_network: self.allow_network,
-            allowed_domains: self.allowed_domains.clone(),
-        }
+    /// Reads lfx's variables through `lookup` the way lfx's settings do, and validates them.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        let num = |name: &str, default: u32| -> Result<u32, SandboxError> {
+            match non_blank(lookup, name) {
+                None => Ok(default),
+                Some(raw) => raw.parse::<u32>().map_err(|_| {
+                    SandboxError::refused(format!("{name}={raw:?} is not a whole number"))
+                }),
+            }
+        };
+        let p = Self {
+            timeout_seconds: num(ENV_LF_TIMEOUT, LF_DEFAULT_TIMEOUT_SECONDS)?,
+            memory_mb: num(ENV_LF_MEMORY, LF_DEFAULT_MEMORY_MB)?,
+            allow_network: match lookup(ENV_LF_ALLOW_NETWORK) {
+                Some(raw) => parse_bool(ENV_LF_ALLOW_NETWORK, &raw)?,
+                None => false,
+            },
+            allowed_domains: non_blank(lookup, ENV_LF_ALLOWED_DOMAINS)
+                .map(|raw| {
+                    raw.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        p.validate()?;
+        Ok(p)
     }
-}
 
-impl From<LangflowPolicy> for LfxPolicy {
-    fn from(p: LangflowPolicy) -> Self {
-        Self {
-            timeout_seconds: p.timeout_seconds,
-            memory_mb: p.memory_mb,
-            allow_network: p.allow_network,
-            allowed_domains: p.allowed_domains,
+    /// Checks the ranges lfx documents.
+    pub fn validate(&self) -> Result<(), SandboxError> {
+        if !(1..=LF_MAX_TIMEOUT_SECONDS).contains(&self.timeout_seconds) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_LF_TIMEOUT}={} is outside 1..={LF_MAX_TIMEOUT_SECONDS}",
+                self.timeout_seconds
+            )));
         }
+        if self.memory_mb < LF_MIN_MEMORY_MB {
+            return Err(SandboxError::refused(format!(
+                "{ENV_LF_MEMORY}={} is below {LF_MIN_MEMORY_MB}",
+                self.memory_mb
+            )));
+        }
+        Ok(())
+    }
+
+    /// The egress this policy gets, with the operator's link-local opt-in, refusing what
+    /// cannot be honoured: a hostname allowlist, or no network without the opt-in.
+    pub fn egress(&self, accept_exceptions: bool) -> Result<EgressPolicy, SandboxError> {
+        if !self.allowed_domains.is_empty() {
+            return Err(SandboxError::refused(format!(
+                "{ENV_LF_ALLOWED_DOMAINS} is set ({}), but CreateOS does not enforce hostname \
+                 egress rules: it accepts and echoes them while restricting nothing. Unset \
+                 {ENV_LF_ALLOWED_DOMAINS}; use {ENV_LF_ALLOW_NETWORK}=false for an enforced \
+                 restriction, or the exec-sandbox backend for a real domain allowlist",
+                self.allowed_domains.join(",")
+            )));
+        }
+        if self.allow_network {
+            return Ok(EgressPolicy::AllowAll);
+        }
+        EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)
     }
 }
 
@@ -164,10 +236,6 @@ impl From<SandboxError> for BackendError {
     }
 }
 
-/// Builds a control plane from settings (the default talks HTTP to CreateOS).
-pub type Connector =
-    Arc<dyn Fn(&Settings, Duration) -> Result<Arc<dyn ControlPlane>, SandboxError> + Send + Sync>;
-
 /// Reads one environment variable.
 pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
@@ -191,8 +259,11 @@ pub struct BackendOptions {
     pub shutdown_timeout: Duration,
     /// Reaper behaviour.
     pub reaper: ReaperConfig,
-    /// How a control plane is built from settings.
+    /// How a control plane is built from settings (ignored when `session` is given).
     pub connector: Connector,
+    /// The process's session to share with other surfaces (one client and one catalog
+    /// fetch per account); `None` builds one from `connector` and `request_timeout`.
+    pub session: Option<Session>,
     /// Delete paused one-shot guests of earlier processes (orphans) in the background, once
     /// per process per account, after the account's first credential check.
     pub orphan_sweep: bool,
@@ -212,14 +283,6 @@ impl fmt::Debug for BackendOptions {
     }
 }
 
-fn http_connector() -> Connector {
-    Arc::new(|s: &Settings, timeout: Duration| {
-        let key = s.require_key()?;
-        let cp = CreateOsControlPlane::new(key, &s.base_url, timeout)?;
-        Ok(Arc::new(cp) as Arc<dyn ControlPlane>)
-    })
-}
-
 impl Default for BackendOptions {
     fn default() -> Self {
         let limits = ExecLimits::for_seconds(1);
@@ -233,24 +296,17 @@ impl Default for BackendOptions {
             shutdown_timeout: Duration::from_secs(20),
             reaper: ReaperConfig::default(),
             connector: http_connector(),
+            session: None,
             orphan_sweep: true,
         }
     }
-}
-
-/// One account's cached state: the client, whether its credential was accepted, its catalog.
-struct Account {
-    cp: Arc<dyn ControlPlane>,
-    credential: tokio::sync::OnceCell<String>,
-    shapes: tokio::sync::OnceCell<Vec<Shape>>,
-    orphans: orphans::SweepOnce,
 }
 
 /// The CreateOS sandbox backend. Cheap to construct (no I/O), `Send + Sync`, and meant to be
 /// shared by every concurrent run of a process. Build a fresh one in a child after `fork()`.
 pub struct Backend {
     opts: BackendOptions,
-    accounts: Mutex<HashMap<(u64, String), Arc<Account>>>,
+    session: Session,
     reaper: Reaper,
 }
 
@@ -268,20 +324,6 @@ impl Default for Backend {
     }
 }
 
-fn key_digest(key: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
-}
-
-fn valid_env_name(k: &str) -> bool {
-    let mut chars = k.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// Everything a run or `doctor` decides before creating a guest.
 pub(crate) struct Plan {
     pub settings: Settings,
@@ -297,10 +339,14 @@ impl Backend {
 
     /// A backend with explicit options.
     pub fn with_options(opts: BackendOptions) -> Self {
+        let session = opts
+            .session
+            .clone()
+            .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
         Self {
             reaper: Reaper::new(opts.reaper),
+            session,
             opts,
-            accounts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -325,12 +371,8 @@ impl Backend {
     /// The refusals that need no I/O, in the order an operator would fix them.
     pub(crate) fn plan(&self, policy: &LfxPolicy) -> Result<Plan, SandboxError> {
         let settings = self.settings()?;
-        policy.core().validate()?;
-        let egress = EgressPolicy::decide(
-            policy.allow_network,
-            &policy.allowed_domains,
-            settings.accept_egress_exceptions,
-        )?;
+        policy.validate()?;
+        let egress = policy.egress(settings.accept_egress_exceptions)?;
         settings.require_key()?;
         Ok(Plan {
             settings,
@@ -340,57 +382,7 @@ impl Backend {
     }
 
     fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
-        let key = settings.require_key()?;
-        let id = (key_digest(key.expose_secret()), settings.base_url.clone());
-        let mut map = self
-            .accounts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(a) = map.get(&id) {
-            return Ok(a.clone());
-        }
-        let cp = (self.opts.connector)(settings, self.opts.request_timeout)?;
-        let a = Arc::new(Account {
-            cp,
-            credential: tokio::sync::OnceCell::new(),
-            shapes: tokio::sync::OnceCell::new(),
-            orphans: orphans::SweepOnce::default(),
-        });
-        map.insert(id, a.clone());
-        Ok(a)
-    }
-
-    async fn cached<T: Clone>(
-        &self,
-        cell: &tokio::sync::OnceCell<T>,
-        what: &str,
-        redactor: &Redactor,
-        op: impl Fn() -> futures::future::BoxFuture<'static, Result<T, CallError>>,
-    ) -> Result<T, SandboxError> {
-        let deadline = tokio::time::Instant::now() + self.opts.backoff.budget;
-        cell.get_or_try_init(|| async {
-            let (res, _) = retry_until(
-                &self.opts.backoff,
-                deadline,
-                what,
-                CallError::is_transient,
-                |_| op(),
-            )
-            .await;
-            res.map_err(|e| call_error(what, &e, redactor))
-        })
-        .await
-        .cloned()
-    }
-
-    /// The credential check and shape catalog, once per (key, base URL) per process.
-    async fn preflight(
-        &self,
-        account: &Account,
-        redactor: &Redactor,
-    ) -> Result<(String, Vec<Shape>), SandboxError> {
-        let (c, s) = self.preflight_both(account, redactor).await;
-        Ok((c?, s?))
+        self.session.account(settings)
     }
 
     /// Runs `code` as a Python program in a fresh CreateOS guest, under `policy`.
@@ -406,20 +398,23 @@ impl Backend {
         let plan = self.plan(policy)?;
         let redactor = plan.settings.redactor();
         let envs = env.unwrap_or_default();
-        if let Some(bad) = envs.keys().find(|k| !valid_env_name(k)) {
+        if let Some(bad) = envs.keys().find(|k| !is_valid_env_name(k)) {
             return Err(BackendError::Unavailable(format!(
                 "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
         }
         let account = self.account(&plan.settings)?;
-        let (_, catalog) = self.preflight(&account, &redactor).await?;
+        let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
+        cred?;
+        let catalog = catalog?;
         if self.opts.orphan_sweep {
-            account.orphans.start(&account.cp, self.sweep_config());
+            account.start_orphan_sweep(self.sweep_config());
         }
         let choice = select_shape(
             &catalog,
             policy.memory_mb,
             plan.settings.pinned_shape.as_deref(),
+            ENV_LF_MEMORY,
         )?;
         let spec = RunSpec {
             name_prefix: BACKEND_PREFIX,
@@ -433,7 +428,7 @@ impl Backend {
             background_destroy: self.opts.background_destroy,
         };
         let report = run_python(
-            account.cp.clone(),
+            account.control_plane().clone(),
             &self.reaper,
             &spec,
             Bytes::copy_from_slice(code.as_bytes()),
@@ -492,59 +487,8 @@ impl Backend {
             Ok(a) => a,
             Err(e) => return (Err(e.clone()), Err(e)),
         };
-        self.preflight_both(&account, &redactor).await
+        account.preflight(&self.opts.backoff, &redactor).await
     }
-
-    async fn preflight_both(
-        &self,
-        account: &Account,
-        redactor: &Redactor,
-    ) -> (
-        Result<String, SandboxError>,
-        Result<Vec<Shape>, SandboxError>,
-    ) {
-        let cp1 = account.cp.clone();
-        let cred = self.cached(
-            &account.credential,
-            "credential check",
-            redactor,
-            move || {
-                let cp = cp1.clone();
-                async move { cp.check_credential().await }.boxed()
-            },
-        );
-        let cp2 = account.cp.clone();
-        let shapes = self.cached(&account.shapes, "shape catalog", redactor, move || {
-            let cp = cp2.clone();
-            async move { cp.list_shapes().await }.boxed()
-        });
-        tokio::join!(cred, shapes)
-    }
-}
-
-/// Maps a failed preflight call to the taxonomy.
-fn call_error(what: &str, e: &CallError, redactor: &Redactor) -> SandboxError {
-    use sandbox_core::control::CallFailure;
-    let detail = redactor.cap(&e.message);
-    let kind = match e.failure {
-        CallFailure::Status(s) if (400..500).contains(&s) && s != 429 => ErrorKind::Rejected,
-        CallFailure::Redirect => ErrorKind::Rejected,
-        CallFailure::Config => ErrorKind::Refused,
-        _ => ErrorKind::Transient,
-    };
-    let hint = match e.failure {
-        CallFailure::Status(401 | 403) => {
-            " Check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY); get a key at https://createos.nodeops.network/profile."
-        }
-        CallFailure::Redirect => {
-            " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL."
-        }
-        _ if kind == ErrorKind::Transient => {
-            " No guest was created and the program was not started; retrying later may succeed."
-        }
-        _ => "",
-    };
-    SandboxError::new(kind, format!("CreateOS {what} failed: {detail}.{hint}")).redacted(redactor)
 }
 
 /// A one-line description of a shape choice.
@@ -561,7 +505,7 @@ pub(crate) fn describe_shape(c: &ShapeChoice) -> String {
 }
 
 /// A one-line description of the egress decision.
-pub(crate) fn describe_egress(e: EgressPolicy) -> String {
+pub(crate) fn describe_egress(e: &EgressPolicy) -> String {
     match e {
         EgressPolicy::AllowAll => {
             "egress: unrestricted ([\"*\"]), because LANGFLOW_SANDBOX_ALLOW_NETWORK=true".to_owned()
@@ -570,6 +514,7 @@ pub(crate) fn describe_egress(e: EgressPolicy) -> String {
             "egress: deny-all ([\"240.0.0.0/4\"]); {LINK_LOCAL_HOLE} (the VM metadata service) \
              stays reachable, accepted by LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"
         ),
+        EgressPolicy::Rules(_) => format!("egress: {e}"),
     }
 }
 
@@ -604,19 +549,76 @@ mod tests {
     }
 
     #[test]
-    fn env_names() {
-        assert!(valid_env_name("FOO_1"));
-        assert!(valid_env_name("_x"));
-        assert!(!valid_env_name("1X"));
-        assert!(!valid_env_name("A-B"));
-        assert!(!valid_env_name(""));
+    fn lfx_policy_from_lookup() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let p = LfxPolicy::from_lookup(&env(&[])).unwrap();
+        assert_eq!(p, LfxPolicy::default());
+        let p = LfxPolicy::from_lookup(&env(&[
+            (ENV_LF_TIMEOUT, "5"),
+            (ENV_LF_MEMORY, "8192"),
+            (ENV_LF_ALLOW_NETWORK, "true"),
+            (
+                ENV_LF_ALLOWED_DOMAINS,
+                " pypi.org, ,files.pythonhosted.org ",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(p.timeout_seconds, 5);
+        assert_eq!(p.memory_mb, 8192);
+        assert!(p.allow_network);
+        assert_eq!(
+            p.allowed_domains,
+            vec!["pypi.org", "files.pythonhosted.org"]
+        );
+        for pair in [
+            &[(ENV_LF_TIMEOUT, "0")],
+            &[(ENV_LF_TIMEOUT, "301")],
+            &[(ENV_LF_MEMORY, "64")],
+            &[(ENV_LF_TIMEOUT, "x")],
+        ] {
+            let e = LfxPolicy::from_lookup(&env(pair)).unwrap_err();
+            assert!(e.to_string().contains(pair[0].0), "{e}");
+        }
+    }
+
+    #[test]
+    fn egress_refusals_name_langflow_settings() {
+        let mut p = LfxPolicy {
+            allowed_domains: vec!["pypi.org".into()],
+            ..LfxPolicy::default()
+        };
+        for allow in [true, false] {
+            p.allow_network = allow;
+            let e = p.egress(true).unwrap_err();
+            assert!(e.kind().is_unavailable());
+            assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS));
+        }
+        let p = LfxPolicy::default();
+        let e = p.egress(false).unwrap_err();
+        assert!(e.to_string().contains("169.254.0.0/16"), "{e}");
+        assert!(e.to_string().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS), "{e}");
+        assert!(e.to_string().contains(ENV_LF_ALLOW_NETWORK), "{e}");
+        assert_eq!(p.egress(true).unwrap(), EgressPolicy::DenyAll);
+        let open = LfxPolicy {
+            allow_network: true,
+            ..LfxPolicy::default()
+        };
+        assert_eq!(open.egress(false).unwrap(), EgressPolicy::AllowAll);
     }
 
     #[test]
     fn errors_map_by_kind() {
         let e: BackendError = SandboxError::refused("no").into();
         assert!(matches!(e, BackendError::Unavailable(_)));
-        let e: BackendError = SandboxError::new(ErrorKind::OutcomeUnknown, "may have run").into();
+        let e: BackendError =
+            SandboxError::new(sandbox_core::ErrorKind::OutcomeUnknown, "may have run").into();
         assert!(matches!(e, BackendError::Execution(ref m) if m == "may have run"));
         assert_eq!(e.to_string(), "may have run");
     }

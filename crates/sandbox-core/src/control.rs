@@ -30,6 +30,8 @@ pub enum CallFailure {
     Protocol,
     /// The client refused the call before sending it (e.g. no key).
     Config,
+    /// A byte cap was exceeded (a download larger than allowed); nothing more is read.
+    TooLarge,
 }
 
 /// A failed control-plane call. The message is already free of the API key.
@@ -59,7 +61,7 @@ impl CallError {
         match self.failure {
             CallFailure::Status(s) => s == 429 || s >= 500,
             CallFailure::Transport | CallFailure::Timeout | CallFailure::Protocol => true,
-            CallFailure::Redirect | CallFailure::Config => false,
+            CallFailure::Redirect | CallFailure::Config | CallFailure::TooLarge => false,
         }
     }
 
@@ -72,6 +74,12 @@ impl CallError {
     /// 404.
     pub fn is_not_found(&self) -> bool {
         self.failure == CallFailure::Status(404)
+    }
+
+    /// 409: the name is taken, or the guest is not in a state that allows the call (paused,
+    /// resuming, being destroyed).
+    pub fn is_conflict(&self) -> bool {
+        self.failure == CallFailure::Status(409)
     }
 }
 
@@ -114,24 +122,164 @@ impl fmt::Debug for CreateGuest {
     }
 }
 
+/// A guest's lifecycle status, typed. Values this crate does not know are kept verbatim in
+/// [`GuestStatus::Other`] and never fail a call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GuestStatus {
+    /// Being created.
+    Creating,
+    /// Running: exec, files and processes are served.
+    #[default]
+    Running,
+    /// Being paused.
+    Pausing,
+    /// Paused (snapshot held); resume before use.
+    Paused,
+    /// Being resumed.
+    Resuming,
+    /// Being forked.
+    Forking,
+    /// Being destroyed (the name stays taken until `destroyed`).
+    Destroying,
+    /// Destroyed.
+    Destroyed,
+    /// Failed.
+    Failed,
+    /// Errored.
+    Error,
+    /// A status this crate does not know.
+    Other(String),
+}
+
+impl GuestStatus {
+    /// The wire spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            GuestStatus::Creating => "creating",
+            GuestStatus::Running => "running",
+            GuestStatus::Pausing => "pausing",
+            GuestStatus::Paused => "paused",
+            GuestStatus::Resuming => "resuming",
+            GuestStatus::Forking => "forking",
+            GuestStatus::Destroying => "destroying",
+            GuestStatus::Destroyed => "destroyed",
+            GuestStatus::Failed => "failed",
+            GuestStatus::Error => "error",
+            GuestStatus::Other(s) => s,
+        }
+    }
+
+    /// `destroying`, `destroyed`, `failed` or `error`: the guest will never run again.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            GuestStatus::Destroying
+                | GuestStatus::Destroyed
+                | GuestStatus::Failed
+                | GuestStatus::Error
+        )
+    }
+}
+
+impl From<&str> for GuestStatus {
+    fn from(s: &str) -> Self {
+        match s {
+            "creating" => GuestStatus::Creating,
+            "running" => GuestStatus::Running,
+            "pausing" => GuestStatus::Pausing,
+            "paused" => GuestStatus::Paused,
+            "resuming" => GuestStatus::Resuming,
+            "forking" => GuestStatus::Forking,
+            "destroying" => GuestStatus::Destroying,
+            "destroyed" => GuestStatus::Destroyed,
+            "failed" => GuestStatus::Failed,
+            "error" => GuestStatus::Error,
+            other => GuestStatus::Other(other.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for GuestStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A guest as the control plane reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GuestInfo {
     /// Sandbox id.
     pub id: String,
     /// Name, if reported.
     pub name: Option<String>,
-    /// Status string (`running`, `destroying`, ...).
-    pub status: String,
+    /// Lifecycle status.
+    pub status: GuestStatus,
     /// Egress rules, if reported (absent means allow-all).
     pub egress: Option<Vec<String>>,
+    /// Names of the environment variables declared at create, if reported (values are never
+    /// returned).
+    pub envs: Option<Vec<String>>,
 }
 
 impl GuestInfo {
-    /// `destroying`, `destroyed` or `failed`: nothing left to destroy.
+    /// `destroying`, `destroyed`, `failed` or `error`: nothing left to destroy or use.
     pub fn is_terminal(&self) -> bool {
-        matches!(self.status.as_str(), "destroying" | "destroyed" | "failed")
+        self.status.is_terminal()
     }
+}
+
+/// One command to run in a guest.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    /// Program (no shell; see [`crate::exec::Command`] for the shell form).
+    pub cmd: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Environment for this command; every key must have been declared at create.
+    pub env: BTreeMap<String, String>,
+    /// Standard input (empty: none).
+    pub stdin: String,
+    /// HTTP budget of the whole stream.
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for ExecRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Env values and stdin may be secrets: names and sizes only.
+        f.debug_struct("ExecRequest")
+            .field("cmd", &self.cmd)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("stdin_bytes", &self.stdin.len())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A file download as it arrives: the declared length, if any, and the body in chunks.
+/// Dropping it stops the transfer.
+pub struct Download {
+    /// `Content-Length`, when the server declared one.
+    pub content_length: Option<u64>,
+    /// The body.
+    pub body: BoxStream<'static, Result<Bytes, CallError>>,
+}
+
+impl fmt::Debug for Download {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Download")
+            .field("content_length", &self.content_length)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unsupported<T: Send + 'static>(what: &str) -> BoxFuture<'static, Result<T, CallError>> {
+    let e = CallError::new(
+        CallFailure::Config,
+        format!("this control plane cannot {what}"),
+    );
+    Box::pin(futures::future::ready(Err(e)))
 }
 
 /// One event of a streaming exec.
@@ -168,13 +316,12 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// Writes a file in the guest.
     fn upload(&self, id: String, path: String, data: Bytes)
     -> BoxFuture<'_, Result<(), CallError>>;
-    /// Starts a streaming exec; `timeout` is the HTTP budget for the whole stream.
+    /// Starts a streaming exec; [`ExecRequest::timeout`] is the HTTP budget for the whole
+    /// stream. Never retried by the implementation. Dropping the stream stops the command.
     fn exec_stream(
         &self,
         id: String,
-        cmd: String,
-        args: Vec<String>,
-        timeout: Duration,
+        req: ExecRequest,
     ) -> BoxFuture<'_, Result<ExecStream, CallError>>;
     /// Destroys a guest; a guest that is already gone (404) counts as destroyed.
     fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>>;
@@ -185,9 +332,35 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// that only runs programs (a test double) need not implement it; only the orphan sweep
     /// ([`crate::orphans`]) uses it.
     fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
-        Box::pin(futures::future::ready(Err(CallError::new(
-            CallFailure::Config,
-            format!("this control plane cannot list guests (prefix {prefix:?})"),
-        ))))
+        unsupported(&format!("list guests (prefix {prefix:?})"))
+    }
+
+    /// Reads one guest by id (status, egress, declared env names).
+    ///
+    /// The default answers a [`CallFailure::Config`] error; only named guests
+    /// ([`crate::guest::Guest::acquire`]) need it.
+    fn get(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        unsupported(&format!("read guest {id}"))
+    }
+
+    /// Asks a paused guest to resume; the answer usually says `resuming`.
+    ///
+    /// The default answers a [`CallFailure::Config`] error; only named guests need it.
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        unsupported(&format!("resume guest {id}"))
+    }
+
+    /// Starts downloading the file at `path` in the guest. `max_bytes` is a hint the
+    /// implementation may enforce too; [`crate::guest::Guest::download`] always enforces it.
+    ///
+    /// The default answers a [`CallFailure::Config`] error.
+    fn download(
+        &self,
+        id: String,
+        path: String,
+        max_bytes: Option<u64>,
+    ) -> BoxFuture<'_, Result<Download, CallError>> {
+        let _ = max_bytes;
+        unsupported(&format!("download {path:?} from guest {id}"))
     }
 }

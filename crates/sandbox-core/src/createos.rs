@@ -7,15 +7,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use createos_api::{
-    Client, CreateSandboxRequest, Error as ApiError, ErrorKind as ApiKind, ExecEvent, ExecOptions,
-    ListSandboxesOptions, RequestOptions, RetryOptions, RunCommandRequest, SandboxInfo,
+    Client, CreateSandboxRequest, DownloadOptions, Error as ApiError, ErrorKind as ApiKind,
+    ExecEvent, ExecOptions, ListSandboxesOptions, RequestOptions, RetryOptions, RunCommandRequest,
+    SandboxInfo,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::control::{
-    CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecStream, GuestInfo,
+    CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
+    ExecStream, GuestInfo, GuestStatus,
 };
 use crate::error::{Redactor, SandboxError};
 use crate::shapes::Shape;
@@ -64,6 +66,7 @@ pub fn map_error(e: &ApiError, redactor: &Redactor) -> CallError {
     let failure = match e.kind() {
         ApiKind::Transport | ApiKind::Io => CallFailure::Transport,
         ApiKind::Timeout => CallFailure::Timeout,
+        ApiKind::TooLarge => CallFailure::TooLarge,
         ApiKind::Config | ApiKind::Auth if e.status().is_none() => CallFailure::Config,
         _ => {
             if let Some(s) = e.status() {
@@ -134,8 +137,9 @@ fn guest(info: &SandboxInfo) -> GuestInfo {
     GuestInfo {
         id: info.id.clone(),
         name: info.name.clone(),
-        status: info.status.as_str().to_owned(),
+        status: GuestStatus::from(info.status.as_str()),
         egress: info.egress.clone(),
+        envs: Some(info.envs.clone()),
     }
 }
 
@@ -254,17 +258,18 @@ impl ControlPlane for CreateOsControlPlane {
     fn exec_stream(
         &self,
         id: String,
-        cmd: String,
-        args: Vec<String>,
-        timeout: Duration,
+        req: ExecRequest,
     ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
         async move {
-            let mut opts = ExecOptions::timeout(timeout);
+            let mut opts = ExecOptions::timeout(req.timeout);
             opts.disable_retry = true;
+            let mut command = RunCommandRequest::new(req.cmd).args(req.args);
+            command.env = req.env;
+            command.stdin = req.stdin;
             let stream = self
                 .client
                 .sandbox_handle(id)
-                .stream_command(RunCommandRequest::new(cmd).args(args), opts)
+                .stream_command(command, opts)
                 .await
                 .map_err(|e| self.err(&e))?;
             let redactor = self.redactor.clone();
@@ -325,6 +330,61 @@ impl ControlPlane for CreateOsControlPlane {
                 }
                 Err(e) => Err(self.err(&e)),
             }
+        }
+        .boxed()
+    }
+
+    fn get(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        async move {
+            let info = self
+                .client
+                .sandbox_handle(id)
+                .refresh_with(&no_retry())
+                .await
+                .map_err(|e| self.err(&e))?;
+            Ok(guest(&info))
+        }
+        .boxed()
+    }
+
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        async move {
+            let info = self
+                .client
+                .sandbox_handle(id)
+                .resume()
+                .await
+                .map_err(|e| self.err(&e))?;
+            Ok(guest(&info))
+        }
+        .boxed()
+    }
+
+    fn download(
+        &self,
+        id: String,
+        path: String,
+        max_bytes: Option<u64>,
+    ) -> BoxFuture<'_, Result<Download, CallError>> {
+        async move {
+            let opts = DownloadOptions {
+                max_bytes,
+                request: no_retry(),
+            };
+            let dl = self
+                .client
+                .sandbox_handle(id)
+                .files()
+                .download(&path, opts)
+                .await
+                .map_err(|e| self.err(&e))?;
+            let redactor = self.redactor.clone();
+            Ok(Download {
+                content_length: dl.content_length(),
+                body: dl
+                    .map(move |c| c.map_err(|e| map_error(&e, &redactor)))
+                    .boxed(),
+            })
         }
         .boxed()
     }

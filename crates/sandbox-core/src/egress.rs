@@ -1,17 +1,21 @@
-//! Egress policy: the only two outcomes CreateOS can enforce for a backend run, the refusals in
-//! front of them, the read-back comparison, and strict validation of address rules for surfaces
-//! that accept them.
+//! Egress policy, independent of the surface: deny-all, unrestricted, or a list of validated
+//! address rules, each with a stable fingerprint; the link-local opt-in in front of every
+//! restricted policy; the read-back comparison; and strict validation of address rules.
 //!
 //! CreateOS egress is an allowlist with no deny-all token: `null`, `[]` and `["*"]` all mean
 //! allow-all. Deny-all is spelled as one unroutable reserved range, [`DENY_ALL_RULE`]. Hostname
 //! rules are accepted and echoed but never enforced, and `169.254.0.0/16` (the metadata
 //! service) stays reachable under any policy.
+//!
+//! Refusals name the settings of the *calling surface* ([`SettingNames`]): the backend's user
+//! reads `LANGFLOW_SANDBOX_ALLOW_NETWORK`, another surface's user reads its own.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::error::SandboxError;
-use crate::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_LF_ALLOW_NETWORK, ENV_LF_ALLOWED_DOMAINS};
+use crate::settings::SettingNames;
 
 /// The rule that spells deny-all: IANA-reserved and unroutable, so only the final DROP applies.
 pub const DENY_ALL_RULE: &str = "240.0.0.0/4";
@@ -20,67 +24,84 @@ pub const ALLOW_ALL_RULE: &str = "*";
 /// The range every guest can reach whatever the policy says.
 pub const LINK_LOCAL_HOLE: &str = "169.254.0.0/16";
 
-/// The egress a backend run gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The egress a guest gets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EgressPolicy {
     /// Unrestricted (`["*"]`).
     AllowAll,
     /// Nothing but the permanent holes (`["240.0.0.0/4"]`).
     DenyAll,
+    /// These address rules only (plus the permanent holes); never empty, kept sorted and
+    /// without duplicates.
+    Rules(Vec<AddressRule>),
 }
 
 impl EgressPolicy {
-    /// The rules sent at create.
-    pub fn rules(self) -> Vec<String> {
-        match self {
-            EgressPolicy::AllowAll => vec![ALLOW_ALL_RULE.to_owned()],
-            EgressPolicy::DenyAll => vec![DENY_ALL_RULE.to_owned()],
-        }
-    }
-
-    /// Decides the policy from lfx's settings and the operator's opt-in, refusing what cannot
-    /// be honoured.
-    pub fn decide(
-        allow_network: bool,
-        allowed_domains: &[String],
+    /// A restricted policy: deny-all when `rules` is empty, else exactly those address rules
+    /// (each validated by [`validate_address_rule`]). Refused unless the operator accepted
+    /// that a CreateOS guest always reaches [`LINK_LOCAL_HOLE`]; the refusal names the
+    /// surface's settings.
+    pub fn restricted(
+        rules: &[String],
         accept_exceptions: bool,
+        names: &SettingNames,
     ) -> Result<Self, SandboxError> {
-        if !allowed_domains.is_empty() {
-            return Err(SandboxError::refused(format!(
-                "{ENV_LF_ALLOWED_DOMAINS} is set ({}), but CreateOS does not enforce hostname \
-                 egress rules: it accepts and echoes them while restricting nothing. Unset \
-                 {ENV_LF_ALLOWED_DOMAINS}; use {ENV_LF_ALLOW_NETWORK}=false for an enforced \
-                 restriction, or the exec-sandbox backend for a real domain allowlist",
-                allowed_domains.join(",")
-            )));
-        }
-        if allow_network {
-            return Ok(EgressPolicy::AllowAll);
+        let mut parsed = BTreeSet::new();
+        for r in rules {
+            parsed.insert(validate_address_rule(r)?);
         }
         if !accept_exceptions {
             return Err(SandboxError::refused(format!(
-                "{ENV_LF_ALLOW_NETWORK}=false asks for no network, but a CreateOS guest can \
-                 always reach {LINK_LOCAL_HOLE} (the VM metadata service). Set \
-                 {ENV_ACCEPT_EGRESS_EXCEPTIONS}=true to run with everything else blocked, or \
-                 {ENV_LF_ALLOW_NETWORK}=true for unrestricted egress"
+                "{} asks for restricted egress, but a CreateOS guest can always reach \
+                 {LINK_LOCAL_HOLE} (the VM metadata service). Set {}=true to run with \
+                 everything else blocked, or {} for unrestricted egress",
+                names.restrict_egress, names.accept_egress_exceptions, names.allow_egress
             )));
         }
-        Ok(EgressPolicy::DenyAll)
+        if parsed.is_empty() {
+            Ok(EgressPolicy::DenyAll)
+        } else {
+            Ok(EgressPolicy::Rules(parsed.into_iter().collect()))
+        }
     }
 
-    /// Whether the egress a created guest reports is the one this policy asked for. Order is
-    /// ignored; an absent or empty list, or `*`, means allow-all.
-    pub fn matches(self, reported: Option<&[String]>) -> bool {
-        let mut got: Vec<&str> = reported
+    /// The rules sent at create.
+    pub fn rules(&self) -> Vec<String> {
+        match self {
+            EgressPolicy::AllowAll => vec![ALLOW_ALL_RULE.to_owned()],
+            EgressPolicy::DenyAll => vec![DENY_ALL_RULE.to_owned()],
+            EgressPolicy::Rules(rules) => rules.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// A short, stable text that differs whenever the enforced policy differs (`allow-all`,
+    /// `deny-all`, or `rules:` and the canonical rules, sorted). Used in derived guest names,
+    /// so it never changes across versions for the same policy.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            EgressPolicy::AllowAll => "allow-all".to_owned(),
+            EgressPolicy::DenyAll => "deny-all".to_owned(),
+            EgressPolicy::Rules(_) => format!("rules:{}", self.rules().join(",")),
+        }
+    }
+
+    /// Whether the egress a guest reports is the one this policy asked for. Order and
+    /// duplicates are ignored; an absent or empty list, or `*`, means allow-all; address rules
+    /// compare in canonical form.
+    pub fn matches(&self, reported: Option<&[String]>) -> bool {
+        let got: BTreeSet<&str> = reported
             .unwrap_or_default()
             .iter()
             .map(|s| s.trim())
             .collect();
-        got.sort_unstable();
-        got.dedup();
         match self {
-            EgressPolicy::AllowAll => got.is_empty() || got == [ALLOW_ALL_RULE],
-            EgressPolicy::DenyAll => got == [DENY_ALL_RULE],
+            EgressPolicy::AllowAll => got.is_empty() || got == BTreeSet::from([ALLOW_ALL_RULE]),
+            EgressPolicy::DenyAll => got == BTreeSet::from([DENY_ALL_RULE]),
+            EgressPolicy::Rules(want) => {
+                let parsed: Result<BTreeSet<AddressRule>, _> =
+                    got.iter().map(|r| validate_address_rule(r)).collect();
+                parsed.is_ok_and(|p| p.into_iter().eq(want.iter().copied()))
+            }
         }
     }
 }
@@ -93,12 +114,17 @@ impl fmt::Display for EgressPolicy {
                 f,
                 "deny-all ([\"{DENY_ALL_RULE}\"]; {LINK_LOCAL_HOLE} stays reachable)"
             ),
+            EgressPolicy::Rules(_) => write!(
+                f,
+                "only {:?} ({LINK_LOCAL_HOLE} stays reachable)",
+                self.rules()
+            ),
         }
     }
 }
 
 /// A validated, canonical address rule: a network or a single address, optionally with a port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AddressRule {
     /// Network address (host bits zero).
     pub addr: IpAddr,
@@ -263,34 +289,72 @@ mod tests {
         v.iter().map(|x| (*x).to_owned()).collect()
     }
 
+    const NAMES: SettingNames = SettingNames {
+        restrict_egress: "SURFACE_EGRESS=restricted",
+        allow_egress: "SURFACE_EGRESS=open",
+        accept_egress_exceptions: "SURFACE_ACCEPT",
+        memory: "SURFACE_MEMORY",
+    };
+
     #[test]
     fn spelling() {
         assert_eq!(EgressPolicy::DenyAll.rules(), vec!["240.0.0.0/4"]);
         assert_eq!(EgressPolicy::AllowAll.rules(), vec!["*"]);
+        let p = EgressPolicy::restricted(
+            &s(&["10.0.0.0/8", "1.1.1.1:53", "10.0.0.0/8"]),
+            true,
+            &NAMES,
+        )
+        .unwrap();
+        assert_eq!(p.rules(), vec!["1.1.1.1:53", "10.0.0.0/8"]);
     }
 
     #[test]
-    fn domains_are_refused_even_with_network_on() {
-        for allow in [true, false] {
-            let e = EgressPolicy::decide(allow, &s(&["pypi.org"]), true).unwrap_err();
+    fn every_restricted_policy_needs_the_link_local_opt_in_named_by_the_surface() {
+        for rules in [s(&[]), s(&["203.0.113.0/24"])] {
+            let e = EgressPolicy::restricted(&rules, false, &NAMES).unwrap_err();
+            let text = e.to_string();
             assert!(e.kind().is_unavailable());
-            assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS));
+            assert!(text.contains("169.254.0.0/16"), "{text}");
+            assert!(text.contains("SURFACE_ACCEPT=true"), "{text}");
+            assert!(text.contains("SURFACE_EGRESS=open"), "{text}");
+            assert!(!text.contains("LANGFLOW"), "{text}");
         }
-    }
-
-    #[test]
-    fn deny_all_needs_the_link_local_opt_in() {
-        let e = EgressPolicy::decide(false, &[], false).unwrap_err();
-        assert!(e.to_string().contains("169.254.0.0/16"));
-        assert!(e.to_string().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS));
         assert_eq!(
-            EgressPolicy::decide(false, &[], true).unwrap(),
+            EgressPolicy::restricted(&[], true, &NAMES).unwrap(),
             EgressPolicy::DenyAll
         );
-        assert_eq!(
-            EgressPolicy::decide(true, &[], false).unwrap(),
-            EgressPolicy::AllowAll
-        );
+        // A bad rule is refused whatever the opt-in says.
+        assert!(EgressPolicy::restricted(&s(&["pypi.org"]), true, &NAMES).is_err());
+    }
+
+    #[test]
+    fn fingerprints_differ_by_policy_and_ignore_rule_order() {
+        let a = EgressPolicy::restricted(&s(&["1.1.1.1", "10.0.0.0/8"]), true, &NAMES).unwrap();
+        let b = EgressPolicy::restricted(&s(&["10.0.0.0/8", "1.1.1.1"]), true, &NAMES).unwrap();
+        let c = EgressPolicy::restricted(&s(&["10.0.0.0/8"]), true, &NAMES).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint(), "rules:1.1.1.1,10.0.0.0/8");
+        let all = [
+            EgressPolicy::AllowAll.fingerprint(),
+            EgressPolicy::DenyAll.fingerprint(),
+            a.fingerprint(),
+            c.fingerprint(),
+        ];
+        let distinct: BTreeSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
+    }
+
+    #[test]
+    fn rules_read_back_compares_canonical_sets() {
+        let p = EgressPolicy::restricted(&s(&["1.1.1.1", "10.0.0.0/8"]), true, &NAMES).unwrap();
+        assert!(p.matches(Some(&s(&["10.0.0.0/8", "1.1.1.1"]))));
+        assert!(p.matches(Some(&s(&["10.0.0.0/8", " 1.1.1.1", "1.1.1.1"]))));
+        assert!(!p.matches(Some(&s(&["10.0.0.0/8"]))));
+        assert!(!p.matches(Some(&s(&["10.0.0.0/8", "1.1.1.1", "8.8.8.8"]))));
+        assert!(!p.matches(Some(&s(&["*"]))));
+        assert!(!p.matches(None));
+        assert!(!p.matches(Some(&s(&["10.0.0.0/8", "pypi.org"]))));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The two clocks of one execution, the guest command, and the exit classification.
+//! The two clocks of one execution, the guest command (a Python program or a shell script),
+//! and the exit classification.
 
 use std::time::Duration;
 
@@ -55,22 +56,72 @@ fn secs_arg(d: Duration) -> String {
     }
 }
 
-/// The exec request for a Python program at `path`:
-/// `timeout --signal=TERM --kill-after=<grace> <budget> python3 -u <path>`.
-///
-/// `-u` keeps Python's output unbuffered so whatever a timed-out program printed still arrives.
-pub fn python_command(path: &str, limits: &ExecLimits) -> (String, Vec<String>) {
-    (
-        "timeout".to_owned(),
-        vec![
+/// What to run in a guest. Both forms run under `timeout(1)` ([`Command::under_timeout`]) and
+/// their exits are classified alike ([`classify_exit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// A Python program file in the guest, run unbuffered (`python3 -u <path>`), so whatever
+    /// a timed-out program printed still arrives.
+    Python {
+        /// Its path in the guest.
+        path: String,
+    },
+    /// A shell script (`sh -c <script>`).
+    Shell {
+        /// The script.
+        script: String,
+    },
+}
+
+impl Command {
+    /// The Python program at `path`.
+    pub fn python(path: impl Into<String>) -> Self {
+        Command::Python { path: path.into() }
+    }
+
+    /// A shell script.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Command::Shell {
+            script: script.into(),
+        }
+    }
+
+    /// The exec request under the guest clock:
+    /// `timeout --signal=TERM --kill-after=<grace> <budget> <command...>`.
+    pub fn under_timeout(&self, limits: &ExecLimits) -> (String, Vec<String>) {
+        let mut args = vec![
             "--signal=TERM".to_owned(),
             format!("--kill-after={}", secs_arg(limits.kill_after)),
             secs_arg(limits.budget),
-            "python3".to_owned(),
-            "-u".to_owned(),
-            path.to_owned(),
-        ],
-    )
+        ];
+        match self {
+            Command::Python { path } => {
+                args.extend(["python3".to_owned(), "-u".to_owned(), path.clone()]);
+            }
+            Command::Shell { script } => {
+                args.extend(["sh".to_owned(), "-c".to_owned(), script.clone()]);
+            }
+        }
+        ("timeout".to_owned(), args)
+    }
+}
+
+/// The exec request for a Python program at `path`:
+/// `timeout --signal=TERM --kill-after=<grace> <budget> python3 -u <path>`.
+pub fn python_command(path: &str, limits: &ExecLimits) -> (String, Vec<String>) {
+    Command::python(path).under_timeout(limits)
+}
+
+/// Whether `name` can be an environment variable of a guest: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_valid_env_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let starts_well = bytes
+        .first()
+        .is_some_and(|b| *b == b'_' || b.is_ascii_alphabetic());
+    starts_well
+        && bytes
+            .iter()
+            .all(|b| *b == b'_' || b.is_ascii_alphanumeric())
 }
 
 /// Classifies a guest exit. 124 (TERM fired) and 137 (KILL) count as a timeout only when the
@@ -110,6 +161,34 @@ mod tests {
         let (_, args) = python_command("/p", &l);
         assert_eq!(args[1], "--kill-after=0.250s");
         assert_eq!(args[2], "1.500s");
+    }
+
+    #[test]
+    fn shell_form_runs_under_the_same_clock() {
+        let (cmd, args) =
+            Command::shell("echo hi; exit 3").under_timeout(&ExecLimits::for_seconds(7));
+        assert_eq!(cmd, "timeout");
+        assert_eq!(
+            args,
+            [
+                "--signal=TERM",
+                "--kill-after=5s",
+                "7s",
+                "sh",
+                "-c",
+                "echo hi; exit 3"
+            ]
+        );
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(is_valid_env_name("FOO_1"));
+        assert!(is_valid_env_name("_x"));
+        assert!(!is_valid_env_name("1X"));
+        assert!(!is_valid_env_name("A-B"));
+        assert!(!is_valid_env_name("É"));
+        assert!(!is_valid_env_name(""));
     }
 
     #[test]

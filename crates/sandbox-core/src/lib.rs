@@ -6,24 +6,32 @@
 //! - [`egress`]: the deny-all spelling, hostname refusal, the link-local opt-in, read-back
 //!   comparison, and strict address-rule validation.
 //! - [`shapes`]: shape selection that never rounds down.
-//! - [`names`]: guest names minted before create.
+//! - [`names`]: one-shot names minted before create, and stable derived names.
+//! - [`guest`]: the guest handle and the primitives every surface composes (create, acquire
+//!   by name, upload, egress read-back, exec stream, capture, download, destroy or release).
+//! - [`session`]: the per-account client cache, credential check and shape catalog shared by
+//!   every surface of a process.
+//! - [`classify`]: the one classification (and wording) of failed control-plane calls.
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
 //! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
-//! - [`lifecycle`]: one run in one fresh guest, with two clocks and capped output.
+//! - [`lifecycle`]: one run in one fresh guest (the backend's composition of the primitives).
 //! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
+pub mod classify;
 pub mod control;
 pub mod createos;
 pub mod egress;
 pub mod error;
 pub mod exec;
+pub mod guest;
 pub mod lifecycle;
 pub mod names;
 pub mod orphans;
 pub mod output;
 pub mod reaper;
 pub mod retry;
+pub mod session;
 pub mod settings;
 pub mod shapes;
 

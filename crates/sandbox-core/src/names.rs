@@ -1,12 +1,25 @@
 //! Guest names. A name is minted before create, so a create whose response was lost can still
 //! be found (by listing) and destroyed: CreateOS has no idempotency key.
+//!
+//! Two kinds, told apart by their prefix (the orphan sweep and the reaper rely on it):
+//!
+//! - **one-shot** names, minted at random ([`mint_name`]): [`BACKEND_PREFIX`] and 19 random
+//!   `[a-z0-9]`, for a guest that lives for one run;
+//! - **derived** names ([`derived_name`]), e.g. [`REUSED_PREFIX`] and a digest of what the
+//!   guest is for and of its policy, for a guest that survives runs and that a restarted worker
+//!   finds again. The digest is SHA-256, so it is the same in every process, version and
+//!   machine; a policy change derives a different name.
 
 use rand::Rng;
+use sha2::{Digest, Sha256};
 
 /// Longest sandbox name CreateOS accepts.
 pub const NAME_MAX: usize = 22;
 /// Prefix of every backend guest name.
 pub const BACKEND_PREFIX: &str = "lf-";
+
+/// Prefix of the component's reused guests (never one-shot: a second `-`).
+pub const REUSED_PREFIX: &str = "lf-c-";
 
 const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 
@@ -26,6 +39,40 @@ pub fn mint_name(prefix: &str) -> String {
     while s.len() < NAME_MAX {
         s.push(char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]));
     }
+    s
+}
+
+/// A stable name: `prefix` followed by the base-36 digest of `parts` and
+/// `policy_fingerprint`, filling the name to [`NAME_MAX`] characters (17 characters, about
+/// 88 bits, for [`REUSED_PREFIX`]). Each part is length-prefixed before hashing, so
+/// `["ab", "c"]` and `["a", "bc"]` differ.
+///
+/// # Panics
+/// If `prefix` leaves fewer than 8 characters for the digest, is not a valid name fragment,
+/// or would make the name look like a one-shot name (which the orphan sweep may delete).
+pub fn derived_name(prefix: &str, parts: &[&str], policy_fingerprint: &str) -> String {
+    assert!(
+        prefix.len() + 8 <= NAME_MAX && is_valid_fragment(prefix),
+        "bad guest name prefix"
+    );
+    let mut h = Sha256::new();
+    h.update(b"langflow-sandbox-createos/derived-name/v1\0");
+    for part in parts.iter().chain(std::iter::once(&policy_fingerprint)) {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    let mut n = u128::from_be_bytes(digest[..16].try_into().unwrap_or([0; 16]));
+    let mut s = String::with_capacity(NAME_MAX);
+    s.push_str(prefix);
+    while s.len() < NAME_MAX {
+        s.push(char::from(ALPHABET[(n % 36) as usize]));
+        n /= 36;
+    }
+    assert!(
+        !crate::orphans::is_one_shot_name(&s),
+        "a derived name must not look like a one-shot name"
+    );
     s
 }
 
@@ -54,6 +101,46 @@ mod tests {
             assert!(is_valid_name(&n), "{n}");
             assert!(seen.insert(n));
         }
+    }
+
+    #[test]
+    fn derived_names_are_stable_and_depend_on_every_input() {
+        let fp = "deny-all";
+        let a = derived_name(REUSED_PREFIX, &["flow-1", "component-a"], fp);
+        // Pinned (and checked with an independent SHA-256): the same inputs must give this
+        // name in every process, version and machine,
+        // or a restarted worker would not find its guest.
+        assert_eq!(a, "lf-c-j1jc76obd9a5dbyj9");
+        assert_eq!(a.len(), NAME_MAX);
+        assert!(is_valid_name(&a));
+        assert_eq!(
+            a,
+            derived_name(REUSED_PREFIX, &["flow-1", "component-a"], fp)
+        );
+        let others = [
+            derived_name(REUSED_PREFIX, &["flow-1", "component-b"], fp),
+            derived_name(REUSED_PREFIX, &["flow-1", "component-a"], "allow-all"),
+            derived_name(REUSED_PREFIX, &["flow-1component-a"], fp),
+            derived_name(REUSED_PREFIX, &["flow-1comp", "onent-a"], fp),
+        ];
+        for o in &others {
+            assert_ne!(&a, o);
+            assert!(o.starts_with(REUSED_PREFIX));
+        }
+    }
+
+    #[test]
+    fn derived_names_are_never_one_shot_names() {
+        for i in 0..500 {
+            let n = derived_name(REUSED_PREFIX, &[&i.to_string()], "deny-all");
+            assert!(!crate::orphans::is_one_shot_name(&n), "{n}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "one-shot")]
+    fn a_prefix_that_would_look_one_shot_is_refused() {
+        let _ = derived_name(BACKEND_PREFIX, &["x"], "deny-all");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
-use crate::control::{CallError, CallFailure, ControlPlane, GuestInfo};
+use crate::control::{CallError, CallFailure, ControlPlane, GuestInfo, GuestStatus};
 use crate::names::{BACKEND_PREFIX, NAME_MAX};
 use crate::retry::{Backoff, retry_until};
 
@@ -38,7 +38,7 @@ pub fn is_one_shot_name(name: &str) -> bool {
 
 /// Whether `guest` is an orphan: a one-shot guest in status `paused`.
 pub fn is_orphan(guest: &GuestInfo) -> bool {
-    guest.status == "paused" && guest.name.as_deref().is_some_and(is_one_shot_name)
+    guest.status == GuestStatus::Paused && guest.name.as_deref().is_some_and(is_one_shot_name)
 }
 
 /// One orphaned guest.
@@ -210,7 +210,7 @@ mod tests {
     use futures::future::BoxFuture;
 
     use super::*;
-    use crate::control::{CreateGuest, ExecStream};
+    use crate::control::{CreateGuest, ExecRequest, ExecStream};
     use crate::shapes::Shape;
 
     #[test]
@@ -230,8 +230,8 @@ mod tests {
         GuestInfo {
             id: format!("id-{name}"),
             name: Some(name.to_owned()),
-            status: status.to_owned(),
-            egress: None,
+            status: status.into(),
+            ..GuestInfo::default()
         }
     }
 
@@ -296,9 +296,7 @@ mod tests {
         fn exec_stream(
             &self,
             _id: String,
-            _cmd: String,
-            _args: Vec<String>,
-            _timeout: Duration,
+            _req: ExecRequest,
         ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
             unused()
         }
@@ -432,9 +430,7 @@ mod tests {
             fn exec_stream(
                 &self,
                 _i: String,
-                _c: String,
-                _a: Vec<String>,
-                _t: Duration,
+                _r: ExecRequest,
             ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
                 unused()
             }

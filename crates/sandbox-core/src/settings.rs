@@ -25,15 +25,6 @@ pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
 pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
-/// lfx's `LANGFLOW_SANDBOX_TIMEOUT_SECONDS`.
-pub const ENV_LF_TIMEOUT: &str = "LANGFLOW_SANDBOX_TIMEOUT_SECONDS";
-/// lfx's `LANGFLOW_SANDBOX_MEMORY_MB`.
-pub const ENV_LF_MEMORY: &str = "LANGFLOW_SANDBOX_MEMORY_MB";
-/// lfx's `LANGFLOW_SANDBOX_ALLOW_NETWORK`.
-pub const ENV_LF_ALLOW_NETWORK: &str = "LANGFLOW_SANDBOX_ALLOW_NETWORK";
-/// lfx's `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`.
-pub const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
-
 /// The public control plane.
 pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
 /// The default guest image (has `python3`, `bash` and GNU `timeout`).
@@ -45,16 +36,24 @@ pub const MIN_MAX_OUTPUT_BYTES: usize = 1024;
 /// Largest accepted per-stream cap.
 pub const MAX_MAX_OUTPUT_BYTES: usize = 256 * 1024 * 1024;
 
-/// lfx's default timeout, in seconds.
-pub const LF_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
-/// lfx's default memory, in MB.
-pub const LF_DEFAULT_MEMORY_MB: u32 = 192;
-/// lfx's largest accepted timeout.
-pub const LF_MAX_TIMEOUT_SECONDS: u32 = 300;
-/// lfx's smallest accepted memory.
-pub const LF_MIN_MEMORY_MB: u32 = 128;
+/// The settings a calling surface reads, named in refusals so that a user is told to change
+/// a setting of the surface they use (the executor must not point at the backend's
+/// `LANGFLOW_SANDBOX_MEMORY_MB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettingNames {
+    /// How the user asked for restricted egress, as they would write it (e.g.
+    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=false`).
+    pub restrict_egress: &'static str,
+    /// How they would ask for unrestricted egress instead (e.g.
+    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=true`).
+    pub allow_egress: &'static str,
+    /// The link-local opt-in ([`ENV_ACCEPT_EGRESS_EXCEPTIONS`] unless the surface has its own).
+    pub accept_egress_exceptions: &'static str,
+    /// The memory floor (e.g. `LANGFLOW_SANDBOX_MEMORY_MB`).
+    pub memory: &'static str,
+}
 
-/// The CreateOS settings this package reads (not lfx's; see [`LangflowPolicy`]).
+/// The CreateOS settings this package reads (a surface reads its own on top).
 #[derive(Clone)]
 pub struct Settings {
     /// The API key, trimmed; `None` when neither variable is set (a refusal at run time, so
@@ -91,8 +90,8 @@ impl fmt::Debug for Settings {
     }
 }
 
-/// A value that is set and not blank, trimmed.
-fn get(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+/// The value of `name` through `lookup` when it is set and not blank, trimmed.
+pub fn non_blank(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     lookup(name)
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
@@ -148,9 +147,9 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 impl Settings {
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
-        let (api_key, api_key_source) = match get(lookup, ENV_API_KEY) {
+        let (api_key, api_key_source) = match non_blank(lookup, ENV_API_KEY) {
             Some(k) => (Some(k), Some(ENV_API_KEY)),
-            None => match get(lookup, ENV_API_KEY_FALLBACK) {
+            None => match non_blank(lookup, ENV_API_KEY_FALLBACK) {
                 Some(k) => (Some(k), Some(ENV_API_KEY_FALLBACK)),
                 None => (None, None),
             },
@@ -164,11 +163,11 @@ impl Settings {
                  https://createos.nodeops.network/profile"
             )));
         }
-        let base_url = match get(lookup, ENV_BASE_URL) {
+        let base_url = match non_blank(lookup, ENV_BASE_URL) {
             Some(raw) => parse_base_url(ENV_BASE_URL, &raw)?,
             None => DEFAULT_BASE_URL.to_owned(),
         };
-        let rootfs = match get(lookup, ENV_ROOTFS) {
+        let rootfs = match non_blank(lookup, ENV_ROOTFS) {
             Some(r) if valid_token(&r, &['-', '_', '.', ':', '/']) => r,
             Some(r) => {
                 return Err(SandboxError::refused(format!(
@@ -178,7 +177,7 @@ impl Settings {
             }
             None => DEFAULT_ROOTFS.to_owned(),
         };
-        let pinned_shape = match get(lookup, ENV_SHAPE) {
+        let pinned_shape = match non_blank(lookup, ENV_SHAPE) {
             None => None,
             Some(s) if s.eq_ignore_ascii_case("auto") => None,
             Some(s) if valid_token(&s, &['-', '_', '.']) => Some(s),
@@ -193,7 +192,7 @@ impl Settings {
             Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
             None => false,
         };
-        let max_output_bytes = match get(lookup, ENV_MAX_OUTPUT_BYTES) {
+        let max_output_bytes = match non_blank(lookup, ENV_MAX_OUTPUT_BYTES) {
             None => DEFAULT_MAX_OUTPUT_BYTES,
             Some(raw) => match raw.replace('_', "").parse::<usize>() {
                 Ok(n) if (MIN_MAX_OUTPUT_BYTES..=MAX_MAX_OUTPUT_BYTES).contains(&n) => n,
@@ -239,82 +238,6 @@ impl Settings {
             r.add(k.expose_secret());
         }
         r
-    }
-}
-
-/// The sandbox policy lfx hands a backend (`_sandbox_settings()`), already validated by lfx;
-/// validated again here because a backend must fail closed on its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LangflowPolicy {
-    /// Wall clock the guest program gets, in seconds (1..=300).
-    pub timeout_seconds: u32,
-    /// Memory floor in MB (>= 128).
-    pub memory_mb: u32,
-    /// Whether the guest may reach the network.
-    pub allow_network: bool,
-    /// A hostname allowlist (refused: CreateOS does not enforce hostname rules).
-    pub allowed_domains: Vec<String>,
-}
-
-impl Default for LangflowPolicy {
-    fn default() -> Self {
-        Self {
-            timeout_seconds: LF_DEFAULT_TIMEOUT_SECONDS,
-            memory_mb: LF_DEFAULT_MEMORY_MB,
-            allow_network: false,
-            allowed_domains: Vec::new(),
-        }
-    }
-}
-
-impl LangflowPolicy {
-    /// Checks the ranges lfx documents.
-    pub fn validate(&self) -> Result<(), SandboxError> {
-        if !(1..=LF_MAX_TIMEOUT_SECONDS).contains(&self.timeout_seconds) {
-            return Err(SandboxError::refused(format!(
-                "{ENV_LF_TIMEOUT}={} is outside 1..={LF_MAX_TIMEOUT_SECONDS}",
-                self.timeout_seconds
-            )));
-        }
-        if self.memory_mb < LF_MIN_MEMORY_MB {
-            return Err(SandboxError::refused(format!(
-                "{ENV_LF_MEMORY}={} is below {LF_MIN_MEMORY_MB}",
-                self.memory_mb
-            )));
-        }
-        Ok(())
-    }
-
-    /// Reads lfx's variables the way lfx's settings do (for tools that run without lfx, such as
-    /// `doctor` outside Langflow).
-    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
-        let num = |name: &str, default: u32| -> Result<u32, SandboxError> {
-            match get(lookup, name) {
-                None => Ok(default),
-                Some(raw) => raw.parse::<u32>().map_err(|_| {
-                    SandboxError::refused(format!("{name}={raw:?} is not a whole number"))
-                }),
-            }
-        };
-        let p = Self {
-            timeout_seconds: num(ENV_LF_TIMEOUT, LF_DEFAULT_TIMEOUT_SECONDS)?,
-            memory_mb: num(ENV_LF_MEMORY, LF_DEFAULT_MEMORY_MB)?,
-            allow_network: match lookup(ENV_LF_ALLOW_NETWORK) {
-                Some(raw) => parse_bool(ENV_LF_ALLOW_NETWORK, &raw)?,
-                None => false,
-            },
-            allowed_domains: get(lookup, ENV_LF_ALLOWED_DOMAINS)
-                .map(|raw| {
-                    raw.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
-        p.validate()?;
-        Ok(p)
     }
 }
 
@@ -437,37 +360,5 @@ mod tests {
         assert_eq!(s.max_output_bytes, 65536);
         let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
         assert_eq!(s.pinned_shape, None);
-    }
-
-    #[test]
-    fn langflow_policy_from_lookup() {
-        let p = LangflowPolicy::from_lookup(&env(&[])).unwrap();
-        assert_eq!(p, LangflowPolicy::default());
-        let p = LangflowPolicy::from_lookup(&env(&[
-            (ENV_LF_TIMEOUT, "5"),
-            (ENV_LF_MEMORY, "8192"),
-            (ENV_LF_ALLOW_NETWORK, "true"),
-            (
-                ENV_LF_ALLOWED_DOMAINS,
-                " pypi.org, ,files.pythonhosted.org ",
-            ),
-        ]))
-        .unwrap();
-        assert_eq!(p.timeout_seconds, 5);
-        assert_eq!(p.memory_mb, 8192);
-        assert!(p.allow_network);
-        assert_eq!(
-            p.allowed_domains,
-            vec!["pypi.org", "files.pythonhosted.org"]
-        );
-        for (k, v) in [
-            (ENV_LF_TIMEOUT, "0"),
-            (ENV_LF_TIMEOUT, "301"),
-            (ENV_LF_MEMORY, "64"),
-            (ENV_LF_TIMEOUT, "x"),
-        ] {
-            let e = LangflowPolicy::from_lookup(&env(&[(k, v)])).unwrap_err();
-            assert!(e.to_string().contains(k), "{e}");
-        }
     }
 }

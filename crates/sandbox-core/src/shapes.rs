@@ -2,7 +2,7 @@
 //! a floor, and the choice never rounds down.
 
 use crate::error::SandboxError;
-use crate::settings::{ENV_LF_MEMORY, ENV_SHAPE};
+use crate::settings::ENV_SHAPE;
 
 /// The smallest memory an automatically chosen shape gets, in MiB: a fresh guest importing
 /// numpy or pandas needs it, whatever lfx's 192 MB default says.
@@ -32,12 +32,15 @@ pub struct ShapeChoice {
 
 /// Chooses the shape for a run: the pinned one if set (it must exist and hold at least
 /// `memory_mb`), else the smallest shape with at least `max(memory_mb, 4096)` MiB (ties broken
-/// by fewer vCPUs, then id).
+/// by fewer vCPUs, then id). Refusals name `memory_setting`, the setting of the calling
+/// surface that carries `memory_mb`.
 pub fn select_shape(
     catalog: &[Shape],
     memory_mb: u32,
     pinned: Option<&str>,
+    memory_setting: &str,
 ) -> Result<ShapeChoice, SandboxError> {
+    let mem = memory_setting;
     if let Some(id) = pinned {
         let Some(shape) = catalog.iter().find(|s| s.id == id) else {
             let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
@@ -50,9 +53,9 @@ pub fn select_shape(
         };
         if shape.mem_mib < memory_mb {
             return Err(SandboxError::refused(format!(
-                "{ENV_SHAPE}={id} has {} MiB, below {ENV_LF_MEMORY}={memory_mb}; a smaller guest \
+                "{ENV_SHAPE}={id} has {} MiB, below {mem}={memory_mb}; a smaller guest \
                  would turn memory exhaustion into confusing out-of-memory kills. Pin a larger \
-                 shape, lower {ENV_LF_MEMORY}, or set {ENV_SHAPE}=auto",
+                 shape, lower {mem}, or set {ENV_SHAPE}=auto",
                 shape.mem_mib
             )));
         }
@@ -75,9 +78,9 @@ pub fn select_shape(
         .ok_or_else(|| {
             let largest = catalog.iter().map(|s| s.mem_mib).max().unwrap_or(0);
             SandboxError::refused(format!(
-                "no CreateOS shape has at least {required} MiB (max({ENV_LF_MEMORY}={memory_mb}, \
+                "no CreateOS shape has at least {required} MiB (max({mem}={memory_mb}, \
                  {AUTO_MIN_MIB})); the largest in the catalog has {largest} MiB. Lower \
-                 {ENV_LF_MEMORY} or pin a shape with {ENV_SHAPE}"
+                 {mem} or pin a shape with {ENV_SHAPE}"
             ))
         })
 }
@@ -85,6 +88,8 @@ pub fn select_shape(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const M: &str = "SURFACE_MEMORY_MB";
 
     fn cat() -> Vec<Shape> {
         [
@@ -106,40 +111,40 @@ mod tests {
 
     #[test]
     fn floor_of_4096_and_smallest_fit() {
-        let c = select_shape(&cat(), 192, None).unwrap();
+        let c = select_shape(&cat(), 192, None, M).unwrap();
         assert_eq!(c.shape.id, "s-2vcpu-4gb");
         assert_eq!(c.required_mib, 4096);
         assert_eq!(
-            select_shape(&cat(), 4096, None).unwrap().shape.id,
+            select_shape(&cat(), 4096, None, M).unwrap().shape.id,
             "s-2vcpu-4gb"
         );
         assert_eq!(
-            select_shape(&cat(), 4097, None).unwrap().shape.id,
+            select_shape(&cat(), 4097, None, M).unwrap().shape.id,
             "s-4vcpu-8gb"
         );
         assert_eq!(
-            select_shape(&cat(), 9000, None).unwrap().shape.id,
+            select_shape(&cat(), 9000, None, M).unwrap().shape.id,
             "s-4vcpu-16gb"
         );
     }
 
     #[test]
     fn never_rounds_down() {
-        let e = select_shape(&cat(), 16385, None).unwrap_err();
+        let e = select_shape(&cat(), 16385, None, M).unwrap_err();
         assert!(e.kind().is_unavailable());
         assert!(e.to_string().contains("16385"));
-        let e = select_shape(&[], 192, None).unwrap_err();
+        let e = select_shape(&[], 192, None, M).unwrap_err();
         assert!(e.to_string().contains("4096"));
     }
 
     #[test]
     fn pinned_shape_checks() {
-        let c = select_shape(&cat(), 192, Some("s-1vcpu-256mb")).unwrap();
+        let c = select_shape(&cat(), 192, Some("s-1vcpu-256mb"), M).unwrap();
         assert!(c.pinned);
         assert_eq!(c.shape.mem_mib, 256);
-        let e = select_shape(&cat(), 512, Some("s-1vcpu-256mb")).unwrap_err();
-        assert!(e.to_string().contains(ENV_SHAPE) && e.to_string().contains(ENV_LF_MEMORY));
-        let e = select_shape(&cat(), 192, Some("s-64vcpu-1tb")).unwrap_err();
+        let e = select_shape(&cat(), 512, Some("s-1vcpu-256mb"), M).unwrap_err();
+        assert!(e.to_string().contains(ENV_SHAPE) && e.to_string().contains(M));
+        let e = select_shape(&cat(), 192, Some("s-64vcpu-1tb"), M).unwrap_err();
         assert!(e.to_string().contains("not in the CreateOS shape catalog"));
     }
 }

@@ -17,7 +17,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use sandbox_core::control::{
-    CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecStream, GuestInfo,
+    CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
+    GuestInfo,
 };
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::ExecLimits;
@@ -140,7 +141,7 @@ impl ControlPlane for Cp {
                     id,
                     name: Some(req.name.clone()),
                     status: "running".into(),
-                    egress: None,
+                    ..GuestInfo::default()
                 }
             })
             .await
@@ -161,6 +162,7 @@ impl ControlPlane for Cp {
                         name: Some(g.0.clone()),
                         status: "running".into(),
                         egress: Some(g.1.clone()),
+                        envs: None,
                     })
             })
             .await
@@ -199,9 +201,7 @@ impl ControlPlane for Cp {
     fn exec_stream(
         &self,
         _id: String,
-        _cmd: String,
-        _args: Vec<String>,
-        _timeout: Duration,
+        _req: ExecRequest,
     ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
         async move {
             let m = &self.0;
@@ -638,11 +638,9 @@ impl ControlPlane for SlowCreate {
     fn exec_stream(
         &self,
         id: String,
-        cmd: String,
-        args: Vec<String>,
-        timeout: Duration,
+        req: ExecRequest,
     ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
-        self.0.exec_stream(id, cmd, args, timeout)
+        self.0.exec_stream(id, req)
     }
     fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
         self.0.destroy(id)

@@ -1,0 +1,973 @@
+//! A guest handle and the primitives every surface composes: create a one-shot guest, acquire
+//! a named one, upload, read the egress back, exec as a stream of frames under the host
+//! deadline, capture a stream into capped tail buffers, download under a cap, and destroy or
+//! release.
+//!
+//! A [`Guest`] owns its lifecycle guard:
+//!
+//! - a **one-shot** guest ([`Guest::create`]) is registered with the [`Reaper`] before its
+//!   create is sent; dropping the handle without [`Guest::destroy`] hands it to the reaper,
+//!   and [`Reaper::shutdown`] destroys it;
+//! - a **kept** guest ([`Guest::acquire`], a derived name) survives runs: dropping the handle
+//!   or [`Guest::release`] lets it go alive (auto-pause bounds its cost), and shutdown leaves
+//!   it for the next process to find. Only [`Guest::destroy`] destroys it.
+//!
+//! Every call before a program is dispatched is retried (transient failures, with backoff,
+//! inside a deadline); an exec is retried only while the server declines it (429/503), and
+//! nothing is dispatched once shutdown began.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::classify::{self, Stage};
+use crate::control::{
+    CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
+    GuestInfo, GuestStatus,
+};
+use crate::egress::EgressPolicy;
+use crate::error::{ErrorKind, Redactor, SandboxError};
+use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
+use crate::names::{is_valid_name, mint_name};
+use crate::output::{Captured, TailBuffer};
+use crate::reaper::{GuestGuard, Reaper};
+use crate::retry::{Backoff, retry_until};
+
+/// What a guest is created with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestSpec {
+    /// Shape id.
+    pub shape: String,
+    /// Rootfs name or template id.
+    pub rootfs: String,
+    /// Environment declared at create (an exec may only use declared keys).
+    pub envs: BTreeMap<String, String>,
+    /// Egress policy (sent, then read back).
+    pub egress: EgressPolicy,
+    /// Idle auto-pause backstop, in seconds (60..=86400).
+    pub auto_pause_after_seconds: u32,
+}
+
+impl GuestSpec {
+    fn create_request(&self, name: &str) -> CreateGuest {
+        CreateGuest {
+            name: name.to_owned(),
+            shape: self.shape.clone(),
+            rootfs: self.rootfs.clone(),
+            envs: self.envs.clone(),
+            egress: self.egress.rules(),
+            auto_pause_after_seconds: self.auto_pause_after_seconds,
+        }
+    }
+}
+
+/// What every call of a guest shares: the control plane, the process's reaper, the redactor,
+/// the backoff, and a count of the requests made (every attempt counts). Cheap to clone; clones
+/// share the count.
+#[derive(Clone)]
+pub struct GuestContext {
+    /// The control plane.
+    pub cp: Arc<dyn ControlPlane>,
+    /// The registry that guarantees one-shot guests are destroyed.
+    pub reaper: Reaper,
+    /// Removes the API key from every message.
+    pub redactor: Redactor,
+    /// Backoff for calls that are safe to repeat.
+    pub backoff: Backoff,
+    requests: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for GuestContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestContext")
+            .field("reaper", &self.reaper)
+            .field("backoff", &self.backoff)
+            .field("requests", &self.requests())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuestContext {
+    /// A context with a fresh request count.
+    pub fn new(
+        cp: Arc<dyn ControlPlane>,
+        reaper: Reaper,
+        redactor: Redactor,
+        backoff: Backoff,
+    ) -> Self {
+        Self {
+            cp,
+            reaper,
+            redactor,
+            backoff,
+            requests: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// Control-plane requests made through this context so far.
+    pub fn requests(&self) -> u32 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self) -> bool {
+        self.reaper.is_closed()
+    }
+
+    fn before_dispatch(&self, op: &str, e: &CallError) -> SandboxError {
+        classify::before_dispatch(op, e, self.closed(), &self.redactor)
+    }
+
+    /// Retries `op` on transient failures until `deadline`, counting every attempt.
+    async fn retried<T, F, Fut>(&self, what: &str, deadline: Instant, op: F) -> Result<T, CallError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, CallError>>,
+    {
+        let (res, _) = retry_until(
+            &self.backoff,
+            deadline,
+            what,
+            |e| e.is_transient() && !self.closed(),
+            |_| {
+                self.count();
+                op()
+            },
+        )
+        .await;
+        res
+    }
+}
+
+/// How a guest ends.
+enum Hold {
+    /// Registered with the reaper: destroyed when let go.
+    OneShot(GuestGuard),
+    /// Survives runs: released alive when let go.
+    Kept,
+}
+
+/// A guest this process uses. See the module docs for what dropping it does.
+pub struct Guest {
+    cx: GuestContext,
+    name: String,
+    id: String,
+    hold: Hold,
+}
+
+impl std::fmt::Debug for Guest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guest")
+            .field("name", &self.name)
+            .field("id", &self.id)
+            .field("kept", &self.is_kept())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Environment and standard input of one exec.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ExecInput {
+    /// Environment for this command (keys must have been declared at create).
+    pub env: BTreeMap<String, String>,
+    /// Standard input.
+    pub stdin: String,
+}
+
+impl std::fmt::Debug for ExecInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecInput")
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("stdin_bytes", &self.stdin.len())
+            .finish()
+    }
+}
+
+/// One step of a running exec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecStep {
+    /// A frame, in the order the control plane sent it. After an [`ExecFrame::Exit`] the run
+    /// is over.
+    Frame(ExecFrame),
+    /// The stream ended (after the exit frame, or without one).
+    End,
+    /// The host deadline passed with the stream still open.
+    HostDeadline,
+    /// The stream broke after the program was dispatched: it may have run.
+    Broken(CallError),
+}
+
+/// A streaming exec under the host deadline. Dropping it stops the exec (the HTTP stream
+/// closes and the control plane kills the command); the guest stays with its [`Guest`].
+pub struct ExecRun {
+    stream: Option<ExecStream>,
+    started: Instant,
+    host_deadline: Instant,
+    host_budget: Duration,
+    frames: u64,
+}
+
+impl std::fmt::Debug for ExecRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecRun")
+            .field("frames", &self.frames)
+            .field("host_budget", &self.host_budget)
+            .field("open", &self.stream.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecRun {
+    /// The next step. After a terminal step ([`ExecStep::End`], [`ExecStep::HostDeadline`],
+    /// [`ExecStep::Broken`], or an exit frame) the stream is closed and every further call
+    /// answers [`ExecStep::End`].
+    pub async fn next(&mut self) -> ExecStep {
+        let Some(stream) = self.stream.as_mut() else {
+            return ExecStep::End;
+        };
+        let step = match tokio::time::timeout_at(self.host_deadline, stream.next()).await {
+            Err(_) => ExecStep::HostDeadline,
+            Ok(None) => ExecStep::End,
+            Ok(Some(Ok(frame))) => {
+                self.frames += 1;
+                ExecStep::Frame(frame)
+            }
+            Ok(Some(Err(e))) => ExecStep::Broken(e),
+        };
+        if !matches!(step, ExecStep::Frame(ref f) if !matches!(f, ExecFrame::Exit(_))) {
+            self.stream = None;
+        }
+        step
+    }
+
+    /// Frames received so far (heartbeats included).
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    /// Time since the exec was first dispatched (declined attempts included).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The host budget this run is under.
+    pub fn host_budget(&self) -> Duration {
+        self.host_budget
+    }
+
+    /// The steps as a stream, ending after the terminal step. Dropping it stops the exec.
+    pub fn into_stream(self) -> BoxStream<'static, ExecStep> {
+        futures::stream::unfold((self, false), |(mut run, over)| async move {
+            if over {
+                return None;
+            }
+            let step = run.next().await;
+            let last = run.stream.is_none();
+            Some((step, (run, last)))
+        })
+        .boxed()
+    }
+}
+
+/// What [`Guest::capture`] collected from a finished exec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    /// Captured standard output (tail, with a marker if truncated).
+    pub stdout: Captured,
+    /// Captured standard error; an agent error that came with an exit status is appended.
+    pub stderr: Captured,
+    /// The classified exit code ([`EXIT_TIMED_OUT`] for a timeout).
+    pub exit_code: i32,
+    /// The raw exit status, if one arrived.
+    pub raw_exit_code: Option<i32>,
+    /// The host deadline fired with frames already received.
+    pub host_timed_out: bool,
+    /// Exec wall time, dispatch to end, in milliseconds.
+    pub exec_ms: u64,
+}
+
+/// The largest exit status a process can have; anything else from the agent is not one.
+const MAX_EXIT_STATUS: i64 = 255;
+/// Longest pause between two status reads while a guest resumes or starts.
+const STATUS_POLL_MAX: Duration = Duration::from_secs(1);
+/// First pause between two status reads.
+const STATUS_POLL_MIN: Duration = Duration::from_millis(50);
+
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Guest {
+    /// Creates a one-shot guest named `prefix` + random characters, retrying transient
+    /// failures with a fresh name each time until `deadline`. A create whose outcome is unknown
+    /// leaves its name with the reaper, which finds and destroys the guest; so does a
+    /// cancelled call. The create response's egress echo is a first read-back: a mismatch
+    /// destroys the guest and refuses.
+    pub async fn create(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        prefix: &str,
+        deadline: Instant,
+    ) -> Result<Guest, SandboxError> {
+        let mut attempt = 0u32;
+        loop {
+            let name = mint_name(prefix);
+            let Some(mut guard) = cx
+                .reaper
+                .register(cx.cp.clone(), &name, cx.redactor.clone())
+            else {
+                if attempt > 0 {
+                    // This run was already under way when shutdown began.
+                    return Err(classify::shut_down(Stage::BeforeDispatch));
+                }
+                return Err(no_new_guests());
+            };
+            cx.count();
+            match cx.cp.create(spec.create_request(&name)).await {
+                Ok(info) => {
+                    guard.set_id(&info.id);
+                    let guest = Guest {
+                        cx: cx.clone(),
+                        name,
+                        id: info.id.clone(),
+                        hold: Hold::OneShot(guard),
+                    };
+                    if cx.closed() {
+                        // Shutdown began while the create was in flight: nothing is dispatched
+                        // any more, and the guest is destroyed (once: shutdown may be at it).
+                        let _ = guest.destroy().await;
+                        return Err(classify::shut_down(Stage::BeforeDispatch));
+                    }
+                    if let Some(eg) = &info.egress
+                        && !spec.egress.matches(Some(eg))
+                    {
+                        let msg = format!(
+                            "guest {} was created with egress {eg:?}, but {} was requested; it \
+                             was destroyed and the run refused",
+                            guest.name, spec.egress
+                        );
+                        let _ = guest.destroy().await;
+                        return Err(SandboxError::refused(msg).redacted(&cx.redactor));
+                    }
+                    return Ok(guest);
+                }
+                Err(e) => {
+                    let retryable = e.is_transient();
+                    if e.is_declined() || !retryable {
+                        // The server answered and did not take the request on.
+                        guard.disarm_not_created();
+                    } else {
+                        // Outcome unknown: the guest may exist. The reaper looks the name up
+                        // and destroys whatever it finds.
+                        tracing::warn!(
+                            target: LOG_TARGET,
+                            guest = %name,
+                            error = %cx.redactor.apply(&e.message),
+                            "create response lost; the guest will be looked up by name and destroyed"
+                        );
+                        drop(guard);
+                    }
+                    let delay = cx.backoff.delay_after(attempt, e.retry_after);
+                    attempt += 1;
+                    if !retryable || cx.closed() || Instant::now() + delay >= deadline {
+                        return Err(cx.before_dispatch("create", &e));
+                    }
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        attempt,
+                        delay_ms = ms(delay),
+                        error = %cx.redactor.apply(&e.message),
+                        "retrying create with a fresh name"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Acquires the named guest `name` (a derived name, see [`crate::names::derived_name`]):
+    /// finds it by name; if it is paused, resumes it and waits until it runs; reads its
+    /// egress and declared environment keys back and refuses on drift (leaving it as it is);
+    /// otherwise creates it. A create answered 409 (another task or process created it
+    /// first) or whose response was lost is followed by another lookup that adopts the guest.
+    /// Everything happens before `deadline`. The guest is kept: see [`Guest::release`].
+    pub async fn acquire(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Guest, SandboxError> {
+        if !is_valid_name(name) {
+            return Err(SandboxError::refused(format!(
+                "{name:?} is not a guest name (1 to 22 characters of [a-z0-9-])"
+            )));
+        }
+        let mut round = 0u32;
+        loop {
+            if cx.closed() {
+                return Err(no_new_guests());
+            }
+            let found = cx
+                .retried("guest lookup", deadline, || {
+                    cx.cp.find_by_name(name.to_owned())
+                })
+                .await
+                .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?;
+            let mut wait_reason = None;
+            match found {
+                Some(info) if !info.is_terminal() => {
+                    if let Some(guest) = Self::adopt(cx, spec, name, info, deadline).await? {
+                        return Ok(guest);
+                    }
+                    wait_reason = Some("it went away while it was being resumed");
+                }
+                Some(info) => {
+                    // Being destroyed: the name stays taken until it is gone.
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        guest = name,
+                        status = %info.status,
+                        "named guest is being destroyed; waiting for the name to be free"
+                    );
+                    wait_reason = Some("its previous guest is still being destroyed");
+                }
+                None => {
+                    cx.count();
+                    match cx.cp.create(spec.create_request(name)).await {
+                        Ok(info) => {
+                            let guest = Guest {
+                                cx: cx.clone(),
+                                name: name.to_owned(),
+                                id: info.id.clone(),
+                                hold: Hold::Kept,
+                            };
+                            if let Some(eg) = &info.egress
+                                && !spec.egress.matches(Some(eg))
+                            {
+                                // Nobody can use a guest created under the wrong policy, and
+                                // it would hold the name: destroy it.
+                                let msg = format!(
+                                    "guest {name} was created with egress {eg:?}, but {} was \
+                                     requested; it was destroyed and not used",
+                                    spec.egress
+                                );
+                                let _ = guest.destroy().await;
+                                return Err(SandboxError::refused(msg).redacted(&cx.redactor));
+                            }
+                            guest.verify_egress(&spec.egress, deadline).await?;
+                            return Ok(guest);
+                        }
+                        Err(e) if e.is_conflict() => {
+                            tracing::info!(
+                                target: LOG_TARGET,
+                                guest = name,
+                                "the name was taken meanwhile; adopting that guest"
+                            );
+                            wait_reason = Some("another caller was creating it");
+                        }
+                        Err(e) if e.is_transient() && !e.is_declined() => {
+                            tracing::warn!(
+                                target: LOG_TARGET,
+                                guest = name,
+                                error = %cx.redactor.apply(&e.message),
+                                "create response lost; looking the guest up again"
+                            );
+                            wait_reason = Some("its create answered nothing usable");
+                        }
+                        Err(e) if e.is_declined() => {
+                            let delay = cx.backoff.delay_after(round, e.retry_after);
+                            if cx.closed() || Instant::now() + delay >= deadline {
+                                return Err(cx.before_dispatch("create", &e));
+                            }
+                            tokio::time::sleep(delay).await;
+                        }
+                        Err(e) => return Err(cx.before_dispatch("create", &e)),
+                    }
+                }
+            }
+            if let Some(reason) = wait_reason {
+                let delay = cx.backoff.delay(round);
+                if Instant::now() + delay >= deadline {
+                    return Err(SandboxError::new(
+                        ErrorKind::Transient,
+                        format!(
+                            "guest {name} could not be acquired in time: {reason}. Nothing was \
+                             started; retrying later may succeed"
+                        ),
+                    ));
+                }
+                tokio::time::sleep(delay).await;
+            }
+            round += 1;
+        }
+    }
+
+    /// Brings a found guest to `running` and checks it still has the policy asked for.
+    /// `Ok(None)` when it went away meanwhile.
+    async fn adopt(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        name: &str,
+        info: GuestInfo,
+        deadline: Instant,
+    ) -> Result<Option<Guest>, SandboxError> {
+        let Some(info) = Self::until_running(cx, name, info, deadline).await? else {
+            return Ok(None);
+        };
+        let guest = Guest {
+            cx: cx.clone(),
+            name: name.to_owned(),
+            id: info.id.clone(),
+            hold: Hold::Kept,
+        };
+        let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
+        let have: Option<BTreeSet<&str>> = info
+            .envs
+            .as_ref()
+            .map(|v| v.iter().map(String::as_str).collect());
+        if have.as_ref() != Some(&want) {
+            let have = have.map_or_else(|| "(not reported)".to_owned(), |h| format!("{h:?}"));
+            return Err(SandboxError::refused(format!(
+                "guest {name} was created with the environment keys {have}, but {want:?} are \
+                 declared now; it was left as it is and not used. Destroy it to recreate it \
+                 with the new keys"
+            ))
+            .redacted(&cx.redactor));
+        }
+        guest.verify_egress(&spec.egress, deadline).await?;
+        Ok(Some(guest))
+    }
+
+    /// Resumes a paused guest and polls until it runs, bounded by `deadline`. `Ok(None)` when
+    /// the guest is gone (404 or a terminal status).
+    async fn until_running(
+        cx: &GuestContext,
+        name: &str,
+        mut info: GuestInfo,
+        deadline: Instant,
+    ) -> Result<Option<GuestInfo>, SandboxError> {
+        let id = info.id.clone();
+        let mut poll = STATUS_POLL_MIN;
+        let mut attempt = 0u32;
+        loop {
+            if cx.closed() {
+                return Err(classify::shut_down(Stage::BeforeDispatch));
+            }
+            match info.status {
+                GuestStatus::Running => return Ok(Some(info)),
+                ref s if s.is_terminal() => return Ok(None),
+                GuestStatus::Paused => {
+                    tracing::info!(target: LOG_TARGET, guest = name, "resuming a paused guest");
+                    cx.count();
+                    match cx.cp.resume(id.clone()).await {
+                        Ok(next) => {
+                            info = next;
+                            continue;
+                        }
+                        Err(e) if e.is_not_found() => return Ok(None),
+                        // Still pausing, or resumed by someone else: read the status again.
+                        Err(e) if e.is_conflict() || e.is_transient() => {
+                            let delay = cx.backoff.delay_after(attempt, e.retry_after);
+                            attempt += 1;
+                            poll = poll.max(delay);
+                        }
+                        Err(e) => {
+                            return Err(cx.before_dispatch(&format!("resume of guest {name}"), &e));
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if Instant::now() + poll >= deadline {
+                return Err(SandboxError::new(
+                    ErrorKind::Transient,
+                    format!(
+                        "guest {name} did not become running in time (last status {}); nothing \
+                         was started. Retrying later may succeed",
+                        info.status
+                    ),
+                ));
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(STATUS_POLL_MAX);
+            cx.count();
+            match cx.cp.get(id.clone()).await {
+                Ok(next) => info = next,
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) if e.is_transient() => {}
+                Err(e) => return Err(cx.before_dispatch(&format!("status of guest {name}"), &e)),
+            }
+        }
+    }
+
+    /// The guest's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The guest's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// True for a guest that survives runs (acquired by name).
+    pub fn is_kept(&self) -> bool {
+        matches!(self.hold, Hold::Kept)
+    }
+
+    /// The context the guest's calls go through.
+    pub fn context(&self) -> &GuestContext {
+        &self.cx
+    }
+
+    fn what_happens_on_refusal(&self) -> &'static str {
+        if self.is_kept() {
+            "it was left as it is and not used"
+        } else {
+            "it was destroyed and the run refused rather than run code under a policy nobody \
+             asked for"
+        }
+    }
+
+    /// Writes `data` to `path` in the guest, retrying transient failures until `deadline`.
+    pub async fn upload(
+        &self,
+        path: &str,
+        data: Bytes,
+        deadline: Instant,
+    ) -> Result<(), SandboxError> {
+        let cx = &self.cx;
+        cx.retried("upload", deadline, || {
+            cx.cp.upload(self.id.clone(), path.to_owned(), data.clone())
+        })
+        .await
+        .map_err(|e| cx.before_dispatch("upload", &e))
+    }
+
+    /// Reads the guest's egress back (retrying transient failures until `deadline`) and
+    /// refuses when it is not `policy`.
+    pub async fn verify_egress(
+        &self,
+        policy: &EgressPolicy,
+        deadline: Instant,
+    ) -> Result<(), SandboxError> {
+        let cx = &self.cx;
+        let reported = cx
+            .retried("egress read-back", deadline, || {
+                let (cp, id) = (cx.cp.clone(), self.id.clone());
+                async move { cp.egress(id).await }
+            })
+            .await
+            .map_err(|e| cx.before_dispatch("egress read-back", &e))?;
+        if policy.matches(reported.as_deref()) {
+            return Ok(());
+        }
+        let got = reported.map_or_else(|| "(none)".to_owned(), |r| format!("{r:?}"));
+        let msg = format!(
+            "guest {} reports egress {got}, but {policy} was requested; {}",
+            self.name,
+            self.what_happens_on_refusal()
+        );
+        tracing::error!(target: LOG_TARGET, guest = %self.name, "{msg}");
+        Err(SandboxError::refused(msg).redacted(&cx.redactor))
+    }
+
+    /// Dispatches `command` under `limits`' guest clock and returns the running exec under the
+    /// host deadline. Only a server that declined the request (429/503) is known not to have
+    /// started it, so only that is retried, until `deadline` (at least one second from now);
+    /// a dispatch that never answers fails as "may have run". The host clock starts once the
+    /// exec is accepted. Nothing is dispatched after shutdown began.
+    pub async fn exec(
+        &self,
+        command: &Command,
+        limits: &ExecLimits,
+        input: &ExecInput,
+        deadline: Instant,
+    ) -> Result<ExecRun, SandboxError> {
+        let cx = &self.cx;
+        if cx.closed() {
+            return Err(classify::shut_down(Stage::BeforeDispatch));
+        }
+        let (cmd, args) = command.under_timeout(limits);
+        let host_budget = limits.host_deadline();
+        // The HTTP budget outlasts the host clock, so the host clock is the one that fires once
+        // the stream is open.
+        let http = host_budget + Duration::from_secs(2);
+        let req = ExecRequest {
+            cmd,
+            args,
+            env: input.env.clone(),
+            stdin: input.stdin.clone(),
+            timeout: http,
+        };
+        let started = Instant::now();
+        let (opened, _) = retry_until(
+            &cx.backoff,
+            deadline.max(started + Duration::from_secs(1)),
+            "exec",
+            |e| e.is_declined() && !cx.closed(),
+            |_| {
+                let (cp, id, req) = (cx.cp.clone(), self.id.clone(), req.clone());
+                let closed = cx.closed();
+                if !closed {
+                    cx.count();
+                }
+                async move {
+                    if closed {
+                        // Shutdown began: no program is dispatched any more.
+                        return Err(CallError::new(CallFailure::Config, "shut down"));
+                    }
+                    // Bounded here too, in case a control plane does not honour its timeout.
+                    tokio::time::timeout(http + Duration::from_secs(1), cp.exec_stream(id, req))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(CallError::new(
+                                CallFailure::Timeout,
+                                "no answer to the exec request",
+                            ))
+                        })
+                }
+            },
+        )
+        .await;
+        let stream = match opened {
+            Ok(s) => s,
+            Err(_) if cx.closed() => return Err(classify::shut_down(Stage::BeforeDispatch)),
+            Err(e) if e.is_declined() => return Err(cx.before_dispatch("exec", &e)),
+            Err(e) => return Err(classify::after_dispatch(&e, cx.closed(), &cx.redactor)),
+        };
+        Ok(ExecRun {
+            stream: Some(stream),
+            started,
+            host_deadline: Instant::now() + host_budget,
+            host_budget,
+            frames: 0,
+        })
+    }
+
+    /// Runs an exec to its end, capturing each stream into a tail buffer of
+    /// `max_output_bytes`, and classifies the outcome honestly: a broken stream, a missing or
+    /// impossible exit status, or a host deadline with not one frame received is "may have
+    /// run"; a host deadline after frames is a timeout with the output that arrived; a
+    /// shutdown reads as the shutdown. An agent error that came with an exit status is kept
+    /// in stderr.
+    pub async fn capture(
+        &self,
+        mut run: ExecRun,
+        limits: &ExecLimits,
+        max_output_bytes: usize,
+    ) -> Result<ExecOutcome, SandboxError> {
+        let cx = &self.cx;
+        let redactor = &cx.redactor;
+        let mut out = TailBuffer::new(max_output_bytes);
+        let mut err = TailBuffer::new(max_output_bytes);
+        let mut exit: Option<i64> = None;
+        let mut agent_error: Option<String> = None;
+        let mut broken: Option<CallError> = None;
+        let mut host_timed_out = false;
+        loop {
+            match run.next().await {
+                ExecStep::Frame(ExecFrame::Stdout(s)) => out.push(s.as_bytes()),
+                ExecStep::Frame(ExecFrame::Stderr(s)) => err.push(s.as_bytes()),
+                ExecStep::Frame(ExecFrame::Exit(c)) => {
+                    exit = Some(c);
+                    break;
+                }
+                ExecStep::Frame(ExecFrame::Error(m)) => agent_error = Some(m),
+                ExecStep::Frame(ExecFrame::Heartbeat) => {}
+                ExecStep::End => break,
+                ExecStep::HostDeadline => {
+                    host_timed_out = true;
+                    break;
+                }
+                ExecStep::Broken(e) => {
+                    broken = Some(e);
+                    break;
+                }
+            }
+        }
+        let frames = run.frames();
+        let host_budget = run.host_budget();
+        let exec_elapsed = run.elapsed();
+        drop(run);
+        let exec_ms = ms(exec_elapsed);
+
+        if cx.closed() && exit != Some(0) {
+            // Shutdown destroys a one-shot guest, which kills the program: its 137 (or the
+            // missing exit) is the shutdown's doing, not a result of the program's own.
+            return Err(classify::shut_down(Stage::Dispatched));
+        }
+        if let Some(e) = broken {
+            return Err(classify::stream_broke(
+                &e,
+                out.total_bytes(),
+                err.total_bytes(),
+                redactor,
+            ));
+        }
+        let agent_said = agent_error.map(|m| redactor.cap(&m));
+        if host_timed_out && frames == 0 {
+            // Not one frame (no output, no heartbeat) since the exec was accepted: the control
+            // plane stopped answering; nothing says the program ran to its budget.
+            return Err(SandboxError::new(
+                ErrorKind::OutcomeUnknown,
+                format!(
+                    "CreateOS accepted the exec but sent nothing (no output, heartbeat or exit \
+                     status) for {}s; the code may have run. The guest was destroyed",
+                    host_budget.as_secs()
+                ),
+            )
+            .redacted(redactor));
+        }
+        let exit_code = if host_timed_out {
+            tracing::warn!(
+                target: LOG_TARGET,
+                guest = %self.name,
+                waited_ms = exec_ms,
+                "the control plane did not finish the exec within budget + grace; reporting a \
+                 timeout with the output that arrived"
+            );
+            EXIT_TIMED_OUT
+        } else {
+            match exit {
+                Some(c) if (0..=MAX_EXIT_STATUS).contains(&c) => {
+                    let c = i32::try_from(c).unwrap_or(i32::MAX);
+                    classify_exit(c, exec_elapsed, limits.budget)
+                }
+                other => {
+                    let what = other.map_or_else(
+                        || "the exec stream ended without an exit status".to_owned(),
+                        |c| format!("CreateOS reported exit status {c}, which no process can have"),
+                    );
+                    let why = agent_said
+                        .map_or_else(String::new, |m| format!(" (the guest agent reported: {m})"));
+                    return Err(SandboxError::new(
+                        ErrorKind::OutcomeUnknown,
+                        format!(
+                            "CreateOS exec did not complete: {what}{why}; the code may have run"
+                        ),
+                    )
+                    .redacted(redactor));
+                }
+            }
+        };
+        if let Some(m) = agent_said {
+            // An exit status and an agent error together: keep the agent's word where the user
+            // reads failures.
+            err.push(format!("\n[CreateOS guest agent: {m}]\n").as_bytes());
+        }
+        Ok(ExecOutcome {
+            stdout: out.finish(),
+            stderr: err.finish(),
+            exit_code,
+            raw_exit_code: exit.and_then(|c| i32::try_from(c).ok()),
+            host_timed_out,
+            exec_ms,
+        })
+    }
+
+    /// Downloads the file at `path`, refusing more than `max_bytes`: before reading anything
+    /// when the declared length is larger, and the moment the bytes that arrived pass the cap
+    /// otherwise. Opening the download is retried on transient failures until `deadline`.
+    pub async fn download(
+        &self,
+        path: &str,
+        max_bytes: u64,
+        deadline: Instant,
+    ) -> Result<Bytes, SandboxError> {
+        let cx = &self.cx;
+        let op = format!("download of {path}");
+        let too_large = |seen: String| {
+            SandboxError::refused(format!(
+                "{path} in guest {} is larger than the {max_bytes}-byte cap ({seen}); the \
+                 transfer was stopped",
+                self.name
+            ))
+        };
+        let dl = cx
+            .retried(&op, deadline, || {
+                cx.cp
+                    .download(self.id.clone(), path.to_owned(), Some(max_bytes))
+            })
+            .await
+            .map_err(|e| match e.failure {
+                CallFailure::TooLarge => too_large("declared by the server".to_owned()),
+                _ => classify::call_failed(&op, &e, cx.closed(), &cx.redactor),
+            })?;
+        if let Some(len) = dl.content_length
+            && len > max_bytes
+        {
+            return Err(too_large(format!("{len} bytes declared")));
+        }
+        let mut body = dl.body;
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(c) => {
+                    if (buf.len() + c.len()) as u64 > max_bytes {
+                        return Err(too_large(format!("more than {max_bytes} bytes arrived")));
+                    }
+                    buf.extend_from_slice(&c);
+                }
+                Err(e) if e.failure == CallFailure::TooLarge => {
+                    return Err(too_large(format!("more than {max_bytes} bytes arrived")));
+                }
+                Err(e) => return Err(classify::call_failed(&op, &e, cx.closed(), &cx.redactor)),
+            }
+        }
+        Ok(buf.freeze())
+    }
+
+    /// Destroys the guest now (one-shot or kept), with retries inside the backoff budget. A
+    /// one-shot guest whose destroy fails stays with the reaper, which keeps trying.
+    pub async fn destroy(self) -> Result<Duration, CallError> {
+        let Guest { cx, name, id, hold } = self;
+        cx.count();
+        match hold {
+            Hold::OneShot(guard) => guard.destroy(&cx.backoff).await,
+            Hold::Kept => {
+                let t0 = Instant::now();
+                let deadline = t0 + cx.backoff.budget;
+                let (res, _) = retry_until(
+                    &cx.backoff,
+                    deadline,
+                    "destroy",
+                    CallError::is_transient,
+                    |_| cx.cp.destroy(id.clone()),
+                )
+                .await;
+                res.map(|()| {
+                    tracing::info!(target: LOG_TARGET, guest = %name, "kept guest destroyed");
+                    t0.elapsed()
+                })
+            }
+        }
+    }
+
+    /// Lets the guest go: a one-shot guest is handed to the reaper, which destroys it off the
+    /// critical path; a kept guest is left alive for the next run (auto-pause bounds its
+    /// cost). Dropping the handle does the same.
+    pub fn release(self) {
+        if let Hold::OneShot(guard) = self.hold {
+            guard.release_to_reaper();
+        }
+    }
+}
+
+/// The refusal once shutdown began.
+fn no_new_guests() -> SandboxError {
+    SandboxError::new(
+        ErrorKind::Refused,
+        "the CreateOS sandbox backend has been shut down; no new guests are created",
+    )
+}

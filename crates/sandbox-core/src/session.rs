@@ -1,0 +1,244 @@
+//! One session layer for every surface of a process: a control plane per account (one
+//! connection pool), its credential check and its shape catalog, each fetched once and shared,
+//! and the account's one background orphan sweep.
+//!
+//! An account is a (key, base URL) pair; the key is held only as a SHA-256 digest in the
+//! cache's key. A child process after `fork()` builds its own session (connection pools are
+//! per process).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
+use tokio::sync::OnceCell;
+
+use crate::LOG_TARGET;
+use crate::classify;
+use crate::control::{CallError, ControlPlane};
+use crate::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use crate::error::{Redactor, SandboxError};
+use crate::orphans::{SweepConfig, sweep};
+use crate::retry::{Backoff, retry_until};
+use crate::settings::Settings;
+use crate::shapes::Shape;
+
+/// Builds a control plane from settings (the default, [`http_connector`], talks HTTP to
+/// CreateOS); the duration is the timeout of each control call.
+pub type Connector =
+    Arc<dyn Fn(&Settings, Duration) -> Result<Arc<dyn ControlPlane>, SandboxError> + Send + Sync>;
+
+/// The connector that talks HTTP to the CreateOS control plane of the settings.
+pub fn http_connector() -> Connector {
+    Arc::new(|s: &Settings, timeout: Duration| {
+        let key = s.require_key()?;
+        let cp = CreateOsControlPlane::new(key, &s.base_url, timeout)?;
+        Ok(Arc::new(cp) as Arc<dyn ControlPlane>)
+    })
+}
+
+/// One account's shared state.
+pub struct Account {
+    cp: Arc<dyn ControlPlane>,
+    credential: OnceCell<String>,
+    shapes: OnceCell<Vec<Shape>>,
+    orphan_sweep: AtomicBool,
+}
+
+impl std::fmt::Debug for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Account")
+            .field("credential_checked", &self.credential.initialized())
+            .field("catalog_cached", &self.shapes.initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Account {
+    /// The account's control plane.
+    pub fn control_plane(&self) -> &Arc<dyn ControlPlane> {
+        &self.cp
+    }
+
+    /// The credential check (`whoami`), once per account per process: the account label.
+    /// Transient failures are retried with `backoff` inside its budget; a failure is not
+    /// cached, so the next call tries again.
+    pub async fn credential(
+        &self,
+        backoff: &Backoff,
+        redactor: &Redactor,
+    ) -> Result<String, SandboxError> {
+        let cp = self.cp.clone();
+        cached(
+            &self.credential,
+            "credential check",
+            backoff,
+            redactor,
+            move || {
+                let cp = cp.clone();
+                Box::pin(async move { cp.check_credential().await })
+            },
+        )
+        .await
+    }
+
+    /// The shape catalog, once per account per process (retried like
+    /// [`Account::credential`]).
+    pub async fn shapes(
+        &self,
+        backoff: &Backoff,
+        redactor: &Redactor,
+    ) -> Result<Vec<Shape>, SandboxError> {
+        let cp = self.cp.clone();
+        cached(
+            &self.shapes,
+            "shape catalog",
+            backoff,
+            redactor,
+            move || {
+                let cp = cp.clone();
+                Box::pin(async move { cp.list_shapes().await })
+            },
+        )
+        .await
+    }
+
+    /// The credential check and the catalog, concurrently.
+    pub async fn preflight(
+        &self,
+        backoff: &Backoff,
+        redactor: &Redactor,
+    ) -> (
+        Result<String, SandboxError>,
+        Result<Vec<Shape>, SandboxError>,
+    ) {
+        tokio::join!(
+            self.credential(backoff, redactor),
+            self.shapes(backoff, redactor)
+        )
+    }
+
+    /// Starts the background sweep of this account's orphans ([`crate::orphans`]), the first
+    /// time only in this process. Never waits for it: it runs on the current tokio runtime,
+    /// bounded by its deadline, and logs its count at info (or why it failed at warn).
+    pub fn start_orphan_sweep(&self, config: SweepConfig) {
+        if self.orphan_sweep.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(target: LOG_TARGET, "no async runtime: orphan sweep skipped");
+            return;
+        };
+        let cp = Arc::clone(&self.cp);
+        runtime.spawn(async move {
+            match sweep(cp.as_ref(), false, &config).await {
+                Ok(report) => tracing::info!(
+                    target: LOG_TARGET,
+                    deleted = report.deleted.len(),
+                    failed = report.failed.len(),
+                    examined = report.examined,
+                    "orphan sweep: {} paused one-shot guest(s) of earlier processes deleted",
+                    report.deleted.len()
+                ),
+                Err(e) => tracing::warn!(
+                    target: LOG_TARGET,
+                    error = %e.message,
+                    "orphan sweep failed; orphans stay paused until the next process or \
+                     `python -m langflow_sandbox_createos reap`"
+                ),
+            }
+        });
+    }
+}
+
+async fn cached<T: Clone>(
+    cell: &OnceCell<T>,
+    what: &str,
+    backoff: &Backoff,
+    redactor: &Redactor,
+    op: impl Fn() -> BoxFuture<'static, Result<T, CallError>>,
+) -> Result<T, SandboxError> {
+    let deadline = tokio::time::Instant::now() + backoff.budget;
+    cell.get_or_try_init(|| async {
+        let (res, _) =
+            retry_until(backoff, deadline, what, CallError::is_transient, |_| op()).await;
+        res.map_err(|e| classify::before_dispatch(what, &e, false, redactor))
+    })
+    .await
+    .cloned()
+}
+
+/// The accounts of a process. Cheap to clone (shared state); give every surface of a process
+/// the same session.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+/// Accounts by (SHA-256 of the key, base URL).
+type Accounts = HashMap<(Vec<u8>, String), Arc<Account>>;
+
+struct Inner {
+    connector: Connector,
+    request_timeout: Duration,
+    accounts: Mutex<Accounts>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("request_timeout", &self.inner.request_timeout)
+            .field("accounts", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Self::new(http_connector(), DEFAULT_REQUEST_TIMEOUT)
+    }
+}
+
+impl Session {
+    /// A session whose accounts are built by `connector`, each control call bounded by
+    /// `request_timeout`.
+    pub fn new(connector: Connector, request_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                connector,
+                request_timeout,
+                accounts: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Accounts> {
+        self.inner
+            .accounts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The account of `settings`' key and base URL, built on first use. Refused without a key.
+    pub fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
+        let key = settings.require_key()?;
+        let digest = Sha256::digest(key.expose_secret().as_bytes()).to_vec();
+        let id = (digest, settings.base_url.clone());
+        let mut map = self.lock();
+        if let Some(a) = map.get(&id) {
+            return Ok(a.clone());
+        }
+        let cp = (self.inner.connector)(settings, self.inner.request_timeout)?;
+        let a = Arc::new(Account {
+            cp,
+            credential: OnceCell::new(),
+            shapes: OnceCell::new(),
+            orphan_sweep: AtomicBool::new(false),
+        });
+        map.insert(id, a.clone());
+        Ok(a)
+    }
+}
