@@ -194,10 +194,12 @@ fn cases(mode: Mode) -> Vec<Case> {
 }
 
 fn options(url: String) -> BackendOptions {
+    // Sized for a loaded 2-core CI machine: a request gets 2 s, and the retry budget fits two
+    // `Retry-After: 1` waits plus slow answers with room to spare.
     let quick = Backoff {
         base: Duration::from_millis(50),
         max: Duration::from_millis(400),
-        budget: Duration::from_secs(3),
+        budget: Duration::from_secs(6),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
@@ -212,11 +214,11 @@ fn options(url: String) -> BackendOptions {
     .collect();
     BackendOptions {
         env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_millis(800),
+        request_timeout: Duration::from_secs(2),
         backoff: quick,
         kill_after: Duration::from_millis(300),
         host_grace: Duration::from_millis(1200),
-        shutdown_timeout: Duration::from_secs(3),
+        shutdown_timeout: Duration::from_secs(5),
         reaper: ReaperConfig {
             backoff: quick,
             lookup_patience: Duration::from_millis(600),

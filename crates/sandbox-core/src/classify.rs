@@ -52,13 +52,13 @@ pub fn shut_down(stage: Stage) -> SandboxError {
     match stage {
         Stage::BeforeDispatch => SandboxError::new(
             ErrorKind::Transient,
-            "the CreateOS sandbox backend was shut down while this run was starting; the \
-             program was not started and its guest is destroyed",
+            "CreateOS sandboxes in this process were shut down while this run was starting; \
+             the program was not started",
         ),
         Stage::Dispatched => SandboxError::new(
             ErrorKind::OutcomeUnknown,
-            "the CreateOS sandbox backend was shut down while the program was running; its \
-             guest was destroyed, so the code may have run but did not finish",
+            "CreateOS sandboxes in this process were shut down while the program was running; \
+             the code may have run but did not finish",
         ),
     }
 }
@@ -79,7 +79,7 @@ pub fn call_failed(op: &str, e: &CallError, closed: bool, redactor: &Redactor) -
     if closed {
         return SandboxError::new(
             ErrorKind::Transient,
-            format!("the CreateOS sandbox backend was shut down before the {op} finished"),
+            format!("CreateOS sandboxes in this process were shut down before the {op} finished"),
         );
     }
     let hint = match kind_before_dispatch(e.failure) {
