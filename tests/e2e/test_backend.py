@@ -120,10 +120,10 @@ def test_backend_refuses_domain_allowlist_itself(backend: object, clean_fake: Fa
     # refuse it too rather than create a guest whose hostname rules would not be enforced.
     from lfx.utils.sandbox.base import _SandboxSettings
 
-    from langflow_sandbox_createos import _native
+    from langflow_sandbox_createos.exceptions import CreateOSUnavailableError
 
     settings = _SandboxSettings(allow_network=True, allowed_domains=("pypi.org",))
-    with pytest.raises(_native.Unavailable, match="LANGFLOW_SANDBOX_ALLOWED_DOMAINS"):
+    with pytest.raises(CreateOSUnavailableError, match="LANGFLOW_SANDBOX_ALLOWED_DOMAINS"):
         backend._native.run("print(1)", None, settings)
     assert clean_fake.stats()["created"] == 0
 

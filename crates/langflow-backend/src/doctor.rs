@@ -82,6 +82,65 @@ impl fmt::Display for DoctorReport {
     }
 }
 
+/// The lfx entry-point name this backend is registered under, which lfx must be told to trust
+/// and to select.
+const PLUGIN_NAME: &str = "createos";
+/// lfx's trust gate: a comma-separated list of the sandbox plugins lfx may import.
+const ENV_LF_PLUGINS: &str = "LANGFLOW_SANDBOX_BACKEND_PLUGINS";
+/// lfx's selection of the sandbox backend to use.
+const ENV_LF_SELECTED: &str = "LANGFLOW_SANDBOX_BACKEND";
+
+impl DoctorReport {
+    /// Puts lfx's own two switches at the top of the report and recomputes [`ok`](Self::ok).
+    ///
+    /// `env` reads an environment variable (`|name| std::env::var(name).ok()` in production).
+    /// Without `createos` in `LANGFLOW_SANDBOX_BACKEND_PLUGINS` (a comma-separated list,
+    /// compared case-insensitively) lfx never imports this backend, and refuses to start when
+    /// it is selected, so that is a refusal. Without `LANGFLOW_SANDBOX_BACKEND=createos` lfx
+    /// simply uses another backend: a warning, since a run through this backend would work.
+    pub fn add_trust_gate(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        let trusted = env(ENV_LF_PLUGINS)
+            .unwrap_or_default()
+            .split(',')
+            .any(|name| name.trim().eq_ignore_ascii_case(PLUGIN_NAME));
+        let selected = env(ENV_LF_SELECTED).map(|v| v.trim().to_ascii_lowercase());
+        let gate = if trusted {
+            DoctorLine {
+                level: DoctorLevel::Ok,
+                text: format!("lfx trusts the plugin ({ENV_LF_PLUGINS} lists {PLUGIN_NAME})"),
+            }
+        } else {
+            DoctorLine {
+                level: DoctorLevel::Refused,
+                text: format!(
+                    "{ENV_LF_PLUGINS} does not list {PLUGIN_NAME}: lfx will not load this \
+                     backend (and refuses to start if {ENV_LF_SELECTED}={PLUGIN_NAME}); set \
+                     {ENV_LF_PLUGINS}={PLUGIN_NAME}"
+                ),
+            }
+        };
+        let selection = match selected.as_deref() {
+            Some(PLUGIN_NAME) => DoctorLine {
+                level: DoctorLevel::Ok,
+                text: format!("lfx selects this backend ({ENV_LF_SELECTED}={PLUGIN_NAME})"),
+            },
+            other => DoctorLine {
+                level: DoctorLevel::Warn,
+                text: format!(
+                    "{ENV_LF_SELECTED} is {:?}, so lfx will not use this backend; set \
+                     {ENV_LF_SELECTED}={PLUGIN_NAME}",
+                    other.unwrap_or("none")
+                ),
+            },
+        };
+        self.lines.splice(0..0, [gate, selection]);
+        self.ok = !self
+            .lines
+            .iter()
+            .any(|line| line.level == DoctorLevel::Refused);
+    }
+}
+
 struct Lines(Vec<DoctorLine>);
 
 impl Lines {
@@ -209,4 +268,92 @@ fn level_of(kind: ErrorKind) -> DoctorLevel {
 fn finish(out: Lines) -> DoctorReport {
     let ok = !out.0.iter().any(|l| l.level == DoctorLevel::Refused);
     DoctorReport { ok, lines: out.0 }
+}
+
+#[cfg(test)]
+mod trust_gate_tests {
+    use super::*;
+
+    fn accepted() -> DoctorReport {
+        DoctorReport {
+            ok: true,
+            lines: vec![DoctorLine {
+                level: DoctorLevel::Ok,
+                text: "credential accepted".into(),
+            }],
+        }
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        }
+    }
+
+    #[test]
+    fn untrusted_plugin_is_a_refusal_even_when_selected() {
+        let mut report = accepted();
+        report.add_trust_gate(&env_of(&[(ENV_LF_SELECTED, "createos")]));
+        assert!(!report.ok);
+        assert_eq!(report.lines.len(), 3);
+        assert_eq!(report.lines[0].level, DoctorLevel::Refused);
+        assert!(report.lines[0].text.contains(ENV_LF_PLUGINS));
+        assert_eq!(report.lines[1].level, DoctorLevel::Ok);
+        // The checks that were already there stay, after lfx's switches.
+        assert_eq!(report.lines[2].text, "credential accepted");
+    }
+
+    #[test]
+    fn listed_among_others_and_selected_passes_whatever_the_case_and_spaces() {
+        let mut report = accepted();
+        report.add_trust_gate(&env_of(&[
+            (ENV_LF_PLUGINS, "other, CreateOS "),
+            (ENV_LF_SELECTED, " createos"),
+        ]));
+        assert!(report.ok);
+        assert!(report.lines.iter().all(|l| l.level == DoctorLevel::Ok));
+    }
+
+    #[test]
+    fn a_name_that_only_contains_createos_is_not_trusted() {
+        let mut report = accepted();
+        report.add_trust_gate(&env_of(&[
+            (ENV_LF_PLUGINS, "createos2,my-createos"),
+            (ENV_LF_SELECTED, "createos"),
+        ]));
+        assert!(!report.ok);
+    }
+
+    #[test]
+    fn trusted_but_not_selected_only_warns() {
+        let mut report = accepted();
+        report.add_trust_gate(&env_of(&[(ENV_LF_PLUGINS, "createos")]));
+        assert!(report.ok);
+        assert_eq!(report.lines[1].level, DoctorLevel::Warn);
+        assert!(
+            report.lines[1].text.contains("\"none\""),
+            "{}",
+            report.lines[1].text
+        );
+    }
+
+    #[test]
+    fn an_earlier_refusal_still_fails_a_trusted_selected_report() {
+        let mut report = DoctorReport {
+            ok: false,
+            lines: vec![DoctorLine {
+                level: DoctorLevel::Refused,
+                text: "no CreateOS API key".into(),
+            }],
+        };
+        report.add_trust_gate(&env_of(&[
+            (ENV_LF_PLUGINS, "createos"),
+            (ENV_LF_SELECTED, "createos"),
+        ]));
+        assert!(!report.ok);
+        assert!(report.to_string().contains("1 problem(s)"));
+    }
 }

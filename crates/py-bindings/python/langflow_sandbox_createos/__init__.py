@@ -12,8 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backend import CreateOSBackend, create_backend
+    from .exceptions import CreateOSError, CreateOSExecutionError, CreateOSUnavailableError
 
-__all__ = ["CreateOSBackend", "__version__", "create_backend"]
+    __version__: str
+
+__all__ = [
+    "CreateOSBackend",
+    "CreateOSError",
+    "CreateOSExecutionError",
+    "CreateOSUnavailableError",
+    "__version__",
+    "create_backend",
+]
+
+_EXCEPTIONS = ("CreateOSError", "CreateOSExecutionError", "CreateOSUnavailableError")
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from . import backend
 
         return getattr(backend, name)
+    if name in _EXCEPTIONS:
+        from . import exceptions
+
+        return getattr(exceptions, name)
     if name == "__version__":
         from ._native import __version__
 

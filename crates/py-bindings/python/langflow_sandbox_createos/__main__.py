@@ -9,13 +9,18 @@ import sys
 def _doctor() -> int:
     # lfx's settings are what a run would see; building them imports lfx (a few seconds).
     from lfx.services.deps import get_settings_service
-    from lfx.utils.sandbox.base import _sandbox_settings
+    # lfx's own reader of its sandbox settings, the one its built-in backend uses.
+    from lfx.utils.sandbox.base import _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
     from . import _native
 
     # No settings service means lfx could not start; the native doctor reports that.
     settings = _sandbox_settings() if get_settings_service() is not None else None
-    ok, report = _native.NativeBackend().doctor(settings)
+    try:
+        ok, report = _native.NativeBackend().doctor(settings)
+    except RuntimeError as exc:  # CreateOSExecutionError: an internal failure, not a finding
+        print(f"doctor failed: {exc}", file=sys.stderr)
+        return 1
     print(report)
     return 0 if ok else 1
 
@@ -26,7 +31,9 @@ def _reap(dry_run: bool) -> int:
 
     try:
         report = _native.reap(dry_run)
-    except _native.CreateOSError as exc:
+    # CreateOSUnavailableError / CreateOSExecutionError, both RuntimeErrors: catching them by
+    # their base keeps lfx (which defines it) out of this command until something fails.
+    except RuntimeError as exc:
         print(f"reap failed: {exc}", file=sys.stderr)
         return 1
     verb = "would delete" if report.dry_run else "deleted"

@@ -1,18 +1,30 @@
-"""Type stubs for the native extension ``langflow_sandbox_createos._native``."""
+"""Type stubs for the native extension ``langflow_sandbox_createos._native``.
 
-from typing import Protocol, final
+Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
+(``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
+"""
+
+from typing import Final, Protocol, final
+
+__all__ = [
+    "__version__",
+    "LOGGER_NAME",
+    "OUTPUT_PIECE_BYTES",
+    "NativeBackend",
+    "NativeCapabilities",
+    "RunResult",
+    "Output",
+    "Timings",
+    "ReapReport",
+    "capabilities",
+    "reap",
+    "_emit_log_records",
+]
 
 __version__: str
 LOGGER_NAME: str
-
-class CreateOSError(RuntimeError):
-    """Base class of the errors raised by the native extension."""
-
-class Unavailable(CreateOSError):
-    """Configured but unusable, or the policy cannot be honoured. Nothing ran."""
-
-class ExecutionFailed(CreateOSError):
-    """The infrastructure failed during a run."""
+OUTPUT_PIECE_BYTES: Final = 448
+"""Largest piece, in UTF-8 bytes, that iterating an :class:`Output` yields."""
 
 class _SandboxSettings(Protocol):
     """The fields of lfx's ``_SandboxSettings`` that a run reads."""
@@ -58,10 +70,11 @@ class Timings:
 
 @final
 class Output:
-    """One stream of a run's output, taken once as ``str`` pieces of at most 16 KiB.
+    """One stream of a run's output, taken once as ``str`` pieces.
 
-    Each piece's native memory is released as it is taken; ``backend.output_text`` joins
-    them without holding the stream twice.
+    Each piece is whole characters, at most ``OUTPUT_PIECE_BYTES`` bytes of UTF-8. Its
+    native memory is released as it is taken; ``backend.output_text`` joins them without
+    holding the stream twice.
     """
 
     def __iter__(self) -> Output: ...
@@ -102,7 +115,10 @@ class NativeBackend:
         env: dict[str, str] | None,
         settings: _SandboxSettings,
     ) -> RunResult:
-        """Run ``code`` in a fresh guest; blocks with the GIL released, Ctrl-C interrupts."""
+        """Run ``code`` in a fresh guest; blocks with the GIL released, Ctrl-C interrupts.
+
+        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        """
     def shutdown(self) -> None:
         """Destroy this process's live guests. Idempotent."""
     def reset_after_fork(self) -> None:
@@ -111,6 +127,8 @@ class NativeBackend:
         """Check configuration and credential without creating a guest.
 
         ``None`` means lfx could not build its settings service; the report then fails.
+        Every refusal is a line of the report; only an internal failure raises
+        (``CreateOSExecutionError``).
         """
 
 def capabilities() -> NativeCapabilities:
@@ -137,7 +155,8 @@ def reap(dry_run: bool = False) -> ReapReport:
     """Delete orphaned guests (one-shot ``lf-`` guests found paused), or only list them.
 
     Reads the ``CREATEOS_*`` settings; blocks with the GIL released; Ctrl-C interrupts. Raises
-    ``Unavailable`` or ``ExecutionFailed`` when the key is missing or the listing fails.
+    ``CreateOSUnavailableError`` when the key is missing or rejected and
+    ``CreateOSExecutionError`` when the listing fails.
     """
 
 def _emit_log_records(count: int, message: str) -> None:

@@ -1,22 +1,18 @@
 """The ``createos`` sandbox backend for lfx (entry point ``lfx.sandbox_backends``).
 
 Glue only: lfx's settings are read with lfx's own reader, handed to the native extension,
-and its answers come back as lfx's own ``Capabilities`` / ``SandboxResult`` or lfx's own
-exceptions. Every decision (refusals, shape, egress, guest lifecycle, timeouts) is made in
-Rust.
+and its answers come back as lfx's own ``Capabilities`` / ``SandboxResult``. Failures are
+raised by the extension as the classes of :mod:`langflow_sandbox_createos.exceptions`, which
+are lfx's ``SandboxUnavailableError`` / ``SandboxExecutionError``. Every decision (refusals,
+shape, egress, guest lifecycle, timeouts) is made in Rust.
 """
 
 from __future__ import annotations
 
 import atexit
 
-from lfx.utils.sandbox.base import (
-    Capabilities,
-    SandboxExecutionError,
-    SandboxResult,
-    SandboxUnavailableError,
-    _sandbox_settings,
-)
+# lfx's own reader of its sandbox settings, the one its built-in backend uses.
+from lfx.utils.sandbox.base import Capabilities, SandboxResult, _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
 from . import _native
 
@@ -63,13 +59,14 @@ class CreateOSBackend:
         )
 
     def run(self, code: str, *, env: dict[str, str] | None = None) -> SandboxResult:
-        """Run ``code`` with ``python3`` in a fresh guest under lfx's sandbox settings."""
-        try:
-            out = self._native.run(code, env, _sandbox_settings())
-        except _native.Unavailable as exc:
-            raise SandboxUnavailableError(str(exc)) from None
-        except _native.ExecutionFailed as exc:
-            raise SandboxExecutionError(str(exc)) from None
+        """Run ``code`` with ``python3`` in a fresh guest under lfx's sandbox settings.
+
+        Raises :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (an lfx
+        ``SandboxUnavailableError``: nothing ran) or
+        :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError` (an lfx
+        ``SandboxExecutionError``). A program that fails is a result, not an error.
+        """
+        out = self._native.run(code, env, _sandbox_settings())
         return SandboxResult(
             stdout=output_text(out.stdout),
             stderr=output_text(out.stderr),

@@ -1,0 +1,336 @@
+//! The sandbox backend's native half (`NativeBackend`) and the operator's `reap()`.
+//!
+//! Every call blocks with the GIL released and stays interruptible by Ctrl-C ([`crate::wait`]);
+//! failures are raised as the public classes of `langflow_sandbox_createos.exceptions`
+//! ([`crate::errors`]):
+//!
+//! | call | `CreateOSUnavailableError` (nothing ran) | `CreateOSExecutionError` |
+//! |---|---|---|
+//! | `run` | refusals: settings, key, policy, shape | infrastructure failure, outcome unknown, internal error |
+//! | `reap` | missing, malformed or rejected key or endpoint | the listing failed (transient), internal error |
+//! | `doctor` | never: every refusal is a line of the report | internal error, or no async runtime |
+//!
+//! Ctrl-C raises `KeyboardInterrupt` from any of them, after an interrupted run's guest is
+//! destroyed (bounded).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use langflow_backend::{Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy};
+use pyo3::prelude::*;
+
+use crate::errors;
+use crate::process::{self, InFlight, PerProcess, SHUTDOWN_BUDGET, State};
+use crate::results::{ReapReport, RunResult};
+use crate::wait::{Task, Waited, block_bounded, wait};
+use crate::{logbridge, runtime, sigterm};
+
+/// Time allowed, after Ctrl-C, for the interrupted run's guest to be destroyed.
+const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
+/// Time allowed, in a forked child, for a run's guest to be destroyed before `run()`
+/// returns, whatever the run's outcome.
+const FORKED_CLEANUP: Duration = Duration::from_secs(15);
+
+/// Reads lfx's `_SandboxSettings` into the policy the backend enforces. A value that does not
+/// fit is a configuration the backend cannot honour: the error is the refusal's message, which
+/// names the variable (fail closed).
+fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
+    fn field<'py>(
+        settings: &Bound<'py, PyAny>,
+        attr: &str,
+        var: &str,
+    ) -> Result<Bound<'py, PyAny>, String> {
+        settings
+            .getattr(attr)
+            .map_err(|_| format!("{var}: the lfx settings have no `{attr}`"))
+    }
+    fn whole(settings: &Bound<'_, PyAny>, attr: &str, var: &str) -> Result<u32, String> {
+        let value = field(settings, attr, var)?;
+        value
+            .extract::<u32>()
+            .map_err(|_| format!("{var}: expected a whole number of at least 0, got {value}"))
+    }
+    fn flag(settings: &Bound<'_, PyAny>, attr: &str, var: &str) -> Result<bool, String> {
+        let value = field(settings, attr, var)?;
+        value
+            .extract::<bool>()
+            .map_err(|_| format!("{var}: expected true or false, got {value}"))
+    }
+    const DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+    let domains = field(settings, "allowed_domains", DOMAINS)?;
+    let allowed_domains = domains
+        .try_iter()
+        .and_then(|items| {
+            items
+                .map(|item| item?.extract::<String>())
+                .collect::<PyResult<Vec<_>>>()
+        })
+        .map_err(|_| format!("{DOMAINS}: expected a list of domain names"))?;
+    Ok(LfxPolicy {
+        timeout_seconds: whole(
+            settings,
+            "timeout_seconds",
+            "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
+        )?,
+        memory_mb: whole(settings, "memory_mb", "LANGFLOW_SANDBOX_MEMORY_MB")?,
+        allow_network: flag(settings, "allow_network", "LANGFLOW_SANDBOX_ALLOW_NETWORK")?,
+        allowed_domains,
+    })
+}
+
+/// This process's runtime; failing to start one is an infrastructure failure.
+fn runtime_or_err(py: Python<'_>) -> PyResult<&'static tokio::runtime::Runtime> {
+    runtime::get()
+        .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))
+}
+
+/// Reads one environment variable of this process (for lfx's own switches).
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// A doctor report that stops at one refusal found before any check could run.
+fn refused(text: String) -> DoctorReport {
+    DoctorReport {
+        ok: false,
+        lines: vec![DoctorLine {
+            level: DoctorLevel::Refused,
+            text,
+        }],
+    }
+}
+
+/// The sandbox backend's native half: one `langflow_backend::Backend` per process.
+///
+/// Constructing it does nothing: no thread, no I/O, no environment read. The runtime and the
+/// backend are built by the first call that needs them, in whichever process makes it.
+#[pyclass(frozen, module = "langflow_sandbox_createos._native")]
+pub struct NativeBackend {
+    /// The backend of the process that built it.
+    held: PerProcess,
+}
+
+#[pymethods]
+impl NativeBackend {
+    #[new]
+    fn new() -> Self {
+        Self {
+            held: PerProcess::new(),
+        }
+    }
+
+    /// Runs `code` in a fresh guest and destroys it. Blocks with the GIL released.
+    ///
+    /// `settings` is lfx's `_SandboxSettings`. The guest's output and exit code come back as a
+    /// [`RunResult`]; a refusal raises `CreateOSUnavailableError`, an infrastructure failure
+    /// `CreateOSExecutionError`. Ctrl-C raises `KeyboardInterrupt` after the guest is
+    /// destroyed.
+    #[pyo3(signature = (code, env, settings))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        code: String,
+        env: Option<BTreeMap<String, String>>,
+        settings: &Bound<'_, PyAny>,
+    ) -> PyResult<RunResult> {
+        logbridge::install();
+        logbridge::sync_level(py);
+        let policy = policy_from(settings).map_err(|message| errors::unavailable(py, message))?;
+        let rt = runtime_or_err(py)?;
+        sigterm::arm(py, rt, process::shutdown_all);
+        let live = self.held.current();
+        let in_flight = InFlight::new(Arc::clone(&live));
+        let mut task = Task::start(rt, move || async move {
+            let outcome = in_flight.0.backend.run(&code, env, &policy).await;
+            drop(in_flight);
+            outcome
+        });
+        let outcome = wait(py, rt, &mut task.handle);
+        if sigterm::terminating() {
+            // The process is about to die of SIGTERM and this run's guest was destroyed under
+            // it: no verdict (a failure would be a false one). Bounded, in case the exit fails.
+            py.detach(|| std::thread::sleep(SHUTDOWN_BUDGET + Duration::from_secs(5)));
+        }
+        let settle_here = live.forked && matches!(outcome, Waited::Finished(_));
+        let result = match outcome {
+            Waited::Finished(Ok(None)) => {
+                Err(errors::execution(py, "the sandbox run was cancelled"))
+            }
+            // langflow-backend logs each run's timings (`sandbox run finished`); the drain
+            // below hands that record to Python's logging.
+            Waited::Finished(Ok(Some(Ok(out)))) => RunResult::new(py, out),
+            Waited::Finished(Ok(Some(Err(err)))) => Err(errors::from_backend(py, err)),
+            Waited::Finished(Err(join)) => Err(errors::execution(
+                py,
+                if join.is_panic() {
+                    "the sandbox run failed with an internal error (panic); its guest is \
+                     destroyed by the reaper"
+                } else {
+                    "the sandbox run was cancelled"
+                },
+            )),
+            Waited::Interrupted(interrupt) => {
+                // Dropping the run's future destroys its guest (langflow-backend's guarantee);
+                // wait, bounded, for that destroy to reach the control plane before re-raising.
+                task.cancel();
+                let handle = task.handle;
+                let live = Arc::clone(&live);
+                let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
+                    let _ = handle.await;
+                    live.settle_interrupted().await;
+                });
+                if settled.is_none() {
+                    tracing::warn!(
+                        target: "langflow_sandbox_createos",
+                        "the interrupted run's guest was not confirmed destroyed within {}s; \
+                         its auto-pause backstop bounds the cost",
+                        INTERRUPT_CLEANUP.as_secs()
+                    );
+                }
+                Err(interrupt)
+            }
+        };
+        if settle_here {
+            // A forked child may `os._exit` the moment this returns: whatever the outcome
+            // (a failed run hands its guest to the reaper in the background), wait, bounded,
+            // until this process holds no guest that a run still in flight cannot account for.
+            let settled = block_bounded(py, rt, FORKED_CLEANUP, async move {
+                live.settle_interrupted().await;
+            });
+            if settled.is_none() {
+                tracing::warn!(
+                    target: "langflow_sandbox_createos",
+                    "a guest of this forked process was not confirmed destroyed within {}s; \
+                     its auto-pause backstop bounds the cost",
+                    FORKED_CLEANUP.as_secs()
+                );
+            }
+        }
+        logbridge::drain(py);
+        result
+    }
+
+    /// Destroys every guest still alive in this process and forgets the backend. Idempotent;
+    /// a later `run()` starts a fresh backend.
+    fn shutdown(&self, py: Python<'_>) {
+        let Some(live) = self.held.take() else {
+            return;
+        };
+        // No runtime means no run ever started here, so there is nothing to destroy.
+        let Some(rt) = runtime::existing() else {
+            return;
+        };
+        logbridge::install();
+        if block_bounded(py, rt, SHUTDOWN_BUDGET, async move {
+            live.backend.shutdown().await;
+        })
+        .is_none()
+        {
+            tracing::warn!(
+                target: "langflow_sandbox_createos",
+                "shutdown did not finish within {}s; remaining guests are bounded by auto-pause",
+                SHUTDOWN_BUDGET.as_secs()
+            );
+        }
+        logbridge::drain(py);
+    }
+
+    /// Drops state inherited from a parent process (backend, connection pool, runtime), so
+    /// this process builds its own on next use. State built by this process is kept.
+    fn reset_after_fork(&self) {
+        self.held.forget_inherited();
+        runtime::forget_inherited();
+    }
+
+    /// Checks configuration and credential without creating a guest. Returns `(ok, report)`.
+    ///
+    /// `settings` is lfx's `_SandboxSettings`, or `None` when lfx could not build its settings
+    /// service (lfx then refuses to run any flow, so the report fails). Every refusal,
+    /// including a setting that cannot be read, is a line of the report; only an internal
+    /// failure raises (`CreateOSExecutionError`).
+    fn doctor(
+        &self,
+        py: Python<'_>,
+        settings: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(bool, String)> {
+        logbridge::install();
+        logbridge::sync_level(py);
+        let mut report = match settings.map(policy_from) {
+            None => refused(
+                "lfx settings: the settings service could not be built (see the log above); \
+                 lfx would refuse to run any flow"
+                    .to_owned(),
+            ),
+            Some(Err(message)) => refused(message),
+            Some(Ok(policy)) => {
+                let rt = runtime_or_err(py)?;
+                let live = self.held.current();
+                let mut task =
+                    Task::start(
+                        rt,
+                        move || async move { live.backend.doctor(&policy).await },
+                    );
+                match wait(py, rt, &mut task.handle) {
+                    Waited::Finished(Ok(Some(report))) => report,
+                    Waited::Finished(_) => {
+                        return Err(errors::execution(
+                            py,
+                            "doctor failed with an internal error",
+                        ));
+                    }
+                    Waited::Interrupted(interrupt) => {
+                        task.cancel();
+                        return Err(interrupt);
+                    }
+                }
+            }
+        };
+        logbridge::drain(py);
+        report.add_trust_gate(&env_var);
+        Ok((report.ok, report.to_string()))
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.held.state() {
+            State::Idle => "idle",
+            State::Active => "active",
+            State::Inherited => "inherited",
+        };
+        format!("<NativeBackend pid={} state={state}>", std::process::id())
+    }
+}
+
+/// Deletes this account's orphaned guests (one-shot `lf-` guests found paused), or with
+/// `dry_run` only lists them. Reads the `CREATEOS_*` settings; blocks with the GIL released;
+/// Ctrl-C interrupts. A missing or rejected key raises `CreateOSUnavailableError`, a failed
+/// listing `CreateOSExecutionError`; a delete that fails is in the report's `failed`.
+#[pyfunction]
+#[pyo3(signature = (dry_run = false))]
+pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
+    logbridge::install();
+    logbridge::sync_level(py);
+    let rt = runtime_or_err(py)?;
+    let mut task = Task::start(rt, move || async move {
+        // This sweep is the whole job: no second one in the background.
+        let backend = Backend::with_options(BackendOptions {
+            orphan_sweep: false,
+            ..BackendOptions::default()
+        });
+        backend.sweep_orphans(dry_run).await
+    });
+    let result = match wait(py, rt, &mut task.handle) {
+        Waited::Finished(Ok(Some(Ok(report)))) => Ok(ReapReport::from(report)),
+        Waited::Finished(Ok(Some(Err(err)))) => Err(errors::from_backend(py, err)),
+        Waited::Finished(_) => Err(errors::execution(
+            py,
+            "the orphan sweep failed with an internal error",
+        )),
+        Waited::Interrupted(interrupt) => {
+            task.cancel();
+            Err(interrupt)
+        }
+    };
+    logbridge::drain(py);
+    result
+}

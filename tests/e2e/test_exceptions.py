@@ -1,0 +1,185 @@
+"""The public exceptions: where they live, what they extend, and what each call raises.
+
+Callers catch lfx's ``SandboxUnavailableError`` / ``SandboxExecutionError``; the package's own
+classes in ``langflow_sandbox_createos.exceptions`` must be instances of those when they come
+out of lfx's real entry point (``run_code_in_sandbox``), so lfx and Langflow keep failing
+closed on a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import Fake, backend_env, run_python
+
+PUBLIC = "langflow_sandbox_createos.exceptions"
+NAMES = ("CreateOSError", "CreateOSUnavailableError", "CreateOSExecutionError")
+
+
+def test_classes_live_in_the_public_module_and_extend_lfx_errors() -> None:
+    from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+    from langflow_sandbox_createos import exceptions
+
+    assert sorted(exceptions.__all__) == sorted(NAMES)
+    for name in NAMES:
+        cls = getattr(exceptions, name)
+        assert cls.__module__ == PUBLIC, (name, cls.__module__)
+        assert cls.__name__.endswith("Error")
+        assert issubclass(cls, SandboxExecutionError), name
+    assert issubclass(exceptions.CreateOSUnavailableError, SandboxUnavailableError)
+    assert issubclass(exceptions.CreateOSUnavailableError, exceptions.CreateOSError)
+    assert issubclass(exceptions.CreateOSExecutionError, exceptions.CreateOSError)
+    # An infrastructure failure must not read as "configured but unusable".
+    assert not issubclass(exceptions.CreateOSExecutionError, SandboxUnavailableError)
+
+
+def test_the_extension_no_longer_defines_exception_classes() -> None:
+    from langflow_sandbox_createos import _native
+
+    for old in ("CreateOSError", "Unavailable", "ExecutionFailed"):
+        assert not hasattr(_native, old), old
+
+
+LAZY_SCRIPT = """
+import sys
+import langflow_sandbox_createos as pkg
+assert "lfx" not in sys.modules, "importing the package imported lfx"
+assert "langflow_sandbox_createos.exceptions" not in sys.modules
+assert "langflow_sandbox_createos._native" not in sys.modules
+cls = pkg.CreateOSUnavailableError
+from langflow_sandbox_createos.exceptions import CreateOSUnavailableError
+assert cls is CreateOSUnavailableError
+assert "langflow_sandbox_createos._native" not in sys.modules, "the exceptions loaded the extension"
+assert set(pkg.__all__) >= {"CreateOSError", "CreateOSUnavailableError", "CreateOSExecutionError"}
+print("ok")
+"""
+
+
+def test_package_root_resolves_the_exceptions_lazily(clean_fake: Fake) -> None:
+    proc = run_python(LAZY_SCRIPT, backend_env(clean_fake))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
+# Through lfx's own dispatcher, exactly as the Python Interpreter component calls it: lfx
+# resolves the backend from LANGFLOW_SANDBOX_BACKEND through its trust-gated entry points,
+# checks the policy, then runs. What comes out is reported as one JSON line.
+ENTRY_POINT_SCRIPT = """
+import json
+from lfx.utils.sandbox import run_code_in_sandbox
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+try:
+    run_code_in_sandbox("print(1)")
+except BaseException as exc:
+    cls = type(exc)
+    print(json.dumps({
+        "module": cls.__module__,
+        "name": cls.__name__,
+        "unavailable": isinstance(exc, SandboxUnavailableError),
+        "execution": isinstance(exc, SandboxExecutionError),
+        "message": str(exc),
+        "cause": repr(exc.__cause__),
+    }))
+else:
+    print(json.dumps({"name": None}))
+"""
+
+
+def _through_lfx(env: dict[str, str]) -> dict[str, object]:
+    proc = run_python(ENTRY_POINT_SCRIPT, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_refusal_through_lfx_is_a_public_unavailable_error(clean_fake: Fake) -> None:
+    raised = _through_lfx(backend_env(clean_fake, CREATEOS_SANDBOX_API_KEY=None))
+    assert raised["module"] == PUBLIC, raised
+    assert raised["name"] == "CreateOSUnavailableError", raised
+    assert raised["unavailable"] is True and raised["execution"] is True, raised
+    assert "CREATEOS_SANDBOX_API_KEY" in str(raised["message"]), raised
+    assert clean_fake.stats()["created"] == 0
+
+
+def test_an_infrastructure_failure_through_lfx_is_a_public_execution_error(clean_fake: Fake) -> None:
+    clean_fake.set_faults("create=503")
+    env = backend_env(clean_fake)
+    raised = _through_lfx(env)
+    assert raised["module"] == PUBLIC, raised
+    assert raised["name"] == "CreateOSExecutionError", raised
+    assert raised["execution"] is True and raised["unavailable"] is False, raised
+    assert env["CREATEOS_SANDBOX_API_KEY"] not in str(raised["message"])
+    # Raised by the extension itself, not re-wrapped: no stray chained native exception.
+    assert raised["cause"] == "None", raised
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": None}, "CreateOSUnavailableError", id="no-key"),
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": "wrong-key-7"}, "CreateOSUnavailableError", id="rejected-key"),
+        # Refused before any request is made (and loopback anyway).
+        pytest.param({"CREATEOS_SANDBOX_BASE_URL": "ftp://127.0.0.1:1/"}, "CreateOSUnavailableError", id="bad-endpoint"),
+    ],
+)
+def test_reap_raises_the_public_classes(clean_fake: Fake, overrides: dict[str, str | None], expected: str) -> None:
+    script = (
+        "from langflow_sandbox_createos import _native\n"
+        "try:\n    _native.reap(True)\n"
+        "except BaseException as exc:\n    print(type(exc).__module__, type(exc).__name__)\n"
+    )
+    proc = run_python(script, backend_env(clean_fake, **overrides))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [PUBLIC, expected]
+    assert "wrong-key-7" not in proc.stdout + proc.stderr
+
+
+def test_reap_raises_an_execution_error_when_the_listing_keeps_failing(clean_fake: Fake) -> None:
+    clean_fake.set_faults("list=503")
+    script = (
+        "from langflow_sandbox_createos import _native\n"
+        "try:\n    _native.reap(True)\n"
+        "except BaseException as exc:\n    print(type(exc).__module__, type(exc).__name__)\n"
+    )
+    proc = run_python(script, backend_env(clean_fake))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [PUBLIC, "CreateOSExecutionError"]
+
+
+def test_doctor_reports_an_unreadable_setting_instead_of_raising(clean_fake: Fake) -> None:
+    # lfx's settings are a dataclass; one whose value the backend cannot honour (a negative
+    # timeout) is a refusal line in the report, and the trust gate is still checked.
+    script = (
+        "from lfx.utils.sandbox.base import _SandboxSettings\n"
+        "from langflow_sandbox_createos import _native\n"
+        "ok, report = _native.NativeBackend().doctor(_SandboxSettings(timeout_seconds=-5))\n"
+        "print(ok)\nprint(report)\n"
+    )
+    proc = run_python(script, backend_env(clean_fake))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, report = proc.stdout.split("\n", 1)
+    assert first == "False", proc.stdout
+    assert "[refused] LANGFLOW_SANDBOX_TIMEOUT_SECONDS" in report, report
+    assert "lfx trusts the plugin" in report, report
+    assert clean_fake.stats()["created"] == 0
+
+
+
+def test_without_the_exceptions_module_the_message_still_arrives(clean_fake: Fake) -> None:
+    # lfx missing or broken: the public classes cannot be imported, and the refusal must still
+    # come out, with its message, as a RuntimeError whose cause says why.
+    script = (
+        "import sys\n"
+        "sys.modules['langflow_sandbox_createos.exceptions'] = None  # any import of it fails\n"
+        "from langflow_sandbox_createos import _native\n"
+        "try:\n    _native.reap(True)\n"
+        "except BaseException as exc:\n"
+        "    print(type(exc).__name__, type(exc.__cause__).__name__)\n    print(exc)\n"
+    )
+    proc = run_python(script, backend_env(clean_fake, CREATEOS_SANDBOX_API_KEY=None))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds, message = proc.stdout.split("\n", 1)
+    assert kinds.split() == ["RuntimeError", "ModuleNotFoundError"], proc.stdout
+    assert "CREATEOS_SANDBOX_API_KEY" in message, proc.stdout
