@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use langflow_backend::{Backend, BackendOptions};
+use sandbox_core::session::Session;
 
 /// Time allowed for a shutdown to destroy every live guest.
 pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
@@ -102,6 +103,29 @@ pub async fn shutdown_all() {
     }
 }
 
+/// The session (one control plane and connection pool per account, one credential check and
+/// one shape-catalog fetch) that every surface of this process shares, with the id of the
+/// process that built it.
+static SESSION: Mutex<Option<(u32, Session)>> = Mutex::new(None);
+
+/// This process's session, built on first use. A child after `fork()` builds its own and
+/// leaks the parent's (its connections belong to the parent's runtime).
+pub fn session() -> Session {
+    let pid = std::process::id();
+    let mut slot = SESSION.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((owner, session)) = slot.as_ref()
+        && *owner == pid
+    {
+        return session.clone();
+    }
+    if let Some((_, inherited)) = slot.take() {
+        std::mem::forget(inherited);
+    }
+    let session = Session::default();
+    *slot = Some((pid, session.clone()));
+    session
+}
+
 /// Whose backend a [`PerProcess`] holds, as seen from the calling process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -146,6 +170,7 @@ impl PerProcess {
         let live = Arc::new(Live {
             backend: Backend::with_options(BackendOptions {
                 background_destroy: !forked,
+                session: Some(session()),
                 ..BackendOptions::default()
             }),
             inflight: AtomicUsize::new(0),
