@@ -99,25 +99,10 @@ pub async fn sweep(
     config: &SweepConfig,
 ) -> Result<SweepReport, CallError> {
     let deadline = Instant::now() + config.deadline;
-    let listing = retry_until(
-        &config.backoff,
-        deadline.min(Instant::now() + config.backoff.budget),
-        "list guests",
-        CallError::is_transient,
-        |_| cp.list_guests(BACKEND_PREFIX.to_owned()),
-    );
-    let guests = match tokio::time::timeout_at(deadline, listing).await {
-        Ok((res, _)) => res?,
-        Err(_) => {
-            return Err(CallError::new(
-                CallFailure::Timeout,
-                format!(
-                    "listing guests did not finish within {}s",
-                    config.deadline.as_secs()
-                ),
-            ));
-        }
-    };
+    let guests = listed(config, deadline, || {
+        cp.list_guests(BACKEND_PREFIX.to_owned())
+    })
+    .await?;
     let orphans: Vec<Orphan> = guests
         .iter()
         .filter(|g| is_orphan(g))
@@ -172,6 +157,135 @@ pub async fn sweep(
                 );
                 report.failed.push((orphan, e.message));
             }
+        }
+    }
+    Ok(report)
+}
+
+/// A listing, retried on transient failures inside the backoff budget and `deadline`.
+async fn listed<T, F, Fut>(config: &SweepConfig, deadline: Instant, op: F) -> Result<T, CallError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, CallError>>,
+{
+    let listing = retry_until(
+        &config.backoff,
+        deadline.min(Instant::now() + config.backoff.budget),
+        "list guests",
+        CallError::is_transient,
+        |_| op(),
+    );
+    match tokio::time::timeout_at(deadline, listing).await {
+        Ok((res, _)) => res,
+        Err(_) => Err(CallError::new(
+            CallFailure::Timeout,
+            format!(
+                "listing guests did not finish within {}s",
+                config.deadline.as_secs()
+            ),
+        )),
+    }
+}
+
+/// A reused guest (a derived name, kept between runs) that [`sweep_reused`] examined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReusedGuest {
+    /// Sandbox id.
+    pub id: String,
+    /// Guest name.
+    pub name: String,
+    /// Its status when listed.
+    pub status: String,
+    /// Time since it was created; `None` when the control plane did not say (kept).
+    pub age: Option<Duration>,
+}
+
+/// What a [`sweep_reused`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReusedSweep {
+    /// Nothing was deleted: `deleted` lists what would have been.
+    pub dry_run: bool,
+    /// The age limit.
+    pub older_than: Duration,
+    /// Reused guests at least `older_than` old, deleted (or, in a dry run, that would be).
+    pub deleted: Vec<ReusedGuest>,
+    /// Reused guests younger than the limit (or of unknown age), left alone.
+    pub kept: Vec<ReusedGuest>,
+    /// Reused guests that could not be deleted, with the last error (free of the API key).
+    pub failed: Vec<(ReusedGuest, String)>,
+}
+
+/// Lists the account's guests named `prefix…` (reused guests, e.g.
+/// [`crate::names::REUSED_PREFIX`]) and deletes those created at least `older_than` before
+/// `now`, whatever their status; younger ones, and those whose age is unknown, are kept.
+/// With `dry_run`, only reports. Fails only when the listing fails; a delete that fails is
+/// in [`ReusedSweep::failed`]. Every deletion is logged.
+///
+/// A reused guest outlives flow runs by design (auto-pause bounds its cost, nothing deletes
+/// it); this is the operator's way to bound how long. A run that uses a deleted guest next
+/// simply creates it again (its installed packages and files are gone).
+pub async fn sweep_reused(
+    cp: &dyn ControlPlane,
+    prefix: &str,
+    older_than: Duration,
+    dry_run: bool,
+    config: &SweepConfig,
+    now: std::time::SystemTime,
+) -> Result<ReusedSweep, CallError> {
+    let deadline = Instant::now() + config.deadline;
+    let guests = listed(config, deadline, || cp.list_guests_aged(prefix.to_owned())).await?;
+    let mut report = ReusedSweep {
+        dry_run,
+        older_than,
+        ..ReusedSweep::default()
+    };
+    let mut doomed = Vec::new();
+    for g in guests {
+        if g.info.is_terminal() {
+            continue;
+        }
+        let found = ReusedGuest {
+            id: g.info.id.clone(),
+            name: g.info.name.clone().unwrap_or_default(),
+            status: g.info.status.to_string(),
+            age: g
+                .created_at
+                .map(|t| now.duration_since(t).unwrap_or_default()),
+        };
+        if found.age.is_some_and(|age| age >= older_than) {
+            doomed.push(found);
+        } else {
+            report.kept.push(found);
+        }
+    }
+    if dry_run {
+        report.deleted = doomed;
+        return Ok(report);
+    }
+    let outcomes: Vec<(ReusedGuest, Result<(), CallError>)> = futures::stream::iter(doomed)
+        .map(|g| async move {
+            let orphan = Orphan {
+                id: g.id.clone(),
+                name: g.name.clone(),
+            };
+            let res = delete(cp, &orphan, config, deadline).await;
+            (g, res)
+        })
+        .buffer_unordered(config.concurrency.max(1))
+        .collect()
+        .await;
+    for (g, res) in outcomes {
+        match res {
+            Ok(()) => {
+                tracing::info!(
+                    target: LOG_TARGET,
+                    guest = %g.name,
+                    id = %g.id,
+                    "reused guest older than the limit deleted"
+                );
+                report.deleted.push(g);
+            }
+            Err(e) => report.failed.push((g, e.message)),
         }
     }
     Ok(report)
