@@ -36,7 +36,7 @@ pub mod archive;
 mod reap;
 
 pub use archive::{ArchiveLimits, Extracted, ReturnedFile, read_archive};
-pub use reap::{ReapReport, ReusedGuest};
+pub use reap::{ReapReport, ReusedGuest, parse_age};
 
 /// Where the program writes the files it returns.
 pub const ARTIFACTS_DIR: &str = "/workspace/artifacts";
