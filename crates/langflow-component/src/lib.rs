@@ -203,34 +203,17 @@ pub struct ComponentOutput {
     pub timings: Timings,
 }
 
-/// Why an execution produced no outcome. `Display` is the message; it names the input or
-/// setting involved and never contains the API key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ComponentError {
-    /// Configured but unusable, or the inputs cannot be honoured; nothing ran (lfx:
-    /// `SandboxUnavailableError`).
-    #[error("{0}")]
-    Unavailable(String),
-    /// An infrastructure failure (lfx: `SandboxExecutionError`); the message says whether the
-    /// code may have run.
-    #[error("{0}")]
-    Execution(String),
-}
-
-impl From<SandboxError> for ComponentError {
-    fn from(e: SandboxError) -> Self {
-        if e.kind().is_unavailable() {
-            ComponentError::Unavailable(e.message().to_owned())
-        } else {
-            ComponentError::Execution(e.message().to_owned())
-        }
-    }
-}
+/// Why an execution produced no outcome: sandbox-core's error, whose kind says which lfx
+/// exception it is (`kind().is_unavailable()`: `SandboxUnavailableError`, nothing ran;
+/// otherwise `SandboxExecutionError`, and the message says whether the code may have run).
+/// `Display` is the message; it names the input or setting involved and never contains the
+/// API key.
+pub type ComponentError = SandboxError;
 
 /// Reads one environment variable.
 pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
-/// Knobs for tests and embedders; [`SandboxComponent::new`] uses the defaults.
+/// Knobs for tests and embedders; `ComponentOptions::default()` is the process environment and a fresh session.
 #[derive(Clone)]
 pub struct ComponentOptions {
     /// Where the `CREATEOS_*` settings are read from (default: the process environment, at
@@ -259,12 +242,13 @@ pub struct ComponentOptions {
 
 impl fmt::Debug for ComponentOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The env lookup is a closure; the session shows only its account count.
         f.debug_struct("ComponentOptions")
-            .field("backoff", &self.backoff)
-            .field("kill_after", &self.kill_after)
-            .field("host_grace", &self.host_grace)
-            .field("orphan_sweep", &self.orphan_sweep)
+            .field("session", &self.session)
+            .field("archive", &self.archive)
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("reaper", &self.reaper)
+            .field("clocks", &(self.kill_after, self.host_grace, self.backoff))
             .finish_non_exhaustive()
     }
 }
@@ -308,23 +292,10 @@ struct Plan {
 /// every concurrent execution. Fresh guests are registered with its reaper (destroyed on
 /// every path, and at [`SandboxComponent::shutdown`]); kept guests are never destroyed by
 /// it.
+#[derive(Debug)]
 pub struct SandboxComponent {
     opts: ComponentOptions,
     reaper: Reaper,
-}
-
-impl fmt::Debug for SandboxComponent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SandboxComponent")
-            .field("reaper", &self.reaper)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for SandboxComponent {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// Removes one markdown fence around the whole text (```` ```python … ``` ````), as agents
@@ -379,11 +350,6 @@ pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<
 }
 
 impl SandboxComponent {
-    /// A component with default options. Reads nothing yet.
-    pub fn new() -> Self {
-        Self::with_options(ComponentOptions::default())
-    }
-
     /// A component with explicit options.
     pub fn with_options(opts: ComponentOptions) -> Self {
         Self {

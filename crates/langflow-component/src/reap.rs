@@ -35,7 +35,7 @@ pub fn parse_age(raw: &str) -> Result<Duration, ComponentError> {
         .map(|n| n * scale)
         .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
         .ok_or_else(|| {
-            ComponentError::Unavailable(format!(
+            ComponentError::refused(format!(
                 "--older-than {raw:?} is not an age; write e.g. 90s, 30m, 1h or 2d"
             ))
         })
@@ -68,9 +68,7 @@ impl SandboxComponent {
             SystemTime::now(),
         )
         .await
-        .map_err(|e| {
-            sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor).into()
-        })
+        .map_err(|e| sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor))
     }
 }
 

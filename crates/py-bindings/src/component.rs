@@ -78,10 +78,11 @@ async fn shutdown_component() {
     }
 }
 
-fn raise(py: Python<'_>, err: ComponentError) -> PyErr {
-    match err {
-        ComponentError::Unavailable(m) => errors::unavailable(py, m),
-        ComponentError::Execution(m) => errors::execution(py, m),
+fn raise(py: Python<'_>, err: &ComponentError) -> PyErr {
+    if err.kind().is_unavailable() {
+        errors::unavailable(py, err.message())
+    } else {
+        errors::execution(py, err.message())
     }
 }
 
@@ -219,8 +220,7 @@ impl NativeComponent {
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
-        let reuse = Reuse::parse(session_mode)
-            .map_err(|e| errors::unavailable(py, e.message().to_owned()))?;
+        let reuse = Reuse::parse(session_mode).map_err(|e| raise(py, &e))?;
         let inputs = ComponentInputs {
             flow_id,
             component_id,
@@ -246,18 +246,11 @@ impl NativeComponent {
         });
         let result = match wait(py, rt, &mut task.handle) {
             Waited::Finished(Ok(Some(Ok(out)))) => ComponentRun::new(py, out),
-            Waited::Finished(Ok(Some(Err(err)))) => Err(raise(py, err)),
-            Waited::Finished(Ok(None)) => {
-                Err(errors::execution(py, "the sandbox run was cancelled"))
-            }
-            Waited::Finished(Err(join)) => Err(errors::execution(
+            Waited::Finished(Ok(Some(Err(err)))) => Err(raise(py, &err)),
+            Waited::Finished(Ok(None) | Err(_)) => Err(errors::execution(
                 py,
-                if join.is_panic() {
-                    "the sandbox run failed with an internal error (panic); a fresh guest is \
-                     destroyed by the reaper"
-                } else {
-                    "the sandbox run was cancelled"
-                },
+                "the sandbox component run did not finish (cancelled, or an internal error); \
+                 a fresh guest is destroyed by the reaper, a kept one is left as it is",
             )),
             Waited::Interrupted(interrupt) => {
                 // Dropping the run's future hands a fresh guest to the reaper; wait, bounded,
@@ -273,9 +266,10 @@ impl NativeComponent {
                 if settled.is_none() {
                     tracing::warn!(
                         target: "langflow_sandbox_createos",
-                        "the interrupted run's guest was not confirmed destroyed within {}s; \
-                         its auto-pause backstop bounds the cost",
-                        INTERRUPT_CLEANUP.as_secs()
+                        budget_s = INTERRUPT_CLEANUP.as_secs(),
+                        "Ctrl-C: the fresh guest of the interrupted component run is not \
+                         confirmed destroyed yet; the reaper keeps trying and auto-pause bounds \
+                         its cost"
                     );
                 }
                 Err(interrupt)
@@ -385,7 +379,7 @@ impl From<ReapReport> for ReusedReapReport {
 pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<ReusedReapReport> {
     logbridge::install();
     logbridge::sync_level(py);
-    let older_than = parse_age(older_than).map_err(|e| raise(py, e))?;
+    let older_than = parse_age(older_than).map_err(|e| raise(py, &e))?;
     let rt = runtime_or_err(py)?;
     let mut task = Task::start(rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
@@ -395,18 +389,23 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
         });
         component.reap_reused(older_than, dry_run).await
     });
-    let result = match wait(py, rt, &mut task.handle) {
-        Waited::Finished(Ok(Some(Ok(report)))) => Ok(ReusedReapReport::from(report)),
-        Waited::Finished(Ok(Some(Err(err)))) => Err(raise(py, err)),
-        Waited::Finished(_) => Err(errors::execution(
-            py,
-            "the reap of reused guests failed with an internal error",
-        )),
+    let waited = wait(py, rt, &mut task.handle);
+    logbridge::drain(py);
+    let finished = match waited {
         Waited::Interrupted(interrupt) => {
             task.cancel();
-            Err(interrupt)
+            return Err(interrupt);
         }
+        // A panic or a cancellation leaves no report.
+        Waited::Finished(done) => done.ok().flatten(),
     };
-    logbridge::drain(py);
-    result
+    let report = finished
+        .ok_or_else(|| {
+            errors::execution(
+                py,
+                "the reap of reused guests failed with an internal error",
+            )
+        })?
+        .map_err(|e| raise(py, &e))?;
+    Ok(ReusedReapReport::from(report))
 }

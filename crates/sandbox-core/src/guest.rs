@@ -425,7 +425,10 @@ impl Guest {
                     cx.cp.find_by_name(name.to_owned())
                 })
                 .await
-                .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?;
+                .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?
+                // A destroyed guest no longer holds its name (a listing keeps showing it):
+                // the name is free to create again.
+                .filter(|g| g.status != GuestStatus::Destroyed);
             let mut wait_reason = None;
             match found {
                 Some(info) if !info.is_terminal() => {

@@ -128,14 +128,7 @@ pub async fn sweep(
         report.deleted = orphans;
         return Ok(report);
     }
-    let outcomes: Vec<(Orphan, Result<(), CallError>)> = futures::stream::iter(orphans)
-        .map(|orphan| async move {
-            let res = delete(cp, &orphan, config, deadline).await;
-            (orphan, res)
-        })
-        .buffer_unordered(config.concurrency.max(1))
-        .collect()
-        .await;
+    let outcomes = delete_each(cp, orphans, Orphan::clone, config, deadline).await;
     for (orphan, res) in outcomes {
         match res {
             Ok(()) => {
@@ -262,33 +255,46 @@ pub async fn sweep_reused(
         report.deleted = doomed;
         return Ok(report);
     }
-    let outcomes: Vec<(ReusedGuest, Result<(), CallError>)> = futures::stream::iter(doomed)
-        .map(|g| async move {
-            let orphan = Orphan {
-                id: g.id.clone(),
-                name: g.name.clone(),
-            };
-            let res = delete(cp, &orphan, config, deadline).await;
-            (g, res)
+    let as_orphan = |g: &ReusedGuest| Orphan {
+        id: g.id.clone(),
+        name: g.name.clone(),
+    };
+    for (g, res) in delete_each(cp, doomed, as_orphan, config, deadline).await {
+        if let Err(e) = res {
+            report.failed.push((g, e.message));
+        } else {
+            report.deleted.push(g);
+        }
+    }
+    let names: Vec<&str> = report.deleted.iter().map(|g| g.name.as_str()).collect();
+    tracing::info!(
+        target: LOG_TARGET,
+        deleted = ?names,
+        failed = report.failed.len(),
+        kept = report.kept.len(),
+        "reused guests older than {}s deleted",
+        older_than.as_secs()
+    );
+    Ok(report)
+}
+
+/// Deletes every item's guest, a few at a time, each with [`delete`]'s retries.
+async fn delete_each<T>(
+    cp: &dyn ControlPlane,
+    items: Vec<T>,
+    orphan_of: impl Fn(&T) -> Orphan,
+    config: &SweepConfig,
+    deadline: Instant,
+) -> Vec<(T, Result<(), CallError>)> {
+    let orphan_of = &orphan_of;
+    futures::stream::iter(items)
+        .map(|item| async move {
+            let res = delete(cp, &orphan_of(&item), config, deadline).await;
+            (item, res)
         })
         .buffer_unordered(config.concurrency.max(1))
         .collect()
-        .await;
-    for (g, res) in outcomes {
-        match res {
-            Ok(()) => {
-                tracing::info!(
-                    target: LOG_TARGET,
-                    guest = %g.name,
-                    id = %g.id,
-                    "reused guest older than the limit deleted"
-                );
-                report.deleted.push(g);
-            }
-            Err(e) => report.failed.push((g, e.message)),
-        }
-    }
-    Ok(report)
+        .await
 }
 
 /// Deletes one orphan, retrying transient failures inside the backoff budget and the

@@ -35,17 +35,21 @@ def _reap_reused(older_than: str, dry_run: bool) -> int:
     except RuntimeError as exc:
         print(f"reap of reused guests failed: {exc}", file=sys.stderr)
         return 1
-    verb = "would delete" if report.dry_run else "deleted"
-    for name, sandbox_id, age in report.deleted:
-        print(f"{verb} reused guest {name} ({sandbox_id}), {age:.0f}s old")
-    for name, sandbox_id, kept_age in report.kept:
-        shown = "age unknown" if kept_age is None else f"{kept_age:.0f}s old"
-        print(f"kept reused guest {name} ({sandbox_id}), {shown}")
-    for name, sandbox_id, error in report.failed:
-        print(f"could not delete reused guest {name} ({sandbox_id}): {error}", file=sys.stderr)
-    outcome = "would be deleted (dry run)" if report.dry_run else "deleted"
+    lines = [
+        f"{'would delete' if report.dry_run else 'deleted'} reused guest {name} ({sid}), {age:.0f}s old"
+        for name, sid, age in report.deleted
+    ]
+    lines += [
+        f"kept reused guest {name} ({sid}), " + ("age unknown" if age is None else f"{age:.0f}s old")
+        for name, sid, age in report.kept
+    ]
+    if lines:
+        print("\n".join(lines))
+    for name, sid, error in report.failed:
+        print(f"could not delete reused guest {name} ({sid}): {error}", file=sys.stderr)
     print(
-        f"{len(report.deleted)} reused guest(s) older than {older_than} {outcome}, "
+        f"{len(report.deleted)} reused guest(s) older than {older_than} "
+        f"{'would be deleted (dry run)' if report.dry_run else 'deleted'}, "
         f"{len(report.kept)} kept, {len(report.failed)} failed"
     )
     return 1 if report.failed else 0

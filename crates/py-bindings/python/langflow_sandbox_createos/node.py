@@ -27,33 +27,14 @@ def describe(allow_network: bool, session_mode: str) -> str:
     return _native.describe_component(allow_network, session_mode)
 
 
-def run(
-    *,
-    flow_id: str,
-    component_id: str,
-    python_code: str,
-    command: str,
-    session_mode: str,
-    collect_artifacts: bool,
-    allow_network: bool,
-    timeout_seconds: int,
-    shape: str,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one execution of the node; returns the Results dict and the Files rows.
 
-    Raises :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (nothing
-    ran) or :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`. A program
-    that fails is a result (``exit_code`` and ``error``), not an exception.
+    ``inputs`` are :meth:`~langflow_sandbox_createos._native.NativeComponent.run`'s keyword
+    arguments, gathered by the component. Raises
+    :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (nothing ran) or
+    :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`. A program that
+    fails is a result (``exit_code`` and ``error``), not an exception.
     """
-    out = _NATIVE.run(
-        flow_id=flow_id,
-        component_id=component_id,
-        python_code=python_code,
-        command=command,
-        session_mode=session_mode,
-        collect_artifacts=collect_artifacts,
-        allow_network=allow_network,
-        timeout_seconds=timeout_seconds,
-        shape=shape,
-    )
+    out = _NATIVE.run(**inputs)
     return dict(out.results), [dict(row) for row in out.files]
