@@ -31,11 +31,13 @@ use secrecy::SecretString;
 /// A key long enough that any fragment of it in a message is a leak worth catching.
 const KEY: &str = "kq7Zr2xVw9Lm4Tn8Yp3B";
 
+/// Short retries, so faults resolve in seconds.
 fn quick() -> Backoff {
+    let millis = Duration::from_millis;
     Backoff {
-        base: Duration::from_millis(20),
-        max: Duration::from_millis(200),
         budget: Duration::from_secs(6),
+        max: millis(200),
+        base: millis(20),
     }
 }
 
@@ -603,37 +605,32 @@ async fn the_archive_cap_binds_from_content_length_and_mid_stream() {
     fake.shutdown().await;
 }
 
-/// A raw ustar header (hostile names survive as written).
-fn raw_header(name: &[u8], kind: u8, size: usize, link: &[u8]) -> Vec<u8> {
-    let mut h = vec![0u8; 512];
-    h[..name.len()].copy_from_slice(name);
-    h[100..107].copy_from_slice(b"0000644");
-    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
-    h[136..147].copy_from_slice(b"00000000000");
-    h[156] = kind;
-    h[157..157 + link.len()].copy_from_slice(link);
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[148..156].fill(b' ');
-    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
-    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-    h
+/// A ustar header filled through `tar::Header`'s raw fields, so hostile names and link
+/// targets survive as written (the checked setters would refuse them).
+fn raw_header(name: &[u8], kind: u8, size: usize, link: &[u8]) -> tar::Header {
+    let mut header = tar::Header::new_ustar();
+    header.as_old_mut().name[..name.len()].copy_from_slice(name);
+    header.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+    header.set_mode(0o644);
+    header.set_size(size as u64);
+    header.set_entry_type(tar::EntryType::new(kind));
+    header.set_cksum();
+    header
 }
 
 /// One raw member: name, type flag, content, link target.
 type Raw<'a> = (&'a [u8], u8, Vec<u8>, &'a [u8]);
 
+/// A gzip-compressed tar of raw members, as a hostile guest could hand back.
 fn crafted(members: &[Raw<'_>]) -> Bytes {
-    use std::io::Write;
-    let mut tar = Vec::new();
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut archive = tar::Builder::new(gz);
     for (name, kind, body, link) in members {
-        tar.extend(raw_header(name, *kind, body.len(), link));
-        tar.extend_from_slice(body);
-        tar.resize(tar.len().next_multiple_of(512), 0);
+        archive
+            .append(&raw_header(name, *kind, body.len(), link), body.as_slice())
+            .unwrap();
     }
-    tar.extend([0u8; 1024]);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(&tar).unwrap();
-    Bytes::from(gz.finish().unwrap())
+    Bytes::from(archive.into_inner().unwrap().finish().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread")]
