@@ -5,6 +5,8 @@
 //! module; the work is split by concern:
 //!
 //! - [`backend`]: `NativeBackend` (run, shutdown, doctor) and `reap()`;
+//! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
+//!   `reap_reused()`;
 //! - [`process`]: one backend per process id, so a forked child gets a fresh backend (and
 //!   connection pool) while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
@@ -17,6 +19,7 @@
 //! Importing the module starts no thread and does no I/O.
 
 mod backend;
+mod component;
 mod errors;
 mod logbridge;
 mod process;
@@ -42,6 +45,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
+    m.add_class::<component::NativeComponent>()?;
+    m.add_class::<component::ComponentRun>()?;
+    m.add_class::<component::ReusedReapReport>()?;
+    m.add_function(wrap_pyfunction!(component::describe_component, m)?)?;
+    m.add_function(wrap_pyfunction!(component::reap_reused, m)?)?;
     logbridge::register_fork_hooks(m)?;
     Ok(())
 }

@@ -91,6 +91,45 @@ impl fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+#[cfg(test)]
+mod time_tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::parse_rfc3339;
+
+    #[test]
+    fn rfc3339_timestamps() {
+        let at = |s| parse_rfc3339(s).map(|t| t.duration_since(UNIX_EPOCH).unwrap());
+        assert_eq!(at("1970-01-01T00:00:00Z"), Some(Duration::ZERO));
+        // Checked with `date -u -d 2026-12-01T07:45:07Z +%s`.
+        assert_eq!(
+            at("2026-12-01T07:45:07Z"),
+            Some(Duration::from_secs(1_796_111_107))
+        );
+        assert_eq!(
+            at("2026-12-01T07:45:07.250Z"),
+            Some(Duration::from_millis(1_796_111_107_250))
+        );
+        assert_eq!(
+            at("2026-12-01T09:45:07+02:00"),
+            Some(Duration::from_secs(1_796_111_107))
+        );
+        assert_eq!(
+            at("2024-02-29T00:00:00Z"),
+            Some(Duration::from_secs(1_709_164_800))
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-12-01T25:00:00Z",
+            "2026-12-01",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+}
+
 /// What the lifecycle asks to create.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CreateGuest {
@@ -229,6 +268,82 @@ impl GuestInfo {
     }
 }
 
+/// A listed guest and when it was created, if the control plane said
+/// ([`ControlPlane::list_guests_aged`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgedGuest {
+    /// The guest.
+    pub info: GuestInfo,
+    /// Its `created_at`, if reported and readable.
+    pub created_at: Option<std::time::SystemTime>,
+}
+
+/// Reads an RFC 3339 timestamp (`2026-12-01T07:45:07.123Z`, or with a `±HH:MM` offset) as
+/// a point in time; `None` when it is not one.
+pub fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    fn num(s: &str) -> Option<i64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    }
+    let (date, rest) = text.trim().split_at_checked(10)?;
+    let rest = rest.strip_prefix(['T', 't', ' '])?;
+    let (year, month, day) = (
+        num(date.get(0..4)?)?,
+        num(date.get(5..7)?)?,
+        num(date.get(8..10)?)?,
+    );
+    if date.as_bytes().get(4) != Some(&b'-') || date.as_bytes().get(7) != Some(&b'-') {
+        return None;
+    }
+    let (clock, zone) = match rest.find(['Z', 'z', '+', '-']) {
+        Some(at) => rest.split_at(at),
+        None => return None,
+    };
+    let (hms, frac) = clock.split_once('.').unwrap_or((clock, ""));
+    let mut hms = hms.split(':');
+    let (hh, mm, ss) = (num(hms.next()?)?, num(hms.next()?)?, num(hms.next()?)?);
+    if hms.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    if hh > 23 || mm > 59 || ss > 60 || (!frac.is_empty() && num(frac).is_none()) {
+        return None;
+    }
+    let offset = match zone {
+        "Z" | "z" => 0,
+        signed => {
+            let sign = if signed.starts_with('-') { -1 } else { 1 };
+            let (oh, om) = signed.get(1..)?.split_once(':')?;
+            sign * (num(oh)? * 3600 + num(om)? * 60)
+        }
+    };
+    // Days since 1970-01-01 of a proleptic Gregorian date.
+    let (yy, mp) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss - offset;
+    let nanos: u32 = if frac.is_empty() {
+        0
+    } else {
+        let digits: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
+        digits.parse().ok()?
+    };
+    let base = std::time::UNIX_EPOCH;
+    let whole = if secs >= 0 {
+        base.checked_add(Duration::from_secs(u64::try_from(secs).ok()?))?
+    } else {
+        base.checked_sub(Duration::from_secs(secs.unsigned_abs()))?
+    };
+    whole.checked_add(Duration::from_nanos(u64::from(nanos)))
+}
+
 /// One command to run in a guest.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ExecRequest {
@@ -333,6 +448,21 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// ([`crate::orphans`]) uses it.
     fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
         unsupported(&format!("list guests (prefix {prefix:?})"))
+    }
+
+    /// Like [`ControlPlane::list_guests`], with each guest's creation time. The default
+    /// lists without times (every `created_at` is `None`).
+    fn list_guests_aged(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        Box::pin(async move {
+            let guests = self.list_guests(prefix).await?;
+            Ok(guests
+                .into_iter()
+                .map(|info| AgedGuest {
+                    info,
+                    created_at: None,
+                })
+                .collect())
+        })
     }
 
     /// Reads one guest by id (status, egress, declared env names).

@@ -16,8 +16,8 @@ use futures::{FutureExt, StreamExt};
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::control::{
-    CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
-    ExecStream, GuestInfo, GuestStatus,
+    AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
+    ExecStream, GuestInfo, GuestStatus, parse_rfc3339,
 };
 use crate::error::{Redactor, SandboxError};
 use crate::shapes::Shape;
@@ -391,49 +391,72 @@ impl ControlPlane for CreateOsControlPlane {
 
     fn list_guests(&self, prefix: String) -> BoxFuture<'_, Result<Vec<GuestInfo>, CallError>> {
         async move {
-            let opts = ListSandboxesOptions {
-                limit: Some(LIST_PAGE),
-                request: no_retry(),
-                ..ListSandboxesOptions::default()
-            };
-            let mut rows = self.client.list_sandboxes(opts);
-            let mut found = Vec::new();
-            let mut seen = 0usize;
-            let walk = async {
-                while let Some(row) = rows.next().await {
-                    let info = row.map_err(|e| self.err(&e))?.info();
-                    seen += 1;
-                    if info
-                        .name
-                        .as_deref()
-                        .is_some_and(|name| name.starts_with(prefix.as_str()))
-                    {
-                        found.push(guest(&info));
-                    }
-                    if seen >= LIST_MAX_ROWS {
-                        tracing::warn!(
-                            target: crate::LOG_TARGET,
-                            rows = seen,
-                            "the guest list is longer than the walk allows; the rest is not examined"
-                        );
-                        break;
-                    }
-                }
-                Ok::<(), CallError>(())
-            };
-            match tokio::time::timeout(LIST_DEADLINE, walk).await {
-                Ok(Ok(())) => Ok(found),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(CallError::new(
-                    CallFailure::Timeout,
-                    format!(
-                        "listing sandboxes did not finish within {}s",
-                        LIST_DEADLINE.as_secs()
-                    ),
-                )),
-            }
+            let rows = self.walk(&prefix).await?;
+            Ok(rows.iter().map(guest).collect())
         }
         .boxed()
+    }
+
+    fn list_guests_aged(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        async move {
+            let rows = self.walk(&prefix).await?;
+            Ok(rows
+                .iter()
+                .map(|info| AgedGuest {
+                    info: guest(info),
+                    created_at: info.created_at.as_deref().and_then(parse_rfc3339),
+                })
+                .collect())
+        }
+        .boxed()
+    }
+}
+
+impl CreateOsControlPlane {
+    /// Every sandbox whose name starts with `prefix`, walking the listing page by page within
+    /// [`LIST_MAX_ROWS`] and [`LIST_DEADLINE`].
+    async fn walk(&self, prefix: &str) -> Result<Vec<SandboxInfo>, CallError> {
+        let opts = ListSandboxesOptions {
+            limit: Some(LIST_PAGE),
+            request: no_retry(),
+            ..ListSandboxesOptions::default()
+        };
+        let mut rows = self.client.list_sandboxes(opts);
+        let mut found = Vec::new();
+        let mut seen = 0usize;
+        let walk = async {
+            while let Some(row) = rows.next().await {
+                let info = row.map_err(|e| self.err(&e))?.info();
+                seen += 1;
+                if info
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name.starts_with(prefix))
+                {
+                    found.push(info);
+                }
+                if seen >= LIST_MAX_ROWS {
+                    tracing::warn!(
+                        target: crate::LOG_TARGET,
+                        rows = seen,
+                        "the guest list is longer than the walk allows; the rest is not examined"
+                    );
+                    break;
+                }
+            }
+            Ok::<(), CallError>(())
+        };
+        match tokio::time::timeout(LIST_DEADLINE, walk).await {
+            Ok(Ok(())) => Ok(found),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(CallError::new(
+                CallFailure::Timeout,
+                format!(
+                    "listing sandboxes did not finish within {}s",
+                    LIST_DEADLINE.as_secs()
+                ),
+            )),
+        }
     }
 }
 

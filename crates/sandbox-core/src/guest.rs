@@ -163,6 +163,8 @@ pub struct Guest {
     name: String,
     id: String,
     hold: Hold,
+    /// Created by this handle's create or acquire (not found by name).
+    created: bool,
 }
 
 impl std::fmt::Debug for Guest {
@@ -341,6 +343,7 @@ impl Guest {
                         name,
                         id: info.id.clone(),
                         hold: Hold::OneShot(guard),
+                        created: true,
                     };
                     if cx.closed() {
                         // Shutdown began while the create was in flight: nothing is dispatched
@@ -422,7 +425,10 @@ impl Guest {
                     cx.cp.find_by_name(name.to_owned())
                 })
                 .await
-                .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?;
+                .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?
+                // A destroyed guest no longer holds its name (a listing keeps showing it):
+                // the name is free to create again.
+                .filter(|g| g.status != GuestStatus::Destroyed);
             let mut wait_reason = None;
             match found {
                 Some(info) if !info.is_terminal() => {
@@ -450,6 +456,7 @@ impl Guest {
                                 name: name.to_owned(),
                                 id: info.id.clone(),
                                 hold: Hold::Kept,
+                                created: true,
                             };
                             if let Some(eg) = &info.egress
                                 && !spec.egress.matches(Some(eg))
@@ -529,6 +536,7 @@ impl Guest {
             name: name.to_owned(),
             id: info.id.clone(),
             hold: Hold::Kept,
+            created: false,
         };
         let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
         let have: Option<BTreeSet<&str>> = info
@@ -618,6 +626,12 @@ impl Guest {
     /// The guest's id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// True when this handle's [`Guest::create`] or [`Guest::acquire`] created the guest;
+    /// false for a guest that [`Guest::acquire`] found by name (and adopted).
+    pub fn was_created(&self) -> bool {
+        self.created
     }
 
     /// True for a guest that survives runs (acquired by name).
@@ -931,7 +945,9 @@ impl Guest {
     /// Destroys the guest now (one-shot or kept), with retries inside the backoff budget. A
     /// one-shot guest whose destroy fails stays with the reaper, which keeps trying.
     pub async fn destroy(self) -> Result<Duration, CallError> {
-        let Guest { cx, name, id, hold } = self;
+        let Guest {
+            cx, name, id, hold, ..
+        } = self;
         cx.count();
         match hold {
             Hold::OneShot(guard) => guard.destroy(&cx.backoff).await,

@@ -99,25 +99,10 @@ pub async fn sweep(
     config: &SweepConfig,
 ) -> Result<SweepReport, CallError> {
     let deadline = Instant::now() + config.deadline;
-    let listing = retry_until(
-        &config.backoff,
-        deadline.min(Instant::now() + config.backoff.budget),
-        "list guests",
-        CallError::is_transient,
-        |_| cp.list_guests(BACKEND_PREFIX.to_owned()),
-    );
-    let guests = match tokio::time::timeout_at(deadline, listing).await {
-        Ok((res, _)) => res?,
-        Err(_) => {
-            return Err(CallError::new(
-                CallFailure::Timeout,
-                format!(
-                    "listing guests did not finish within {}s",
-                    config.deadline.as_secs()
-                ),
-            ));
-        }
-    };
+    let guests = listed(config, deadline, || {
+        cp.list_guests(BACKEND_PREFIX.to_owned())
+    })
+    .await?;
     let orphans: Vec<Orphan> = guests
         .iter()
         .filter(|g| is_orphan(g))
@@ -143,14 +128,7 @@ pub async fn sweep(
         report.deleted = orphans;
         return Ok(report);
     }
-    let outcomes: Vec<(Orphan, Result<(), CallError>)> = futures::stream::iter(orphans)
-        .map(|orphan| async move {
-            let res = delete(cp, &orphan, config, deadline).await;
-            (orphan, res)
-        })
-        .buffer_unordered(config.concurrency.max(1))
-        .collect()
-        .await;
+    let outcomes = delete_each(cp, orphans, Orphan::clone, config, deadline).await;
     for (orphan, res) in outcomes {
         match res {
             Ok(()) => {
@@ -175,6 +153,148 @@ pub async fn sweep(
         }
     }
     Ok(report)
+}
+
+/// A listing, retried on transient failures inside the backoff budget and `deadline`.
+async fn listed<T, F, Fut>(config: &SweepConfig, deadline: Instant, op: F) -> Result<T, CallError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, CallError>>,
+{
+    let listing = retry_until(
+        &config.backoff,
+        deadline.min(Instant::now() + config.backoff.budget),
+        "list guests",
+        CallError::is_transient,
+        |_| op(),
+    );
+    match tokio::time::timeout_at(deadline, listing).await {
+        Ok((res, _)) => res,
+        Err(_) => Err(CallError::new(
+            CallFailure::Timeout,
+            format!(
+                "listing guests did not finish within {}s",
+                config.deadline.as_secs()
+            ),
+        )),
+    }
+}
+
+/// A reused guest (a derived name, kept between runs) that [`sweep_reused`] examined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReusedGuest {
+    /// Sandbox id.
+    pub id: String,
+    /// Guest name.
+    pub name: String,
+    /// Its status when listed.
+    pub status: String,
+    /// Time since it was created; `None` when the control plane did not say (kept).
+    pub age: Option<Duration>,
+}
+
+/// What a [`sweep_reused`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReusedSweep {
+    /// Nothing was deleted: `deleted` lists what would have been.
+    pub dry_run: bool,
+    /// The age limit.
+    pub older_than: Duration,
+    /// Reused guests at least `older_than` old, deleted (or, in a dry run, that would be).
+    pub deleted: Vec<ReusedGuest>,
+    /// Reused guests younger than the limit (or of unknown age), left alone.
+    pub kept: Vec<ReusedGuest>,
+    /// Reused guests that could not be deleted, with the last error (free of the API key).
+    pub failed: Vec<(ReusedGuest, String)>,
+}
+
+/// Lists the account's guests named `prefix…` (reused guests, e.g.
+/// [`crate::names::REUSED_PREFIX`]) and deletes those created at least `older_than` before
+/// `now`, whatever their status; younger ones, and those whose age is unknown, are kept.
+/// With `dry_run`, only reports. Fails only when the listing fails; a delete that fails is
+/// in [`ReusedSweep::failed`]. Every deletion is logged.
+///
+/// A reused guest outlives flow runs by design (auto-pause bounds its cost, nothing deletes
+/// it); this is the operator's way to bound how long. A run that uses a deleted guest next
+/// simply creates it again (its installed packages and files are gone).
+pub async fn sweep_reused(
+    cp: &dyn ControlPlane,
+    prefix: &str,
+    older_than: Duration,
+    dry_run: bool,
+    config: &SweepConfig,
+    now: std::time::SystemTime,
+) -> Result<ReusedSweep, CallError> {
+    let deadline = Instant::now() + config.deadline;
+    let guests = listed(config, deadline, || cp.list_guests_aged(prefix.to_owned())).await?;
+    let mut report = ReusedSweep {
+        dry_run,
+        older_than,
+        ..ReusedSweep::default()
+    };
+    let mut doomed = Vec::new();
+    for g in guests {
+        if g.info.is_terminal() {
+            continue;
+        }
+        let found = ReusedGuest {
+            id: g.info.id.clone(),
+            name: g.info.name.clone().unwrap_or_default(),
+            status: g.info.status.to_string(),
+            age: g
+                .created_at
+                .map(|t| now.duration_since(t).unwrap_or_default()),
+        };
+        if found.age.is_some_and(|age| age >= older_than) {
+            doomed.push(found);
+        } else {
+            report.kept.push(found);
+        }
+    }
+    if dry_run {
+        report.deleted = doomed;
+        return Ok(report);
+    }
+    let as_orphan = |g: &ReusedGuest| Orphan {
+        id: g.id.clone(),
+        name: g.name.clone(),
+    };
+    for (g, res) in delete_each(cp, doomed, as_orphan, config, deadline).await {
+        if let Err(e) = res {
+            report.failed.push((g, e.message));
+        } else {
+            report.deleted.push(g);
+        }
+    }
+    let names: Vec<&str> = report.deleted.iter().map(|g| g.name.as_str()).collect();
+    tracing::info!(
+        target: LOG_TARGET,
+        deleted = ?names,
+        failed = report.failed.len(),
+        kept = report.kept.len(),
+        "reused guests older than {}s deleted",
+        older_than.as_secs()
+    );
+    Ok(report)
+}
+
+/// Deletes every item's guest, a few at a time, each with [`delete`]'s retries.
+async fn delete_each<T>(
+    cp: &dyn ControlPlane,
+    items: Vec<T>,
+    orphan_of: impl Fn(&T) -> Orphan,
+    config: &SweepConfig,
+    deadline: Instant,
+) -> Vec<(T, Result<(), CallError>)> {
+    let orphan_of = &orphan_of;
+    futures::stream::iter(items)
+        .map(|item| async move {
+            let res = delete(cp, &orphan_of(&item), config, deadline).await;
+            (item, res)
+        })
+        .buffer_unordered(config.concurrency.max(1))
+        .collect()
+        .await
 }
 
 /// Deletes one orphan, retrying transient failures inside the backoff budget and the

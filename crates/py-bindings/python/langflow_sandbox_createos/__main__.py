@@ -1,4 +1,5 @@
-"""Operator commands: ``python -m langflow_sandbox_createos doctor`` and ``reap [--dry-run]``."""
+"""Operator commands: ``python -m langflow_sandbox_createos doctor`` and
+``reap [--older-than AGE] [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,35 @@ def _doctor() -> int:
         return 1
     print(report)
     return 0 if ok else 1
+
+
+def _reap_reused(older_than: str, dry_run: bool) -> int:
+    """Delete the component's reused guests (``lf-c-``) older than the limit; say what stayed."""
+    from . import _native
+
+    try:
+        report = _native.reap_reused(older_than, dry_run)
+    except RuntimeError as exc:
+        print(f"reap of reused guests failed: {exc}", file=sys.stderr)
+        return 1
+    lines = [
+        f"{'would delete' if report.dry_run else 'deleted'} reused guest {name} ({sid}), {age:.0f}s old"
+        for name, sid, age in report.deleted
+    ]
+    lines += [
+        f"kept reused guest {name} ({sid}), " + ("age unknown" if age is None else f"{age:.0f}s old")
+        for name, sid, age in report.kept
+    ]
+    if lines:
+        print("\n".join(lines))
+    for name, sid, error in report.failed:
+        print(f"could not delete reused guest {name} ({sid}): {error}", file=sys.stderr)
+    print(
+        f"{len(report.deleted)} reused guest(s) older than {older_than} "
+        f"{'would be deleted (dry run)' if report.dry_run else 'deleted'}, "
+        f"{len(report.kept)} kept, {len(report.failed)} failed"
+    )
+    return 1 if report.failed else 0
 
 
 def _reap(dry_run: bool) -> int:
@@ -65,11 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         help="delete orphaned guests: one-shot lf- guests found paused, left by processes that died",
     )
     reap.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    reap.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="also delete the CreateOS Sandbox component's reused guests (lf-c-) created at least "
+        "AGE ago (90s, 30m, 1h, 2d); younger ones are kept and listed",
+    )
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor()
     if args.command == "reap":
-        return _reap(args.dry_run)
+        rc = _reap(args.dry_run)
+        if args.older_than is not None:
+            rc = max(rc, _reap_reused(args.older_than, args.dry_run))
+        return rc
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -4,7 +4,7 @@ Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
 (``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
 """
 
-from typing import Final, Protocol, final
+from typing import Any, Final, Protocol, final
 
 __all__ = [
     "__version__",
@@ -19,6 +19,11 @@ __all__ = [
     "capabilities",
     "reap",
     "_emit_log_records",
+    "NativeComponent",
+    "ComponentRun",
+    "ReusedReapReport",
+    "describe_component",
+    "reap_reused",
 ]
 
 __version__: str
@@ -163,4 +168,75 @@ def _emit_log_records(count: int, message: str) -> None:
     """Diagnostic: emit ``count`` INFO records from this thread (GIL released), then forward them.
 
     The fork-safety test logs heavily with it from one thread while another forks.
+    """
+
+@final
+class ComponentRun:
+    """One execution of the CreateOS Sandbox node, as plain values."""
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """The Results output: ``result``, ``stderr``, ``exit_code``, ``timed_out``,
+        ``sandbox_id``, ``sandbox_name``, ``reused_guest``, ``kept_guest``, ``artifact_count``,
+        ``stdout_truncated``, ``stderr_truncated``, ``timings``, ``notes``, and ``error`` when the
+        program failed."""
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        """The Files output: one ``{path, size, text, base64}`` dict per returned file."""
+
+@final
+class NativeComponent:
+    """The CreateOS Sandbox node's native half; the component belongs to the calling process."""
+
+    def __init__(self) -> None: ...
+    def run(
+        self,
+        *,
+        flow_id: str,
+        component_id: str,
+        python_code: str,
+        command: str,
+        session_mode: str,
+        collect_artifacts: bool,
+        allow_network: bool,
+        timeout_seconds: int,
+        shape: str,
+    ) -> ComponentRun:
+        """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
+
+        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        """
+    def shutdown(self) -> None:
+        """Destroy this process's fresh guests (reused guests are kept). Idempotent."""
+
+def describe_component(allow_network: bool, session_mode: str) -> str:
+    """The node's description: the effective network policy and the reuse mode."""
+
+@final
+class ReusedReapReport:
+    """What ``reap_reused()`` did."""
+
+    @property
+    def dry_run(self) -> bool:
+        """Nothing was deleted; ``deleted`` lists what would have been."""
+    @property
+    def older_than_seconds(self) -> float:
+        """The age limit."""
+    @property
+    def deleted(self) -> list[tuple[str, str, float]]:
+        """``(name, id, age_seconds)`` of each reused guest deleted (or that would be)."""
+    @property
+    def kept(self) -> list[tuple[str, str, float | None]]:
+        """``(name, id, age_seconds or None)`` of each reused guest left alone."""
+    @property
+    def failed(self) -> list[tuple[str, str, str]]:
+        """``(name, id, error)`` of each reused guest that could not be deleted."""
+
+def reap_reused(older_than: str, dry_run: bool = False) -> ReusedReapReport:
+    """Delete reused component guests (``lf-c-``) at least ``older_than`` old, or list them.
+
+    ``older_than`` is an age such as ``90s``, ``30m``, ``1h``, ``2d`` or a number of seconds.
+
+    Raises ``CreateOSUnavailableError`` when the key is missing or rejected and
+    ``CreateOSExecutionError`` when the listing fails.
     """

@@ -1,0 +1,864 @@
+//! The CreateOS Sandbox component's semantics, as plain Rust over `sandbox-core`.
+//!
+//! A "CreateOS Sandbox" node on the Langflow canvas runs a Python program or a shell command
+//! in a CreateOS microVM, optionally in a guest that survives between runs of the flow
+//! ([`Reuse::Flow`]), and optionally hands back the files the program wrote to
+//! `/workspace/artifacts` ([`ComponentInputs::return_files`]). This crate decides everything:
+//! which settings apply, what is refused before any guest exists, which guest a run uses,
+//! what it sends, and what it returns. The Python component (in `py-bindings`) only gathers
+//! the node's inputs and builds lfx's `Data`/`DataFrame` from a [`ComponentOutput`].
+//!
+//! Egress, timeouts, output caps, retries, error classes and key redaction are the backend's:
+//! the same `sandbox-core` primitives, with refusals that name this node's own inputs
+//! ([`SETTING_NAMES`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use sandbox_core::classify::{self, Stage};
+use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
+use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
+use sandbox_core::names::{BACKEND_PREFIX, REUSED_PREFIX, derived_name};
+use sandbox_core::orphans::SweepConfig;
+use sandbox_core::reaper::{Reaper, ReaperConfig};
+use sandbox_core::retry::Backoff;
+use sandbox_core::session::Session;
+use sandbox_core::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, SettingNames, Settings, parse_bool};
+use sandbox_core::shapes::{Shape, select_shape};
+use sandbox_core::{LOG_TARGET, SandboxError};
+use tokio::time::Instant;
+
+pub mod archive;
+mod reap;
+
+pub use archive::{ArchiveLimits, Extracted, ReturnedFile, read_archive};
+pub use reap::{ReapReport, ReusedGuest, parse_age};
+
+/// Where the program writes the files it returns.
+pub const ARTIFACTS_DIR: &str = "/workspace/artifacts";
+/// The largest archive of returned files downloaded (5 MiB), enforced during the transfer.
+pub const MAX_ARCHIVE_BYTES: u64 = 5 * 1024 * 1024;
+/// The default of Timeout (seconds).
+pub const DEFAULT_TIMEOUT_SECONDS: u32 = 60;
+/// The largest Timeout (seconds) accepted.
+pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
+/// The in-guest budget of the archiving command.
+const ARCHIVE_BUDGET_SECONDS: u32 = 30;
+
+/// The node's inputs, as the user set them (display names in parentheses below).
+pub mod input {
+    /// Python Code.
+    pub const PYTHON_CODE: &str = "Python Code (python_code)";
+    /// Command.
+    pub const COMMAND: &str = "Command (command)";
+    /// Guest Reuse.
+    pub const REUSE: &str = "Guest Reuse (session_mode)";
+    /// Allow Network.
+    pub const ALLOW_NETWORK: &str = "Allow Network (allow_network)";
+    /// Timeout (seconds).
+    pub const TIMEOUT: &str = "Timeout (seconds) (timeout_seconds)";
+    /// Shape.
+    pub const SHAPE: &str = "Shape (shape)";
+}
+
+/// The settings this surface's refusals name: the node's own inputs, and the operator's
+/// link-local opt-in.
+pub const SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: "Allow Network off (allow_network=false)",
+    allow_egress: "Allow Network on (allow_network=true)",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: input::SHAPE,
+};
+
+/// Guest Reuse: whether a run gets a fresh guest or the flow's kept one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reuse {
+    /// A fresh guest per run, always destroyed before the run returns.
+    #[default]
+    Off,
+    /// One guest per (flow, node, policy), kept between runs and found again by name.
+    Flow,
+}
+
+impl Reuse {
+    /// Parses the dropdown value (`off` or `flow`; blank means `off`).
+    pub fn parse(raw: &str) -> Result<Self, SandboxError> {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "" | "off" => Ok(Reuse::Off),
+            "flow" => Ok(Reuse::Flow),
+            other => Err(SandboxError::refused(format!(
+                "{} is {other:?}; choose off or flow",
+                input::REUSE
+            ))),
+        }
+    }
+
+    /// The dropdown value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reuse::Off => "off",
+            Reuse::Flow => "flow",
+        }
+    }
+}
+
+/// One execution's inputs, gathered by the Python component.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ComponentInputs {
+    /// The flow's id (empty when the flow was never saved, e.g. `lfx run` of a JSON file:
+    /// the guest is then addressed by the node's id alone).
+    pub flow_id: String,
+    /// The node's id in the flow.
+    pub component_id: String,
+    /// Python Code: run with `python3 -u` unless a command is given. A whole-text markdown
+    /// fence (as agents write) is removed.
+    pub python_code: String,
+    /// Command: when not blank, run with `sh -c` instead of the code.
+    pub command: String,
+    /// Guest Reuse.
+    pub reuse: Reuse,
+    /// Return Files: archive `/workspace/artifacts` after the run and hand its files back.
+    pub return_files: bool,
+    /// Allow Network: unrestricted egress; off is deny-all (with the link-local opt-in).
+    pub allow_network: bool,
+    /// Timeout (seconds): the program's wall clock, enforced in the guest (1..=3600).
+    pub timeout_seconds: u32,
+    /// Shape: pins a shape id; blank falls back to `CREATEOS_SANDBOX_SHAPE`, then to the
+    /// smallest shape with at least 4 GiB.
+    pub shape: String,
+}
+
+impl fmt::Debug for ComponentInputs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The code may carry secrets: sizes only.
+        f.debug_struct("ComponentInputs")
+            .field("flow_id", &self.flow_id)
+            .field("component_id", &self.component_id)
+            .field("python_code_bytes", &self.python_code.len())
+            .field("command_bytes", &self.command.len())
+            .field("reuse", &self.reuse)
+            .field("return_files", &self.return_files)
+            .field("allow_network", &self.allow_network)
+            .field("timeout_seconds", &self.timeout_seconds)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+/// Per-phase timings of one execution, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    /// Acquiring the guest: create, or find + resume + read-back for a kept one.
+    pub acquire_ms: u64,
+    /// Uploading the program (with the egress read-back of a fresh guest).
+    pub upload_ms: u64,
+    /// The program's exec, dispatch to exit.
+    pub exec_ms: u64,
+    /// Archiving, downloading and reading the returned files (0 when off).
+    pub files_ms: u64,
+    /// Destroying a fresh guest (0 for a kept one, which is released).
+    pub destroy_ms: u64,
+    /// The whole execution.
+    pub total_ms: u64,
+    /// Control-plane requests made (every attempt counts).
+    pub requests: u32,
+}
+
+/// The outcome of one execution whose program ran. A failing program is an outcome, not an
+/// error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // independent facts of one outcome, not a state
+pub struct ComponentOutput {
+    /// Standard output, trimmed (its tail, with a marker, if over the cap).
+    pub result: String,
+    /// Standard error, trimmed (likewise).
+    pub stderr: String,
+    /// Exit code: `-1` when the run hit its timeout, else the program's status.
+    pub exit_code: i32,
+    /// The run hit its timeout.
+    pub timed_out: bool,
+    /// What went wrong, when the program failed (`None` on exit 0).
+    pub error: Option<String>,
+    /// Standard output was cut to the cap.
+    pub stdout_truncated: bool,
+    /// Standard error was cut to the cap.
+    pub stderr_truncated: bool,
+    /// The guest's sandbox id.
+    pub sandbox_id: String,
+    /// The guest's name (`lf-c-…` for a kept guest).
+    pub sandbox_name: String,
+    /// The guest was kept from an earlier run (found by name), not created by this one.
+    pub reused_guest: bool,
+    /// The guest is kept for the next run (Guest Reuse: flow).
+    pub kept: bool,
+    /// The files returned (empty when Return Files is off).
+    pub files: Vec<ReturnedFile>,
+    /// What was skipped or went wrong while returning files.
+    pub notes: Vec<String>,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+/// Why an execution produced no outcome: sandbox-core's error, whose kind says which lfx
+/// exception it is (`kind().is_unavailable()`: `SandboxUnavailableError`, nothing ran;
+/// otherwise `SandboxExecutionError`, and the message says whether the code may have run).
+/// `Display` is the message; it names the input or setting involved and never contains the
+/// API key.
+pub type ComponentError = SandboxError;
+
+/// Reads one environment variable.
+pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Knobs for tests and embedders; `ComponentOptions::default()` is the process environment and a fresh session.
+#[derive(Clone)]
+pub struct ComponentOptions {
+    /// Where the `CREATEOS_*` settings are read from (default: the process environment, at
+    /// each call).
+    pub env: EnvLookup,
+    /// The process's session, shared with the other surfaces (one connection pool per
+    /// account, one credential check, one catalog fetch).
+    pub session: Session,
+    /// Backoff and total deadline for the calls before the program is dispatched.
+    pub backoff: Backoff,
+    /// TERM→KILL grace given to `timeout(1)` in the guest.
+    pub kill_after: Duration,
+    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
+    pub host_grace: Duration,
+    /// How hard the reaper tries to destroy fresh guests that a run could not.
+    pub reaper: ReaperConfig,
+    /// Bound on [`SandboxComponent::shutdown`].
+    pub shutdown_timeout: Duration,
+    /// Start the account's background sweep of orphaned one-shot guests (once per process).
+    pub orphan_sweep: bool,
+    /// Bounds on the archive of returned files.
+    pub archive: ArchiveLimits,
+    /// The largest archive downloaded.
+    pub max_archive_bytes: u64,
+}
+
+impl fmt::Debug for ComponentOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The env lookup is a closure; the session shows only its account count.
+        f.debug_struct("ComponentOptions")
+            .field("session", &self.session)
+            .field("archive", &self.archive)
+            .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("reaper", &self.reaper)
+            .field("clocks", &(self.kill_after, self.host_grace, self.backoff))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ComponentOptions {
+    fn default() -> Self {
+        let clocks = ExecLimits::for_seconds(DEFAULT_TIMEOUT_SECONDS);
+        Self {
+            env: Arc::new(|k| std::env::var(k).ok()),
+            session: Session::default(),
+            backoff: Backoff::default(),
+            kill_after: clocks.kill_after,
+            host_grace: clocks.host_grace,
+            reaper: ReaperConfig::default(),
+            shutdown_timeout: Duration::from_secs(20),
+            orphan_sweep: true,
+            archive: ArchiveLimits::default(),
+            max_archive_bytes: MAX_ARCHIVE_BYTES,
+        }
+    }
+}
+
+/// What a run executes.
+enum Program {
+    /// Python source, uploaded and run with `python3 -u`.
+    Python(String),
+    /// A shell script run with `sh -c`.
+    Shell(String),
+}
+
+/// Everything an execution decides before any I/O.
+struct Plan {
+    settings: Settings,
+    egress: EgressPolicy,
+    limits: ExecLimits,
+    program: Program,
+    pinned_shape: Option<(String, &'static str)>,
+}
+
+/// The CreateOS Sandbox component of one process: cheap to build, `Send + Sync`, shared by
+/// every concurrent execution. Fresh guests are registered with its reaper (destroyed on
+/// every path, and at [`SandboxComponent::shutdown`]); kept guests are never destroyed by
+/// it.
+#[derive(Debug)]
+pub struct SandboxComponent {
+    opts: ComponentOptions,
+    reaper: Reaper,
+}
+
+/// Removes one markdown fence around the whole text (```` ```python … ``` ````), as agents
+/// write code; anything else is left as it is.
+pub fn strip_fence(code: &str) -> &str {
+    let t = code.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return code;
+    };
+    let Some(body) = rest.strip_suffix("```") else {
+        return code;
+    };
+    match body.split_once('\n') {
+        Some((lang, inner)) if lang.trim().chars().all(|c| c.is_ascii_alphanumeric()) => inner,
+        _ => code,
+    }
+}
+
+/// The node's description for a user or an agent: the effective network policy and the
+/// reuse mode, as a run with these inputs would get them under `env`'s settings.
+pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
+    let network = if allow_network {
+        "Network: on, unrestricted egress (CreateOS cannot restrict by domain).".to_owned()
+    } else {
+        let accepted = env(ENV_ACCEPT_EGRESS_EXCEPTIONS)
+            .and_then(|raw| parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw).ok())
+            .unwrap_or(false);
+        if accepted {
+            format!(
+                "Network: off, deny-all egress; only {LINK_LOCAL_HOLE} (the VM metadata \
+                 service) stays reachable."
+            )
+        } else {
+            format!(
+                "Network: off, deny-all egress, which CreateOS cannot make complete \
+                 ({LINK_LOCAL_HOLE} stays reachable), so runs are refused until the operator \
+                 sets {ENV_ACCEPT_EGRESS_EXCEPTIONS}=true."
+            )
+        }
+    };
+    let reuse = match reuse {
+        Reuse::Off => "Guest reuse: off, a fresh microVM per run, destroyed afterwards.",
+        Reuse::Flow => {
+            "Guest reuse: flow, one microVM per flow and node kept between runs (installed \
+             packages and files carry over; concurrent runs share it)."
+        }
+    };
+    format!(
+        "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
+         {reuse} Files written to {ARTIFACTS_DIR} can be returned."
+    )
+}
+
+impl SandboxComponent {
+    /// A component with explicit options.
+    pub fn with_options(opts: ComponentOptions) -> Self {
+        Self {
+            reaper: Reaper::new(opts.reaper),
+            opts,
+        }
+    }
+
+    /// Fresh guests still registered (runs in flight and destroys being retried).
+    pub fn registered_guests(&self) -> usize {
+        self.reaper.registered()
+    }
+
+    /// The refusals that need no I/O, in the order a user would fix them.
+    fn plan(&self, inputs: &ComponentInputs) -> Result<Plan, SandboxError> {
+        let env = self.opts.env.clone();
+        let settings = Settings::from_lookup(&move |k| env(k))?;
+        if !(1..=MAX_TIMEOUT_SECONDS).contains(&inputs.timeout_seconds) {
+            return Err(SandboxError::refused(format!(
+                "{} is {}; set it between 1 and {MAX_TIMEOUT_SECONDS}",
+                input::TIMEOUT,
+                inputs.timeout_seconds
+            )));
+        }
+        let program = if inputs.command.trim().is_empty() {
+            let code = strip_fence(&inputs.python_code);
+            if code.trim().is_empty() {
+                return Err(SandboxError::refused(format!(
+                    "nothing to run: {} and {} are both empty",
+                    input::PYTHON_CODE,
+                    input::COMMAND
+                )));
+            }
+            Program::Python(code.to_owned())
+        } else {
+            Program::Shell(inputs.command.clone())
+        };
+        let shape = inputs.shape.trim();
+        let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
+            settings
+                .pinned_shape
+                .clone()
+                .map(|s| (s, sandbox_core::settings::ENV_SHAPE))
+        } else if shape
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            Some((shape.to_owned(), input::SHAPE))
+        } else {
+            return Err(SandboxError::refused(format!(
+                "{} is {shape:?}, which is not a shape id (e.g. s-2vcpu-4gb)",
+                input::SHAPE
+            )));
+        };
+        let egress = if inputs.allow_network {
+            EgressPolicy::AllowAll
+        } else {
+            EgressPolicy::restricted(&[], settings.accept_egress_exceptions, &SETTING_NAMES)?
+        };
+        settings.require_key()?;
+        let limits = ExecLimits {
+            budget: Duration::from_secs(u64::from(inputs.timeout_seconds)),
+            kill_after: self.opts.kill_after,
+            host_grace: self.opts.host_grace,
+        };
+        Ok(Plan {
+            settings,
+            egress,
+            limits,
+            program,
+            pinned_shape,
+        })
+    }
+
+    /// The guest's name under Guest Reuse: flow. It depends on the flow, the node, the
+    /// image, the shape and the network policy, so a change of any of them addresses a
+    /// different guest (and a restarted worker finds the same one).
+    pub fn reused_name(
+        inputs: &ComponentInputs,
+        rootfs: &str,
+        shape: &str,
+        egress: &EgressPolicy,
+    ) -> String {
+        derived_name(
+            REUSED_PREFIX,
+            &[&inputs.flow_id, &inputs.component_id, rootfs, shape],
+            &egress.fingerprint(),
+        )
+    }
+
+    /// Runs one execution of the node.
+    ///
+    /// Every refusal happens before a guest exists. A fresh guest is destroyed before this
+    /// returns on every path (and, if the future is dropped, by the reaper); a kept guest is
+    /// released alive, except after a host timeout, when it is destroyed because that is
+    /// what stops runaway code.
+    pub async fn run(&self, inputs: &ComponentInputs) -> Result<ComponentOutput, ComponentError> {
+        let t0 = Instant::now();
+        let plan = self.plan(inputs)?;
+        let redactor = plan.settings.redactor();
+        let account = self.opts.session.account(&plan.settings)?;
+        let backoff = self.opts.backoff;
+        let (cred, catalog) = account.preflight(&backoff, &redactor).await;
+        cred?;
+        let catalog = catalog?;
+        if self.opts.orphan_sweep {
+            account.start_orphan_sweep(SweepConfig {
+                backoff,
+                ..SweepConfig::default()
+            });
+        }
+        let shape = choose_shape(&catalog, plan.pinned_shape.as_ref())?;
+        let spec = GuestSpec {
+            shape: shape.id.clone(),
+            rootfs: plan.settings.rootfs.clone(),
+            envs: std::collections::BTreeMap::new(),
+            egress: plan.egress.clone(),
+            auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
+        };
+        let cx = GuestContext::new(
+            account.control_plane().clone(),
+            self.reaper.clone(),
+            redactor.clone(),
+            backoff,
+        );
+        let deadline = Instant::now() + backoff.budget;
+        let guest = match inputs.reuse {
+            Reuse::Off => Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?,
+            Reuse::Flow => {
+                let name = Self::reused_name(inputs, &spec.rootfs, &spec.shape, &plan.egress);
+                Guest::acquire(&cx, &spec, &name, deadline).await?
+            }
+        };
+        let acquire_ms = ms(t0.elapsed());
+        // A kept guest this run did not create was found by name: reused.
+        let reused_guest = guest.is_kept() && !guest.was_created();
+        let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
+
+        let host_timed_out = ran.as_ref().is_ok_and(|r| r.outcome.host_timed_out);
+        let kept = guest.is_kept() && !host_timed_out;
+        let (sandbox_id, sandbox_name) = (guest.id().to_owned(), guest.name().to_owned());
+        let t_end = Instant::now();
+        if kept {
+            guest.release();
+        } else if let Err(e) = guest.destroy().await {
+            tracing::warn!(
+                target: LOG_TARGET,
+                guest = %sandbox_name,
+                error = %redactor.apply(&e.message),
+                "guest destroy failed; the reaper keeps retrying"
+            );
+        }
+        let destroy_ms = if kept { 0 } else { ms(t_end.elapsed()) };
+        let ran = ran?;
+        let out = ran.outcome;
+        let stdout = out.stdout.text.to_string();
+        let stderr = out.stderr.text.to_string();
+        let timed_out = out.exit_code == sandbox_core::exec::EXIT_TIMED_OUT;
+        let error = if timed_out {
+            Some(format!(
+                "timed out after {}s (see {})",
+                inputs.timeout_seconds,
+                input::TIMEOUT
+            ))
+        } else if out.exit_code != 0 {
+            Some(if stderr.trim().is_empty() {
+                format!("exited with code {}", out.exit_code)
+            } else {
+                stderr.trim().to_owned()
+            })
+        } else {
+            None
+        };
+        let timings = Timings {
+            acquire_ms,
+            upload_ms: ran.upload_ms,
+            exec_ms: out.exec_ms,
+            files_ms: ran.files_ms,
+            destroy_ms,
+            total_ms: ms(t0.elapsed()),
+            requests: cx.requests(),
+        };
+        tracing::info!(
+            target: LOG_TARGET,
+            guest = %sandbox_name,
+            reuse = inputs.reuse.as_str(),
+            reused_guest,
+            kept,
+            exit_code = out.exit_code,
+            files = ran.files.len(),
+            acquire_ms = timings.acquire_ms,
+            upload_ms = timings.upload_ms,
+            exec_ms = timings.exec_ms,
+            files_ms = timings.files_ms,
+            destroy_ms = timings.destroy_ms,
+            total_ms = timings.total_ms,
+            requests = timings.requests,
+            "sandbox component run finished"
+        );
+        Ok(ComponentOutput {
+            result: stdout.trim().to_owned(),
+            stderr: stderr.trim().to_owned(),
+            exit_code: out.exit_code,
+            timed_out,
+            error,
+            stdout_truncated: out.stdout.truncated,
+            stderr_truncated: out.stderr.truncated,
+            sandbox_id,
+            sandbox_name,
+            reused_guest,
+            kept,
+            files: ran.files,
+            notes: ran.notes,
+            timings,
+        })
+    }
+
+    /// Upload (with the read-back of a fresh guest), exec, capture, and the files. The caller
+    /// owns the guest's end.
+    async fn in_guest(
+        &self,
+        guest: &Guest,
+        plan: &Plan,
+        inputs: &ComponentInputs,
+        deadline: Instant,
+    ) -> Result<Ran, SandboxError> {
+        if guest.context().reaper.is_closed() {
+            return Err(classify::shut_down(Stage::BeforeDispatch));
+        }
+        let t1 = Instant::now();
+        let prepare = if inputs.return_files {
+            format!("mkdir -p {ARTIFACTS_DIR} || exit 125\n")
+        } else {
+            String::new()
+        };
+        let script = match &plan.program {
+            Program::Shell(script) => format!("{prepare}{script}"),
+            Program::Python(code) => {
+                let path = format!("/tmp/lf-main-{:012x}.py", random48());
+                let upload = guest.upload(&path, Bytes::copy_from_slice(code.as_bytes()), deadline);
+                if guest.is_kept() {
+                    // Acquire already read the egress back.
+                    upload.await?;
+                } else {
+                    let (up, eg) =
+                        tokio::join!(upload, guest.verify_egress(&plan.egress, deadline));
+                    eg?;
+                    up?;
+                }
+                // The program file is removed afterwards, so a kept guest does not collect
+                // them; the exit status is the program's.
+                format!("{prepare}python3 -u {path}; s=$?; rm -f {path}; exit $s")
+            }
+        };
+        if matches!(plan.program, Program::Shell(_)) && !guest.is_kept() {
+            guest.verify_egress(&plan.egress, deadline).await?;
+        }
+        let upload_ms = ms(t1.elapsed());
+        let run = guest
+            .exec(
+                &Command::shell(script),
+                &plan.limits,
+                &ExecInput::default(),
+                deadline,
+            )
+            .await?;
+        let outcome = guest
+            .capture(run, &plan.limits, plan.settings.max_output_bytes)
+            .await?;
+        let t2 = Instant::now();
+        let (files, notes) = if inputs.return_files && !outcome.host_timed_out {
+            self.collect_files(guest, plan).await
+        } else if inputs.return_files {
+            (
+                Vec::new(),
+                vec!["no files were returned: the control plane stopped answering".to_owned()],
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let files_ms = if inputs.return_files {
+            ms(t2.elapsed())
+        } else {
+            0
+        };
+        Ok(Ran {
+            outcome,
+            upload_ms,
+            files,
+            notes,
+            files_ms,
+        })
+    }
+
+    /// Archives `/workspace/artifacts` in the guest, downloads the archive under the cap and
+    /// reads it in memory. Every failure is a note: the program already ran.
+    async fn collect_files(&self, guest: &Guest, plan: &Plan) -> (Vec<ReturnedFile>, Vec<String>) {
+        let archive = format!("/tmp/lf-artifacts-{:012x}.tgz", random48());
+        // Archives of earlier runs that a kept guest still holds (a run that failed between
+        // archiving and downloading) are removed once they are a few minutes old.
+        let script = format!(
+            "[ -d {ARTIFACTS_DIR} ] || exit 3\n\
+             find /tmp -maxdepth 1 -name 'lf-artifacts-*.tgz' -mmin +5 -exec rm -f {{}} + \
+             2>/dev/null\n\
+             tar -C {ARTIFACTS_DIR} -czf {archive} . || exit 4"
+        );
+        let limits = ExecLimits {
+            budget: Duration::from_secs(u64::from(ARCHIVE_BUDGET_SECONDS)),
+            ..plan.limits
+        };
+        let deadline = Instant::now() + self.opts.backoff.budget;
+        let archived = match guest
+            .exec(
+                &Command::shell(script),
+                &limits,
+                &ExecInput::default(),
+                deadline,
+            )
+            .await
+        {
+            Ok(run) => guest.capture(run, &limits, 64 * 1024).await,
+            Err(e) => Err(e),
+        };
+        match archived {
+            Ok(o) if o.exit_code == 0 => {}
+            Ok(o) if o.exit_code == 3 => {
+                return (
+                    Vec::new(),
+                    vec![format!(
+                        "no files: the program did not create {ARTIFACTS_DIR}"
+                    )],
+                );
+            }
+            Ok(o) => {
+                let why = o.stderr.text.to_string();
+                let why = guest.context().redactor.cap(why.trim());
+                return (
+                    Vec::new(),
+                    vec![format!(
+                        "no files: archiving {ARTIFACTS_DIR} failed (exit {}): {why}",
+                        o.exit_code
+                    )],
+                );
+            }
+            Err(e) => return (Vec::new(), vec![format!("no files: {e}")]),
+        }
+        let bytes = match guest
+            .download(&archive, self.opts.max_archive_bytes, deadline)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                return (
+                    Vec::new(),
+                    vec![format!(
+                        "no files: {}",
+                        e.redacted(&guest.context().redactor)
+                    )],
+                );
+            }
+        };
+        let limits = self.opts.archive;
+        // Decompressing is CPU work bounded by the limits; it stays off the async threads.
+        let read = tokio::task::spawn_blocking(move || read_archive(&bytes, &limits)).await;
+        match read {
+            Ok(x) => (x.files, x.notes),
+            Err(_) => (
+                Vec::new(),
+                vec!["no files: reading the archive failed".to_owned()],
+            ),
+        }
+    }
+
+    /// Destroys every fresh guest still registered (runs in flight, destroys being retried)
+    /// within a bounded time and refuses new runs. Kept guests are left for the next
+    /// process. Idempotent.
+    pub async fn shutdown(&self) {
+        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
+        if r.destroyed + r.failed > 0 {
+            tracing::info!(
+                target: LOG_TARGET,
+                destroyed = r.destroyed,
+                failed = r.failed,
+                "sandbox component shut down"
+            );
+        }
+    }
+}
+
+/// What ran in the guest.
+struct Ran {
+    outcome: ExecOutcome,
+    upload_ms: u64,
+    files: Vec<ReturnedFile>,
+    notes: Vec<String>,
+    files_ms: u64,
+}
+
+fn choose_shape(
+    catalog: &[Shape],
+    pinned: Option<&(String, &'static str)>,
+) -> Result<Shape, SandboxError> {
+    if let Some((id, source)) = pinned
+        && !catalog.iter().any(|s| &s.id == id)
+    {
+        let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
+        ids.sort_unstable();
+        return Err(SandboxError::refused(format!(
+            "{source}={id} is not in the CreateOS shape catalog (available: {}); pick one of \
+             those or leave it blank",
+            ids.join(", ")
+        )));
+    }
+    // A pinned shape is the user's choice, whatever its memory; otherwise at least 4 GiB.
+    let choice = select_shape(catalog, 0, pinned.map(|(id, _)| id.as_str()), input::SHAPE)?;
+    Ok(choice.shape)
+}
+
+fn random48() -> u64 {
+    rand::rng().random::<u64>() & 0xffff_ffff_ffff
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuse_parses_the_dropdown() {
+        assert_eq!(Reuse::parse("off").unwrap(), Reuse::Off);
+        assert_eq!(Reuse::parse(" Flow ").unwrap(), Reuse::Flow);
+        assert_eq!(Reuse::parse("").unwrap(), Reuse::Off);
+        let e = Reuse::parse("session").unwrap_err();
+        assert!(e.to_string().contains("session_mode"), "{e}");
+    }
+
+    #[test]
+    fn fences_are_removed_only_around_the_whole_text() {
+        assert_eq!(strip_fence("```python\nprint(1)\n```"), "print(1)\n");
+        assert_eq!(strip_fence("```\nprint(1)\n```"), "print(1)\n");
+        assert_eq!(strip_fence("print('```')"), "print('```')");
+        assert_eq!(strip_fence("x = 1"), "x = 1");
+    }
+
+    #[test]
+    fn descriptions_state_policy_and_reuse() {
+        let none = |_: &str| None;
+        let accepted = |k: &str| (k == ENV_ACCEPT_EGRESS_EXCEPTIONS).then(|| "true".to_owned());
+        let d = describe(false, Reuse::Off, &none);
+        assert!(d.contains("deny-all") && d.contains("refused"), "{d}");
+        assert!(d.contains("fresh microVM per run"), "{d}");
+        let d = describe(false, Reuse::Flow, &accepted);
+        assert!(d.contains("deny-all") && !d.contains("refused"), "{d}");
+        assert!(d.contains("kept between runs"), "{d}");
+        let d = describe(true, Reuse::Off, &none);
+        assert!(d.contains("unrestricted"), "{d}");
+    }
+
+    #[test]
+    fn reused_names_follow_flow_node_and_policy() {
+        let inputs = ComponentInputs {
+            flow_id: "flow-1".into(),
+            component_id: "CreateOSSandbox-abcde".into(),
+            ..ComponentInputs::default()
+        };
+        let a = SandboxComponent::reused_name(
+            &inputs,
+            "devbox:1",
+            "s-2vcpu-4gb",
+            &EgressPolicy::DenyAll,
+        );
+        let b = SandboxComponent::reused_name(
+            &inputs,
+            "devbox:1",
+            "s-2vcpu-4gb",
+            &EgressPolicy::AllowAll,
+        );
+        assert!(a.starts_with("lf-c-") && a.len() <= 22, "{a}");
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            SandboxComponent::reused_name(
+                &inputs,
+                "devbox:1",
+                "s-2vcpu-4gb",
+                &EgressPolicy::DenyAll
+            )
+        );
+        let other = ComponentInputs {
+            component_id: "CreateOSSandbox-fghij".into(),
+            ..inputs.clone()
+        };
+        assert_ne!(
+            a,
+            SandboxComponent::reused_name(
+                &other,
+                "devbox:1",
+                "s-2vcpu-4gb",
+                &EgressPolicy::DenyAll
+            )
+        );
+    }
+
+    #[test]
+    fn component_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<SandboxComponent>();
+    }
+}

@@ -1,0 +1,1 @@
+"""Bundles of the ``langflow-sandbox-createos`` extension (lfx loads them by file path)."""

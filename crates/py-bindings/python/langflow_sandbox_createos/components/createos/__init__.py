@@ -1,0 +1,1 @@
+"""The ``createos`` bundle: the CreateOS Sandbox component."""

@@ -1,0 +1,176 @@
+"""The CreateOS Sandbox node: a CreateOS Firecracker microVM as a step of a flow.
+
+lfx runs the copy of this source embedded in each flow, so it imports the installed wheel's
+package by absolute name. The class only gathers the node's inputs and builds lfx's ``Data``
+and ``DataFrame`` from what the native extension returns; refusals, guest reuse, egress,
+timeouts and the safe reading of returned files are decided in Rust.
+"""
+
+# lfx's inputs and outputs are pydantic models assembled from mixins, whose fields pyright
+# cannot see ("No parameter named ..."), and Component's tool and frontend-node hooks are
+# untyped; the rest of this file is checked strictly.
+# pyright: reportCallIssue=false, reportUnknownMemberType=false, reportUnknownVariableType=false
+# pyright: reportUnknownArgumentType=false
+
+from __future__ import annotations
+
+from typing import Any
+
+from lfx.custom.custom_component.component import Component
+from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, StrInput
+from lfx.schema.data import Data
+from lfx.schema.dataframe import DataFrame
+
+from langflow_sandbox_createos import node
+
+
+def _text(value: Any) -> str:
+    """An input's text: a Message's ``text``, a plain string, or empty."""
+    if value is None:
+        return ""
+    text = getattr(value, "text", value)
+    return text if isinstance(text, str) else str(text)
+
+
+class CreateOSSandboxComponent(Component):
+    """Runs Python code or a shell command in a CreateOS microVM.
+
+    Both outputs come from one execution per build: whichever is resolved first runs it,
+    the other reuses its outcome. Nothing outlives the build on the instance; a kept guest
+    is found again by its name, which Rust derives from the flow, the node and the policy.
+    """
+
+    display_name = "CreateOS Sandbox"
+    description = node.describe(False, "off")
+    icon = "square-terminal"
+    name = "CreateOSSandbox"
+
+    # Component declares `list[InputTypes]`, a union pyright does not match these classes to.
+    inputs = [  # pyright: ignore[reportAssignmentType]
+        MultilineInput(
+            name="python_code",
+            display_name="Python Code",
+            info="Python run with python3 inside the microVM. Write files to /workspace/artifacts "
+            "to return them on the Files output.",
+            value="print('hello from a microVM')",
+            input_types=["Message"],
+            tool_mode=True,
+        ),
+        StrInput(
+            name="command",
+            display_name="Command",
+            info="A shell command run with sh -c instead of the Python code, when set.",
+            value="",
+            advanced=True,
+        ),
+        DropdownInput(
+            name="session_mode",
+            display_name="Guest Reuse",
+            options=["off", "flow"],
+            value="off",
+            info="off: a fresh microVM per run, destroyed afterwards. flow: one microVM per flow "
+            "and node, kept between runs (packages and files carry over; reap old ones).",
+            real_time_refresh=True,
+        ),
+        BoolInput(
+            name="collect_artifacts",
+            display_name="Return Files",
+            value=False,
+            info="Hand back what the program wrote to /workspace/artifacts (at most 256 regular "
+            "files, a 5 MiB archive) on the Files output.",
+        ),
+        BoolInput(
+            name="allow_network",
+            display_name="Allow Network",
+            value=False,
+            info="On: unrestricted egress. Off: deny-all (169.254.0.0/16 stays reachable on "
+            "CreateOS, so the operator must accept that exception).",
+            real_time_refresh=True,
+        ),
+        IntInput(
+            name="timeout_seconds",
+            display_name="Timeout (seconds)",
+            value=60,
+            info="Wall clock of the program, enforced inside the microVM by timeout(1).",
+            advanced=True,
+        ),
+        StrInput(
+            name="shape",
+            display_name="Shape",
+            value="",
+            info="CreateOS shape id, e.g. s-2vcpu-4gb. Blank: CREATEOS_SANDBOX_SHAPE, else the "
+            "smallest shape with at least 4 GiB.",
+            advanced=True,
+        ),
+    ]
+
+    outputs = [
+        Output(display_name="Results", name="results", method="run_sandbox"),
+        Output(display_name="Files", name="files", method="collected_files", type_=DataFrame),
+    ]
+
+    def _pre_run_setup(self) -> None:
+        # Each build starts without an execution; its first output method runs one.
+        self._createos_execution: tuple[tuple[Any, ...], set[str], dict[str, Any], list[dict[str, Any]]] | None = None
+
+    def _node_inputs(self) -> dict[str, Any]:
+        vertex = getattr(self, "_vertex", None)
+        graph = getattr(vertex, "graph", None)
+        flow_id = getattr(graph, "flow_id", None)
+        return {
+            "flow_id": "" if flow_id is None else str(flow_id),
+            "component_id": str(self.get_id()),
+            "python_code": _text(self.python_code),
+            "command": _text(self.command),
+            "session_mode": _text(self.session_mode) or "off",
+            "collect_artifacts": bool(self.collect_artifacts),
+            "allow_network": bool(self.allow_network),
+            "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
+            "shape": _text(self.shape),
+        }
+
+    def _execution(self, output: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The outcome of this build's execution, running it if ``output`` already had it.
+
+        The first output method of a build runs the sandbox; the other output of the same
+        build takes the same outcome. A method called again (a tool called twice) runs again.
+        """
+        inputs = self._node_inputs()
+        key = tuple(sorted(inputs.items()))
+        memo = getattr(self, "_createos_execution", None)
+        if memo is not None and memo[0] == key and output not in memo[1]:
+            memo[1].add(output)
+            return memo[2], memo[3]
+        results, files = node.run(**inputs)
+        self._createos_execution = (key, {output}, results, files)
+        return results, files
+
+    def run_sandbox(self) -> Data:
+        """Results: stdout as ``result``, ``stderr``, ``exit_code``, the guest, the timings."""
+        results, _ = self._execution("results")
+        data = Data(data=dict(results))
+        self.status = data
+        return data
+
+    def collected_files(self) -> DataFrame:
+        """Files: one row per returned file (``path``, ``size``, ``text`` or ``base64``)."""
+        _, files = self._execution("files")
+        return DataFrame([dict(row) for row in files], columns=["path", "size", "text", "base64"])
+
+    async def _get_tools(self) -> list[Any]:
+        tools = await super()._get_tools()
+        # An agent learns the network policy and the reuse mode from the tool, not from a
+        # timeout.
+        description = node.describe(bool(self.allow_network), _text(self.session_mode) or "off")
+        for tool in tools:
+            tool.description = description
+        return tools
+
+    async def update_frontend_node(self, new_frontend_node: dict[str, Any], current_frontend_node: dict[str, Any]) -> Any:
+        frontend_node = await super().update_frontend_node(new_frontend_node, current_frontend_node)
+        template = frontend_node.get("template", {}) if isinstance(frontend_node, dict) else {}
+        allow = bool(template.get("allow_network", {}).get("value", False))
+        mode = str(template.get("session_mode", {}).get("value", "off") or "off")
+        if isinstance(frontend_node, dict):
+            frontend_node["description"] = node.describe(allow, mode)
+        return frontend_node

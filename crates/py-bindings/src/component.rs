@@ -1,0 +1,411 @@
+//! The CreateOS Sandbox component's native half: `NativeComponent.run` (one execution of the
+//! node), `describe_component` (the node's description) and `reap_reused` (the operator's
+//! deletion of old reused guests).
+//!
+//! One `langflow_component::SandboxComponent` per process, on the process's shared session
+//! ([`crate::process::session`]); a forked child builds its own and never touches the
+//! parent's. Every call blocks with the GIL released and stays interruptible by Ctrl-C
+//! ([`crate::wait`]); failures are raised as the public classes of
+//! `langflow_sandbox_createos.exceptions` ([`crate::errors`]):
+//! `CreateOSUnavailableError` when nothing ran (a refusal naming the node's input or the
+//! setting), `CreateOSExecutionError` for an infrastructure failure.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use langflow_component::{
+    ComponentError, ComponentInputs, ComponentOptions, ComponentOutput, ReapReport, Reuse,
+    SandboxComponent, describe, parse_age,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::errors;
+use crate::process;
+use crate::wait::{Task, Waited, block_bounded, wait};
+use crate::{logbridge, runtime, sigterm};
+
+/// Time allowed, after Ctrl-C, for the interrupted run's fresh guest to be destroyed.
+const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
+
+/// This process's component and its runs in flight.
+struct Held {
+    component: SandboxComponent,
+    running: AtomicUsize,
+}
+
+/// The component of the process that built it (by process id).
+static HELD: Mutex<Option<(u32, Arc<Held>)>> = Mutex::new(None);
+
+/// This process's component, built on first use on the process's session. One inherited
+/// from a parent process is leaked, never dropped (its connections and tasks belong to the
+/// parent's runtime).
+fn held() -> Arc<Held> {
+    let me = std::process::id();
+    let mut slot = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+    match slot.take() {
+        Some((owner, h)) if owner == me => {
+            *slot = Some((owner, Arc::clone(&h)));
+            return h;
+        }
+        Some(foreign) => std::mem::forget(foreign),
+        None => {}
+    }
+    let fresh = Arc::new(Held {
+        component: SandboxComponent::with_options(ComponentOptions {
+            session: process::session(),
+            ..ComponentOptions::default()
+        }),
+        running: AtomicUsize::new(0),
+    });
+    *slot = Some((me, Arc::clone(&fresh)));
+    fresh
+}
+
+/// This process's component if it built one (for shutdown).
+fn existing() -> Option<Arc<Held>> {
+    let slot = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+    slot.as_ref()
+        .filter(|(owner, _)| *owner == std::process::id())
+        .map(|(_, h)| Arc::clone(h))
+}
+
+/// Destroys this process's fresh guests (kept guests stay for the next process).
+async fn shutdown_component() {
+    if let Some(h) = existing() {
+        h.component.shutdown().await;
+    }
+}
+
+fn raise(py: Python<'_>, err: &ComponentError) -> PyErr {
+    if err.kind().is_unavailable() {
+        errors::unavailable(py, err.message())
+    } else {
+        errors::execution(py, err.message())
+    }
+}
+
+fn runtime_or_err(py: Python<'_>) -> PyResult<&'static tokio::runtime::Runtime> {
+    runtime::get()
+        .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))
+}
+
+/// One execution's outcome, as the plain Python values lfx's `Data` and `DataFrame` are
+/// built from.
+#[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
+pub struct ComponentRun {
+    /// The Results output: `result`, `stderr`, `exit_code`, `timed_out`, `sandbox_id`,
+    /// `sandbox_name`, `reused_guest`, `kept_guest`, `artifact_count`, `stdout_truncated`,
+    /// `stderr_truncated`, `timings`, `notes`, and `error` when the program failed.
+    results: Py<PyDict>,
+    /// The Files output: one dict per file, `path`, `size`, `text` (UTF-8 content or
+    /// `None`) and `base64` (the content otherwise, or `None`).
+    files: Py<PyList>,
+}
+
+#[pymethods]
+impl ComponentRun {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let r = self.results.bind(py);
+        let get = |k: &str| {
+            r.get_item(k)
+                .ok()
+                .flatten()
+                .map_or_else(|| "None".to_owned(), |v| v.to_string())
+        };
+        format!(
+            "ComponentRun(exit_code={}, sandbox_name={:?}, reused_guest={}, files={})",
+            get("exit_code"),
+            get("sandbox_name"),
+            get("reused_guest"),
+            self.files.bind(py).len()
+        )
+    }
+}
+
+impl ComponentRun {
+    fn new(py: Python<'_>, out: ComponentOutput) -> PyResult<Self> {
+        let results = PyDict::new(py);
+        results.set_item("result", out.result)?;
+        results.set_item("stderr", out.stderr)?;
+        results.set_item("exit_code", out.exit_code)?;
+        results.set_item("timed_out", out.timed_out)?;
+        results.set_item("sandbox_id", out.sandbox_id)?;
+        results.set_item("sandbox_name", out.sandbox_name)?;
+        results.set_item("reused_guest", out.reused_guest)?;
+        results.set_item("kept_guest", out.kept)?;
+        results.set_item("artifact_count", out.files.len())?;
+        results.set_item("stdout_truncated", out.stdout_truncated)?;
+        results.set_item("stderr_truncated", out.stderr_truncated)?;
+        let t = PyDict::new(py);
+        t.set_item("acquire_ms", out.timings.acquire_ms)?;
+        t.set_item("upload_ms", out.timings.upload_ms)?;
+        t.set_item("exec_ms", out.timings.exec_ms)?;
+        t.set_item("files_ms", out.timings.files_ms)?;
+        t.set_item("destroy_ms", out.timings.destroy_ms)?;
+        t.set_item("total_ms", out.timings.total_ms)?;
+        t.set_item("requests", out.timings.requests)?;
+        results.set_item("timings", t)?;
+        results.set_item("notes", out.notes)?;
+        if let Some(e) = out.error {
+            results.set_item("error", e)?;
+        }
+        let files = PyList::empty(py);
+        for f in out.files {
+            let row = PyDict::new(py);
+            row.set_item("path", f.path)?;
+            row.set_item("size", f.size)?;
+            row.set_item("text", f.text)?;
+            row.set_item("base64", f.base64)?;
+            files.append(row)?;
+        }
+        Ok(Self {
+            results: results.unbind(),
+            files: files.unbind(),
+        })
+    }
+}
+
+/// Counts a run as in flight for as long as it lives.
+struct Running(Arc<Held>);
+
+impl Running {
+    fn new(h: Arc<Held>) -> Self {
+        h.running.fetch_add(1, Ordering::SeqCst);
+        Self(h)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The CreateOS Sandbox component's native half. Holds nothing itself: the component of
+/// the calling process is built on first use (no thread, no I/O, no environment read
+/// before that).
+#[pyclass(frozen, module = "langflow_sandbox_createos._native")]
+pub struct NativeComponent;
+
+// The handle holds nothing: the component belongs to the calling process, not the object.
+#[allow(clippy::unused_self)]
+#[pymethods]
+impl NativeComponent {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    /// Runs one execution of the node and returns its [`ComponentRun`]. Blocks with the GIL
+    /// released; Ctrl-C raises `KeyboardInterrupt` after the run's fresh guest is destroyed.
+    #[pyo3(signature = (
+        *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
+        allow_network, timeout_seconds, shape
+    ))]
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        flow_id: String,
+        component_id: String,
+        python_code: String,
+        command: String,
+        session_mode: &str,
+        collect_artifacts: bool,
+        allow_network: bool,
+        timeout_seconds: i64,
+        shape: String,
+    ) -> PyResult<ComponentRun> {
+        logbridge::install();
+        logbridge::sync_level(py);
+        let reuse = Reuse::parse(session_mode).map_err(|e| raise(py, &e))?;
+        let inputs = ComponentInputs {
+            flow_id,
+            component_id,
+            python_code,
+            command,
+            reuse,
+            return_files: collect_artifacts,
+            allow_network,
+            // Out of range reads as 0, which the component refuses naming the input.
+            timeout_seconds: u32::try_from(timeout_seconds).unwrap_or(0),
+            shape,
+        };
+        let rt = runtime_or_err(py)?;
+        sigterm::arm(py, rt, || async {
+            tokio::join!(process::shutdown_all(), shutdown_component());
+        });
+        let h = held();
+        let running = Running::new(Arc::clone(&h));
+        let mut task = Task::start(rt, move || async move {
+            let out = running.0.component.run(&inputs).await;
+            drop(running);
+            out
+        });
+        let result = match wait(py, rt, &mut task.handle) {
+            Waited::Finished(Ok(Some(Ok(out)))) => ComponentRun::new(py, out),
+            Waited::Finished(Ok(Some(Err(err)))) => Err(raise(py, &err)),
+            Waited::Finished(Ok(None) | Err(_)) => Err(errors::execution(
+                py,
+                "the sandbox component run did not finish (cancelled, or an internal error); \
+                 a fresh guest is destroyed by the reaper, a kept one is left as it is",
+            )),
+            Waited::Interrupted(interrupt) => {
+                // Dropping the run's future hands a fresh guest to the reaper; wait, bounded,
+                // until it is destroyed (no more registered guests than runs in flight).
+                task.cancel();
+                let handle = task.handle;
+                let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
+                    let _ = handle.await;
+                    while h.component.registered_guests() > h.running.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                });
+                if settled.is_none() {
+                    tracing::warn!(
+                        target: "langflow_sandbox_createos",
+                        budget_s = INTERRUPT_CLEANUP.as_secs(),
+                        "Ctrl-C: the fresh guest of the interrupted component run is not \
+                         confirmed destroyed yet; the reaper keeps trying and auto-pause bounds \
+                         its cost"
+                    );
+                }
+                Err(interrupt)
+            }
+        };
+        logbridge::drain(py);
+        result
+    }
+
+    /// Destroys this process's fresh guests still alive (kept guests stay for the next
+    /// process) and forgets the component; a later `run()` builds a fresh one. Idempotent.
+    fn shutdown(&self, py: Python<'_>) {
+        let Some(h) = existing() else {
+            return;
+        };
+        *HELD.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let Some(rt) = runtime::existing() else {
+            return;
+        };
+        logbridge::install();
+        let _ = block_bounded(py, rt, process::SHUTDOWN_BUDGET, async move {
+            h.component.shutdown().await;
+        });
+        logbridge::drain(py);
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if existing().is_some() {
+            "active"
+        } else {
+            "idle"
+        };
+        format!("<NativeComponent pid={} state={state}>", std::process::id())
+    }
+}
+
+/// The node's description for these inputs: the effective network policy (under this
+/// process's `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`) and the reuse mode. An
+/// unknown reuse mode is described as off (a run refuses it).
+#[pyfunction]
+pub fn describe_component(allow_network: bool, session_mode: &str) -> String {
+    let reuse = Reuse::parse(session_mode).unwrap_or_default();
+    describe(allow_network, reuse, &|k| std::env::var(k).ok())
+}
+
+/// What `reap_reused()` did: reused guests deleted (or that would be) and kept.
+#[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
+pub struct ReusedReapReport {
+    /// Nothing was deleted; `deleted` lists what would have been.
+    dry_run: bool,
+    /// The age limit, in seconds.
+    older_than_seconds: f64,
+    /// `(name, id, age_seconds)` of each reused guest deleted (or that would be).
+    deleted: Vec<(String, String, f64)>,
+    /// `(name, id, age_seconds or None)` of each reused guest kept.
+    kept: Vec<(String, String, Option<f64>)>,
+    /// `(name, id, error)` of each reused guest that could not be deleted.
+    failed: Vec<(String, String, String)>,
+}
+
+#[pymethods]
+impl ReusedReapReport {
+    fn __repr__(&self) -> String {
+        format!(
+            "ReusedReapReport(dry_run={}, deleted={}, kept={}, failed={})",
+            if self.dry_run { "True" } else { "False" },
+            self.deleted.len(),
+            self.kept.len(),
+            self.failed.len()
+        )
+    }
+}
+
+impl From<ReapReport> for ReusedReapReport {
+    fn from(r: ReapReport) -> Self {
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        Self {
+            dry_run: r.dry_run,
+            older_than_seconds: r.older_than.as_secs_f64(),
+            deleted: r
+                .deleted
+                .into_iter()
+                .map(|g| (g.name, g.id, secs(g.age).unwrap_or_default()))
+                .collect(),
+            kept: r
+                .kept
+                .into_iter()
+                .map(|g| (g.name, g.id, secs(g.age)))
+                .collect(),
+            failed: r
+                .failed
+                .into_iter()
+                .map(|(g, e)| (g.name, g.id, e))
+                .collect(),
+        }
+    }
+}
+
+/// Deletes this account's reused component guests (`lf-c-…`) created at least `older_than`
+/// ago (`90s`, `30m`, `1h`, `2d`, or seconds), or with `dry_run` only lists them; younger
+/// ones are kept.
+/// Reads the `CREATEOS_*` settings; blocks with the GIL released; Ctrl-C interrupts. A
+/// missing or rejected key raises `CreateOSUnavailableError`, a failed listing
+/// `CreateOSExecutionError`.
+#[pyfunction]
+#[pyo3(signature = (older_than, dry_run = false))]
+pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<ReusedReapReport> {
+    logbridge::install();
+    logbridge::sync_level(py);
+    let older_than = parse_age(older_than).map_err(|e| raise(py, &e))?;
+    let rt = runtime_or_err(py)?;
+    let mut task = Task::start(rt, move || async move {
+        let component = SandboxComponent::with_options(ComponentOptions {
+            session: process::session(),
+            orphan_sweep: false,
+            ..ComponentOptions::default()
+        });
+        component.reap_reused(older_than, dry_run).await
+    });
+    let waited = wait(py, rt, &mut task.handle);
+    logbridge::drain(py);
+    let finished = match waited {
+        Waited::Interrupted(interrupt) => {
+            task.cancel();
+            return Err(interrupt);
+        }
+        // A panic or a cancellation leaves no report.
+        Waited::Finished(done) => done.ok().flatten(),
+    };
+    let report = finished
+        .ok_or_else(|| {
+            errors::execution(
+                py,
+                "the reap of reused guests failed with an internal error",
+            )
+        })?
+        .map_err(|e| raise(py, &e))?;
+    Ok(ReusedReapReport::from(report))
+}
