@@ -1,0 +1,1 @@
+//! Baking a guest image for a flow (placeholder).
