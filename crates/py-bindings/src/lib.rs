@@ -5,6 +5,7 @@
 //! module; the work is split by concern:
 //!
 //! - [`backend`]: `NativeBackend` (run, shutdown, doctor) and `reap()`;
+//! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
 //! - [`process`]: one backend per process id, so a forked child gets a fresh backend (and
 //!   connection pool) while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
@@ -18,6 +19,7 @@
 
 mod backend;
 mod errors;
+mod executor;
 mod logbridge;
 mod process;
 mod results;
@@ -39,6 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<results::Output>()?;
     m.add_class::<results::Timings>()?;
     m.add_class::<results::ReapReport>()?;
+    m.add_class::<executor::NativeExecutor>()?;
+    m.add_class::<executor::FlowEvents>()?;
+    m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;

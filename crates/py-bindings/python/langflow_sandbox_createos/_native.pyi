@@ -4,6 +4,7 @@ Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
 (``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
 """
 
+from collections.abc import Awaitable
 from typing import Final, Protocol, final
 
 __all__ = [
@@ -19,6 +20,9 @@ __all__ = [
     "capabilities",
     "reap",
     "_emit_log_records",
+    "NativeExecutor",
+    "FlowEvents",
+    "FlowWake",
 ]
 
 __version__: str
@@ -164,3 +168,40 @@ def _emit_log_records(count: int, message: str) -> None:
 
     The fork-safety test logs heavily with it from one thread while another forks.
     """
+
+@final
+class FlowEvents:
+    """The events of one flow run: ``(kind, json)`` pairs, ``kind`` ``"vertex"`` or ``"complete"``.
+
+    An async iterator whose awaitables complete on the running asyncio loop. Raises the run's
+    failure (``CreateOSUnavailableError``, ``CreateOSExecutionError``, or the flow's own
+    exception) from ``__anext__``.
+    """
+
+    def __aiter__(self) -> FlowEvents: ...
+    def __anext__(self) -> Awaitable[tuple[str, str]]: ...
+    def aclose(self) -> Awaitable[None]:
+        """Stop the run; the awaitable completes once its guest is destroyed. Idempotent."""
+    @property
+    def mode(self) -> str:
+        """``"legacy"`` (``Graph.arun``) or ``"stream"`` (``lfx run``, ``lfx serve``, Loop)."""
+
+@final
+class FlowWake:
+    """Internal: the event-loop callback that completes a ``FlowEvents`` awaitable."""
+
+    def __call__(self) -> None: ...
+
+@final
+class NativeExecutor:
+    """The whole-flow executor of this process; builds its runtime and connections on first use."""
+
+    def __init__(self) -> None: ...
+    def start(self, request: str, lfx_version: str | None = None) -> FlowEvents:
+        """Start a flow run from its JSON request; its guest is created in the background.
+
+        Raises ``CreateOSExecutionError`` for a malformed request; every other failure is
+        raised by the events.
+        """
+    def shutdown(self) -> None:
+        """Destroy the guests of this process's flow runs (bounded)."""
