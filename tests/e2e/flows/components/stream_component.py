@@ -14,8 +14,10 @@ class StreamWordsComponent(Component):
     def streamed(self) -> Message:
         words = str(self.text).split()
 
-        def chunks():
+        async def chunks():
             for i, word in enumerate(words):
                 yield word if i == 0 else " " + word
 
-        return Message(text=chunks())
+        message = Message()
+        message.text = chunks()  # a pending stream, as a model's streaming response is
+        return message
