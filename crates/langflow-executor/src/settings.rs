@@ -65,7 +65,7 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 }
 
 /// A pip requirement we pass on: no options (`-`), no whitespace, no shell characters.
-fn valid_requirement(s: &str) -> bool {
+pub(crate) fn valid_requirement(s: &str) -> bool {
     valid_token(
         s,
         &[

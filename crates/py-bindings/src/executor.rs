@@ -473,3 +473,58 @@ impl Producer {
         // Dropping `self` closes the channel; `Finished` then marks the run over.
     }
 }
+
+/// The requirements and Dockerfile of a template for a flow that needs `requirements` (what
+/// lfx's flow-requirements reader found), pinned to the host's `lfx_version`. No I/O.
+/// Returns `(name, dockerfile)`; `name` is derived from the Dockerfile unless given.
+#[pyfunction]
+#[pyo3(signature = (requirements, lfx_version, name = None))]
+#[allow(clippy::needless_pass_by_value)] // a Python list arrives as an owned Vec
+pub fn template_plan(
+    py: Python<'_>,
+    requirements: Vec<String>,
+    lfx_version: &str,
+    name: Option<String>,
+) -> PyResult<(String, String)> {
+    let reqs = langflow_executor::template::requirements(&requirements, lfx_version)
+        .map_err(|e| to_pyerr(py, e))?;
+    let dockerfile = langflow_executor::template::dockerfile(&reqs);
+    let name = name.unwrap_or_else(|| langflow_executor::template::template_name(&dockerfile));
+    Ok((name, dockerfile))
+}
+
+/// Builds `dockerfile` as the CreateOS template `name` with the `CREATEOS_SANDBOX_*` key and
+/// endpoint, printing each build log line to standard error as it arrives, and returns the
+/// ready template's id (the `CREATEOS_EXECUTOR_ROOTFS` value). Blocks with the GIL released;
+/// Ctrl-C interrupts. A failed build raises `CreateOSExecutionError`; a missing or rejected
+/// key `CreateOSUnavailableError`.
+#[pyfunction]
+pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyResult<String> {
+    logbridge::install();
+    logbridge::sync_level(py);
+    let rt = runtime::get()
+        .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
+    let mut task = crate::wait::Task::start(rt, move || async move {
+        let env: langflow_executor::EnvLookup = Arc::new(|k| std::env::var(k).ok());
+        langflow_executor::template::build(&env, &name, &dockerfile, |line| {
+            // The build log goes to the terminal as it arrives (no Python object involved).
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "build: {line}");
+        })
+        .await
+    });
+    let result = match crate::wait::wait(py, rt, &mut task.handle) {
+        crate::wait::Waited::Finished(Ok(Some(Ok(built)))) => Ok(built.id),
+        crate::wait::Waited::Finished(Ok(Some(Err(e)))) => Err(to_pyerr(py, e)),
+        crate::wait::Waited::Finished(_) => Err(errors::execution(
+            py,
+            "the template build failed with an internal error",
+        )),
+        crate::wait::Waited::Interrupted(interrupt) => {
+            task.cancel();
+            Err(interrupt)
+        }
+    };
+    logbridge::drain(py);
+    result
+}

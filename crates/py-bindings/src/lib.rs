@@ -46,6 +46,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
     logbridge::register_fork_hooks(m)?;
     Ok(())

@@ -23,6 +23,8 @@ __all__ = [
     "NativeExecutor",
     "FlowEvents",
     "FlowWake",
+    "template_plan",
+    "template_build",
 ]
 
 __version__: str
@@ -205,3 +207,16 @@ class NativeExecutor:
         """
     def shutdown(self) -> None:
         """Destroy the guests of this process's flow runs (bounded)."""
+
+def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
+    """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.
+
+    Raises ``CreateOSUnavailableError`` for a requirement that is not a plain specifier.
+    """
+
+def template_build(name: str, dockerfile: str) -> str:
+    """Build the template, printing its build log to stderr; return its id once ready.
+
+    Blocks with the GIL released; Ctrl-C interrupts. Raises ``CreateOSUnavailableError``
+    (missing or rejected key) or ``CreateOSExecutionError`` (the build failed).
+    """
