@@ -122,14 +122,37 @@ pub async fn build(
         classify::call_failed(op, &map_error(e, &redactor), false, &redactor).into()
     };
     let templates = client.templates();
-    let created = templates
+    let created = match templates
         .create(&TemplateCreateRequest::new(name, dockerfile))
         .await
-        .map_err(|e| fail("template create", &e))?;
-    on_line(&format!(
-        "template {} ({}) accepted; building",
-        created.name, created.id
-    ));
+    {
+        Ok(t) => {
+            on_line(&format!(
+                "template {} ({}) accepted; building",
+                t.name, t.id
+            ));
+            t
+        }
+        // The name is taken: a derived name means the same image was asked for before.
+        Err(e) if map_error(&e, &redactor).is_conflict() => {
+            let t = templates
+                .get(name, GetTemplateOptions::default())
+                .await
+                .map_err(|e| fail("template lookup", &e))?;
+            on_line(&format!(
+                "template {} ({}) exists already ({}); using it",
+                t.name, t.id, t.status
+            ));
+            if t.status == TemplateStatus::Ready {
+                return Ok(Built {
+                    id: t.id,
+                    name: t.name,
+                });
+            }
+            t
+        }
+        Err(e) => return Err(fail("template create", &e)),
+    };
     let mut tail: Vec<String> = Vec::new();
     match templates
         .follow_logs(&created.id, TemplateLogsOptions::default())

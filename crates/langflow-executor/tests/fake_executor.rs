@@ -448,3 +448,61 @@ async fn faults_at_each_call_destroy_the_guest_with_the_right_error() {
     });
     futures::future::join_all(runs).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_template_builds_follows_its_log_and_is_reused() {
+    use langflow_executor::template;
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let url = fake.url();
+    let env: langflow_executor::EnvLookup = Arc::new(move |k| match k {
+        "CREATEOS_SANDBOX_API_KEY" => Some(KEY.to_owned()),
+        "CREATEOS_SANDBOX_BASE_URL" => Some(url.clone()),
+        _ => None,
+    });
+    let reqs = template::requirements(&["pandas".into()], "1.13.0").unwrap();
+    let dockerfile = template::dockerfile(&reqs);
+    let name = template::template_name(&dockerfile);
+    let mut lines = Vec::new();
+    let built = template::build(&env, &name, &dockerfile, |l| lines.push(l.to_owned()))
+        .await
+        .unwrap();
+    assert!(built.id.starts_with("tpl_"), "{built:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("'lfx==1.13.0' 'pandas'")),
+        "{lines:?}"
+    );
+    // The same image again: the existing template is used, not rebuilt.
+    let mut again = Vec::new();
+    let second = template::build(&env, &name, &dockerfile, |l| again.push(l.to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(second, built);
+    assert!(
+        again.iter().any(|l| l.contains("exists already")),
+        "{again:?}"
+    );
+    // A failed build quotes its log.
+    let err = template::build(&env, "lf-t-broken", "FROM x\nRUN false\n", |_| {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("failed"), "{err}");
+    assert!(err.to_string().contains("non-zero code"), "{err}");
+    assert_no_key(&err.to_string());
+    fake.shutdown().await;
+
+    // A rootfs the control plane does not know is refused before anything runs, naming it
+    // (the e2e suite runs a flow in a built template's guest).
+    let rig = start_rig(
+        "echo '{\"frame\":\"complete\",\"outputs\":[]}'",
+        &[("CREATEOS_EXECUTOR_ROOTFS", "tpl_does_not_exist")],
+        "",
+    )
+    .await;
+    let err = rig.executor.start(&request(false), None).await.unwrap_err();
+    assert!(err.to_string().contains("tpl_does_not_exist"), "{err}");
+}
