@@ -280,3 +280,31 @@ def test_refusals_name_the_executor_settings_and_create_nothing(clean_fake: Fake
     assert "CREATEOS_EXECUTOR_EGRESS" in proc.stdout
     assert "LANGFLOW_SANDBOX" not in proc.stdout
     assert clean_fake.stats()["created"] == 0
+
+
+def test_template_build_bakes_a_rootfs_that_runs_the_flow(clean_fake: Fake) -> None:
+    env = executor_env(clean_fake)
+    dry = subprocess.run(
+        [venv_bin("python"), "-m", "langflow_sandbox_createos", "template", "build", str(SHOUT), "--dry-run"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=E2E, check=False,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert dry.stdout.startswith("# Built by"), dry.stdout
+    assert "'lfx==1.13.0'" in dry.stdout
+    build = subprocess.run(
+        [venv_bin("python"), "-m", "langflow_sandbox_createos", "template", "build", str(SHOUT), "--name", "e2e-shout"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=E2E, check=False,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "build: build complete" in build.stderr, build.stderr
+    value = build.stdout.strip().splitlines()[-1]
+    assert value.startswith("CREATEOS_EXECUTOR_ROOTFS=tpl_"), build.stdout
+    rootfs = value.split("=", 1)[1]
+    # The template's id is the guest's rootfs: the flow runs in it...
+    remote = lfx_run_json(executor_env(clean_fake, CREATEOS_EXECUTOR_ROOTFS=rootfs), SHOUT, "baked")
+    assert remote["result"] == "BAKED!", remote
+    # ...and a rootfs that is not a ready template is refused by the control plane.
+    bogus = lfx_run_json(executor_env(clean_fake, CREATEOS_EXECUTOR_ROOTFS="tpl_missing"), SHOUT, "baked")
+    assert bogus["success"] is False, bogus
+    assert "tpl_missing" in json.dumps(bogus)
+    assert clean_fake.wait_settled()["created"] == 1
