@@ -55,7 +55,7 @@ def _template_build(flow_path: str, name: str | None, dry_run: bool) -> int:
     from importlib.metadata import version
 
     # lfx's own reader of a flow's requirements (what `lfx run` checks before it runs a flow).
-    from lfx.utils.flow_requirements import generate_requirements_from_flow
+    from lfx.utils.flow_requirements import generate_requirements_from_flow  # pyright: ignore[reportUnknownVariableType]
 
     from . import _native
 
@@ -65,7 +65,7 @@ def _template_build(flow_path: str, name: str | None, dry_run: bool) -> int:
     except (OSError, ValueError) as exc:
         print(f"template build failed: cannot read {flow_path}: {exc}", file=sys.stderr)
         return 1
-    needs = generate_requirements_from_flow(flow, include_lfx=False, pin_versions=True)
+    needs: list[str] = generate_requirements_from_flow(flow, include_lfx=False, pin_versions=True)
     try:
         template_name, dockerfile = _native.template_plan(needs, version("lfx"), name)
         if dry_run:

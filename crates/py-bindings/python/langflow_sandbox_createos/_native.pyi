@@ -192,7 +192,7 @@ class FlowEvents:
 class FlowWake:
     """Internal: the event-loop callback that completes a ``FlowEvents`` awaitable."""
 
-    def __call__(self) -> None: ...
+    def __call__(self, *args: object, **kwargs: object) -> None: ...
 
 @final
 class NativeExecutor:

@@ -27,7 +27,7 @@ import atexit
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult, Unit
@@ -112,10 +112,11 @@ def _text(value: Any) -> str | None:
 def _decode(value: Any) -> Any:
     """JSON from the guest with its tagged lfx values rebuilt as lfx objects."""
     if isinstance(value, list):
-        return [_decode(v) for v in value]  # pyright: ignore[reportUnknownVariableType]
+        return [_decode(v) for v in cast("list[Any]", value)]
     if not isinstance(value, dict):
         return value
-    tag = value.get("__lfx__")  # pyright: ignore[reportUnknownMemberType]
+    value = cast("dict[str, Any]", value)
+    tag = value.get("__lfx__")
     if tag == "Message":
         from lfx.schema.message import Message
 
@@ -128,7 +129,7 @@ def _decode(value: Any) -> Any:
         from lfx.schema.dataframe import DataFrame
 
         return DataFrame(value["v"])
-    return {k: _decode(v) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    return {k: _decode(v) for k, v in value.items()}
 
 
 def _result_data(body: dict[str, Any] | None) -> Any:
@@ -151,20 +152,19 @@ def _vertex_payload(frame: dict[str, Any]) -> RemoteVertexResult:
         from lfx.graph.schema import ResultData
 
         result = ResultData(component_id=frame["id"])
-    artifacts = result.artifacts if isinstance(result.artifacts, dict) else {}
-    return RemoteVertexResult(result, "", bool(frame.get("valid", True)), artifacts, vertex)  # pyright: ignore[reportUnknownArgumentType]
+    raw: Any = result.artifacts
+    artifacts = cast("dict[str, Any]", raw) if isinstance(raw, dict) else {}
+    return RemoteVertexResult(result, "", bool(frame.get("valid", True)), artifacts, vertex)
 
 
 def _run_outputs(outputs: list[dict[str, Any]]) -> list[Any]:
     from lfx.graph.schema import RunOutputs
 
-    return [
-        RunOutputs(
-            inputs=_decode(ro.get("inputs") or {}),
-            outputs=[_result_data(rd) for rd in ro.get("outputs") or []],
-        )
-        for ro in outputs
-    ]
+    runs: list[Any] = []
+    for ro in outputs:
+        results: list[dict[str, Any] | None] = ro.get("outputs") or []
+        runs.append(RunOutputs(inputs=_decode(ro.get("inputs") or {}), outputs=[_result_data(rd) for rd in results]))
+    return runs
 
 
 def _lfx_version() -> str | None:
