@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -108,6 +109,8 @@ def _vertex_frame(vertex: Any, result_dict: Any, valid: bool, seq: int) -> dict[
         "valid": bool(valid),
         "result": encoded,
         "result_truncated_bytes": size if truncated else None,
+        # Wall-clock time the vertex finished, so a consumer can measure delivery lag.
+        "finished_at": time.time(),
     }
 
 

@@ -69,6 +69,8 @@ class RemoteVertexResult(NamedTuple):
     valid: bool
     artifacts: dict[str, Any]
     vertex: RemoteVertex
+    #: When the vertex finished in the guest (seconds since the epoch), for latency checks.
+    finished_at: float | None = None
 
 
 def _encode_input(value: Any) -> Any:
@@ -154,7 +156,15 @@ def _vertex_payload(frame: dict[str, Any]) -> RemoteVertexResult:
         result = ResultData(component_id=frame["id"])
     raw: Any = result.artifacts
     artifacts = cast("dict[str, Any]", raw) if isinstance(raw, dict) else {}
-    return RemoteVertexResult(result, "", bool(frame.get("valid", True)), artifacts, vertex)
+    finished = frame.get("finished_at")
+    return RemoteVertexResult(
+        result,
+        "",
+        bool(frame.get("valid", True)),
+        artifacts,
+        vertex,
+        float(finished) if isinstance(finished, (int, float)) else None,
+    )
 
 
 def _run_outputs(outputs: list[dict[str, Any]]) -> list[Any]:
