@@ -7,6 +7,7 @@
 //! - [`backend`]: `NativeBackend` (run, shutdown, doctor) and `reap()`;
 //! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
 //!   `reap_reused()`;
+//! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
 //! - [`process`]: one backend per process id, so a forked child gets a fresh backend (and
 //!   connection pool) while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
@@ -21,6 +22,7 @@
 mod backend;
 mod component;
 mod errors;
+mod executor;
 mod logbridge;
 mod process;
 mod results;
@@ -42,8 +44,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<results::Output>()?;
     m.add_class::<results::Timings>()?;
     m.add_class::<results::ReapReport>()?;
+    m.add_class::<executor::NativeExecutor>()?;
+    m.add_class::<executor::FlowEvents>()?;
+    m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
     m.add_class::<component::NativeComponent>()?;
     m.add_class::<component::ComponentRun>()?;

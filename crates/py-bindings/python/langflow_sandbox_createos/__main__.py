@@ -1,5 +1,5 @@
-"""Operator commands: ``python -m langflow_sandbox_createos doctor`` and
-``reap [--older-than AGE] [--dry-run]``."""
+"""Operator commands: ``python -m langflow_sandbox_createos doctor``,
+``reap [--older-than AGE] [--dry-run]`` and ``template build FLOW.json [--name N] [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -79,6 +79,38 @@ def _reap(dry_run: bool) -> int:
     return 1 if report.failed else 0
 
 
+def _template_build(flow_path: str, name: str | None, dry_run: bool) -> int:
+    import json
+    from importlib.metadata import version
+
+    # lfx's own reader of a flow's requirements (what `lfx run` checks before it runs a flow).
+    from lfx.utils.flow_requirements import generate_requirements_from_flow  # pyright: ignore[reportUnknownVariableType]
+
+    from . import _native
+
+    try:
+        with open(flow_path, encoding="utf-8") as f:
+            flow = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"template build failed: cannot read {flow_path}: {exc}", file=sys.stderr)
+        return 1
+    needs: list[str] = generate_requirements_from_flow(flow, include_lfx=False, pin_versions=True)
+    try:
+        template_name, dockerfile = _native.template_plan(needs, version("lfx"), name)
+        if dry_run:
+            print(dockerfile, end="")
+            return 0
+        print(f"building template {template_name} for {flow_path}", file=sys.stderr)
+        template_id = _native.template_build(template_name, dockerfile)
+    # CreateOSUnavailableError / CreateOSExecutionError, both RuntimeErrors.
+    except RuntimeError as exc:
+        print(f"template build failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"template {template_name} is ready; run the flow in it with:", file=sys.stderr)
+    print(f"CREATEOS_EXECUTOR_ROOTFS={template_id}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m langflow_sandbox_createos``."""
     parser = argparse.ArgumentParser(
@@ -101,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also delete the CreateOS Sandbox component's reused guests (lf-c-) created at least "
         "AGE ago (90s, 30m, 1h, 2d); younger ones are kept and listed",
     )
+    template = commands.add_parser("template", help="bake a guest image for the whole-flow executor")
+    template_commands = template.add_subparsers(dest="template_command", required=True)
+    build = template_commands.add_parser(
+        "build",
+        help="build a CreateOS template with lfx and the packages a flow's components import, "
+        "and print the CREATEOS_EXECUTOR_ROOTFS value",
+    )
+    build.add_argument("flow", help="the flow's JSON file")
+    build.add_argument("--name", help="template name (default: derived from what it installs)")
+    build.add_argument("--dry-run", action="store_true", help="only print the Dockerfile")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor()
@@ -109,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.older_than is not None:
             rc = max(rc, _reap_reused(args.older_than, args.dry_run))
         return rc
+    if args.command == "template":
+        return _template_build(args.flow, args.name, args.dry_run)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -4,6 +4,7 @@ Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
 (``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
 """
 
+from collections.abc import Awaitable
 from typing import Any, Final, Protocol, final
 
 __all__ = [
@@ -24,6 +25,11 @@ __all__ = [
     "ReusedReapReport",
     "describe_component",
     "reap_reused",
+    "NativeExecutor",
+    "FlowEvents",
+    "FlowWake",
+    "template_plan",
+    "template_build",
 ]
 
 __version__: str
@@ -239,4 +245,54 @@ def reap_reused(older_than: str, dry_run: bool = False) -> ReusedReapReport:
 
     Raises ``CreateOSUnavailableError`` when the key is missing or rejected and
     ``CreateOSExecutionError`` when the listing fails.
+    """
+
+@final
+class FlowEvents:
+    """The events of one flow run: ``(kind, json)`` pairs, ``kind`` ``"vertex"`` or ``"complete"``.
+
+    An async iterator whose awaitables complete on the running asyncio loop. Raises the run's
+    failure (``CreateOSUnavailableError``, ``CreateOSExecutionError``, or the flow's own
+    exception) from ``__anext__``.
+    """
+
+    def __aiter__(self) -> FlowEvents: ...
+    def __anext__(self) -> Awaitable[tuple[str, str]]: ...
+    def aclose(self) -> Awaitable[None]:
+        """Stop the run; the awaitable completes once its guest is destroyed. Idempotent."""
+    @property
+    def mode(self) -> str:
+        """``"legacy"`` (``Graph.arun``) or ``"stream"`` (``lfx run``, ``lfx serve``, Loop)."""
+
+@final
+class FlowWake:
+    """Internal: the event-loop callback that completes a ``FlowEvents`` awaitable."""
+
+    def __call__(self, *args: object, **kwargs: object) -> None: ...
+
+@final
+class NativeExecutor:
+    """The whole-flow executor of this process; builds its runtime and connections on first use."""
+
+    def __init__(self) -> None: ...
+    def start(self, request: str, lfx_version: str | None = None) -> FlowEvents:
+        """Start a flow run from its JSON request; its guest is created in the background.
+
+        Raises ``CreateOSExecutionError`` for a malformed request; every other failure is
+        raised by the events.
+        """
+    def shutdown(self) -> None:
+        """Destroy the guests of this process's flow runs (bounded)."""
+
+def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
+    """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.
+
+    Raises ``CreateOSUnavailableError`` for a requirement that is not a plain specifier.
+    """
+
+def template_build(name: str, dockerfile: str) -> str:
+    """Build the template, printing its build log to stderr; return its id once ready.
+
+    Blocks with the GIL released; Ctrl-C interrupts. Raises ``CreateOSUnavailableError``
+    (missing or rejected key) or ``CreateOSExecutionError`` (the build failed).
     """

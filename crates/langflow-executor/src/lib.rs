@@ -1,0 +1,25 @@
+//! The lfx whole-flow executor's semantics (`LANGFLOW_EXECUTOR_KIND=createos`), as plain Rust
+//! over `sandbox-core`, with no Python and no lfx.
+//!
+//! An entire flow runs in one fresh CreateOS guest: [`Executor::start`] creates the guest
+//! (reaper-guarded), uploads the guest runner ([`runner::SOURCE`], a Python script embedded in
+//! this crate) and the job document ([`job::FlowRequest::job`]), reads the egress back, and
+//! dispatches the runner as a streaming exec under `timeout(1)`. [`FlowRun::next`] yields each
+//! vertex the moment its frame arrives ([`frames`]: bounded parsing, log lines for everything
+//! that is not a frame) and ends with the run's outputs; the guest is destroyed on completion,
+//! on an error, and when the consumer stops early ([`FlowRun::close`], or dropping the run).
+//! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
+//! what a flow's guest image needs and bakes it as a CreateOS template.
+
+pub mod frames;
+pub mod job;
+mod run;
+pub mod runner;
+pub mod settings;
+pub mod template;
+
+pub use job::{FlowRequest, Mode};
+pub use run::{
+    DEFAULT_MAX_FRAME_BYTES, EnvLookup, Event, Executor, ExecutorError, ExecutorOptions, FlowRun,
+    Plan,
+};

@@ -1,0 +1,667 @@
+//! One flow run in one guest: create (reaper-guarded) → upload the runner and the job ∥ read
+//! the egress back → streaming exec of the runner → each frame yielded as it arrives → the
+//! guest destroyed at the end, on an error, and when the consumer stops early.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use createos_api::{LineFramer, LineTooLong};
+use sandbox_core::classify;
+use sandbox_core::control::ExecFrame;
+use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
+use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
+use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestContext, GuestSpec};
+use sandbox_core::names::BACKEND_PREFIX;
+use sandbox_core::reaper::{Reaper, ReaperConfig};
+use sandbox_core::retry::Backoff;
+use sandbox_core::session::{Connector, Session, http_connector};
+use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
+use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::frames::{Line, LogLines, RunnerFrame, parse_line};
+use crate::job::{FlowRequest, Mode};
+use crate::runner::{JOB_PATH, RUNNER_PATH, SOURCE};
+use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings};
+
+/// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
+/// outputs.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// How many of the guest's last log lines an error message quotes.
+const TAIL_LINES: usize = 12;
+
+/// Why a flow run could not produce its events. `Display` is the message, which names the
+/// setting involved and the fix; it never contains the API key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutorError {
+    /// Configured but unusable; nothing ran (lfx: `SandboxUnavailableError`).
+    #[error("{0}")]
+    Unavailable(String),
+    /// An infrastructure failure, a timeout, or an unknown outcome (lfx:
+    /// `SandboxExecutionError`). The message says whether the flow may have run.
+    #[error("{0}")]
+    Execution(String),
+    /// The flow itself failed in the guest, as it would have in-process.
+    #[error("{message}")]
+    Flow {
+        /// The Python exception type raised in the guest.
+        error_type: Option<String>,
+        /// Its message.
+        message: String,
+    },
+}
+
+impl From<SandboxError> for ExecutorError {
+    fn from(e: SandboxError) -> Self {
+        if e.kind().is_unavailable() {
+            ExecutorError::Unavailable(e.message().to_owned())
+        } else {
+            ExecutorError::Execution(e.message().to_owned())
+        }
+    }
+}
+
+/// Reads one environment variable.
+pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Knobs for tests, benchmarks and embedders; [`Executor::new`] uses the defaults.
+#[derive(Clone)]
+pub struct ExecutorOptions {
+    /// Where settings are read from (default: the process environment, at each run).
+    pub env: EnvLookup,
+    /// Timeout of each control call (ignored when `session` is given).
+    pub request_timeout: Duration,
+    /// Backoff and total deadline for calls before the runner is dispatched.
+    pub backoff: Backoff,
+    /// TERM→KILL grace given to `timeout(1)` in the guest.
+    pub kill_after: Duration,
+    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
+    pub host_grace: Duration,
+    /// Reaper behaviour.
+    pub reaper: ReaperConfig,
+    /// How a control plane is built from settings (ignored when `session` is given).
+    pub connector: Connector,
+    /// The process's session to share with the other surfaces.
+    pub session: Option<Session>,
+    /// The longest frame line accepted from the runner.
+    pub max_frame_bytes: usize,
+    /// Bound on [`Executor::shutdown`].
+    pub shutdown_timeout: Duration,
+}
+
+impl fmt::Debug for ExecutorOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecutorOptions")
+            .field("request_timeout", &self.request_timeout)
+            .field("backoff", &self.backoff)
+            .field("kill_after", &self.kill_after)
+            .field("host_grace", &self.host_grace)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ExecutorOptions {
+    fn default() -> Self {
+        let limits = ExecLimits::for_seconds(1);
+        Self {
+            env: Arc::new(|k| std::env::var(k).ok()),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            backoff: Backoff::default(),
+            kill_after: limits.kill_after,
+            host_grace: limits.host_grace,
+            reaper: ReaperConfig::default(),
+            connector: http_connector(),
+            session: None,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            shutdown_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// One event of a flow run, in the order the guest produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A vertex finished: the runner's vertex frame (`id`, `display_name`,
+    /// `component_display_name`, `valid`, `result`: a serialized `ResultData`).
+    Vertex(Value),
+    /// The run finished: the serialized `list[RunOutputs]` (empty for a streaming run). Always
+    /// the last event; the guest is destroyed before it is returned.
+    Complete(Value),
+}
+
+/// Everything a run decides before any I/O.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The package's shared settings (key, endpoint).
+    pub settings: Settings,
+    /// The executor's own.
+    pub executor: ExecutorSettings,
+    /// The clocks.
+    pub limits: ExecLimits,
+}
+
+impl Plan {
+    /// The rootfs the guest gets.
+    pub fn rootfs(&self) -> &str {
+        self.executor.rootfs.as_deref().unwrap_or(DEFAULT_ROOTFS)
+    }
+}
+
+/// The whole-flow executor: cheap to build (no I/O), `Send + Sync`, shared by every concurrent
+/// run of a process. Build a fresh one in a child after `fork()`.
+pub struct Executor {
+    opts: ExecutorOptions,
+    session: Session,
+    reaper: Reaper,
+}
+
+impl fmt::Debug for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executor")
+            .field("reaper", &self.reaper)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Executor {
+    /// An executor with default options. Reads nothing yet.
+    pub fn new() -> Self {
+        Self::with_options(ExecutorOptions::default())
+    }
+
+    /// An executor with explicit options.
+    pub fn with_options(opts: ExecutorOptions) -> Self {
+        let session = opts
+            .session
+            .clone()
+            .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
+        Self {
+            reaper: Reaper::new(opts.reaper),
+            session,
+            opts,
+        }
+    }
+
+    /// Guests currently registered with this executor (live runs plus pending destroys).
+    pub fn registered_guests(&self) -> usize {
+        self.reaper.registered()
+    }
+
+    /// The refusals that need no I/O, in the order an operator would fix them.
+    pub fn plan(&self) -> Result<Plan, ExecutorError> {
+        let env = self.opts.env.clone();
+        let lookup = move |k: &str| env(k);
+        let settings = Settings::from_lookup(&lookup)?;
+        let executor = ExecutorSettings::from_lookup(&lookup)?;
+        settings.require_key()?;
+        let limits = ExecLimits {
+            budget: Duration::from_secs(u64::from(executor.timeout_seconds)),
+            kill_after: self.opts.kill_after,
+            host_grace: self.opts.host_grace,
+        };
+        Ok(Plan {
+            settings,
+            executor,
+            limits,
+        })
+    }
+
+    /// Starts `request` in a fresh guest and returns the running flow, whose events arrive
+    /// through [`FlowRun::next`]. `host_lfx_version` is the host's lfx version: the per-run
+    /// install (`CREATEOS_EXECUTOR_INSTALL_LFX`) pins it, and a guest with another version is
+    /// logged. Every refusal happens before a guest exists; a failure after create destroys the
+    /// guest before this returns. Dropping the returned future destroys the guest too.
+    pub async fn start(
+        &self,
+        request: &FlowRequest,
+        host_lfx_version: Option<&str>,
+    ) -> Result<FlowRun, ExecutorError> {
+        let plan = self.plan()?;
+        let redactor = plan.settings.redactor();
+        let account = self.session.account(&plan.settings)?;
+        let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
+        cred?;
+        let catalog = catalog?;
+        if !catalog.iter().any(|s| s.id == plan.executor.shape) {
+            let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
+            ids.sort_unstable();
+            return Err(ExecutorError::Unavailable(format!(
+                "{ENV_SHAPE}={} is not in the CreateOS shape catalog (available: {}); pick one \
+                 of those",
+                plan.executor.shape,
+                ids.join(", ")
+            )));
+        }
+        let install: Vec<String> = if plan.executor.install_lfx {
+            let lfx = host_lfx_version.map_or_else(|| "lfx".to_owned(), |v| format!("lfx=={v}"));
+            std::iter::once(lfx)
+                .chain(plan.executor.pip_extras.iter().cloned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let job = request.job(&install);
+        let job_bytes = Bytes::from(serde_json::to_vec(&job).map_err(|e| {
+            ExecutorError::Execution(format!("the flow could not be serialized: {e}"))
+        })?);
+        let spec = GuestSpec {
+            shape: plan.executor.shape.clone(),
+            rootfs: plan.rootfs().to_owned(),
+            envs: std::collections::BTreeMap::new(),
+            egress: plan.executor.egress.clone(),
+            auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
+        };
+        let cx = GuestContext::new(
+            account.control_plane().clone(),
+            self.reaper.clone(),
+            redactor.clone(),
+            self.opts.backoff,
+        );
+        let started = Instant::now();
+        let deadline = started + self.opts.backoff.budget;
+        let guest = Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?;
+        tracing::info!(
+            target: LOG_TARGET,
+            guest = %guest.name(),
+            rootfs = %spec.rootfs,
+            shape = %spec.shape,
+            mode = request.mode().as_str(),
+            "flow run: guest created"
+        );
+        let dispatched = async {
+            let (runner, job, egress) = tokio::join!(
+                guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
+                guest.upload(JOB_PATH, job_bytes, deadline),
+                guest.verify_egress(&spec.egress, deadline),
+            );
+            egress?;
+            runner?;
+            job?;
+            guest
+                .exec(
+                    &Command::python(RUNNER_PATH),
+                    &plan.limits,
+                    &ExecInput::default(),
+                    deadline,
+                )
+                .await
+        }
+        .await;
+        let exec = match dispatched {
+            Ok(exec) => exec,
+            Err(e) => {
+                destroy(guest, &redactor).await;
+                return Err(e.into());
+            }
+        };
+        Ok(FlowRun {
+            guest: Some(guest),
+            exec: Some(exec),
+            framer: LineFramer::new(self.opts.max_frame_bytes),
+            logs: LogLines::default(),
+            tail: VecDeque::new(),
+            pending: VecDeque::new(),
+            done: false,
+            exit: None,
+            agent_error: None,
+            malformed: 0,
+            vertices: 0,
+            started,
+            limits: plan.limits,
+            rootfs: plan.rootfs().to_owned(),
+            host_lfx: host_lfx_version.map(str::to_owned),
+            install: plan.executor.install_lfx,
+            mode: request.mode(),
+            redactor,
+        })
+    }
+
+    /// Destroys every guest still registered, within a bounded time, and refuses new runs.
+    pub async fn shutdown(&self) {
+        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
+        if r.destroyed + r.failed > 0 {
+            tracing::info!(
+                target: LOG_TARGET,
+                destroyed = r.destroyed,
+                failed = r.failed,
+                "flow executor shut down"
+            );
+        }
+    }
+}
+
+async fn destroy(guest: Guest, redactor: &Redactor) {
+    let name = guest.name().to_owned();
+    if let Err(e) = guest.destroy().await {
+        tracing::warn!(
+            target: LOG_TARGET,
+            guest = %name,
+            error = %redactor.apply(&e.message),
+            "guest destroy failed; the reaper keeps retrying"
+        );
+    }
+}
+
+/// A flow running in its guest. Take its events with [`FlowRun::next`]; end it early with
+/// [`FlowRun::close`] (or drop it: the guest then goes to the reaper, which destroys it).
+pub struct FlowRun {
+    guest: Option<Guest>,
+    exec: Option<ExecRun>,
+    framer: LineFramer,
+    logs: LogLines,
+    tail: VecDeque<String>,
+    pending: VecDeque<Event>,
+    done: bool,
+    exit: Option<i64>,
+    agent_error: Option<String>,
+    malformed: u32,
+    vertices: u32,
+    started: Instant,
+    limits: ExecLimits,
+    rootfs: String,
+    host_lfx: Option<String>,
+    install: bool,
+    mode: Mode,
+    redactor: Redactor,
+}
+
+impl fmt::Debug for FlowRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowRun")
+            .field("guest", &self.guest.as_ref().map(Guest::name))
+            .field("vertices", &self.vertices)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlowRun {
+    /// The guest's name (until the run ended).
+    pub fn guest_name(&self) -> Option<&str> {
+        self.guest.as_ref().map(Guest::name)
+    }
+
+    /// The mode the guest runs.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The next event, as soon as the guest produced it; `Ok(None)` after the
+    /// [`Event::Complete`]. An error ends the run (the guest is destroyed first).
+    pub async fn next(&mut self) -> Result<Option<Event>, ExecutorError> {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                if matches!(ev, Event::Complete(_)) {
+                    self.end().await;
+                }
+                return Ok(Some(ev));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let Some(exec) = self.exec.as_mut() else {
+                return Ok(None);
+            };
+            let step = exec.next().await;
+            match step {
+                ExecStep::Frame(ExecFrame::Stdout(s)) => {
+                    self.framer.push(Bytes::from(s.into_bytes()));
+                    self.take_lines().await?;
+                }
+                ExecStep::Frame(ExecFrame::Stderr(s)) => {
+                    for line in self.logs.push(s.as_bytes()) {
+                        self.log(&line);
+                    }
+                }
+                ExecStep::Frame(ExecFrame::Error(m)) => self.agent_error = Some(m),
+                ExecStep::Frame(ExecFrame::Heartbeat) => {}
+                ExecStep::Frame(ExecFrame::Exit(c)) => {
+                    self.exit = Some(c);
+                    self.end_of_output().await?;
+                }
+                ExecStep::End => self.end_of_output().await?,
+                ExecStep::HostDeadline => {
+                    let frames = exec.frames();
+                    let msg = if frames == 0 {
+                        format!(
+                            "CreateOS accepted the exec but sent nothing for {}s; the flow may \
+                             have run. The guest was destroyed",
+                            exec.host_budget().as_secs()
+                        )
+                    } else {
+                        self.timeout_message()
+                    };
+                    return Err(self.fail(ExecutorError::Execution(msg)).await);
+                }
+                ExecStep::Broken(e) => {
+                    let err = classify::stream_broke(&e, 0, 0, &self.redactor);
+                    return Err(self.fail(err.into()).await);
+                }
+            }
+        }
+    }
+
+    /// Ends the run now: stops the exec and destroys the guest. Idempotent.
+    pub async fn close(&mut self) {
+        self.done = true;
+        self.pending.clear();
+        self.end().await;
+    }
+
+    async fn end(&mut self) {
+        self.done = true;
+        self.exec = None;
+        if let Some(guest) = self.guest.take() {
+            let name = guest.name().to_owned();
+            destroy(guest, &self.redactor).await;
+            tracing::info!(
+                target: LOG_TARGET,
+                guest = %name,
+                vertices = self.vertices,
+                total_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "flow run finished; guest destroyed"
+            );
+        }
+    }
+
+    async fn fail(&mut self, err: ExecutorError) -> ExecutorError {
+        self.end().await;
+        err
+    }
+
+    fn log(&mut self, line: &str) {
+        if line.is_empty() {
+            return;
+        }
+        let line = self.redactor.apply(line);
+        tracing::info!(target: LOG_TARGET, "guest: {line}");
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line);
+    }
+
+    async fn take_lines(&mut self) -> Result<(), ExecutorError> {
+        loop {
+            let line = match self.framer.next_line() {
+                Ok(Some(line)) => line,
+                Ok(None) => return Ok(()),
+                Err(LineTooLong { limit }) => {
+                    let msg = format!(
+                        "the guest runner sent a line longer than {limit} bytes (a frame or \
+                         output that large is not accepted); the run was stopped and the guest \
+                         destroyed"
+                    );
+                    tracing::warn!(target: LOG_TARGET, "{msg}");
+                    return Err(self.fail(ExecutorError::Execution(msg)).await);
+                }
+            };
+            match parse_line(&line) {
+                Line::Log(text) => self.log(&text),
+                Line::Malformed(why) => {
+                    self.malformed += 1;
+                    tracing::warn!(
+                        target: LOG_TARGET,
+                        bytes = line.len(),
+                        "the guest runner wrote a malformed frame line ({why}); it was skipped"
+                    );
+                }
+                Line::Frame(frame) => self.frame(frame).await?,
+            }
+        }
+    }
+
+    async fn frame(&mut self, frame: RunnerFrame) -> Result<(), ExecutorError> {
+        match frame {
+            RunnerFrame::Hello { lfx, python } => {
+                tracing::debug!(target: LOG_TARGET, lfx = %lfx, python = %python, "guest runner started");
+                if let Some(host) = &self.host_lfx
+                    && *host != lfx
+                {
+                    tracing::warn!(
+                        target: LOG_TARGET,
+                        "the guest has lfx {lfx} but this host runs lfx {host}; rebuild the \
+                         template ({ENV_ROOTFS}) with lfx=={host} if the flow misbehaves"
+                    );
+                }
+            }
+            RunnerFrame::Vertex(v) => {
+                self.vertices += 1;
+                self.pending.push_back(Event::Vertex(v));
+            }
+            RunnerFrame::Complete(outputs) => {
+                self.pending.push_back(Event::Complete(outputs));
+                // Nothing after the terminal frame matters: the exec is stopped at `end`.
+                self.done = true;
+            }
+            RunnerFrame::Error {
+                kind,
+                error_type,
+                message,
+            } => {
+                let message = self.redactor.apply(&message);
+                let err = match kind.as_str() {
+                    "missing_lfx" => ExecutorError::Unavailable(self.missing_lfx_message()),
+                    "protocol" => ExecutorError::Execution(format!(
+                        "the guest runner refused the job ({message}); this is a bug in \
+                         langflow-sandbox-createos"
+                    )),
+                    _ => ExecutorError::Flow {
+                        error_type,
+                        message,
+                    },
+                };
+                return Err(self.fail(err).await);
+            }
+        }
+        Ok(())
+    }
+
+    fn missing_lfx_message(&self) -> String {
+        let want = self
+            .host_lfx
+            .as_deref()
+            .map_or_else(|| "lfx".to_owned(), |v| format!("lfx=={v}"));
+        if self.install {
+            format!(
+                "lfx could not be installed in the guest ({ENV_INSTALL_LFX}=true: `pip install \
+                 {want}` failed, see the guest log lines above); the flow was not run. Bake a \
+                 template instead: `python -m langflow_sandbox_createos template build \
+                 FLOW.json` and set {ENV_ROOTFS} to the value it prints"
+            )
+        } else {
+            format!(
+                "lfx is not installed in the guest image {:?}; the flow was not run. Set \
+                 {ENV_ROOTFS} to a template with {want} and the flow's components (`python -m \
+                 langflow_sandbox_createos template build FLOW.json` builds one and prints the \
+                 value), or set {ENV_INSTALL_LFX}=true to pip-install lfx in every guest (slow; \
+                 for a first experiment)",
+                self.rootfs
+            )
+        }
+    }
+
+    fn timeout_message(&self) -> String {
+        format!(
+            "the flow did not finish within {ENV_TIMEOUT}={}s (enforced in the guest); it was \
+             stopped and the guest destroyed after {} vertices",
+            self.limits.budget.as_secs(),
+            self.vertices
+        )
+    }
+
+    /// The output ended (exit status or end of stream) before a terminal frame was read.
+    async fn end_of_output(&mut self) -> Result<(), ExecutorError> {
+        self.framer.finish();
+        self.take_lines().await?;
+        if let Some(line) = self.logs.finish() {
+            self.log(&line);
+        }
+        if !self.pending.is_empty() || self.done {
+            // The terminal frame arrived (or was being read).
+            if self.done {
+                return Ok(());
+            }
+        }
+        let elapsed = self.exec.as_ref().map_or(Duration::ZERO, ExecRun::elapsed);
+        let tail = if self.tail.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ". Last guest output: {}",
+                self.tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+            )
+        };
+        let malformed = if self.malformed > 0 {
+            format!(" ({} malformed frame line(s) were skipped)", self.malformed)
+        } else {
+            String::new()
+        };
+        let err = match self.exit {
+            Some(c) if (0..=255).contains(&c) => {
+                let code = i32::try_from(c).unwrap_or(i32::MAX);
+                match classify_exit(code, elapsed, self.limits.budget) {
+                    EXIT_TIMED_OUT => ExecutorError::Execution(self.timeout_message()),
+                    EXIT_KILLED => ExecutorError::Execution(format!(
+                        "the guest runner was killed (exit status 137) before the flow finished, \
+                         most likely out of memory; pick a larger {ENV_SHAPE}{tail}"
+                    )),
+                    other => ExecutorError::Execution(format!(
+                        "the guest runner exited with status {other} without reporting a \
+                         result{malformed}{tail}"
+                    )),
+                }
+            }
+            other => {
+                let what = other.map_or_else(
+                    || "the exec stream ended without an exit status".to_owned(),
+                    |c| format!("CreateOS reported exit status {c}, which no process can have"),
+                );
+                let why = self.agent_error.as_ref().map_or_else(String::new, |m| {
+                    format!(" (the guest agent reported: {})", self.redactor.cap(m))
+                });
+                SandboxError::new(
+                    ErrorKind::OutcomeUnknown,
+                    format!(
+                        "the flow run did not complete: {what}{why}{malformed}; the flow may \
+                         have run"
+                    ),
+                )
+                .redacted(&self.redactor)
+                .into()
+            }
+        };
+        Err(self.fail(err).await)
+    }
+}

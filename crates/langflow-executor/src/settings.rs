@@ -1,0 +1,298 @@
+//! The executor's own settings (`CREATEOS_EXECUTOR_*`), read through an environment lookup.
+//!
+//! The credential and endpoint are the package's shared `CREATEOS_SANDBOX_*` settings
+//! ([`sandbox_core::settings::Settings`]); everything that shapes the guest is the executor's
+//! own, so a refusal never points an executor user at a backend setting.
+
+use sandbox_core::SandboxError;
+use sandbox_core::egress::{ALLOW_ALL_RULE, EgressPolicy};
+use sandbox_core::settings::{SettingNames, non_blank, parse_bool};
+
+/// `CREATEOS_EXECUTOR_ROOTFS`: the guest image (a template with lfx and the flow's components).
+pub const ENV_ROOTFS: &str = "CREATEOS_EXECUTOR_ROOTFS";
+/// `CREATEOS_EXECUTOR_SHAPE`: the guest's shape id.
+pub const ENV_SHAPE: &str = "CREATEOS_EXECUTOR_SHAPE";
+/// `CREATEOS_EXECUTOR_TIMEOUT_SECONDS`: the flow's wall clock, enforced in the guest.
+pub const ENV_TIMEOUT: &str = "CREATEOS_EXECUTOR_TIMEOUT_SECONDS";
+/// `CREATEOS_EXECUTOR_EGRESS`: comma-separated address rules, `*` (unrestricted) or `none`.
+pub const ENV_EGRESS: &str = "CREATEOS_EXECUTOR_EGRESS";
+/// `CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS`: accept that a restricted guest still reaches
+/// `169.254.0.0/16`.
+pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS";
+/// `CREATEOS_EXECUTOR_INSTALL_LFX`: install lfx (the host's version) in the guest per run.
+pub const ENV_INSTALL_LFX: &str = "CREATEOS_EXECUTOR_INSTALL_LFX";
+/// `CREATEOS_EXECUTOR_PIP`: extra pip requirements for that per-run install.
+pub const ENV_PIP: &str = "CREATEOS_EXECUTOR_PIP";
+
+/// The default shape: flows import heavy libraries.
+pub const DEFAULT_SHAPE: &str = "s-4vcpu-8gb";
+/// The default wall clock of one flow run, in seconds.
+pub const DEFAULT_TIMEOUT_SECONDS: u32 = 600;
+/// The longest accepted wall clock (the auto-pause backstop must stay above it).
+pub const MAX_TIMEOUT_SECONDS: u32 = 86_400 - 120;
+
+/// The settings the executor's egress refusals name.
+pub const SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: "CREATEOS_EXECUTOR_EGRESS=<address rules>",
+    allow_egress: "CREATEOS_EXECUTOR_EGRESS=*",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: ENV_SHAPE,
+};
+
+/// What the executor's settings decide about the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorSettings {
+    /// The rootfs, or `None` for the package default ([`sandbox_core::settings::DEFAULT_ROOTFS`],
+    /// which has no lfx: the run then needs [`ExecutorSettings::install_lfx`]).
+    pub rootfs: Option<String>,
+    /// The shape id.
+    pub shape: String,
+    /// The flow's wall clock, in seconds.
+    pub timeout_seconds: u32,
+    /// The guest's egress.
+    pub egress: EgressPolicy,
+    /// Install lfx in the guest when it is missing.
+    pub install_lfx: bool,
+    /// Extra requirements for that install.
+    pub pip_extras: Vec<String>,
+}
+
+fn valid_token(s: &str, extra: &[char]) -> bool {
+    !s.is_empty()
+        && s.len() <= 200
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+}
+
+/// A pip requirement we pass on: no options (`-`), no whitespace, no shell characters.
+pub(crate) fn valid_requirement(s: &str) -> bool {
+    valid_token(
+        s,
+        &[
+            '-', '_', '.', '=', '<', '>', '!', '~', '[', ']', ',', '@', '+',
+        ],
+    ) && !s.starts_with('-')
+}
+
+impl ExecutorSettings {
+    /// Reads and validates the `CREATEOS_EXECUTOR_*` settings through `lookup`. A bad value is
+    /// a refusal that names its variable and what would be accepted.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        let rootfs = match non_blank(lookup, ENV_ROOTFS) {
+            None => None,
+            Some(r) if valid_token(&r, &['-', '_', '.', ':', '/']) => Some(r),
+            Some(r) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_ROOTFS}={r:?} is not a rootfs name; set it to a template id or name \
+                     (see `python -m langflow_sandbox_createos template build`) or unset it"
+                )));
+            }
+        };
+        let shape = match non_blank(lookup, ENV_SHAPE) {
+            None => DEFAULT_SHAPE.to_owned(),
+            Some(s) if valid_token(&s, &['-', '_', '.']) => s,
+            Some(s) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_SHAPE}={s:?} is not a shape id; set it to an id from GET /v1/shapes \
+                     (default {DEFAULT_SHAPE})"
+                )));
+            }
+        };
+        let timeout_seconds = match non_blank(lookup, ENV_TIMEOUT) {
+            None => DEFAULT_TIMEOUT_SECONDS,
+            Some(raw) => match raw.parse::<u32>() {
+                Ok(n) if (1..=MAX_TIMEOUT_SECONDS).contains(&n) => n,
+                _ => {
+                    return Err(SandboxError::refused(format!(
+                        "{ENV_TIMEOUT}={raw:?} is not a whole number of seconds between 1 and \
+                         {MAX_TIMEOUT_SECONDS} (default {DEFAULT_TIMEOUT_SECONDS})"
+                    )));
+                }
+            },
+        };
+        let accept = match lookup(ENV_ACCEPT_EGRESS_EXCEPTIONS) {
+            Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
+            None => false,
+        };
+        let egress = egress_from(non_blank(lookup, ENV_EGRESS).as_deref(), accept)?;
+        let install_lfx = match lookup(ENV_INSTALL_LFX) {
+            Some(raw) => parse_bool(ENV_INSTALL_LFX, &raw)?,
+            None => false,
+        };
+        let pip_extras: Vec<String> = non_blank(lookup, ENV_PIP)
+            .map(|raw| {
+                raw.split([',', ' '])
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(bad) = pip_extras.iter().find(|r| !valid_requirement(r)) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_PIP} holds {bad:?}, which is not a plain requirement (name, extras and \
+                 version specifiers only; no pip options); list requirements separated by commas"
+            )));
+        }
+        if !pip_extras.is_empty() && !install_lfx {
+            return Err(SandboxError::refused(format!(
+                "{ENV_PIP} is set but {ENV_INSTALL_LFX} is not: the extras are installed only by \
+                 the per-run install. Set {ENV_INSTALL_LFX}=true, or bake them into a template \
+                 ({ENV_ROOTFS})"
+            )));
+        }
+        Ok(Self {
+            rootfs,
+            shape,
+            timeout_seconds,
+            egress,
+            install_lfx,
+            pip_extras,
+        })
+    }
+}
+
+/// The egress `CREATEOS_EXECUTOR_EGRESS` asks for: unset or `*` is unrestricted (flows call
+/// model providers), `none` is deny-all, anything else is a comma-separated list of address
+/// rules validated strictly (hostnames refused: CreateOS does not enforce them). Every
+/// restricted policy needs the link-local opt-in.
+pub fn egress_from(
+    raw: Option<&str>,
+    accept_exceptions: bool,
+) -> Result<EgressPolicy, SandboxError> {
+    let raw = raw.map_or(ALLOW_ALL_RULE, str::trim);
+    if raw == ALLOW_ALL_RULE {
+        return Ok(EgressPolicy::AllowAll);
+    }
+    let rules: Vec<String> = if raw.eq_ignore_ascii_case("none") {
+        Vec::new()
+    } else {
+        raw.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    if rules.iter().any(|r| r == ALLOW_ALL_RULE) {
+        return Err(SandboxError::refused(format!(
+            "{ENV_EGRESS}={raw:?} mixes `*` with address rules; set it to `*` alone for \
+             unrestricted egress, or list only address rules"
+        )));
+    }
+    EgressPolicy::restricted(&rules, accept_exceptions, &SETTING_NAMES).map_err(|e| {
+        // Name the variable the bad rule came from.
+        if e.message().contains(ENV_EGRESS) || e.message().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS) {
+            e
+        } else {
+            SandboxError::refused(format!("{ENV_EGRESS}: {}", e.message()))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults() {
+        let s = ExecutorSettings::from_lookup(&env(&[])).unwrap();
+        assert_eq!(s.rootfs, None);
+        assert_eq!(s.shape, "s-4vcpu-8gb");
+        assert_eq!(s.timeout_seconds, 600);
+        assert_eq!(s.egress, EgressPolicy::AllowAll);
+        assert!(!s.install_lfx);
+        assert!(s.pip_extras.is_empty());
+    }
+
+    #[test]
+    fn parses_values() {
+        let s = ExecutorSettings::from_lookup(&env(&[
+            (ENV_ROOTFS, "tpl_abc123"),
+            (ENV_SHAPE, "s-2vcpu-4gb"),
+            (ENV_TIMEOUT, "30"),
+            (ENV_EGRESS, "203.0.113.0/24, 1.1.1.1:53"),
+            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"),
+            (ENV_INSTALL_LFX, "yes"),
+            (ENV_PIP, "langchain-experimental==0.4.2, pandas"),
+        ]))
+        .unwrap();
+        assert_eq!(s.rootfs.as_deref(), Some("tpl_abc123"));
+        assert_eq!(s.shape, "s-2vcpu-4gb");
+        assert_eq!(s.timeout_seconds, 30);
+        assert_eq!(s.egress.rules(), vec!["1.1.1.1:53", "203.0.113.0/24"]);
+        assert!(s.install_lfx);
+        assert_eq!(
+            s.pip_extras,
+            vec!["langchain-experimental==0.4.2", "pandas"]
+        );
+        let s = ExecutorSettings::from_lookup(&env(&[
+            (ENV_EGRESS, "none"),
+            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "1"),
+        ]))
+        .unwrap();
+        assert_eq!(s.egress, EgressPolicy::DenyAll);
+    }
+
+    #[test]
+    fn bad_values_name_the_executor_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[(ENV_ROOTFS, "a b")], ENV_ROOTFS),
+            (&[(ENV_SHAPE, "s 4")], ENV_SHAPE),
+            (&[(ENV_TIMEOUT, "0")], ENV_TIMEOUT),
+            (&[(ENV_TIMEOUT, "ten")], ENV_TIMEOUT),
+            (&[(ENV_INSTALL_LFX, "perhaps")], ENV_INSTALL_LFX),
+            (
+                &[(ENV_INSTALL_LFX, "true"), (ENV_PIP, "--index-url=http://x")],
+                ENV_PIP,
+            ),
+            (&[(ENV_PIP, "pandas")], ENV_INSTALL_LFX),
+            (
+                &[
+                    (ENV_EGRESS, "pypi.org"),
+                    (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"),
+                ],
+                ENV_EGRESS,
+            ),
+            (
+                &[
+                    (ENV_EGRESS, "10.0.0.1/8"),
+                    (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"),
+                ],
+                ENV_EGRESS,
+            ),
+            (&[(ENV_EGRESS, "*,1.1.1.1")], ENV_EGRESS),
+            (&[(ENV_EGRESS, "1.1.1.1")], ENV_ACCEPT_EGRESS_EXCEPTIONS),
+            (&[(ENV_EGRESS, "none")], ENV_ACCEPT_EGRESS_EXCEPTIONS),
+        ];
+        for (pairs, var) in cases {
+            let e = ExecutorSettings::from_lookup(&env(pairs)).unwrap_err();
+            let text = e.to_string();
+            assert!(e.kind().is_unavailable(), "{pairs:?}: {text}");
+            assert!(text.contains(var), "{pairs:?}: {text}");
+            assert!(!text.contains("LANGFLOW_SANDBOX"), "{pairs:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn link_local_refusal_names_executor_settings() {
+        let e = egress_from(Some("203.0.113.7"), false).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("169.254.0.0/16"), "{text}");
+        assert!(
+            text.contains("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS=true"),
+            "{text}"
+        );
+        assert!(text.contains("CREATEOS_EXECUTOR_EGRESS=*"), "{text}");
+        assert!(!text.contains("LANGFLOW_"), "{text}");
+    }
+}

@@ -1,0 +1,508 @@
+//! The flow executor against the in-process fake control plane.
+//!
+//! The guest's `python3` is a stub script per test (the fake puts its `guest_path` first on the
+//! guest `PATH`), so each test decides exactly what the "runner" writes and when; one test runs
+//! the real embedded runner under a `python3` that has no lfx.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use createos_fake::{FakeOptions, FakeServer};
+use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest};
+use sandbox_core::reaper::ReaperConfig;
+use sandbox_core::retry::Backoff;
+use serde_json::json;
+use tokio::time::Instant;
+
+const KEY: &str = "lf-exec-key-8c1f0e2d7a94b3";
+
+struct Rig {
+    fake: FakeServer,
+    executor: Executor,
+    _dir: tempfile::TempDir,
+}
+
+/// A fake whose guest `python3` is `script` (a shell script), and an executor pointed at it.
+async fn start_rig(script: &str, extra_env: &[(&str, &str)], faults: &str) -> Rig {
+    rig_with(script, extra_env, faults, |_| {}).await
+}
+
+async fn rig_with(
+    script: &str,
+    extra_env: &[(&str, &str)],
+    faults: &str,
+    tweak: impl FnOnce(&mut ExecutorOptions),
+) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    write_stub(dir.path(), script);
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        guest_path: vec![dir.path().to_path_buf()],
+        faults: faults.to_owned(),
+        heartbeat: Duration::from_millis(200),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let mut env: HashMap<String, String> = [
+        ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
+        ("CREATEOS_SANDBOX_BASE_URL", fake.url()),
+        ("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "20".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in extra_env {
+        env.insert((*k).to_owned(), (*v).to_owned());
+    }
+    let quick = Backoff {
+        base: Duration::from_millis(50),
+        max: Duration::from_millis(300),
+        budget: Duration::from_secs(4),
+    };
+    let mut opts = ExecutorOptions {
+        env: Arc::new(move |k| env.get(k).cloned()),
+        request_timeout: Duration::from_secs(2),
+        backoff: quick,
+        kill_after: Duration::from_millis(300),
+        host_grace: Duration::from_millis(1500),
+        reaper: ReaperConfig {
+            backoff: quick,
+            lookup_patience: Duration::from_secs(3),
+        },
+        shutdown_timeout: Duration::from_secs(5),
+        ..ExecutorOptions::default()
+    };
+    tweak(&mut opts);
+    Rig {
+        fake,
+        executor: Executor::with_options(opts),
+        _dir: dir,
+    }
+}
+
+fn write_stub(dir: &Path, script: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("python3");
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn request(legacy: bool) -> FlowRequest {
+    let options = if legacy {
+        json!({"_use_arun_legacy": true})
+    } else {
+        json!({})
+    };
+    FlowRequest::from_json(
+        &json!({"flow": {"data": {"nodes": [], "edges": []}}, "inputs": [{"input_value": "hi"}],
+                "options": options})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+async fn settled(fake: &FakeServer) -> createos_fake::Stats {
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = fake.stats();
+        if s.live == 0 || Instant::now() > until {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assert_no_key(text: &str) {
+    for i in 0..=KEY.len() - 8 {
+        assert!(!text.contains(&KEY[i..i + 8]), "key fragment in {text}");
+    }
+}
+
+/// The stub checks it was given the real runner and its job, then speaks the protocol.
+const RUNNER_CHECK: &str = r#"case "$2" in */lfx_runner.py) ;; *) echo "bad args $*" >&2; exit 9;; esac
+grep -q Graph.from_payload "$2" || { echo "not the runner" >&2; exit 9; }
+grep -q '"protocol":1' "$(dirname "$2")/lfx_job.json" || { echo "no job" >&2; exit 9; }"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn frames_arrive_in_order_and_live() {
+    let script = format!(
+        r#"{RUNNER_CHECK}
+echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+echo '{{"frame":"vertex","id":"a","seq":1}}'
+echo 'a guest print on stderr' >&2
+sleep 2
+echo 'not a frame on stdout'
+echo '{{"frame":"vertex","id":"b","seq":2}}'
+echo '{{"frame":"complete","outputs":[{{"inputs":{{}},"outputs":[]}}]}}'"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let mut run = rig
+        .executor
+        .start(&request(true), Some("1.13.0"))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let first = run.next().await.unwrap().unwrap();
+    let first_at = t0.elapsed();
+    let Event::Vertex(v) = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(v["id"], "a");
+    // The first vertex arrives while the guest still sleeps: streamed, not buffered to the end.
+    assert!(first_at < Duration::from_millis(1500), "{first_at:?}");
+    assert_eq!(rig.fake.stats().live, 1);
+    let Event::Vertex(v) = run.next().await.unwrap().unwrap() else {
+        panic!()
+    };
+    assert_eq!(v["id"], "b");
+    assert!(t0.elapsed() >= Duration::from_secs(2));
+    let last = run.next().await.unwrap().unwrap();
+    assert_eq!(
+        last,
+        Event::Complete(json!([{"inputs": {}, "outputs": []}]))
+    );
+    // The guest is destroyed once the terminal event is handed over.
+    assert_eq!(rig.fake.stats().live, 0);
+    assert_eq!(run.next().await.unwrap(), None);
+    assert_eq!(rig.fake.stats().created, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_line_stops_the_run_instead_of_being_buffered() {
+    // 64 KiB of frame with no end in sight, against a 4 KiB limit.
+    let script = r#"echo '{"frame":"vertex","id":"a","seq":1}'
+head -c 65536 /dev/zero | tr '\0' 'x'
+sleep 5
+echo
+echo '{"frame":"complete","outputs":[]}'"#;
+    let rig = rig_with(script, &[], "", |o| o.max_frame_bytes = 4096).await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    assert!(matches!(run.next().await, Ok(Some(Event::Vertex(_)))));
+    let t0 = Instant::now();
+    let err = run.next().await.unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "waited for the line's end"
+    );
+    let ExecutorError::Execution(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(msg.contains("longer than 4096 bytes"), "{msg}");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(run.next().await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_line_is_reported_and_skipped() {
+    let script = r#"echo '{"frame":"vertex","id":'
+echo '{"frame":"vertex","id":"b","seq":1}'
+echo '{"frame":"complete","outputs":[]}'"#;
+    let rig = start_rig(script, &[], "").await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    let Event::Vertex(v) = run.next().await.unwrap().unwrap() else {
+        panic!()
+    };
+    assert_eq!(v["id"], "b");
+    assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
+
+    // With nothing but malformed output, the failure says so.
+    let rig2 = start_rig("echo '{\"frame\": oops'", &[], "").await;
+    let mut run = rig2.executor.start(&request(false), None).await.unwrap();
+    let err = run.next().await.unwrap_err();
+    assert!(err.to_string().contains("1 malformed frame line"), "{err}");
+    assert!(
+        err.to_string().contains("without reporting a result"),
+        "{err}"
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_that_stops_early_leaves_no_guest() {
+    let script = r#"echo '{"frame":"vertex","id":"a","seq":1}'
+sleep 30
+echo '{"frame":"complete","outputs":[]}'"#;
+    let rig = start_rig(script, &[], "").await;
+    // Dropped after the first event.
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    assert!(matches!(run.next().await, Ok(Some(Event::Vertex(_)))));
+    drop(run);
+    let stats = settled(&rig.fake).await;
+    assert_eq!((stats.created, stats.live), (1, 0));
+    // Closed explicitly: destroyed before close returns.
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    assert!(matches!(run.next().await, Ok(Some(Event::Vertex(_)))));
+    run.close().await;
+    assert_eq!(rig.fake.stats().live, 0);
+    assert_eq!(run.next().await.unwrap(), None);
+    assert_eq!(rig.executor.registered_guests(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_flow_failing_in_the_guest_is_a_flow_error() {
+    let script = r#"echo '{"frame":"error","kind":"flow","type":"ValueError","message":"Error running graph: boom"}'
+exit 1"#;
+    let rig = start_rig(script, &[], "").await;
+    let mut run = rig.executor.start(&request(true), None).await.unwrap();
+    let err = run.next().await.unwrap_err();
+    assert_eq!(
+        err,
+        ExecutorError::Flow {
+            error_type: Some("ValueError".into()),
+            message: "Error running graph: boom".into()
+        }
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guest_clock_is_the_executor_timeout() {
+    let rig = start_rig(
+        "echo '{\"frame\":\"vertex\",\"id\":\"a\",\"seq\":1}'; sleep 30",
+        &[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "1")],
+        "",
+    )
+    .await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    assert!(matches!(run.next().await, Ok(Some(Event::Vertex(_)))));
+    let err = run.next().await.unwrap_err();
+    let ExecutorError::Execution(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        msg.contains("CREATEOS_EXECUTOR_TIMEOUT_SECONDS=1s"),
+        "{msg}"
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_without_lfx_says_how_to_fix_it() {
+    // The real runner, under a python3 without lfx.
+    let Some(python) = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        panic!("no system python3 to run the runner with");
+    };
+    let probe = std::process::Command::new(python)
+        .args(["-c", "import lfx"])
+        .output()
+        .unwrap();
+    assert!(
+        !probe.status.success(),
+        "{python} has lfx; pick one without"
+    );
+    let rig = start_rig(&format!("exec {python} \"$@\""), &[], "").await;
+    let mut run = rig
+        .executor
+        .start(&request(true), Some("1.13.0"))
+        .await
+        .unwrap();
+    let err = run.next().await.unwrap_err();
+    let ExecutorError::Unavailable(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(msg.contains("lfx is not installed"), "{msg}");
+    assert!(msg.contains("CREATEOS_EXECUTOR_ROOTFS"), "{msg}");
+    assert!(msg.contains("CREATEOS_EXECUTOR_INSTALL_LFX=true"), "{msg}");
+    assert!(msg.contains("lfx==1.13.0"), "{msg}");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_come_before_any_guest_and_name_executor_settings() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("CREATEOS_EXECUTOR_EGRESS", "pypi.org")],
+            "CREATEOS_EXECUTOR_EGRESS",
+        ),
+        (
+            &[("CREATEOS_EXECUTOR_EGRESS", "203.0.113.0/24")],
+            "CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS",
+        ),
+        (
+            &[("CREATEOS_EXECUTOR_SHAPE", "s-9vcpu-nope")],
+            "CREATEOS_EXECUTOR_SHAPE",
+        ),
+        (
+            &[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "-3")],
+            "CREATEOS_EXECUTOR_TIMEOUT_SECONDS",
+        ),
+        (
+            &[("CREATEOS_SANDBOX_API_KEY", "")],
+            "CREATEOS_SANDBOX_API_KEY",
+        ),
+    ];
+    for (env, var) in cases {
+        let rig = start_rig("exit 0", env, "").await;
+        let err = rig.executor.start(&request(false), None).await.unwrap_err();
+        let ExecutorError::Unavailable(msg) = &err else {
+            panic!("{env:?}: {err:?}")
+        };
+        assert!(msg.contains(var), "{env:?}: {msg}");
+        assert!(!msg.contains("LANGFLOW_SANDBOX"), "{env:?}: {msg}");
+        assert_eq!(rig.fake.stats().created, 0, "{env:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restricted_egress_is_sent_and_read_back() {
+    let rig = start_rig(
+        "echo '{\"frame\":\"complete\",\"outputs\":[]}'",
+        &[
+            ("CREATEOS_EXECUTOR_EGRESS", "203.0.113.0/24,1.1.1.1:53"),
+            ("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS", "true"),
+        ],
+        "",
+    )
+    .await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
+    let stats = rig.fake.stats();
+    assert_eq!(stats.requests.get("egress_get").copied().unwrap_or(0), 1);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Ran,
+    Unavailable,
+    NotStarted,
+    MayHaveRun,
+    TimedOut,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_at_each_call_destroy_the_guest_with_the_right_error() {
+    let script = "echo '{\"frame\":\"vertex\",\"id\":\"a\",\"seq\":1}'; echo '{\"frame\":\"complete\",\"outputs\":[]}'";
+    let cases: &[(&str, Want)] = &[
+        ("create=429#2", Want::Ran),
+        ("create=503+ra=none#1", Want::Ran),
+        ("create=429+ra=1#1", Want::Ran),
+        ("create=429", Want::NotStarted),
+        ("create=503+ra=none", Want::NotStarted),
+        ("create=500", Want::NotStarted),
+        ("create=reset", Want::NotStarted),
+        ("create=stall", Want::NotStarted),
+        ("create=401", Want::Unavailable),
+        ("upload=503#1", Want::Ran),
+        ("upload=500", Want::NotStarted),
+        ("upload=reset", Want::NotStarted),
+        ("upload=stall", Want::NotStarted),
+        ("egress_get=500", Want::NotStarted),
+        ("exec_stream=429#1", Want::Ran),
+        ("exec_stream=503+ra=none#1", Want::Ran),
+        ("exec_stream=429", Want::NotStarted),
+        ("exec_stream=500", Want::MayHaveRun),
+        ("exec_stream=reset", Want::MayHaveRun),
+        ("exec_stream=stall", Want::MayHaveRun),
+        // The terminal frame arrived before the stream stalled: the result stands.
+        ("exec_stream=stall-mid", Want::Ran),
+        ("whoami=401", Want::Unavailable),
+    ];
+    let runs = cases.iter().map(|(faults, want)| async move {
+        let rig = start_rig(
+            script,
+            &[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")],
+            faults,
+        )
+        .await;
+        let outcome = match rig.executor.start(&request(false), None).await {
+            Err(e) => Err(e),
+            Ok(mut run) => {
+                let mut last = Ok(None);
+                loop {
+                    match run.next().await {
+                        Ok(Some(ev)) => last = Ok(Some(ev)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            last = Err(e);
+                            break;
+                        }
+                    }
+                }
+                last
+            }
+        };
+        let got = match &outcome {
+            Ok(Some(Event::Complete(_))) => Want::Ran,
+            Ok(other) => panic!("{faults}: {other:?}"),
+            Err(ExecutorError::Unavailable(_)) => Want::Unavailable,
+            Err(ExecutorError::Execution(m)) if m.contains("not started") => Want::NotStarted,
+            Err(ExecutorError::Execution(m)) if m.contains("may have run") => Want::MayHaveRun,
+            Err(ExecutorError::Execution(m)) if m.contains("did not finish within") => {
+                Want::TimedOut
+            }
+            Err(e) => panic!("{faults}: unexpected {e:?}"),
+        };
+        assert_eq!(got, *want, "{faults}: {outcome:?}");
+        if let Err(e) = &outcome {
+            assert_no_key(&format!("{e} {e:?}"));
+        }
+        let stats = settled(&rig.fake).await;
+        assert_eq!(stats.live, 0, "{faults}: {stats:?}");
+        rig.fake.shutdown().await;
+    });
+    futures::future::join_all(runs).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_template_builds_follows_its_log_and_is_reused() {
+    use langflow_executor::template;
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let url = fake.url();
+    let env: langflow_executor::EnvLookup = Arc::new(move |k| match k {
+        "CREATEOS_SANDBOX_API_KEY" => Some(KEY.to_owned()),
+        "CREATEOS_SANDBOX_BASE_URL" => Some(url.clone()),
+        _ => None,
+    });
+    let reqs = template::requirements(&["pandas".into()], "1.13.0").unwrap();
+    let dockerfile = template::dockerfile(&reqs);
+    let name = template::template_name(&dockerfile);
+    let mut lines = Vec::new();
+    let built = template::build(&env, &name, &dockerfile, |l| lines.push(l.to_owned()))
+        .await
+        .unwrap();
+    assert!(built.id.starts_with("tpl_"), "{built:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("'lfx==1.13.0' 'pandas'")),
+        "{lines:?}"
+    );
+    // The same image again: the existing template is used, not rebuilt.
+    let mut again = Vec::new();
+    let second = template::build(&env, &name, &dockerfile, |l| again.push(l.to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(second, built);
+    assert!(
+        again.iter().any(|l| l.contains("exists already")),
+        "{again:?}"
+    );
+    // A failed build quotes its log.
+    let err = template::build(&env, "lf-t-broken", "FROM x\nRUN false\n", |_| {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("failed"), "{err}");
+    assert!(err.to_string().contains("non-zero code"), "{err}");
+    assert_no_key(&err.to_string());
+    fake.shutdown().await;
+
+    // A rootfs the control plane does not know is refused before anything runs, naming it
+    // (the e2e suite runs a flow in a built template's guest).
+    let rig = start_rig(
+        "echo '{\"frame\":\"complete\",\"outputs\":[]}'",
+        &[("CREATEOS_EXECUTOR_ROOTFS", "tpl_does_not_exist")],
+        "",
+    )
+    .await;
+    let err = rig.executor.start(&request(false), None).await.unwrap_err();
+    assert!(err.to_string().contains("tpl_does_not_exist"), "{err}");
+}

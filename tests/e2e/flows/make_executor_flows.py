@@ -1,0 +1,64 @@
+"""Regenerate the executor's test flows with lfx's Graph API (run once; the JSON is committed).
+
+- ``shout_flow.json``: Chat Input -> Shout (upper-cases, adds "!") -> Chat Output.
+- ``slow_flow.json``: Chat Input -> Shout -> Slow (sleeps 2 s) -> Chat Output; the benchmark's
+  flow: the first vertices finish long before the last, so live events are measurable.
+- ``stream_flow.json``: Chat Input -> Stream Words (a generator output) -> Chat Output.
+
+The components live in ``components/``, one per module: a dumped node embeds its module's
+source, which is what the guest rebuilds.
+
+    .venv/bin/python tests/e2e/flows/make_executor_flows.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "components"))
+
+from lfx.components.input_output import ChatInput, ChatOutput  # noqa: E402
+from lfx.graph import Graph  # noqa: E402
+from shout_component import ShoutComponent  # noqa: E402
+from slow_component import SlowComponent  # noqa: E402
+from stream_component import StreamWordsComponent  # noqa: E402
+
+
+def shout() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    loud = ShoutComponent(_id="shout")
+    loud.set(text=chat_in.message_response)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=loud.shout)
+    return Graph(chat_in, chat_out)
+
+
+def slow() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    loud = ShoutComponent(_id="shout")
+    loud.set(text=chat_in.message_response)
+    wait = SlowComponent(_id="slow")
+    wait.set(text=loud.shout)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=wait.later)
+    return Graph(chat_in, chat_out)
+
+
+def stream() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    words = StreamWordsComponent(_id="stream_words")
+    words.set(text=chat_in.message_response)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=words.streamed)
+    return Graph(chat_in, chat_out)
+
+
+if __name__ == "__main__":
+    for name, build in (("shout", shout), ("slow", slow), ("stream", stream)):
+        out = HERE / f"{name}_flow.json"
+        dump = build().dump(name=f"CreateOS executor: {name}", description=f"The executor's {name} test flow")
+        out.write_text(json.dumps(dump, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {out}")

@@ -1,0 +1,310 @@
+"""The whole-flow executor (``LANGFLOW_EXECUTOR_KIND=createos``) with real lfx and the fake.
+
+The flow (Chat Input -> Shout -> Chat Output, ``flows/shout_flow.json``) runs once in-process
+and once through the executor, where the fake's guest ``python3`` is this venv's (lfx and the
+wheel installed); each caller must get the same result both ways, and the fake's counters
+prove the flow went through a guest that was destroyed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import E2E, Fake, backend_env, run_python, venv_bin
+
+SHOUT = E2E / "flows" / "shout_flow.json"
+SLOW = E2E / "flows" / "slow_flow.json"
+SERVE_KEY = "e2e-executor-serve-key"
+
+
+def executor_env(fake: Fake, **overrides: str | None) -> dict[str, str]:
+    """The environment an operator sets for the executor (and nothing of the backend's)."""
+    settings: dict[str, str | None] = {
+        "LANGFLOW_SANDBOX_BACKEND": None,
+        "LANGFLOW_SANDBOX_BACKEND_PLUGINS": None,
+        "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": None,
+        "LANGFLOW_EXECUTOR_KIND": "createos",
+    }
+    settings.update(overrides)
+    return backend_env(fake, **settings)
+
+
+def in_process_env(fake: Fake) -> dict[str, str]:
+    return executor_env(fake, LANGFLOW_EXECUTOR_KIND=None)
+
+
+ARUN = """
+import asyncio, json, sys
+from lfx.graph import Graph
+
+async def main():
+    graph = Graph.from_payload(json.load(open(sys.argv[1])))
+    outputs = await graph.arun([{"input_value": sys.argv[2]}])
+    rows = []
+    for run in outputs:
+        for result in run.outputs:
+            message = result.results["message"]
+            rows.append({"type": type(message).__name__, "text": message.text,
+                         "component_id": result.component_id})
+    print("RESULT " + json.dumps({"runs": len(outputs), "inputs": outputs[0].inputs, "rows": rows}))
+
+asyncio.run(main())
+"""
+
+
+def arun(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [venv_bin("python"), "-c", ARUN, str(flow), text],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    pytest.fail(f"no result (rc={proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
+
+
+def lfx_run_json(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [venv_bin("lfx"), "run", "--no-check-dependencies", str(flow), text],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.strip().startswith("{"):
+            return json.loads(line)
+    pytest.fail(f"no JSON from lfx run (rc={proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
+
+
+def test_graph_arun_gives_the_in_process_result(clean_fake: Fake) -> None:
+    local = arun(in_process_env(clean_fake), SHOUT, "hello there")
+    assert clean_fake.stats()["created"] == 0
+    remote = arun(executor_env(clean_fake), SHOUT, "hello there")
+    assert remote == local
+    assert remote["rows"] == [{"type": "Message", "text": "HELLO THERE!", "component_id": "chat_out"}]
+    assert remote["inputs"] == {"input_value": "hello there"}
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1
+    assert stats["requests"]["exec_stream"] == 1
+
+
+def test_lfx_run_prints_the_in_process_result(clean_fake: Fake) -> None:
+    local = lfx_run_json(in_process_env(clean_fake), SHOUT, "from the cli")
+    remote = lfx_run_json(executor_env(clean_fake), SHOUT, "from the cli")
+    assert local["result"] == "FROM THE CLI!"
+    for key in ("result", "type", "component", "component_id", "success"):
+        assert remote[key] == local[key], (key, remote, local)
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("x-api-key", SERVE_KEY)
+    if data is not None:
+        request.add_header("content-type", "application/json")
+    with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def served(clean_fake: Fake, tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    env = executor_env(clean_fake, LANGFLOW_API_KEY=SERVE_KEY)
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "serve", str(SHOUT), "--host", "127.0.0.1", "--port", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=E2E,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"lfx serve exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):  # noqa: S310 - loopback
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"lfx serve not ready: {log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+        log.close()
+
+
+def test_lfx_serve_answers_with_the_flow_result(served: str, clean_fake: Fake) -> None:
+    flows = _http("GET", f"{served}/flows")
+    flow_id = flows[0]["id"]
+    for text in ("first request", "second one"):
+        reply = _http("POST", f"{served}/flows/{flow_id}/run", {"input_value": text})
+        assert reply["success"] is True, reply
+        assert reply["result"] == text.upper() + "!", reply
+        assert reply["component"] == "Chat Output"
+    stats = clean_fake.wait_settled()
+    # One guest per request, each destroyed.
+    assert stats["created"] == 2
+    assert stats["live"] == 0
+
+
+STOP_EARLY = """
+import asyncio, gc, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(sys.argv[1])))
+    stream = CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "x"}]))
+    first = await stream.__anext__()
+    print("FIRST", type(first).__name__, first.payload.vertex.id, flush=True)
+    if sys.argv[2] == "aclose":
+        await stream.aclose()
+    else:
+        del stream
+        gc.collect()
+        await asyncio.sleep(0.5)
+    print("STOPPED", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["aclose", "drop"])
+def test_a_consumer_that_stops_after_the_first_event_leaves_no_guest(clean_fake: Fake, how: str) -> None:
+    # The slow flow: its last vertex is still sleeping when the first event arrives.
+    proc = run_python(STOP_EARLY.replace("sys.argv[1]", repr(str(SLOW))).replace("sys.argv[2]", repr(how)),
+                      executor_env(clean_fake), timeout=120)
+    assert "FIRST StepResult chat_in" in proc.stdout, proc.stderr[-3000:]
+    assert "STOPPED" in proc.stdout, proc.stderr[-3000:]
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1
+    assert stats["live"] == 0
+    if how == "aclose":
+        # Destroyed before aclose() returned: the DELETE was accepted while the process ran.
+        assert stats["requests"]["delete"] == 1
+
+
+FAULTY_ARUN = """
+import asyncio, json, sys
+from lfx.graph import Graph
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+async def main():
+    graph = Graph.from_payload(json.load(open(sys.argv[1])))
+    try:
+        await graph.arun([{"input_value": "x"}])
+    except SandboxUnavailableError as exc:
+        print("UNAVAILABLE " + type(exc).__name__ + " " + str(exc))
+    except SandboxExecutionError as exc:
+        print("EXECUTION " + type(exc).__name__ + " " + str(exc))
+    else:
+        print("RAN")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    ("faults", "verdict", "words"),
+    [
+        ("whoami=401", "UNAVAILABLE", "CREATEOS_SANDBOX_API_KEY"),
+        ("create=503", "EXECUTION", "not started"),
+        ("create=500", "EXECUTION", "not started"),
+        ("upload=500", "EXECUTION", "not started"),
+        ("egress_get=503", "EXECUTION", "not started"),
+        ("exec_stream=reset", "EXECUTION", "may have run"),
+        ("exec_stream=500", "EXECUTION", "may have run"),
+        ("create=429#1;upload=503#1;exec_stream=429#1", "RAN", ""),
+    ],
+)
+def test_faults_at_each_call_destroy_the_guest_and_raise_lfx_errors(
+    clean_fake: Fake, faults: str, verdict: str, words: str
+) -> None:
+    clean_fake.set_faults(faults)
+    proc = run_python(FAULTY_ARUN.replace("sys.argv[1]", repr(str(SHOUT))), executor_env(clean_fake), timeout=120)
+    line = next((l for l in proc.stdout.splitlines() if l.split(" ")[0] in ("RAN", "UNAVAILABLE", "EXECUTION")), "")
+    assert line.startswith(verdict), (line, proc.stderr[-3000:])
+    if verdict == "UNAVAILABLE":
+        assert "CreateOSUnavailableError" in line
+    if verdict == "EXECUTION":
+        assert "CreateOSExecutionError" in line
+    assert words in line
+    assert clean_fake.key not in proc.stdout + proc.stderr
+    clean_fake.set_faults("")
+    stats = clean_fake.wait_settled()
+    assert stats["live"] == 0
+
+
+def test_refusals_name_the_executor_settings_and_create_nothing(clean_fake: Fake) -> None:
+    env = executor_env(clean_fake, CREATEOS_EXECUTOR_EGRESS="pypi.org")
+    proc = run_python(FAULTY_ARUN.replace("sys.argv[1]", repr(str(SHOUT))), env, timeout=120)
+    assert "UNAVAILABLE" in proc.stdout, proc.stderr[-3000:]
+    assert "CREATEOS_EXECUTOR_EGRESS" in proc.stdout
+    assert "LANGFLOW_SANDBOX" not in proc.stdout
+    assert clean_fake.stats()["created"] == 0
+
+
+def test_template_build_bakes_a_rootfs_that_runs_the_flow(clean_fake: Fake) -> None:
+    env = executor_env(clean_fake)
+    dry = subprocess.run(
+        [venv_bin("python"), "-m", "langflow_sandbox_createos", "template", "build", str(SHOUT), "--dry-run"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=E2E, check=False,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert dry.stdout.startswith("# Built by"), dry.stdout
+    assert "'lfx==1.13.0'" in dry.stdout
+    build = subprocess.run(
+        [venv_bin("python"), "-m", "langflow_sandbox_createos", "template", "build", str(SHOUT), "--name", "e2e-shout"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=E2E, check=False,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "build: build complete" in build.stderr, build.stderr
+    value = build.stdout.strip().splitlines()[-1]
+    assert value.startswith("CREATEOS_EXECUTOR_ROOTFS=tpl_"), build.stdout
+    rootfs = value.split("=", 1)[1]
+    # The template's id is the guest's rootfs: the flow runs in it...
+    remote = lfx_run_json(executor_env(clean_fake, CREATEOS_EXECUTOR_ROOTFS=rootfs), SHOUT, "baked")
+    assert remote["result"] == "BAKED!", remote
+    # ...and a rootfs that is not a ready template is refused by the control plane.
+    bogus = lfx_run_json(executor_env(clean_fake, CREATEOS_EXECUTOR_ROOTFS="tpl_missing"), SHOUT, "baked")
+    assert bogus["success"] is False, bogus
+    assert "tpl_missing" in json.dumps(bogus)
+    assert clean_fake.wait_settled()["created"] == 1
