@@ -9,6 +9,7 @@ prove the flow went through a guest that was destroyed afterwards.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -308,3 +309,29 @@ def test_template_build_bakes_a_rootfs_that_runs_the_flow(clean_fake: Fake) -> N
     assert bogus["success"] is False, bogus
     assert "tpl_missing" in json.dumps(bogus)
     assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_sigterm_to_lfx_run_mid_flow_destroys_the_guest(clean_fake: Fake) -> None:
+    """`docker stop` / Ctrl-C of `lfx run` while the flow runs in its guest: the guest goes too."""
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", "--no-check-dependencies", str(SLOW), "stop me"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=executor_env(clean_fake),
+        cwd=E2E,
+    )
+    try:
+        clean_fake.wait_for(lambda s: s["live"] == 1 and s["requests"].get("exec_stream", 0) >= 1, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    # It dies of SIGTERM as it would have in-process, with no result printed.
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
+    assert '"success"' not in stdout
+    # `destroyed` counts guests past `destroying`, a moment after the delete.
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1, timeout=15)
+    assert stats["created"] == 1 and stats["destroyed"] == 1, stats

@@ -15,6 +15,7 @@ use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::BACKEND_PREFIX;
+use sandbox_core::orphans::SweepConfig;
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::session::{Connector, Session, http_connector};
@@ -91,6 +92,9 @@ pub struct ExecutorOptions {
     pub max_frame_bytes: usize,
     /// Bound on [`Executor::shutdown`].
     pub shutdown_timeout: Duration,
+    /// Start the session's background sweep of paused one-shot guests left by dead processes
+    /// (a killed flow run's guest among them) at the first run (default on).
+    pub orphan_sweep: bool,
 }
 
 impl fmt::Debug for ExecutorOptions {
@@ -101,6 +105,7 @@ impl fmt::Debug for ExecutorOptions {
             .field("kill_after", &self.kill_after)
             .field("host_grace", &self.host_grace)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("orphan_sweep", &self.orphan_sweep)
             .finish_non_exhaustive()
     }
 }
@@ -119,6 +124,7 @@ impl Default for ExecutorOptions {
             session: None,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             shutdown_timeout: Duration::from_secs(20),
+            orphan_sweep: true,
         }
     }
 }
@@ -233,6 +239,12 @@ impl Executor {
         let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
         cred?;
         let catalog = catalog?;
+        if self.opts.orphan_sweep {
+            account.start_orphan_sweep(SweepConfig {
+                backoff: self.opts.backoff,
+                ..SweepConfig::default()
+            });
+        }
         if !catalog.iter().any(|s| s.id == plan.executor.shape) {
             let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
             ids.sort_unstable();

@@ -73,6 +73,8 @@ async fn rig_with(
             lookup_patience: Duration::from_secs(3),
         },
         shutdown_timeout: Duration::from_secs(5),
+        // Each test's counters are about its own run; one test turns the sweep on.
+        orphan_sweep: false,
         ..ExecutorOptions::default()
     };
     tweak(&mut opts);
@@ -505,4 +507,41 @@ async fn a_template_builds_follows_its_log_and_is_reused() {
     .await;
     let err = rig.executor.start(&request(false), None).await.unwrap_err();
     assert!(err.to_string().contains("tpl_does_not_exist"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_runs_paused_guest_is_swept_at_the_first_run() {
+    use createos_api::{Client, CreateSandboxRequest, RetryOptions};
+    // What a SIGKILLed flow run leaves: its one-shot guest, idled out to paused.
+    let script = r#"echo '{"frame":"complete","outputs":[]}'"#;
+    let rig = rig_with(script, &[], "", |o| o.orphan_sweep = true).await;
+    let client = Client::builder()
+        .api_key(secrecy::SecretString::from(KEY))
+        .base_url(rig.fake.url())
+        .retry(RetryOptions::none())
+        .build()
+        .unwrap();
+    let orphan = client
+        .create_sandbox(CreateSandboxRequest::new("s-1vcpu-1gb").name("lf-0rphan0f0a0k1lled00"))
+        .await
+        .unwrap();
+    orphan.pause().await.unwrap();
+    let mut run = rig
+        .executor
+        .start(&request(true), Some("1.13.0"))
+        .await
+        .unwrap();
+    while run.next().await.unwrap().is_some() {}
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.get_sandbox(orphan.id()).await.is_ok_and(|sb| {
+        !matches!(
+            sb.status(),
+            createos_api::SandboxStatus::Destroying | createos_api::SandboxStatus::Destroyed
+        )
+    }) {
+        assert!(Instant::now() < deadline, "the orphan was not swept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The run's own guest went too: nothing is live.
+    assert_eq!(settled(&rig.fake).await.live, 0);
 }

@@ -138,7 +138,7 @@ impl NativeBackend {
         logbridge::sync_level(py);
         let policy = policy_from(settings).map_err(|message| errors::unavailable(py, message))?;
         let rt = runtime_or_err(py)?;
-        sigterm::arm(py, rt, process::shutdown_all);
+        sigterm::arm(py, rt, process::shutdown_every_surface);
         let live = self.held.current();
         let in_flight = InFlight::new(Arc::clone(&live));
         let mut task = Task::start(rt, move || async move {

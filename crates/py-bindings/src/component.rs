@@ -72,7 +72,7 @@ fn existing() -> Option<Arc<Held>> {
 }
 
 /// Destroys this process's fresh guests (kept guests stay for the next process).
-async fn shutdown_component() {
+pub(crate) async fn shutdown_component() {
     if let Some(h) = existing() {
         h.component.shutdown().await;
     }
@@ -234,9 +234,7 @@ impl NativeComponent {
             shape,
         };
         let rt = runtime_or_err(py)?;
-        sigterm::arm(py, rt, || async {
-            tokio::join!(process::shutdown_all(), shutdown_component());
-        });
+        sigterm::arm(py, rt, process::shutdown_every_surface);
         let h = held();
         let running = Running::new(Arc::clone(&h));
         let mut task = Task::start(rt, move || async move {

@@ -26,7 +26,7 @@ use pyo3::prelude::*;
 use tokio::sync::{Notify, mpsc};
 
 use crate::wait::block_bounded;
-use crate::{errors, logbridge, process, runtime};
+use crate::{errors, logbridge, process, runtime, sigterm};
 
 /// Events buffered between the producer and a consumer that has not asked yet.
 const CHANNEL: usize = 32;
@@ -64,6 +64,21 @@ fn executor() -> Arc<Executor> {
     }));
     *slot = Some((pid, Arc::clone(&ex)));
     ex
+}
+
+/// This process's executor if it built one.
+fn existing() -> Option<Arc<Executor>> {
+    let slot = EXECUTOR.lock().unwrap_or_else(PoisonError::into_inner);
+    slot.as_ref()
+        .filter(|(owner, _)| *owner == std::process::id())
+        .map(|(_, ex)| Arc::clone(ex))
+}
+
+/// Destroys the guests of this process's flow runs (SIGTERM's cleanup).
+pub(crate) async fn shutdown_executor() {
+    if let Some(ex) = existing() {
+        ex.shutdown().await;
+    }
 }
 
 /// The error an executor failure is raised as: refusals as `CreateOSUnavailableError`,
@@ -317,6 +332,8 @@ impl NativeExecutor {
         let mode = request.mode().as_str();
         let rt = runtime::get()
             .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
+        // `lfx run` and container stops end a process with SIGTERM: destroy the flow's guest.
+        sigterm::arm(py, rt, process::shutdown_every_surface);
         let (wake_write, wake_read) = UnixStream::pair()
             .and_then(|(w, r)| {
                 w.set_nonblocking(true)?;
@@ -364,12 +381,8 @@ impl NativeExecutor {
 
     /// Destroys every guest of this process's flow runs (bounded) and refuses new runs.
     fn shutdown(&self, py: Python<'_>) {
-        let ex = {
-            let slot = EXECUTOR.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.as_ref() {
-                Some((owner, ex)) if *owner == std::process::id() => Arc::clone(ex),
-                _ => return,
-            }
+        let Some(ex) = existing() else {
+            return;
         };
         let Some(rt) = runtime::existing() else {
             return;

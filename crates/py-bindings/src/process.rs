@@ -83,6 +83,16 @@ fn remember(live: &Arc<Live>) {
     lives.push((pid, Arc::downgrade(live)));
 }
 
+/// Every surface's shutdown at once (the sandbox backends, the component's fresh guests, the
+/// executor's flow runs): SIGTERM's cleanup, whichever surface armed the handler first.
+pub async fn shutdown_every_surface() {
+    tokio::join!(
+        shutdown_all(),
+        crate::component::shutdown_component(),
+        crate::executor::shutdown_executor()
+    );
+}
+
 /// Shuts down every backend of this process, concurrently, within [`SHUTDOWN_BUDGET`].
 pub async fn shutdown_all() {
     let pid = std::process::id();
