@@ -54,3 +54,33 @@ def test_doctor_fails_on_a_rejected_key(clean_fake: Fake) -> None:
     assert proc.returncode == 1, (proc.stdout, proc.stderr[-2000:])
     assert "CREATEOS_SANDBOX_API_KEY" in proc.stdout, proc.stdout
     assert "wrong-key-123" not in proc.stdout + proc.stderr
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:3])
+
+
+def test_upgrades_the_python_plugin_020_in_place() -> None:
+    """`pip install -U` replaces 0.2.0: a newer version, its three entry points, its names."""
+    import json
+    from importlib.resources import files
+
+    import langflow_sandbox_createos
+    from langflow_sandbox_createos.backend import create_backend
+
+    dist = distribution(DIST)
+    assert _release(dist.version) > (0, 2, 0), dist.version
+    assert langflow_sandbox_createos.__version__ == dist.version
+    # The component bundle's manifest says the same version as the wheel.
+    manifest = json.loads((files("langflow_sandbox_createos") / "extension.json").read_text())
+    assert manifest["id"] == DIST and manifest["version"] == dist.version, manifest
+    groups = {
+        "lfx.sandbox_backends": ("createos", "langflow_sandbox_createos.backend:create_backend"),
+        "lfx.executors": ("createos", "langflow_sandbox_createos.executor:CreateOSExecutor"),
+        "langflow.extensions": (DIST, "langflow_sandbox_createos"),
+    }
+    for group, (name, value) in groups.items():
+        (ep,) = [ep for ep in entry_points(group=group) if ep.name == name]
+        assert ep.value == value, (group, ep.value)
+    # 0.2.0 named the factory at the package root; a config that spelled it so still resolves.
+    assert langflow_sandbox_createos.create_backend is create_backend
