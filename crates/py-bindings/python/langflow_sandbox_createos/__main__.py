@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m langflow_sandbox_createos``."""
     parser = argparse.ArgumentParser(
         prog="python -m langflow_sandbox_createos",
-        description="Operator tools for the CreateOS sandbox backend.",
+        description="Operator tools for langflow-sandbox-createos (backend, component and executor).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
