@@ -318,6 +318,27 @@ def test_forked_child_runs_and_parent_keeps_working(clean_fake: Fake, mode: str)
     assert stats["created"] == 3
 
 
+def test_forked_child_keeps_no_warm_pool_and_the_parent_keeps_its_own(clean_fake: Fake) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, "pid-detection"],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake, CREATEOS_SANDBOX_WARM_POOL="2"),
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.split("\n")
+    assert "child c1" in lines
+    assert "child-exit 0" in lines
+    assert "parent p2" in lines
+    # The child ended with os._exit: had it kept idle pool guests, they would still be live.
+    # The parent's pool was destroyed by its shutdown.
+    stats = clean_fake.wait_settled()
+    assert stats["live"] == 0
+
+
 SIGINT_SCRIPT = """
 from langflow_sandbox_createos.backend import create_backend
 backend = create_backend()

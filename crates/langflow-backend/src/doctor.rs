@@ -192,6 +192,13 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
         DoctorLevel::Info,
         if settings.warm_pool == 0 {
             format!("warm pool: off ({ENV_WARM_POOL} unset or 0)")
+        } else if !backend.pool_allowed() {
+            format!(
+                "warm pool: off in this forked worker process ({ENV_WARM_POOL}={} applies to \
+                 the process that imported the package): a forked worker often ends with \
+                 os._exit and could not destroy idle guests",
+                settings.warm_pool
+            )
         } else {
             format!(
                 "warm pool: {} guest(s) kept ready for the policy of the last run \

@@ -277,6 +277,9 @@ pub struct BackendOptions {
     /// How the warm pool refills and retires guests (its size is
     /// `CREATEOS_SANDBOX_WARM_POOL`, read at each run).
     pub pool: PoolConfig,
+    /// Whether this backend may keep a warm pool at all. Off in a forked worker, which often
+    /// ends with `os._exit` and so could never destroy its idle guests.
+    pub pool_allowed: bool,
 }
 
 impl fmt::Debug for BackendOptions {
@@ -290,6 +293,7 @@ impl fmt::Debug for BackendOptions {
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("orphan_sweep", &self.orphan_sweep)
             .field("pool", &self.pool)
+            .field("pool_allowed", &self.pool_allowed)
             .finish_non_exhaustive()
     }
 }
@@ -310,6 +314,7 @@ impl Default for BackendOptions {
             session: None,
             orphan_sweep: true,
             pool: PoolConfig::default(),
+            pool_allowed: true,
         }
     }
 }
@@ -384,6 +389,20 @@ impl Backend {
         self.pool.stats()
     }
 
+    /// The pool size this backend uses with `settings`: the setting, or 0 where no pool is
+    /// allowed ([`BackendOptions::pool_allowed`]).
+    fn pool_size(&self, settings: &Settings) -> usize {
+        if self.opts.pool_allowed {
+            settings.warm_pool
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn pool_allowed(&self) -> bool {
+        self.opts.pool_allowed
+    }
+
     fn settings(&self) -> Result<Settings, SandboxError> {
         let env = self.opts.env.clone();
         Settings::from_lookup(&move |k| env(k))
@@ -425,7 +444,7 @@ impl Backend {
         policy: &LfxPolicy,
     ) -> Result<RunOutput, BackendError> {
         let plan = self.plan(policy)?;
-        self.pool.set_size(plan.settings.warm_pool);
+        self.pool.set_size(self.pool_size(&plan.settings));
         let redactor = plan.settings.redactor();
         let envs = env.unwrap_or_default();
         if let Some(bad) = envs.keys().find(|k| !is_valid_env_name(k)) {

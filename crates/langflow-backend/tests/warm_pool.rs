@@ -29,6 +29,10 @@ async fn fake() -> FakeServer {
 }
 
 fn backend(fake: &FakeServer, pool: Option<&str>) -> Backend {
+    Backend::with_options(options(fake, pool))
+}
+
+fn options(fake: &FakeServer, pool: Option<&str>) -> BackendOptions {
     let mut env: HashMap<String, String> = HashMap::new();
     env.insert("CREATEOS_SANDBOX_API_KEY".into(), KEY.into());
     env.insert("CREATEOS_SANDBOX_BASE_URL".into(), fake.url());
@@ -44,7 +48,7 @@ fn backend(fake: &FakeServer, pool: Option<&str>) -> Backend {
         max: Duration::from_millis(200),
         budget: Duration::from_secs(4),
     };
-    Backend::with_options(BackendOptions {
+    BackendOptions {
         env: Arc::new(move |k| env.get(k).cloned()),
         request_timeout: Duration::from_secs(1),
         backoff: quick,
@@ -61,7 +65,7 @@ fn backend(fake: &FakeServer, pool: Option<&str>) -> Backend {
         },
         orphan_sweep: false,
         ..BackendOptions::default()
-    })
+    }
 }
 
 fn policy() -> LfxPolicy {
@@ -188,4 +192,24 @@ async fn invalid_sizes_are_refused_before_any_guest_exists() {
     }
     assert_eq!(fake.stats().created, 0);
     finish(backend(&fake, None), fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backend_without_pool_permission_keeps_no_idle_guest() {
+    let fake = fake().await;
+    // What a forked worker gets: it may end with `os._exit`, so it must hold no idle guest.
+    let b = Backend::with_options(BackendOptions {
+        pool_allowed: false,
+        ..options(&fake, Some("4"))
+    });
+    for _ in 0..2 {
+        let out = b.run("print(1)", None, &policy()).await.unwrap();
+        assert_eq!(out.pool, PoolUse::Off);
+        assert_eq!(out.timings.requests, 4);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.stats().created, 2, "guests were created ahead of time");
+    let line = doctor_line(&b.doctor(&policy()).await);
+    assert!(line.contains("forked"), "{line}");
+    finish(b, fake).await;
 }

@@ -172,6 +172,8 @@ impl PerProcess {
         let live = Arc::new(Live {
             backend: Backend::with_options(BackendOptions {
                 background_destroy: !forked,
+                // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
+                pool_allowed: !forked,
                 session: Some(session()),
                 ..BackendOptions::default()
             }),
