@@ -3,10 +3,12 @@
 //!
 //! The rules:
 //!
-//! - **One policy at a time.** The pool warms for the last policy a run asked for
-//!   ([`PoolKey`]: account, shape, rootfs, egress, auto-pause backstop, and the declared
-//!   environment, keys *and* values). A run whose policy differs is a miss: it creates its guest
-//!   as without a pool, and the pool switches to that policy, destroying the guests it held.
+//! - **One policy at a time.** The pool warms for the policy runs ask for ([`PoolKey`]:
+//!   account, shape, rootfs, egress, auto-pause backstop, and the declared environment, keys
+//!   *and* values). A run whose policy differs is a miss: it creates its guest as without a
+//!   pool. Once [`SWITCH_AFTER`] runs in a row asked for the same other policy, the pool
+//!   switches to it and destroys the guests it held (so runs alternating between two policies
+//!   do not throw the pool away at every run).
 //!   Values count, not only keys, so a pooled guest never relies on an exec overriding a value
 //!   declared at create (the contract leaves that unverified, `createos-api.md` §4.4).
 //! - **One-shot guests.** Pool guests are created by [`Guest::create`] under the caller's
@@ -45,6 +47,8 @@ use crate::retry::Backoff;
 
 /// The largest pool size accepted (`CREATEOS_SANDBOX_WARM_POOL`).
 pub const MAX_WARM_POOL: usize = 64;
+/// How many runs in a row must ask for another policy before the pool switches to it.
+pub const SWITCH_AFTER: u32 = 2;
 /// How long before its auto-pause backstop a pooled guest is retired.
 pub const IDLE_MARGIN: Duration = Duration::from_secs(30);
 
@@ -176,6 +180,8 @@ struct State {
     closed: bool,
     /// Bumped when the policy changes, so a refill for the old one is discarded.
     generation: u64,
+    /// Another policy asked for by the last runs in a row, and how many times.
+    pending: Option<(PoolKey, u32)>,
 }
 
 struct Shared {
@@ -286,7 +292,25 @@ impl WarmPool {
             if st.size == 0 || st.closed {
                 return None;
             }
-            if st.want.as_ref().is_none_or(|w| w.key != key) {
+            let matches = st.want.as_ref().is_some_and(|w| w.key == key);
+            let switch = !matches && {
+                // Switch only for a policy asked for SWITCH_AFTER times in a row (at once when
+                // the pool warms for nothing yet): runs alternating between two policies must
+                // not destroy the pool at every run.
+                let seen = match st.pending.take() {
+                    Some((k, n)) if k == key => n + 1,
+                    _ => 1,
+                };
+                st.pending = Some((key.clone(), seen));
+                st.want.is_none() || seen >= SWITCH_AFTER
+            };
+            if matches {
+                st.pending = None;
+            }
+            if !matches && !switch {
+                None
+            } else if switch {
+                st.pending = None;
                 if let Some(old) = &st.want {
                     tracing::info!(
                         target: LOG_TARGET,
@@ -297,8 +321,8 @@ impl WarmPool {
                 }
                 drop_these.extend(st.ready.drain(..));
                 st.generation += 1;
-                st.failures = 0;
-                st.retry_at = None;
+                // The refill backoff is kept: failures are the control plane's, not the
+                // policy's, so a policy change never restarts a storm.
                 st.want = Some(Want {
                     key,
                     spec: spec.clone(),

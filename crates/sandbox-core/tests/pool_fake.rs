@@ -253,7 +253,7 @@ async fn a_policy_mismatch_bypasses_the_pool() {
         .collect();
     assert_eq!(deny_guests.len(), 2);
 
-    // Another egress policy: not served from the deny-all pool.
+    // Another egress policy: not served from the deny-all pool, which stays.
     let allow = spec(EgressPolicy::AllowAll);
     let out = run(&cp, &r, &p, &allow, "print('open')").await;
     assert_eq!(out.pool, PoolUse::Miss);
@@ -262,11 +262,35 @@ async fn a_policy_mismatch_bypasses_the_pool() {
         cp.egress(out.guest_id.clone()).await.unwrap(),
         Some(vec!["*".to_owned()])
     );
-    // The deny-all guests are destroyed unused; the pool now warms for allow-all.
-    for g in &deny_guests {
-        assert!(gone(&cp, &g.id).await, "{} was not destroyed", name(g));
+    // Runs alternating between two policies do not throw the pool away at every run.
+    let warm_deny = run(&cp, &r, &p, &deny, "print('warm')").await;
+    assert_eq!(warm_deny.pool, PoolUse::Hit);
+    assert_eq!(
+        cp.egress(warm_deny.guest_id.clone()).await.unwrap(),
+        Some(vec!["240.0.0.0/4".to_owned()])
+    );
+    let open1 = run(&cp, &r, &p, &allow, "print('open')").await;
+    assert_eq!(open1.pool, PoolUse::Miss);
+    assert_eq!(p.stats().discarded, 0, "{:?}", p.stats());
+    until(&p, "refilled for deny-all", |s| s.ready == 2).await;
+
+    // Asked for twice in a row, the other policy takes over: the deny-all guests are
+    // destroyed unused and the pool warms for allow-all.
+    let open2 = run(&cp, &r, &p, &allow, "print('open')").await;
+    assert_eq!(open2.pool, PoolUse::Miss);
+    until(&p, "two allow-all guests", |s| {
+        s.discarded == 2 && s.ready == 2
+    })
+    .await;
+    for g in live_guests(&cp).await {
+        let eg = cp.egress(g.id.clone()).await.unwrap();
+        assert_eq!(
+            eg,
+            Some(vec!["*".to_owned()]),
+            "{} is still deny-all",
+            name(&g)
+        );
     }
-    until(&p, "two allow-all guests", |s| s.ready == 2).await;
     let hit = run(&cp, &r, &p, &allow, "print('warm')").await;
     assert_eq!(hit.pool, PoolUse::Hit);
     assert_eq!(
@@ -274,41 +298,31 @@ async fn a_policy_mismatch_bypasses_the_pool() {
         Some(vec!["*".to_owned()])
     );
 
-    // The environment counts, keys and values: a run with another value is a miss, and its
-    // program sees its own value.
+    // The environment counts, keys and values: guests warmed for one value never serve
+    // another, and the program sees its own value.
     let mut with_env = allow.clone();
     with_env.envs = BTreeMap::from([("GREETING".to_owned(), "hej".to_owned())]);
-    until(&p, "refilled", |s| s.ready == 2).await;
-    let e1 = run(
-        &cp,
-        &r,
-        &p,
-        &with_env,
-        "import os; print(os.environ['GREETING'])",
-    )
-    .await;
-    assert_eq!(e1.pool, PoolUse::Miss);
-    assert_eq!(e1.stdout.text, "hej\n");
-    until(&p, "warm for the env", |s| s.ready == 2).await;
+    let greet = "import os; print(os.environ['GREETING'])";
+    for _ in 0..2 {
+        let greeted = run(&cp, &r, &p, &with_env, greet).await;
+        assert_eq!(greeted.pool, PoolUse::Miss);
+        assert_eq!(greeted.stdout.text, "hej\n");
+    }
+    until(&p, "warm for the env", |s| s.ready == 2 && s.discarded >= 4).await;
+    let greeted = run(&cp, &r, &p, &with_env, greet).await;
+    assert_eq!(greeted.pool, PoolUse::Hit);
+    assert_eq!(greeted.stdout.text, "hej\n");
     with_env
         .envs
         .insert("GREETING".to_owned(), "hallo".to_owned());
-    let e2 = run(
-        &cp,
-        &r,
-        &p,
-        &with_env,
-        "import os; print(os.environ['GREETING'])",
-    )
-    .await;
+    let e2 = run(&cp, &r, &p, &with_env, greet).await;
     assert_eq!(e2.pool, PoolUse::Miss);
     assert_eq!(e2.stdout.text, "hallo\n");
     // A longer timeout means a later auto-pause backstop: another policy too.
-    until(&p, "warm again", |s| s.ready == 2).await;
     let mut longer = with_env.clone();
     longer.limits.budget = Duration::from_secs(200);
-    let l = run(&cp, &r, &p, &longer, "print(3)").await;
-    assert_eq!(l.pool, PoolUse::Miss);
+    let slow = run(&cp, &r, &p, &longer, "print(3)").await;
+    assert_eq!(slow.pool, PoolUse::Miss);
     finish(p, r, fake).await;
 }
 
