@@ -201,7 +201,7 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
             )
         } else {
             format!(
-                "warm pool: {} guest(s) kept ready for the policy of the last run \
+                "warm pool: {} guest(s) kept ready for the policy runs ask for \
                  ({ENV_WARM_POOL}={}); in this process: {} ready, {} hit(s), {} miss(es), {} \
                  retired unused, {} refill failure(s)",
                 settings.warm_pool,
