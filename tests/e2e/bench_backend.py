@@ -230,7 +230,7 @@ byte per character.
 """
 
 
-def render_pool(lat: dict, thr: dict, pool: int, live_after: int, profile: str) -> str:
+def render_pool(cold: dict, lat: dict, thr: dict, pool: int, live_after: int, profile: str) -> str:  # noqa: PLR0913
     routes = ", ".join(f"{k} {v:g}" for k, v in sorted(lat["requests_per_run"].items()))
     return f"""{pool_section(pool)}
 
@@ -242,6 +242,7 @@ Host CPU is this process's (all threads: Python, the glue, the tokio runtime), n
 | measure | result |
 |---|---|
 | median latency of `run("print(1)")` ({lat["runs"]} sequential runs) | {lat["median_ms"]:.0f} ms (p90 {lat["p90_ms"]:.0f} ms, min {lat["min_ms"]:.0f} ms) |
+| the same backend with the pool off, just before (cold) | {cold["median_ms"]:.0f} ms (p90 {cold["p90_ms"]:.0f} ms), {cold["critical_requests"]:g} requests waited for, host CPU {cold["cpu_ms_per_run"]:.2f} ms per run |
 | sequential runs served by a pooled guest (2 requests waited for) | {lat["warm_runs"]} of {lat["runs"]} |
 | control-plane requests the caller waits for, per run (median) | {lat["critical_requests"]:g} |
 | all control-plane requests per run, refills and background destroys included | {routes} |
@@ -308,7 +309,12 @@ def main_pool(args: argparse.Namespace) -> int:
     pool = args.warm_pool
     fake = start_fake(latency_ms=LATENCY_MS)
     try:
-        backend = _backend(backend_env(fake, CREATEOS_SANDBOX_WARM_POOL=str(pool)))
+        backend = _backend(backend_env(fake, CREATEOS_SANDBOX_WARM_POOL="0"))
+        # The same backend cold first (the variable is read at each run), for a side-by-side
+        # on the same machine in the same state.
+        cold = latency(fake, backend, args.runs, 0)
+        print("cold latency", json.dumps(cold), flush=True)
+        os.environ["CREATEOS_SANDBOX_WARM_POOL"] = str(pool)
         lat = latency(fake, backend, args.runs, pool)
         print("latency", json.dumps(lat), flush=True)
         thr = throughput(fake, backend, args.threads, args.per_thread, pool)
@@ -317,7 +323,7 @@ def main_pool(args: argparse.Namespace) -> int:
         live_after = fake.stats()["live"]
     finally:
         fake.stop()
-    text = render_pool(lat, thr, pool, live_after, args.profile)
+    text = render_pool(cold, lat, thr, pool, live_after, args.profile)
     print(text)
     if args.write:
         write_section(args.write, text, pool_section(pool))
