@@ -10,6 +10,11 @@ control plane) and measures, through the same backend object lfx builds:
   all of them (the fake's per-route counters, background destroys included);
 - runs per second with 32 threads calling ``run()`` at once;
 - the host's peak RSS growth while the guest prints 200 MB, against the per-stream cap.
+
+With ``--warm-pool N`` (``CREATEOS_SANDBOX_WARM_POOL=N``) it measures the same latency and
+throughput with a warm pool of N guests instead, plus the host CPU per run (this process, all
+threads) and the guests left live after ``shutdown()``, into its own section; the RSS figure is
+the cold one's and is skipped.
 """
 
 from __future__ import annotations
@@ -42,30 +47,50 @@ def _backend(env: dict[str, str]):  # noqa: ANN202
     return create_backend()
 
 
-def latency(fake, backend, runs: int) -> dict:  # noqa: ANN001
+def _settled(fake, pool: int, timeout: float = 15.0) -> dict:  # noqa: ANN001
+    """Waits until only the warm pool's idle guests (if any) are live."""
+    return fake.wait_for(lambda s: s["live"] == pool, timeout)
+
+
+def _per_run(before: dict, after: dict, runs: int) -> dict:
+    routes = set(before) | set(after)
+    return {r: round((after.get(r, 0) - before.get(r, 0)) / runs, 2) for r in routes if after.get(r, 0) != before.get(r, 0)}
+
+
+def latency(fake, backend, runs: int, pool: int = 0) -> dict:  # noqa: ANN001
     from langflow_sandbox_createos.backend import output_text
 
     for _ in range(3):
         backend.run("print(1)")
-    fake.wait_settled()
+    _settled(fake, pool)
+    before = fake.stats()["requests"]
     samples, critical = [], []
+    cpu0 = time.process_time()
     for _ in range(runs):
         t0 = time.perf_counter()
         out = backend._native.run("print(1)", None, _settings())
         samples.append((time.perf_counter() - t0) * 1000)
         critical.append(out.timings.requests)
         assert output_text(out.stdout).strip() == "1", out
-    fake.wait_settled()
-    fake.reset()
-    backend.run("print(1)")
-    stats = fake.wait_settled()
+    cpu_ms = (time.process_time() - cpu0) * 1000 / runs
+    stats = _settled(fake, pool)
+    if pool:
+        # The pool's guests would not survive a reset: count over the sequential runs instead
+        # (refill creates and read-backs included).
+        per_run = _per_run(before, stats["requests"], runs)
+    else:
+        fake.reset()
+        backend.run("print(1)")
+        per_run = fake.wait_settled()["requests"]
     return {
         "runs": runs,
         "median_ms": statistics.median(samples),
         "p90_ms": statistics.quantiles(samples, n=10)[-1],
         "min_ms": min(samples),
         "critical_requests": statistics.median(critical),
-        "requests_per_run": stats["requests"],
+        "warm_runs": sum(1 for c in critical if c <= 2),
+        "cpu_ms_per_run": cpu_ms,
+        "requests_per_run": per_run,
     }
 
 
@@ -75,8 +100,9 @@ def _settings():  # noqa: ANN202
     return _sandbox_settings()
 
 
-def throughput(fake, backend, threads: int, per_thread: int) -> dict:  # noqa: ANN001
-    fake.reset()
+def throughput(fake, backend, threads: int, per_thread: int, warm: int = 0) -> dict:  # noqa: ANN001
+    if not warm:
+        fake.reset()
     errors: list[BaseException] = []
     barrier = threading.Barrier(threads + 1)
 
@@ -94,10 +120,12 @@ def throughput(fake, backend, threads: int, per_thread: int) -> dict:  # noqa: A
         t.start()
     barrier.wait()
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     for t in pool:
         t.join()
     elapsed = time.perf_counter() - t0
-    stats = fake.wait_settled(timeout=120)
+    cpu = time.process_time() - cpu0
+    stats = _settled(fake, warm, timeout=120)
     total = threads * per_thread
     return {
         "threads": threads,
@@ -106,6 +134,7 @@ def throughput(fake, backend, threads: int, per_thread: int) -> dict:  # noqa: A
         "first_error": repr(errors[0]) if errors else None,
         "seconds": elapsed,
         "runs_per_s": total / elapsed,
+        "cpu_ms_per_run": cpu * 1000 / total,
         "peak_concurrent_execs": stats["peak_concurrent_execs"],
     }
 
@@ -201,10 +230,37 @@ byte per character.
 """
 
 
-def write_section(path: Path, text: str) -> None:
+def render_pool(cold: dict, lat: dict, thr: dict, pool: int, live_after: int, profile: str) -> str:  # noqa: PLR0913
+    routes = ", ".join(f"{k} {v:g}" for k, v in sorted(lat["requests_per_run"].items()))
+    return f"""{pool_section(pool)}
+
+Measured with `BENCH_ARGS="--warm-pool {pool}" scripts/bench-backend` on {time.strftime("%Y-%m-%d")}:
+{os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, {profile} wheel and
+`createos-fake --latency-ms {LATENCY_MS}` on loopback, `CREATEOS_SANDBOX_WARM_POOL={pool}`.
+Host CPU is this process's (all threads: Python, the glue, the tokio runtime), not the fake's.
+
+| measure | result |
+|---|---|
+| median latency of `run("print(1)")` ({lat["runs"]} sequential runs) | {lat["median_ms"]:.0f} ms (p90 {lat["p90_ms"]:.0f} ms, min {lat["min_ms"]:.0f} ms) |
+| the same backend with the pool off, just before (cold) | {cold["median_ms"]:.0f} ms (p90 {cold["p90_ms"]:.0f} ms), {cold["critical_requests"]:g} requests waited for, host CPU {cold["cpu_ms_per_run"]:.2f} ms per run |
+| sequential runs served by a pooled guest (2 requests waited for) | {lat["warm_runs"]} of {lat["runs"]} |
+| control-plane requests the caller waits for, per run (median) | {lat["critical_requests"]:g} |
+| all control-plane requests per run, refills and background destroys included | {routes} |
+| host CPU per run, sequential | {lat["cpu_ms_per_run"]:.2f} ms |
+| runs/s with {thr["threads"]} threads calling `run()` ({thr["runs"]} runs, {thr["errors"]} errors) | {thr["runs_per_s"]:.1f} runs/s ({thr["seconds"]:.1f} s; peak {thr["peak_concurrent_execs"]} execs in flight) |
+| host CPU per run, {thr["threads"]} threads | {thr["cpu_ms_per_run"]:.2f} ms |
+| guests live on the fake after `shutdown()` | {live_after} |
+"""
+
+
+def pool_section(pool: int) -> str:
+    return f"## Sandbox backend with a warm pool of {pool} (Python, through the wheel)"
+
+
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
     current = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = current.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.strip() == section), None)
     if start is None:
         updated = current.rstrip("\n") + "\n\n" + text
     else:
@@ -221,11 +277,15 @@ def main() -> int:
     parser.add_argument("--rss-runs", type=int, default=5, help="later large runs for the RSS figure")
     parser.add_argument("--profile", default="debug", help="how the wheel and the fake were built, for the report")
     parser.add_argument("--write", type=Path, default=None, help="replace this section of a BENCHMARKS.md")
+    parser.add_argument("--warm-pool", type=int, default=0, help="CREATEOS_SANDBOX_WARM_POOL for a warm-pool run (0: cold)")
     args = parser.parse_args()
+    if args.warm_pool:
+        return main_pool(args)
 
     fake = start_fake(latency_ms=LATENCY_MS)
     try:
-        env = backend_env(fake)
+        env = backend_env(fake, CREATEOS_SANDBOX_WARM_POOL=None)
+        os.environ.pop("CREATEOS_SANDBOX_WARM_POOL", None)  # the cold figures: no pool
         backend = _backend(env)
         lat = latency(fake, backend, args.runs)
         print("latency", json.dumps(lat), flush=True)
@@ -243,6 +303,32 @@ def main() -> int:
         write_section(args.write, text)
         print(f"updated {args.write}")
     return 0
+
+
+def main_pool(args: argparse.Namespace) -> int:
+    pool = args.warm_pool
+    fake = start_fake(latency_ms=LATENCY_MS)
+    try:
+        backend = _backend(backend_env(fake, CREATEOS_SANDBOX_WARM_POOL="0"))
+        # The same backend cold first (the variable is read at each run), for a side-by-side
+        # on the same machine in the same state.
+        cold = latency(fake, backend, args.runs, 0)
+        print("cold latency", json.dumps(cold), flush=True)
+        os.environ["CREATEOS_SANDBOX_WARM_POOL"] = str(pool)
+        lat = latency(fake, backend, args.runs, pool)
+        print("latency", json.dumps(lat), flush=True)
+        thr = throughput(fake, backend, args.threads, args.per_thread, pool)
+        print("throughput", json.dumps(thr), flush=True)
+        backend.shutdown()
+        live_after = fake.stats()["live"]
+    finally:
+        fake.stop()
+    text = render_pool(cold, lat, thr, pool, live_after, args.profile)
+    print(text)
+    if args.write:
+        write_section(args.write, text, pool_section(pool))
+        print(f"updated {args.write}")
+    return 0 if live_after == 0 and thr["errors"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -206,6 +206,27 @@ def test_timings_reach_python_logging(backend: object, caplog: pytest.LogCapture
     assert "destroy_ms=background" in timed[0].getMessage(), timed[0].getMessage()
 
 
+def test_warm_pool_shows_in_the_run_line_and_doctor(
+    backend: object, clean_fake: Fake, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CREATEOS_SANDBOX_WARM_POOL", "2")
+    with caplog.at_level(logging.INFO, logger="langflow_sandbox_createos"):
+        assert backend.run("print(1)").stdout.strip() == "1"
+        # The first run's guest is destroyed and the pool holds two idle guests.
+        clean_fake.wait_for(lambda s: s["live"] == 2)
+        assert backend.run("print(2)").stdout.strip() == "2"
+    lines = [r.getMessage() for r in caplog.records if "sandbox run finished" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "pool=miss" in lines[0], lines[0]
+    assert all(f in lines[1] for f in ("pool=hit", "pool_size=2", "pool_hits=1", "pool_misses=1")), lines[1]
+    assert "requests=2" in lines[1], lines[1]
+    backend.shutdown()
+    assert clean_fake.wait_settled()["live"] == 0
+    env = backend_env(clean_fake, CREATEOS_SANDBOX_WARM_POOL="2")
+    doctor = run_doctor(env)
+    assert "warm pool: 2 guest(s)" in doctor.stdout, doctor.stdout
+
+
 def test_shutdown_is_idempotent_and_the_backend_still_works(backend: object, clean_fake: Fake) -> None:
     backend.shutdown()
     backend.shutdown()
@@ -316,6 +337,27 @@ def test_forked_child_runs_and_parent_keeps_working(clean_fake: Fake, mode: str)
     assert "parent p2" in lines
     stats = clean_fake.wait_settled()
     assert stats["created"] == 3
+
+
+def test_forked_child_keeps_no_warm_pool_and_the_parent_keeps_its_own(clean_fake: Fake) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, "pid-detection"],
+        capture_output=True,
+        text=True,
+        env=backend_env(clean_fake, CREATEOS_SANDBOX_WARM_POOL="2"),
+        timeout=120,
+        cwd=E2E,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.split("\n")
+    assert "child c1" in lines
+    assert "child-exit 0" in lines
+    assert "parent p2" in lines
+    # The child ended with os._exit: had it kept idle pool guests, they would still be live.
+    # The parent's pool was destroyed by its shutdown.
+    stats = clean_fake.wait_settled()
+    assert stats["live"] == 0
 
 
 SIGINT_SCRIPT = """

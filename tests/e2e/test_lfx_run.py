@@ -19,6 +19,20 @@ def test_flow_prints_guest_output_and_destroys_the_guest(clean_fake: Fake) -> No
     assert stats["live"] == 0
 
 
+def test_warm_pool_gives_the_same_result_and_leaves_no_guest_at_exit(clean_fake: Fake) -> None:
+    off = lfx_run(backend_env(clean_fake), "print(6*7)")
+    on = lfx_run(backend_env(clean_fake, CREATEOS_SANDBOX_WARM_POOL="2"), "print(6*7)")
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert on.json["success"] is True
+    assert on.result == off.result == {"result": "42"}
+    # The pool's idle guests (refilled in the background after the run) were destroyed when
+    # the process exited.
+    stats = clean_fake.wait_settled()
+    assert stats["live"] == 0
+    assert stats["created"] <= 4
+
+
 def test_global_imports_preamble_runs_in_the_guest(clean_fake: Fake) -> None:
     # The flow's Global Imports is "math": lfx prepends `import math`, the guest executes it.
     run = lfx_run(backend_env(clean_fake), "print(math.sqrt(16))")
@@ -73,6 +87,8 @@ REFUSALS = [
         id="no-shape-large-enough",
     ),
     pytest.param({"CREATEOS_SANDBOX_BASE_URL": "not a url"}, ["CREATEOS_SANDBOX_BASE_URL"], id="bad-base-url"),
+    pytest.param({"CREATEOS_SANDBOX_WARM_POOL": "-1"}, ["CREATEOS_SANDBOX_WARM_POOL"], id="negative-warm-pool"),
+    pytest.param({"CREATEOS_SANDBOX_WARM_POOL": "65"}, ["CREATEOS_SANDBOX_WARM_POOL"], id="too-large-warm-pool"),
     pytest.param(
         {"LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "perhaps"},
         ["LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"],

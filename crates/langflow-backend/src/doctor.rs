@@ -4,7 +4,9 @@ use std::fmt;
 
 use sandbox_core::ErrorKind;
 use sandbox_core::egress::EgressPolicy;
-use sandbox_core::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_API_KEY, ENV_API_KEY_FALLBACK};
+use sandbox_core::settings::{
+    ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_WARM_POOL,
+};
 use sandbox_core::shapes::select_shape;
 
 use crate::{
@@ -184,6 +186,33 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
             "output cap: {} bytes per stream (CREATEOS_SANDBOX_MAX_OUTPUT_BYTES)",
             settings.max_output_bytes
         ),
+    );
+    let pool = backend.warm_pool();
+    out.push(
+        DoctorLevel::Info,
+        if settings.warm_pool == 0 {
+            format!("warm pool: off ({ENV_WARM_POOL} unset or 0)")
+        } else if !backend.pool_allowed() {
+            format!(
+                "warm pool: off in this forked worker process ({ENV_WARM_POOL}={} applies to \
+                 the process that imported the package): a forked worker often ends with \
+                 os._exit and could not destroy idle guests",
+                settings.warm_pool
+            )
+        } else {
+            format!(
+                "warm pool: {} guest(s) kept ready for the policy runs ask for \
+                 ({ENV_WARM_POOL}={}); in this process: {} ready, {} hit(s), {} miss(es), {} \
+                 retired unused, {} refill failure(s)",
+                settings.warm_pool,
+                settings.warm_pool,
+                pool.ready,
+                pool.hits,
+                pool.misses,
+                pool.discarded,
+                pool.refill_failures
+            )
+        },
     );
     let limits = backend.limits_for_doctor(policy);
     out.push(

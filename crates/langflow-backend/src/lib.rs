@@ -15,8 +15,9 @@ use bytes::Bytes;
 use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{ExecLimits, is_valid_env_name};
-use sandbox_core::lifecycle::{RunSpec, run_python};
+use sandbox_core::lifecycle::{RunSpec, run_python_pooled};
 use sandbox_core::names::BACKEND_PREFIX;
+use sandbox_core::pool::{PoolConfig, WarmPool};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::session::{Account, Session, http_connector};
@@ -31,12 +32,16 @@ mod orphans;
 
 pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
 pub use orphans::{Orphan, SweepReport};
+/// How a run got its guest from the warm pool, and the pool's counters (re-exported).
+pub use sandbox_core::lifecycle::PoolUse;
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
 pub use sandbox_core::lifecycle::Timings;
 /// The captured text of a stream and its pieces (re-exported so callers need not depend on
 /// sandbox-core).
 pub use sandbox_core::output::{Piece, Text};
+/// The warm pool's counters (re-exported).
+pub use sandbox_core::pool::PoolStats;
 /// Builds a control plane from settings (re-exported from sandbox-core's session layer).
 pub use sandbox_core::session::Connector;
 
@@ -210,6 +215,8 @@ pub struct RunOutput {
     pub stderr_truncated: bool,
     /// The guest's name.
     pub guest: String,
+    /// Whether the guest came from the warm pool (`CREATEOS_SANDBOX_WARM_POOL`).
+    pub pool: PoolUse,
 }
 
 /// Why a run could not produce a result. `Display` is the message, which names the setting
@@ -267,6 +274,12 @@ pub struct BackendOptions {
     /// Delete paused one-shot guests of earlier processes (orphans) in the background, once
     /// per process per account, after the account's first credential check.
     pub orphan_sweep: bool,
+    /// How the warm pool refills and retires guests (its size is
+    /// `CREATEOS_SANDBOX_WARM_POOL`, read at each run).
+    pub pool: PoolConfig,
+    /// Whether this backend may keep a warm pool at all. Off in a forked worker, which often
+    /// ends with `os._exit` and so could never destroy its idle guests.
+    pub pool_allowed: bool,
 }
 
 impl fmt::Debug for BackendOptions {
@@ -279,6 +292,8 @@ impl fmt::Debug for BackendOptions {
             .field("background_destroy", &self.background_destroy)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("orphan_sweep", &self.orphan_sweep)
+            .field("pool", &self.pool)
+            .field("pool_allowed", &self.pool_allowed)
             .finish_non_exhaustive()
     }
 }
@@ -298,6 +313,8 @@ impl Default for BackendOptions {
             connector: http_connector(),
             session: None,
             orphan_sweep: true,
+            pool: PoolConfig::default(),
+            pool_allowed: true,
         }
     }
 }
@@ -308,12 +325,14 @@ pub struct Backend {
     opts: BackendOptions,
     session: Session,
     reaper: Reaper,
+    pool: WarmPool,
 }
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Backend")
             .field("reaper", &self.reaper)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
@@ -345,6 +364,7 @@ impl Backend {
             .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
         Self {
             reaper: Reaper::new(opts.reaper),
+            pool: WarmPool::new(opts.pool),
             session,
             opts,
         }
@@ -353,6 +373,34 @@ impl Backend {
     /// Guests currently registered with this backend (live runs plus pending destroys).
     pub fn registered_guests(&self) -> usize {
         self.reaper.registered()
+    }
+
+    /// Guests registered with this backend that no run owns and the warm pool does not hold
+    /// (pending destroys), plus those of runs in flight: what a caller waiting for a run's
+    /// guest to be gone compares with its runs in flight.
+    pub fn unpooled_guests(&self) -> usize {
+        self.reaper
+            .registered()
+            .saturating_sub(self.pool.stats().held())
+    }
+
+    /// The warm pool's counters (size 0 when `CREATEOS_SANDBOX_WARM_POOL` is unset or 0).
+    pub fn warm_pool(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// The pool size this backend uses with `settings`: the setting, or 0 where no pool is
+    /// allowed ([`BackendOptions::pool_allowed`]).
+    fn pool_size(&self, settings: &Settings) -> usize {
+        if self.opts.pool_allowed {
+            settings.warm_pool
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn pool_allowed(&self) -> bool {
+        self.opts.pool_allowed
     }
 
     fn settings(&self) -> Result<Settings, SandboxError> {
@@ -396,6 +444,7 @@ impl Backend {
         policy: &LfxPolicy,
     ) -> Result<RunOutput, BackendError> {
         let plan = self.plan(policy)?;
+        self.pool.set_size(self.pool_size(&plan.settings));
         let redactor = plan.settings.redactor();
         let envs = env.unwrap_or_default();
         if let Some(bad) = envs.keys().find(|k| !is_valid_env_name(k)) {
@@ -427,9 +476,10 @@ impl Backend {
             backoff: self.opts.backoff,
             background_destroy: self.opts.background_destroy,
         };
-        let report = run_python(
+        let report = run_python_pooled(
             account.control_plane().clone(),
             &self.reaper,
+            Some(&self.pool),
             &spec,
             Bytes::copy_from_slice(code.as_bytes()),
             &redactor,
@@ -444,12 +494,16 @@ impl Backend {
             stdout_truncated: report.stdout.truncated,
             stderr_truncated: report.stderr.truncated,
             guest: report.guest_name,
+            pool: report.pool,
         })
     }
 
-    /// Destroys every guest still registered (runs in flight and pending destroys) within a
-    /// bounded time, stops background retries, and refuses new runs. Idempotent.
+    /// Destroys every guest still registered (runs in flight, pending destroys and the warm
+    /// pool) within a bounded time, stops background retries and refills, and refuses new
+    /// runs. Idempotent.
     pub async fn shutdown(&self) {
+        // The pool's guests go to the reaper first, so the shutdown below destroys them too.
+        self.pool.close();
         let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
         if r.destroyed + r.failed > 0 {
             tracing::info!(

@@ -44,10 +44,12 @@ pub struct Live {
 impl Live {
     /// Waits until this process holds no more guests than other runs in flight can account
     /// for: the interrupted run's guest, handed to the reaper when its future was dropped, is
-    /// then destroyed (or the reaper is still retrying when the caller's bound expires).
+    /// then destroyed (or the reaper is still retrying when the caller's bound expires). The
+    /// warm pool's idle guests (`CREATEOS_SANDBOX_WARM_POOL`) belong to no run and are not
+    /// waited for; shutdown destroys them.
     pub async fn settle_interrupted(&self) {
         loop {
-            if self.backend.registered_guests() <= self.inflight.load(Ordering::SeqCst) {
+            if self.backend.unpooled_guests() <= self.inflight.load(Ordering::SeqCst) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -180,6 +182,8 @@ impl PerProcess {
         let live = Arc::new(Live {
             backend: Backend::with_options(BackendOptions {
                 background_destroy: !forked,
+                // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
+                pool_allowed: !forked,
                 session: Some(session()),
                 ..BackendOptions::default()
             }),
@@ -254,6 +258,22 @@ mod tests {
         // Forgetting keeps this process's own backend.
         held.forget_inherited();
         assert_eq!(held.state(), State::Active);
+    }
+
+    #[test]
+    fn a_child_starts_with_an_empty_warm_pool_of_its_own() {
+        let held = PerProcess::new();
+        let parent = held.current();
+        held.lock().as_mut().expect("built").0 = std::process::id().wrapping_add(1);
+        let own = held.current();
+        // The pool lives inside the backend: a child's new backend holds none of the
+        // parent's idle guests and has counted nothing yet.
+        assert!(!Arc::ptr_eq(&parent, &own));
+        assert_eq!(
+            own.backend.warm_pool(),
+            langflow_backend::PoolStats::default()
+        );
+        assert_eq!(own.backend.unpooled_guests(), 0);
     }
 
     #[test]

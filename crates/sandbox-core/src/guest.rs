@@ -644,6 +644,12 @@ impl Guest {
         &self.cx
     }
 
+    /// Sends the guest's further calls through `cx` (a pooled guest handed to a run counts
+    /// the run's requests from then on). `cx` must share the guest's control plane and reaper.
+    pub(crate) fn rebind(&mut self, cx: GuestContext) {
+        self.cx = cx;
+    }
+
     fn what_happens_on_refusal(&self) -> &'static str {
         if self.is_kept() {
             "it was left as it is and not used"

@@ -14,6 +14,7 @@
 //! - [`classify`]: the one classification (and wording) of failed control-plane calls.
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
 //! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
+//! - [`pool`]: a warm pool of one-shot guests, created and verified ahead of the runs.
 //! - [`lifecycle`]: one run in one fresh guest (the backend's composition of the primitives).
 //! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
@@ -29,6 +30,7 @@ pub mod lifecycle;
 pub mod names;
 pub mod orphans;
 pub mod output;
+pub mod pool;
 pub mod reaper;
 pub mod retry;
 pub mod session;

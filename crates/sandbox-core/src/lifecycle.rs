@@ -17,6 +17,7 @@ use crate::error::{Redactor, SandboxError};
 use crate::exec::{Command, ExecLimits};
 use crate::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec, ms};
 use crate::output::Captured;
+use crate::pool::WarmPool;
 use crate::reaper::Reaper;
 use crate::retry::Backoff;
 
@@ -97,6 +98,8 @@ pub struct RunReport {
     pub guest_name: String,
     /// Guest id.
     pub guest_id: String,
+    /// How the run got its guest (the warm pool).
+    pub pool: PoolUse,
 }
 
 /// Runs `program` as a Python file in a fresh guest and destroys the guest.
@@ -112,16 +115,117 @@ pub async fn run_python(
     program: Bytes,
     redactor: &Redactor,
 ) -> Result<RunReport, SandboxError> {
+    run_python_pooled(cp, reaper, None, spec, program, redactor).await
+}
+
+/// How a run got its guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolUse {
+    /// No pool, or a pool of size 0.
+    Off,
+    /// A pooled guest, already created and egress-verified.
+    Hit,
+    /// The pool had no guest for this policy: created as without a pool.
+    Miss,
+    /// A pooled guest turned out unusable before the program was sent (e.g. paused by the
+    /// control plane); it was destroyed and the run used a fresh guest.
+    Replaced,
+}
+
+impl PoolUse {
+    /// `off`, `hit`, `miss` or `replaced`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolUse::Off => "off",
+            PoolUse::Hit => "hit",
+            PoolUse::Miss => "miss",
+            PoolUse::Replaced => "replaced",
+        }
+    }
+}
+
+/// [`run_python`], taking the guest from `pool` when it holds one for this run's policy (the
+/// create and the egress read-back were done ahead of time, so only the upload and the exec
+/// remain), and otherwise creating it as [`run_python`] does. A pooled guest is one-shot
+/// like any other: it is destroyed after this run. If its upload fails (the program was not
+/// sent), it is destroyed and the run goes on in a fresh guest, so the pool never fails a
+/// run that would have succeeded without it.
+pub async fn run_python_pooled(
+    cp: Arc<dyn ControlPlane>,
+    reaper: &Reaper,
+    pool: Option<&WarmPool>,
+    spec: &RunSpec,
+    program: Bytes,
+    redactor: &Redactor,
+) -> Result<RunReport, SandboxError> {
     let t_start = Instant::now();
     let cx = GuestContext::new(cp, reaper.clone(), redactor.clone(), spec.backoff);
     let deadline = t_start + spec.backoff.budget;
+    let guest_spec = spec.guest_spec();
+    let path = format!(
+        "{WORKSPACE}/main_{:012x}.py",
+        rand::rng().random::<u64>() & 0xffff_ffff_ffff
+    );
 
-    // 1. Create, under a name minted before the call.
-    let guest = Guest::create(&cx, &spec.guest_spec(), spec.name_prefix, deadline).await?;
-    let create_ms = ms(t_start.elapsed());
+    // 1. A pooled guest, or create one under a name minted before the call.
+    let pool = pool.filter(|p| p.stats().size > 0);
+    let mut pool_use = if pool.is_some() {
+        PoolUse::Miss
+    } else {
+        PoolUse::Off
+    };
+    let mut prepared = None;
+    if let Some(p) = pool
+        && let Some(guest) = p.take(&cx, &guest_spec, spec.name_prefix)
+    {
+        let t1 = Instant::now();
+        match prepare(&guest, &path, program.clone(), None, deadline).await {
+            Ok(()) => {
+                pool_use = PoolUse::Hit;
+                prepared = Some((guest, 0, Ok(ms(t1.elapsed()))));
+            }
+            Err(e) if reaper.is_closed() => {
+                guest.release();
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = guest.name(),
+                    error = %redactor.apply(e.message()),
+                    "warm pool: the pooled guest could not take the program (nothing was sent); \
+                     destroying it and using a fresh guest"
+                );
+                p.note_unusable();
+                pool_use = PoolUse::Replaced;
+                if spec.background_destroy {
+                    guest.release();
+                } else {
+                    let _ = guest.destroy().await;
+                }
+            }
+        }
+    }
+    let (guest, create_ms, prep) = if let Some(p) = prepared {
+        p
+    } else {
+        let t0 = Instant::now();
+        let guest = Guest::create(&cx, &guest_spec, spec.name_prefix, deadline).await?;
+        let create_ms = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let prep = prepare(&guest, &path, program, Some(&spec.egress), deadline)
+            .await
+            .map(|()| ms(t1.elapsed()));
+        (guest, create_ms, prep)
+    };
 
-    // 2-3. Upload and read back, then exec.
-    let ran = in_guest(&guest, spec, program, deadline).await;
+    // 2-3. Upload (and read back), then exec.
+    let ran = match prep {
+        Ok(upload_ms) => in_guest(&guest, spec, path, deadline)
+            .await
+            .map(|out| (out, upload_ms)),
+        Err(e) => Err(e),
+    };
 
     // 4. Destroy: now, or off the critical path with the reaper's guarantee. A host timeout
     //    always destroys now, because that is what stops runaway code; so does a shutdown,
@@ -158,6 +262,7 @@ pub async fn run_python(
         total_ms: ms(t_start.elapsed()),
         requests: cx.requests(),
     };
+    let stats = pool.map(WarmPool::stats).unwrap_or_default();
     let report = RunReport {
         stdout: out.stdout,
         stderr: out.stderr,
@@ -168,6 +273,7 @@ pub async fn run_python(
         timings,
         guest_name: name,
         guest_id: id,
+        pool: pool_use,
     };
     tracing::info!(
         target: LOG_TARGET,
@@ -185,34 +291,48 @@ pub async fn run_python(
         requests = timings.requests,
         stdout_truncated = report.stdout.truncated,
         stderr_truncated = report.stderr.truncated,
+        pool = pool_use.as_str(),
+        pool_size = stats.size,
+        pool_ready = stats.ready,
+        pool_hits = stats.hits,
+        pool_misses = stats.misses,
         "sandbox run finished"
     );
     Ok(report)
 }
 
-/// Upload ∥ egress read-back, then the streaming exec under both clocks, captured. Returns
-/// the outcome and the upload time. The caller owns the guest's destroy.
-async fn in_guest(
+/// Uploads the program to `path` and, for a guest not verified yet (`verify`), reads its
+/// egress back concurrently. Nothing is dispatched.
+async fn prepare(
     guest: &Guest,
-    spec: &RunSpec,
+    path: &str,
     program: Bytes,
+    verify: Option<&EgressPolicy>,
     deadline: Instant,
-) -> Result<(ExecOutcome, u64), SandboxError> {
+) -> Result<(), SandboxError> {
     if guest.context().reaper.is_closed() {
         return Err(classify::shut_down(Stage::BeforeDispatch));
     }
-    let t1 = Instant::now();
-    let path = format!(
-        "{WORKSPACE}/main_{:012x}.py",
-        rand::rng().random::<u64>() & 0xffff_ffff_ffff
-    );
-    let (up, eg) = tokio::join!(
-        guest.upload(&path, program, deadline),
-        guest.verify_egress(&spec.egress, deadline)
-    );
-    eg?;
-    up?;
-    let upload_ms = ms(t1.elapsed());
+    match verify {
+        Some(policy) => {
+            let (up, eg) = tokio::join!(
+                guest.upload(path, program, deadline),
+                guest.verify_egress(policy, deadline)
+            );
+            eg?;
+            up
+        }
+        None => guest.upload(path, program, deadline).await,
+    }
+}
+
+/// The streaming exec under both clocks, captured. The caller owns the guest's destroy.
+async fn in_guest(
+    guest: &Guest,
+    spec: &RunSpec,
+    path: String,
+    deadline: Instant,
+) -> Result<ExecOutcome, SandboxError> {
     let run = guest
         .exec(
             &Command::python(path),
@@ -221,8 +341,7 @@ async fn in_guest(
             deadline,
         )
         .await?;
-    let out = guest
+    guest
         .capture(run, &spec.limits, spec.max_output_bytes)
-        .await?;
-    Ok((out, upload_ms))
+        .await
 }

@@ -25,6 +25,9 @@ pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
 pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
+/// `CREATEOS_SANDBOX_WARM_POOL`: guests kept created, verified and idle for the next run.
+pub const ENV_WARM_POOL: &str = "CREATEOS_SANDBOX_WARM_POOL";
+
 /// The public control plane.
 pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
 /// The default guest image (has `python3`, `bash` and GNU `timeout`).
@@ -71,6 +74,8 @@ pub struct Settings {
     pub accept_egress_exceptions: bool,
     /// Per-stream output cap in bytes.
     pub max_output_bytes: usize,
+    /// Warm pool size (0 = off, at most [`crate::pool::MAX_WARM_POOL`]).
+    pub warm_pool: usize,
 }
 
 impl fmt::Debug for Settings {
@@ -86,6 +91,7 @@ impl fmt::Debug for Settings {
             .field("pinned_shape", &self.pinned_shape)
             .field("accept_egress_exceptions", &self.accept_egress_exceptions)
             .field("max_output_bytes", &self.max_output_bytes)
+            .field("warm_pool", &self.warm_pool)
             .finish()
     }
 }
@@ -135,6 +141,18 @@ pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
         return Err(bad("it must not have a query string or fragment"));
     }
     Ok(u.as_str().trim_end_matches('/').to_owned())
+}
+
+/// Parses [`ENV_WARM_POOL`]: a whole number from 0 to [`crate::pool::MAX_WARM_POOL`].
+pub fn parse_warm_pool(raw: &str) -> Result<usize, SandboxError> {
+    let max = crate::pool::MAX_WARM_POOL;
+    match raw.trim().parse::<usize>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(SandboxError::refused(format!(
+            "{ENV_WARM_POOL}={raw:?} is not a pool size from 0 to {max}; set it to the number \
+             of guests to keep ready (e.g. 4), or to 0 or unset it to turn the warm pool off"
+        ))),
+    }
 }
 
 fn valid_token(s: &str, extra: &[char]) -> bool {
@@ -205,6 +223,10 @@ impl Settings {
                 }
             },
         };
+        let warm_pool = match non_blank(lookup, ENV_WARM_POOL) {
+            None => 0,
+            Some(raw) => parse_warm_pool(&raw)?,
+        };
         Ok(Self {
             api_key: api_key.map(SecretString::from),
             api_key_source,
@@ -213,6 +235,7 @@ impl Settings {
             pinned_shape,
             accept_egress_exceptions,
             max_output_bytes,
+            warm_pool,
         })
     }
 
@@ -264,6 +287,7 @@ mod tests {
         assert_eq!(s.pinned_shape, None);
         assert!(!s.accept_egress_exceptions);
         assert_eq!(s.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
+        assert_eq!(s.warm_pool, 0);
         let e = s.require_key().unwrap_err();
         assert!(e.kind().is_unavailable());
         assert!(e.to_string().contains(ENV_API_KEY));
@@ -309,6 +333,11 @@ mod tests {
             (ENV_MAX_OUTPUT_BYTES, "10"),
             (ENV_MAX_OUTPUT_BYTES, "-5"),
             (ENV_API_KEY, "short"),
+            (ENV_WARM_POOL, "-1"),
+            (ENV_WARM_POOL, "four"),
+            (ENV_WARM_POOL, "65"),
+            (ENV_WARM_POOL, "1e3"),
+            (ENV_WARM_POOL, "18446744073709551616"),
         ];
         for (k, v) in cases {
             let e = Settings::from_lookup(&env(&[(k, v)])).unwrap_err();
@@ -360,5 +389,20 @@ mod tests {
         assert_eq!(s.max_output_bytes, 65536);
         let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
         assert_eq!(s.pinned_shape, None);
+    }
+
+    #[test]
+    fn warm_pool_sizes() {
+        for (raw, n) in [("0", 0), (" 4 ", 4), ("64", 64), ("", 0)] {
+            let s = Settings::from_lookup(&env(&[(ENV_WARM_POOL, raw)])).unwrap();
+            assert_eq!(s.warm_pool, n, "{raw:?}");
+        }
+        let e = Settings::from_lookup(&env(&[(ENV_WARM_POOL, "-3")])).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(ENV_WARM_POOL) && text.contains("64"),
+            "{text}"
+        );
+        assert!(text.contains("unset it"), "{text}");
     }
 }

@@ -1,0 +1,580 @@
+//! A warm pool of one-shot guests: up to N guests created, egress-verified and idle for the
+//! policy the caller will next ask for, so a run that matches skips create and the read-back.
+//!
+//! The rules:
+//!
+//! - **One policy at a time.** The pool warms for the policy runs ask for ([`PoolKey`]:
+//!   account, shape, rootfs, egress, auto-pause backstop, and the declared environment, keys
+//!   *and* values). A run whose policy differs is a miss: it creates its guest as without a
+//!   pool. Once [`SWITCH_AFTER`] runs in a row asked for the same other policy, the pool
+//!   switches to it and destroys the guests it held (so runs alternating between two policies
+//!   do not throw the pool away at every run).
+//!   Values count, not only keys, so a pooled guest never relies on an exec overriding a value
+//!   declared at create (the contract leaves that unverified, `createos-api.md` §4.4).
+//! - **One-shot guests.** Pool guests are created by [`Guest::create`] under the caller's
+//!   one-shot prefix (`lf-`), registered with the [`crate::reaper::Reaper`] before their create
+//!   is sent: a run that takes one destroys it afterwards like any other, shutdown destroys
+//!   the rest, and the orphan sweep covers them if the process dies.
+//! - **Verified before pooled.** A guest enters the pool only after its egress read-back
+//!   matched; one that fails it is destroyed at once, never handed out.
+//! - **Never handed out paused.** A guest idle for longer than its auto-pause backstop minus
+//!   [`IDLE_MARGIN`] is retired (destroyed and replaced), never resumed. A guest the control
+//!   plane paused anyway is caught by the run's first call to it (409); the run then destroys
+//!   it and uses a fresh guest (see [`crate::lifecycle`]).
+//! - **Off the critical path, bounded.** Refills run in one background task per pool on the
+//!   current tokio runtime. Each create is tried once; after a failure the next attempt waits
+//!   for the [`PoolConfig::backoff`] schedule and probes with a single create until one
+//!   succeeds, so a failing control plane sees no retry storm. A refill failure never fails
+//!   a run: a run that finds the pool empty creates its own guest.
+//!
+//! A pool holds no runtime handle and no global state: a forked child builds its own with its
+//! own backend.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::control::ControlPlane;
+use crate::egress::EgressPolicy;
+use crate::guest::{Guest, GuestContext, GuestSpec};
+use crate::retry::Backoff;
+
+/// The largest pool size accepted (`CREATEOS_SANDBOX_WARM_POOL`).
+pub const MAX_WARM_POOL: usize = 64;
+/// How many runs in a row must ask for another policy before the pool switches to it.
+pub const SWITCH_AFTER: u32 = 2;
+/// How long before its auto-pause backstop a pooled guest is retired.
+pub const IDLE_MARGIN: Duration = Duration::from_secs(30);
+
+/// What a pooled guest must match to be handed to a run. `Debug` shows the environment's
+/// keys, never its values.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PoolKey {
+    /// Identity of the account's control plane (one per account per session).
+    account: usize,
+    shape: String,
+    rootfs: String,
+    egress: EgressPolicy,
+    env_keys: BTreeSet<String>,
+    env_digest: [u8; 32],
+    auto_pause_after_seconds: u32,
+    prefix: String,
+}
+
+impl std::fmt::Debug for PoolKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolKey")
+            .field("shape", &self.shape)
+            .field("rootfs", &self.rootfs)
+            .field("egress", &self.egress.fingerprint())
+            .field("env_keys", &self.env_keys)
+            .field("auto_pause_after_seconds", &self.auto_pause_after_seconds)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PoolKey {
+    /// The key of a guest created through `cp` with `spec` under `prefix`.
+    pub fn new(cp: &Arc<dyn ControlPlane>, spec: &GuestSpec, prefix: &str) -> Self {
+        let mut digest = Sha256::new();
+        for (k, v) in &spec.envs {
+            // Length-prefixed, so no two maps share a digest by concatenation.
+            digest.update((k.len() as u64).to_le_bytes());
+            digest.update(k.as_bytes());
+            digest.update((v.len() as u64).to_le_bytes());
+            digest.update(v.as_bytes());
+        }
+        Self {
+            account: Arc::as_ptr(cp).cast::<()>() as usize,
+            shape: spec.shape.clone(),
+            rootfs: spec.rootfs.clone(),
+            egress: spec.egress.clone(),
+            env_keys: spec.envs.keys().cloned().collect(),
+            env_digest: digest.finalize().into(),
+            auto_pause_after_seconds: spec.auto_pause_after_seconds,
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+/// How a pool refills and retires its guests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The pause between refill attempts after a failure (`base` doubling up to `max`);
+    /// `budget` bounds one guest's egress read-back.
+    pub backoff: Backoff,
+    /// The longest a guest stays in the pool; `None` means its auto-pause backstop minus
+    /// [`IDLE_MARGIN`].
+    pub max_idle: Option<Duration>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff {
+                base: Duration::from_millis(500),
+                max: Duration::from_secs(30),
+                budget: Duration::from_secs(30),
+            },
+            max_idle: None,
+        }
+    }
+}
+
+/// A pool's counters, for the run log line and `doctor`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// The configured size (0 = off).
+    pub size: usize,
+    /// Guests ready to be handed out.
+    pub ready: usize,
+    /// Guests being created or verified for the pool.
+    pub filling: usize,
+    /// Runs that took a pooled guest.
+    pub hits: u64,
+    /// Runs, with the pool on, that found no matching guest.
+    pub misses: u64,
+    /// Pooled guests destroyed unused (policy change, idled out, failed read-back, shutdown).
+    pub discarded: u64,
+    /// Refill attempts that failed (create or read-back).
+    pub refill_failures: u64,
+}
+
+impl PoolStats {
+    /// Guests the pool holds (ready or being prepared), none of them owned by a run.
+    pub fn held(&self) -> usize {
+        self.ready + self.filling
+    }
+}
+
+struct Ready {
+    guest: Guest,
+    retire_at: Instant,
+}
+
+/// What the pool is warming for.
+#[derive(Clone)]
+struct Want {
+    key: PoolKey,
+    spec: GuestSpec,
+    cx: GuestContext,
+}
+
+#[derive(Default)]
+struct State {
+    size: usize,
+    want: Option<Want>,
+    /// Oldest first.
+    ready: VecDeque<Ready>,
+    filling: usize,
+    failures: u32,
+    retry_at: Option<Instant>,
+    task: bool,
+    closed: bool,
+    /// Bumped when the policy changes, so a refill for the old one is discarded.
+    generation: u64,
+    /// Another policy asked for by the last runs in a row, and how many times.
+    pending: Option<(PoolKey, u32)>,
+}
+
+struct Shared {
+    config: PoolConfig,
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    discarded: AtomicU64,
+    refill_failures: AtomicU64,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Let the refill task see that the pool is gone (its guests are released with it).
+        self.wake.notify_one();
+    }
+}
+
+/// A warm pool of one-shot guests (see the module docs). Cheap to clone (shared state);
+/// starts empty and off (size 0).
+#[derive(Clone)]
+pub struct WarmPool {
+    inner: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WarmPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmPool")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for WarmPool {
+    fn default() -> Self {
+        Self::new(PoolConfig::default())
+    }
+}
+
+impl WarmPool {
+    /// An empty pool of size 0 (off).
+    pub fn new(config: PoolConfig) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                config,
+                state: Mutex::new(State::default()),
+                wake: Arc::new(Notify::new()),
+                hits: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
+                discarded: AtomicU64::new(0),
+                refill_failures: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner)
+    }
+
+    /// The pool's counters.
+    pub fn stats(&self) -> PoolStats {
+        let st = self.lock();
+        PoolStats {
+            size: st.size,
+            ready: st.ready.len(),
+            filling: st.filling,
+            hits: self.inner.hits.load(Ordering::Relaxed),
+            misses: self.inner.misses.load(Ordering::Relaxed),
+            discarded: self.inner.discarded.load(Ordering::Relaxed),
+            refill_failures: self.inner.refill_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// True after [`WarmPool::close`].
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Sets the pool's size (capped at [`MAX_WARM_POOL`]). A smaller size destroys the
+    /// guests beyond it; 0 destroys them all and stops refilling.
+    pub fn set_size(&self, size: usize) {
+        let size = size.min(MAX_WARM_POOL);
+        let extra = {
+            let mut st = self.lock();
+            if st.size == size || st.closed {
+                return;
+            }
+            st.size = size;
+            let keep = st.ready.len().min(size);
+            // Keep the oldest (they retire first and are replaced anyway).
+            st.ready.split_off(keep)
+        };
+        self.discard(extra);
+        self.kick();
+    }
+
+    /// Takes a ready guest matching `spec`, `prefix` and `cx`'s control plane, or `None` (a
+    /// miss, or the pool is off). The guest's calls go through `cx` from now on. With the
+    /// pool on, the pool warms for this policy from now on, and a refill starts in the
+    /// background; it never waits for anything.
+    pub fn take(&self, cx: &GuestContext, spec: &GuestSpec, prefix: &str) -> Option<Guest> {
+        let key = PoolKey::new(&cx.cp, spec, prefix);
+        let now = Instant::now();
+        let mut drop_these = Vec::new();
+        let got = {
+            let mut st = self.lock();
+            if st.size == 0 || st.closed {
+                return None;
+            }
+            let matches = st.want.as_ref().is_some_and(|w| w.key == key);
+            let switch = !matches && {
+                // Switch only for a policy asked for SWITCH_AFTER times in a row (at once when
+                // the pool warms for nothing yet): runs alternating between two policies must
+                // not destroy the pool at every run.
+                let seen = match st.pending.take() {
+                    Some((k, n)) if k == key => n + 1,
+                    _ => 1,
+                };
+                st.pending = Some((key.clone(), seen));
+                st.want.is_none() || seen >= SWITCH_AFTER
+            };
+            if matches {
+                st.pending = None;
+            }
+            if !matches && !switch {
+                None
+            } else if switch {
+                st.pending = None;
+                if let Some(old) = &st.want {
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        from = ?old.key,
+                        to = ?key,
+                        "warm pool: a run asked for another policy; the pool now warms for it"
+                    );
+                }
+                drop_these.extend(st.ready.drain(..));
+                st.generation += 1;
+                // The refill backoff is kept: failures are the control plane's, not the
+                // policy's, so a policy change never restarts a storm.
+                st.want = Some(Want {
+                    key,
+                    spec: spec.clone(),
+                    // The pool's own request count, not the run's.
+                    cx: GuestContext::new(
+                        cx.cp.clone(),
+                        cx.reaper.clone(),
+                        cx.redactor.clone(),
+                        cx.backoff,
+                    ),
+                });
+                None
+            } else {
+                let mut got = None;
+                while let Some(r) = st.ready.pop_front() {
+                    if r.retire_at <= now {
+                        drop_these.push(r);
+                    } else {
+                        got = Some(r.guest);
+                        break;
+                    }
+                }
+                got
+            }
+        };
+        let counter = if got.is_some() {
+            &self.inner.hits
+        } else {
+            &self.inner.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.discard(drop_these);
+        self.kick();
+        got.map(|mut g| {
+            g.rebind(cx.clone());
+            g
+        })
+    }
+
+    /// Counts a taken guest that turned out unusable (the caller destroys it).
+    pub fn note_unusable(&self) {
+        self.inner.discarded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stops refilling and hands every ready guest to the reaper, which destroys them (a
+    /// [`crate::reaper::Reaper::shutdown`] afterwards waits for that). Guests still being
+    /// created are registered with the reaper and destroyed when they land. Idempotent.
+    pub fn close(&self) {
+        let all: Vec<Ready> = {
+            let mut st = self.lock();
+            st.closed = true;
+            st.want = None;
+            st.ready.drain(..).collect()
+        };
+        self.discard(all);
+        self.inner.wake.notify_one();
+    }
+
+    fn discard(&self, guests: impl IntoIterator<Item = Ready>) {
+        for r in guests {
+            self.inner.discarded.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(target: LOG_TARGET, guest = r.guest.name(), "warm pool: guest retired");
+            // A one-shot guest let go is destroyed by the reaper in the background.
+            r.guest.release();
+        }
+    }
+
+    /// Makes sure the refill task runs (or wakes it).
+    fn kick(&self) {
+        let spawn = {
+            let mut st = self.lock();
+            if st.task || st.closed || st.size == 0 || st.want.is_none() {
+                false
+            } else {
+                st.task = true;
+                true
+            }
+        };
+        if !spawn {
+            self.inner.wake.notify_one();
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.lock().task = false;
+            tracing::debug!(target: LOG_TARGET, "no async runtime: the warm pool is not refilled");
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let wake = Arc::clone(&self.inner.wake);
+        rt.spawn(maintain(weak, wake));
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What one pass of the refill task decided.
+struct Pass {
+    batch: usize,
+    want: Option<Want>,
+    generation: u64,
+    retired: Vec<Ready>,
+    wake_at: Option<Instant>,
+}
+
+/// The refill task: retires idled-out guests, creates what is missing (one probe at a time
+/// after a failure, spaced by the backoff), and sleeps until the next retirement, retry or
+/// wake-up. Holds the pool only weakly between passes, so dropping the pool ends it.
+async fn maintain(weak: Weak<Shared>, wake: Arc<Notify>) {
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let pool = WarmPool { inner: shared };
+        let pass = plan_pass(&pool);
+        let Some(pass) = pass else {
+            return;
+        };
+        pool.discard(pass.retired);
+        if pass.batch > 0
+            && let Some(want) = pass.want
+        {
+            refill(&pool, &want, pass.batch, pass.generation).await;
+            continue;
+        }
+        drop(pool);
+        match pass.wake_at {
+            Some(at) => {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+/// Decides one pass under the lock; `None` ends the task.
+fn plan_pass(pool: &WarmPool) -> Option<Pass> {
+    let mut st = pool.lock();
+    if st.closed || st.size == 0 || st.want.is_none() {
+        st.task = false;
+        return None;
+    }
+    let now = Instant::now();
+    let mut retired = Vec::new();
+    while st.ready.front().is_some_and(|r| r.retire_at <= now) {
+        retired.extend(st.ready.pop_front());
+    }
+    let deficit = st.size.saturating_sub(st.ready.len() + st.filling);
+    let may_try = st.retry_at.is_none_or(|t| now >= t);
+    let batch = match (may_try, st.failures) {
+        (false, _) => 0,
+        (true, 0) => deficit,
+        (true, _) => deficit.min(1),
+    };
+    st.filling += batch;
+    let mut wake_at = st.ready.front().map(|r| r.retire_at);
+    if deficit > batch
+        && let Some(t) = st.retry_at
+    {
+        wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
+    }
+    Some(Pass {
+        batch,
+        want: st.want.clone(),
+        generation: st.generation,
+        retired,
+        wake_at,
+    })
+}
+
+/// Creates and verifies `batch` guests for `want` concurrently, and pools the ones that
+/// passed while the pool still wants them.
+async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
+    let config = pool.inner.config;
+    let results =
+        futures::future::join_all((0..batch).map(|_| prepare(want, config.backoff))).await;
+    let max_idle = config.max_idle.unwrap_or_else(|| {
+        Duration::from_secs(u64::from(want.spec.auto_pause_after_seconds))
+            .saturating_sub(IDLE_MARGIN)
+    });
+    let mut unwanted = Vec::new();
+    let mut failed = 0u32;
+    {
+        let mut st = pool.lock();
+        st.filling = st.filling.saturating_sub(batch);
+        for r in results {
+            match r {
+                Some(guest) => {
+                    let ready = Ready {
+                        guest,
+                        retire_at: Instant::now() + max_idle,
+                    };
+                    if st.closed || st.generation != generation || st.ready.len() >= st.size {
+                        unwanted.push(ready);
+                    } else {
+                        st.ready.push_back(ready);
+                    }
+                }
+                None => failed += 1,
+            }
+        }
+        if failed > 0 {
+            let attempt = st.failures;
+            st.failures = st.failures.saturating_add(1);
+            st.retry_at = Some(Instant::now() + config.backoff.delay(attempt));
+        } else {
+            st.failures = 0;
+            st.retry_at = None;
+        }
+    }
+    if failed > 0 {
+        pool.inner
+            .refill_failures
+            .fetch_add(u64::from(failed), Ordering::Relaxed);
+    }
+    pool.discard(unwanted);
+}
+
+/// One pool guest: a single create attempt, then the egress read-back. A guest that fails
+/// the read-back is destroyed here. `None` on any failure (logged).
+async fn prepare(want: &Want, backoff: Backoff) -> Option<Guest> {
+    let cx = &want.cx;
+    // A deadline of now: exactly one create attempt; the pool's backoff spaces the next.
+    let guest = match Guest::create(cx, &want.spec, &want.key.prefix, Instant::now()).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(
+                target: LOG_TARGET,
+                error = %e,
+                "warm pool: create failed; runs create their own guests meanwhile"
+            );
+            return None;
+        }
+    };
+    match guest
+        .verify_egress(&want.spec.egress, Instant::now() + backoff.budget)
+        .await
+    {
+        Ok(()) => Some(guest),
+        Err(e) => {
+            tracing::warn!(
+                target: LOG_TARGET,
+                guest = guest.name(),
+                error = %e,
+                "warm pool: guest failed its egress read-back; destroyed, not used"
+            );
+            let _ = guest.destroy().await;
+            None
+        }
+    }
+}
