@@ -14,13 +14,16 @@ tree) and a real ``createos-fake`` process on 127.0.0.1. Build and install first
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -276,3 +279,61 @@ def run_doctor(env: dict[str, str], *, timeout: float = 120) -> subprocess.Compl
         cwd=E2E,
         check=False,
     )
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_json(method: str, url: str, body: Any = None, *, api_key: str, timeout: float = 120) -> Any:
+    """One JSON request with an ``x-api-key`` header; the decoded answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("x-api-key", api_key)
+    if data is not None:
+        request.add_header("content-type", "application/json")
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def lfx_serve(flow: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """``lfx serve FLOW`` on a free loopback port until ``/health`` answers; yields its URL.
+
+    The server is stopped (terminate, then kill) when the block ends; its output is in
+    ``log_path``, quoted when it exits early or never gets ready (180 s).
+    """
+    port = free_port()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [venv_bin("lfx"), "serve", str(flow), "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=E2E,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"lfx serve exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):  # noqa: S310 - loopback
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"lfx serve not ready: {log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import E2E, Fake, backend_env, run_python, venv_bin
+from conftest import E2E, Fake, backend_env, http_json, lfx_serve, run_python, venv_bin
 
 SHOUT = E2E / "flows" / "shout_flow.json"
 SLOW = E2E / "flows" / "slow_flow.json"
@@ -117,58 +113,15 @@ def test_lfx_run_prints_the_in_process_result(clean_fake: Fake) -> None:
     assert stats["created"] == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _http(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("x-api-key", SERVE_KEY)
-    if data is not None:
-        request.add_header("content-type", "application/json")
-    with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback
-        return json.loads(response.read())
+    return http_json(method, url, body, api_key=SERVE_KEY)
 
 
 @pytest.fixture
 def served(clean_fake: Fake, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
     env = executor_env(clean_fake, LANGFLOW_API_KEY=SERVE_KEY)
-    log_path = tmp_path / "serve.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [venv_bin("lfx"), "serve", str(SHOUT), "--host", "127.0.0.1", "--port", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=E2E,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"lfx serve exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2):  # noqa: S310 - loopback
-                    break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"lfx serve not ready: {log_path.read_text()[-3000:]}")
-                time.sleep(0.5)
+    with lfx_serve(SHOUT, env, tmp_path / "serve.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
 
 
 def test_lfx_serve_answers_with_the_flow_result(served: str, clean_fake: Fake) -> None:

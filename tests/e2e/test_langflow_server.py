@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, REPO, Fake, backend_env, start_fake
+from conftest import E2E, REPO, Fake, backend_env, free_port, start_fake
 
 SERVER_VENV = os.environ.get("LANGFLOW_SERVER_VENV", "")
 CHROMIUM = shutil.which("chromium") or ""
@@ -42,12 +41,6 @@ pytestmark = pytest.mark.skipif(
     reason="LANGFLOW_SERVER_VENV is not set: the slow suite needs a venv with langflow==1.13.0 "
     "and this wheel (scripts/test prepares one)",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -90,7 +83,7 @@ class Server:
 
 def start_server(env: dict[str, str], workdir: Path) -> Server:
     """``langflow run`` (frontend included) on a free loopback port; waits for ``/health``."""
-    port = _free_port()
+    port = free_port()
     log = workdir / "langflow.log"
     env = {
         **env,
