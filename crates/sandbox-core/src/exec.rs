@@ -71,7 +71,26 @@ pub enum Command {
         /// The script.
         script: String,
     },
+    /// A Python program carried inside the exec request itself, so no upload precedes it:
+    /// `sh` writes `source` to `path` and then `exec`s `python3 -u <path>`, so the program
+    /// runs from a file exactly as an uploaded one does (same `__file__`, same tracebacks,
+    /// same signals: `exec` replaces the shell). Build it with [`Command::python_inline`],
+    /// which refuses what an argument cannot carry.
+    PythonInline {
+        /// Where the program is written in the guest.
+        path: String,
+        /// The program text.
+        source: String,
+    },
 }
+
+/// The largest program [`Command::python_inline`] carries in the exec request (Linux caps one
+/// argument at 128 KiB; this stays well inside it, and inside any request-size limit).
+pub const INLINE_PROGRAM_MAX: usize = 32 * 1024;
+
+/// The script of [`Command::PythonInline`]: `$0` is the path, `$1` the program. `printf` is a
+/// shell builtin, so the program is never re-parsed by the shell nor passed to another exec.
+const INLINE_SCRIPT: &str = r#"printf '%s' "$1" > "$0" && exec python3 -u "$0""#;
 
 impl Command {
     /// The Python program at `path`.
@@ -84,6 +103,20 @@ impl Command {
         Command::Shell {
             script: script.into(),
         }
+    }
+
+    /// The Python program `source`, carried in the exec request and run from `path`; `None`
+    /// when it cannot travel as an argument (over [`INLINE_PROGRAM_MAX`] bytes, not UTF-8, or
+    /// containing NUL), in which case it must be uploaded.
+    pub fn python_inline(path: impl Into<String>, source: &[u8]) -> Option<Self> {
+        if source.len() > INLINE_PROGRAM_MAX || source.contains(&0) {
+            return None;
+        }
+        let source = std::str::from_utf8(source).ok()?.to_owned();
+        Some(Command::PythonInline {
+            path: path.into(),
+            source,
+        })
     }
 
     /// The exec request under the guest clock:
@@ -100,6 +133,15 @@ impl Command {
             }
             Command::Shell { script } => {
                 args.extend(["sh".to_owned(), "-c".to_owned(), script.clone()]);
+            }
+            Command::PythonInline { path, source } => {
+                args.extend([
+                    "sh".to_owned(),
+                    "-c".to_owned(),
+                    INLINE_SCRIPT.to_owned(),
+                    path.clone(),
+                    source.clone(),
+                ]);
             }
         }
         ("timeout".to_owned(), args)
@@ -179,6 +221,39 @@ mod tests {
                 "echo hi; exit 3"
             ]
         );
+    }
+
+    #[test]
+    fn an_inline_program_reaches_python_byte_for_byte() {
+        // Quotes, expansions, a format directive, backslashes, non-ASCII and no final
+        // newline: the shell must write it as it is, never interpret it.
+        let source = "s = '$(echo no) `no` $HOME %s %d \\\\n \"q\" \u{e9}\u{2603}'\nprint(s)\nprint(__file__)";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("main_inline.py");
+        let path = path.to_str().unwrap();
+        let command = Command::python_inline(path, source.as_bytes()).unwrap();
+        let (cmd, args) = command.under_timeout(&ExecLimits::for_seconds(20));
+        let out = std::process::Command::new(cmd)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(std::fs::read_to_string(path).unwrap(), source);
+        let printed = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            printed,
+            format!("$(echo no) `no` $HOME %s %d \\n \"q\" \u{e9}\u{2603}\n{path}\n")
+        );
+    }
+
+    #[test]
+    fn what_an_argument_cannot_carry_is_uploaded_instead() {
+        assert!(Command::python_inline("/w/a.py", b"print(1)").is_some());
+        assert!(Command::python_inline("/w/a.py", b"print(1)\0").is_none());
+        assert!(Command::python_inline("/w/a.py", b"print('\xff')").is_none());
+        let big = vec![b'#'; INLINE_PROGRAM_MAX + 1];
+        assert!(Command::python_inline("/w/a.py", &big).is_none());
+        assert!(Command::python_inline("/w/a.py", &big[1..]).is_some());
     }
 
     #[test]

@@ -13,9 +13,9 @@ use crate::LOG_TARGET;
 use crate::classify::{self, Stage};
 use crate::control::ControlPlane;
 use crate::egress::EgressPolicy;
-use crate::error::{Redactor, SandboxError};
+use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::exec::{Command, ExecLimits};
-use crate::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec, ms};
+use crate::guest::{ExecInput, ExecOutcome, ExecRun, Guest, GuestContext, GuestSpec, ms};
 use crate::output::Captured;
 use crate::pool::WarmPool;
 use crate::reaper::Reaper;
@@ -174,27 +174,44 @@ pub async fn run_python_pooled(
     } else {
         PoolUse::Off
     };
-    let mut prepared = None;
+    // A pooled guest was verified when it entered the pool, so a program small enough to
+    // travel inside the exec request needs nothing else: one round trip. A larger one is
+    // uploaded first.
+    let mut pooled = None;
     if let Some(p) = pool
         && let Some(guest) = p.take(&cx, &guest_spec, spec.name_prefix)
     {
         let t1 = Instant::now();
-        match prepare(&guest, &path, program.clone(), None, deadline).await {
-            Ok(()) => {
+        let first = match Command::python_inline(path.clone(), &program) {
+            Some(inline) => guest
+                .exec(&inline, &spec.limits, &ExecInput::default(), deadline)
+                .await
+                .map(PooledStart::Dispatched),
+            None => prepare(&guest, &path, program.clone(), None, deadline)
+                .await
+                .map(|()| PooledStart::Uploaded(ms(t1.elapsed()))),
+        };
+        match first {
+            Ok(started) => {
                 pool_use = PoolUse::Hit;
-                prepared = Some((guest, 0, Ok(ms(t1.elapsed()))));
+                pooled = Some((guest, started));
             }
             Err(e) if reaper.is_closed() => {
                 guest.release();
                 return Err(e);
+            }
+            Err(e) if e.kind() == ErrorKind::OutcomeUnknown => {
+                // The program may have run in it: no second attempt, and the guest goes.
+                pool_use = PoolUse::Hit;
+                pooled = Some((guest, PooledStart::Failed(e)));
             }
             Err(e) => {
                 tracing::warn!(
                     target: LOG_TARGET,
                     guest = guest.name(),
                     error = %redactor.apply(e.message()),
-                    "warm pool: the pooled guest could not take the program (nothing was sent); \
-                     destroying it and using a fresh guest"
+                    "warm pool: the pooled guest could not take the program (it was not \
+                     started); destroying it and using a fresh guest"
                 );
                 p.note_unusable();
                 pool_use = PoolUse::Replaced;
@@ -206,25 +223,38 @@ pub async fn run_python_pooled(
             }
         }
     }
-    let (guest, create_ms, prep) = if let Some(p) = prepared {
-        p
-    } else {
-        let t0 = Instant::now();
-        let guest = Guest::create(&cx, &guest_spec, spec.name_prefix, deadline).await?;
-        let create_ms = ms(t0.elapsed());
-        let t1 = Instant::now();
-        let prep = prepare(&guest, &path, program, Some(&spec.egress), deadline)
-            .await
-            .map(|()| ms(t1.elapsed()));
-        (guest, create_ms, prep)
-    };
-
-    // 2-3. Upload (and read back), then exec.
-    let ran = match prep {
-        Ok(upload_ms) => in_guest(&guest, spec, path, deadline)
-            .await
-            .map(|out| (out, upload_ms)),
-        Err(e) => Err(e),
+    let (guest, create_ms, ran) = match pooled {
+        Some((guest, PooledStart::Dispatched(run))) => {
+            let ran = guest
+                .capture(run, &spec.limits, spec.max_output_bytes)
+                .await
+                .map(|out| (out, 0));
+            (guest, 0, ran)
+        }
+        Some((guest, PooledStart::Uploaded(upload_ms))) => {
+            let ran = in_guest(&guest, spec, path, deadline)
+                .await
+                .map(|out| (out, upload_ms));
+            (guest, 0, ran)
+        }
+        Some((guest, PooledStart::Failed(e))) => (guest, 0, Err(e)),
+        None => {
+            // 1-3. Create under a name minted before the call, upload ∥ read back, exec.
+            let t0 = Instant::now();
+            let guest = Guest::create(&cx, &guest_spec, spec.name_prefix, deadline).await?;
+            let create_ms = ms(t0.elapsed());
+            let t1 = Instant::now();
+            let ran = match prepare(&guest, &path, program, Some(&spec.egress), deadline).await {
+                Ok(()) => {
+                    let upload_ms = ms(t1.elapsed());
+                    in_guest(&guest, spec, path, deadline)
+                        .await
+                        .map(|out| (out, upload_ms))
+                }
+                Err(e) => Err(e),
+            };
+            (guest, create_ms, ran)
+        }
     };
 
     // 4. Destroy: now, or off the critical path with the reaper's guarantee. A host timeout
@@ -299,6 +329,16 @@ pub async fn run_python_pooled(
         "sandbox run finished"
     );
     Ok(report)
+}
+
+/// How a pooled guest's run began.
+enum PooledStart {
+    /// The program travelled inside the exec request, which the guest accepted.
+    Dispatched(ExecRun),
+    /// The program was uploaded (in this many ms); the exec is still to come.
+    Uploaded(u64),
+    /// The exec failed after dispatch: the program may have run.
+    Failed(SandboxError),
 }
 
 /// Uploads the program to `path` and, for a guest not verified yet (`verify`), reads its

@@ -107,14 +107,14 @@ async fn run(
     r: &Reaper,
     p: &WarmPool,
     s: &RunSpec,
-    code: &'static str,
+    code: &str,
 ) -> RunReport {
     run_python_pooled(
         cp.clone(),
         r,
         Some(p),
         s,
-        Bytes::from_static(code.as_bytes()),
+        Bytes::copy_from_slice(code.as_bytes()),
         &Redactor::new(KEY),
     )
     .await
@@ -123,7 +123,7 @@ async fn run(
 
 /// Waits (bounded) until `done` holds for the pool's counters.
 async fn until(p: &WarmPool, what: &str, done: impl Fn(&PoolStats) -> bool) -> PoolStats {
-    for _ in 0..250 {
+    for _ in 0..500 {
         let s = p.stats();
         if done(&s) {
             return s;
@@ -222,15 +222,24 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
             used.insert(out.guest_name.clone()),
             "a pooled guest was used twice"
         );
-        // Only the upload and the exec remain on the critical path.
-        assert_eq!(out.timings.requests, 2, "{:?}", out.timings);
+        // One round trip: the program travels inside the exec request.
+        assert_eq!(out.timings.requests, 1, "{:?}", out.timings);
         assert_eq!(out.timings.create_ms, 0);
         assert!(gone(&cp, &out.guest_id).await, "used guest not destroyed");
     }
-    // Refilled with new guests, never the used ones again.
+    assert_eq!(requests(&fake, "upload"), 1, "only the cold run uploads");
+    // Refilled with new guests, never the used ones again. A program too large for the exec
+    // request is uploaded to the pooled guest first: two round trips, same result.
     until(&p, "refilled", |s| s.ready == 2).await;
-    let again = run(&cp, &r, &p, &s, "print(2)").await;
+    let big = format!(
+        "{}\nprint(2)",
+        "#".repeat(sandbox_core::exec::INLINE_PROGRAM_MAX)
+    );
+    let again = run(&cp, &r, &p, &s, &big).await;
     assert_eq!(again.pool, PoolUse::Hit);
+    assert_eq!(again.stdout.text, "2\n");
+    assert_eq!(again.timings.requests, 2, "{:?}", again.timings);
+    assert_eq!(requests(&fake, "upload"), 2);
     assert!(!used.contains(&again.guest_name));
     let st = p.stats();
     assert_eq!((st.hits, st.misses), (3, 1), "{st:?}");
@@ -334,7 +343,8 @@ async fn an_idled_out_guest_is_replaced_before_it_would_pause() {
     let p = pool(
         1,
         PoolConfig {
-            max_idle: Some(Duration::from_millis(400)),
+            // Long enough that a loaded machine does not retire it again mid-test.
+            max_idle: Some(Duration::from_millis(1500)),
             ..pool_config(50, 400)
         },
     );
@@ -385,11 +395,11 @@ async fn a_guest_the_control_plane_paused_is_never_handed_out_paused() {
     assert_ne!(out.guest_name, name(&pooled[0]));
     assert!(gone(&cp, &pooled[0].id).await, "the paused guest stays");
     assert_eq!(requests(&fake, "resume"), 0, "the paused guest was resumed");
-    assert_eq!(
-        requests(&fake, "exec_stream"),
-        2,
-        "an exec reached the paused guest"
-    );
+    // The run's program travels inside the exec request: the paused guest's control plane
+    // refused it with 409 (nothing started there), then the fresh guest ran it.
+    assert_eq!(requests(&fake, "exec_stream"), 3);
+    // Uploads: the first (cold) run's and the fresh guest's; none to the pooled guest.
+    assert_eq!(requests(&fake, "upload"), 2);
     finish(p, r, fake).await;
 }
 
