@@ -219,7 +219,8 @@ def test_warm_pool_shows_in_the_run_line_and_doctor(
     assert len(lines) == 2, lines
     assert "pool=miss" in lines[0], lines[0]
     assert all(f in lines[1] for f in ("pool=hit", "pool_size=2", "pool_hits=1", "pool_misses=1")), lines[1]
-    assert "requests=2" in lines[1], lines[1]
+    # A warm run is one request: the exec, which carries the program (no create, no upload).
+    assert "requests=1" in lines[1] and "upload_ms=0" in lines[1], lines[1]
     backend.shutdown()
     assert clean_fake.wait_settled()["live"] == 0
     env = backend_env(clean_fake, CREATEOS_SANDBOX_WARM_POOL="2")
