@@ -222,18 +222,8 @@ async def _main(job: dict[str, Any]) -> int:
     return 0
 
 
-def main() -> int:
-    _take_stdout()
-    job_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "lfx_job.json")
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
-    if job.get("protocol") != PROTOCOL:
-        emit({"frame": "error", "kind": "protocol", "message": f"runner speaks protocol {PROTOCOL}"})
-        return 2
-    lfx_version = _import_lfx(job)
-    if lfx_version is None:
-        emit({"frame": "error", "kind": "missing_lfx", "message": "lfx is not installed in the guest"})
-        return 3
+def _run_job(job: dict[str, Any], lfx_version: str) -> int:
+    """Runs one job whose lfx is importable: the ``hello`` frame, then the run's frames."""
     emit({"frame": "hello", "protocol": PROTOCOL, "lfx": lfx_version, "python": sys.version.split()[0]})
     try:
         return asyncio.run(_main(job))
@@ -241,6 +231,145 @@ def main() -> int:
         traceback.print_exc(file=sys.stderr)
         emit({"frame": "error", "kind": "flow", "type": type(exc).__name__, "message": str(exc)})
         return 1
+
+
+def _read_job(job_path: str) -> dict[str, Any] | None:
+    """The job document, or None after reporting a protocol mismatch."""
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    if job.get("protocol") != PROTOCOL:
+        emit({"frame": "error", "kind": "protocol", "message": f"runner speaks protocol {PROTOCOL}"})
+        return None
+    return job
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        return serve(sys.argv[2])
+    _take_stdout()
+    job_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "lfx_job.json")
+    job = _read_job(job_path)
+    if job is None:
+        return 2
+    lfx_version = _import_lfx(job)
+    if lfx_version is None:
+        emit({"frame": "error", "kind": "missing_lfx", "message": "lfx is not installed in the guest"})
+        return 3
+    return _run_job(job, lfx_version)
+
+
+# --- Preloaded mode (the executor's warm pool) -----------------------------------------------
+#
+# ``lfx_runner.py --serve NAME`` is started in a pool guest as a long-lived process, before any
+# flow is known. It listens on the abstract Unix socket NAME at once, then imports lfx and the
+# graph machinery (the seconds a cold run spends before its first vertex), then answers:
+#
+# - ``PING``: ``READY <lfx version>`` (or ``NOLFX``, after which it exits), so the pool knows the
+#   guest is ready before it hands it out;
+# - ``JOB <path>`` with two file descriptors (SCM_RIGHTS): the standard output and error of the
+#   exec that ``lfx_handoff.py`` runs for the flow. The runner adopts them as its own and runs the
+#   job exactly as a cold runner would, so the host reads the same frames from the same exec
+#   stream, under the same guest clock. It then sends ``EXIT <status>`` and exits: one job per
+#   guest, as every pool guest is one-shot. If the hand-off process goes away first (its clock
+#   expired, or the host stopped the run), the runner exits at once.
+
+EXIT_CLIENT_GONE = 125
+
+
+def _preload() -> None:
+    """Imports what every flow run needs, off the run's critical path."""
+    from lfx.graph import Graph  # noqa: F401
+    from lfx.schema.data import Data  # noqa: F401
+    from lfx.schema.dataframe import DataFrame  # noqa: F401
+    from lfx.schema.message import Message  # noqa: F401
+
+    try:  # the components nearly every flow starts and ends with
+        import lfx.components.input_output  # noqa: F401
+    except Exception:  # noqa: BLE001 - a template without them still serves
+        pass
+    # lfx initializes its services and builds some models lazily, at the first graph and the
+    # first message: do both once here (nothing runs), so the flow's run does not pay for them.
+    Graph.from_payload({"nodes": [], "edges": []})
+    _ = Message(text="").text
+
+
+def _adopt(fds: list[int]) -> None:
+    """Makes the hand-off exec's stdout and stderr this process's, and stdin empty."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+
+
+def _watch(conn: Any) -> None:
+    """Exits the process when the hand-off side of ``conn`` closes before the job ended."""
+    import threading
+
+    def watch() -> None:
+        try:
+            data = conn.recv(1)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(EXIT_CLIENT_GONE)
+
+    threading.Thread(target=watch, name="lfx-handoff-watch", daemon=True).start()
+
+
+def serve(name: str) -> int:
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(8)
+    lfx_version = _import_lfx({})
+    if lfx_version is not None:
+        try:
+            _preload()
+        except Exception:  # noqa: BLE001 - reported to the pool, which does not use this guest
+            traceback.print_exc(file=sys.stderr)
+            lfx_version = None
+    print(f"preloaded runner: lfx {lfx_version or 'missing'}; listening", file=sys.stderr, flush=True)
+    while True:
+        conn, _ = listener.accept()
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(conn, 4096, 2)
+        except OSError:
+            conn.close()
+            continue
+        if msg.startswith(b"PING"):
+            for fd in fds:
+                os.close(fd)
+            reply = f"READY {lfx_version}\n" if lfx_version else "NOLFX\n"
+            try:
+                conn.sendall(reply.encode())
+            finally:
+                conn.close()
+            if lfx_version is None:
+                return 3
+            continue
+        if not msg.startswith(b"JOB ") or len(fds) != 2 or lfx_version is None:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        listener.close()
+        _adopt(fds)
+        _watch(conn)
+        _take_stdout()
+        job = _read_job(msg[4:].decode("utf-8"))
+        code = 2 if job is None else _run_job(job, lfx_version)
+        sys.stderr.flush()
+        try:
+            conn.sendall(f"EXIT {code}\n".encode())
+        except OSError:
+            pass
+        return code
 
 
 if __name__ == "__main__":

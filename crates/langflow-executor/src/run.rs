@@ -1,6 +1,17 @@
 //! One flow run in one guest: create (reaper-guarded) → upload the runner and the job ∥ read
 //! the egress back → streaming exec of the runner → each frame yielded as it arrives → the
 //! guest destroyed at the end, on an error, and when the consumer stops early.
+//!
+//! With a warm pool (`CREATEOS_EXECUTOR_WARM_POOL`), a run that finds a ready guest skips all
+//! of that but the job: the pool created the guest, read its egress back and started a
+//! *preloaded runner* there (`lfx_runner.py --serve`), which imported lfx and warmed its graph
+//! machinery before any flow was known. The run uploads the job and execs the hand-off script
+//! (`lfx_handoff.py`), which passes its own standard output and error to the preloaded runner:
+//! the frames then travel on the run's exec stream exactly as a cold runner's do, under the
+//! same guest clock, and everything below (frames, errors, timeouts, destroy) is the same code.
+//! A pooled guest that cannot take the flow before the runner said hello (refused upload or
+//! exec, no runner listening) is destroyed and the run falls back to a fresh guest: nothing of
+//! the flow ran there.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -11,11 +22,13 @@ use bytes::Bytes;
 use createos_api::{LineFramer, LineTooLong};
 use sandbox_core::classify;
 use sandbox_core::control::ExecFrame;
+use sandbox_core::control::ProcessSpec;
 use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::orphans::SweepConfig;
+use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::session::{Connector, Session, http_connector};
@@ -26,7 +39,10 @@ use tokio::time::Instant;
 
 use crate::frames::{Line, LogLines, RunnerFrame, parse_line};
 use crate::job::{FlowRequest, Mode};
-use crate::runner::{JOB_PATH, RUNNER_PATH, SOURCE};
+use crate::runner::{
+    EXIT_NO_RUNNER, EXIT_RUNNER_LOST, HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE,
+    socket_name,
+};
 use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings};
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
@@ -95,6 +111,11 @@ pub struct ExecutorOptions {
     /// Start the session's background sweep of paused one-shot guests left by dead processes
     /// (a killed flow run's guest among them) at the first run (default on).
     pub orphan_sweep: bool,
+    /// How the warm pool refills and retires its guests.
+    pub pool: PoolConfig,
+    /// How long a pool guest's preloaded runner may take to import lfx before the guest is
+    /// given up (default 120 s).
+    pub preload_wait: Duration,
 }
 
 impl fmt::Debug for ExecutorOptions {
@@ -106,6 +127,8 @@ impl fmt::Debug for ExecutorOptions {
             .field("host_grace", &self.host_grace)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("orphan_sweep", &self.orphan_sweep)
+            .field("pool", &self.pool)
+            .field("preload_wait", &self.preload_wait)
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +148,8 @@ impl Default for ExecutorOptions {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             shutdown_timeout: Duration::from_secs(20),
             orphan_sweep: true,
+            pool: PoolConfig::default(),
+            preload_wait: Duration::from_secs(120),
         }
     }
 }
@@ -164,12 +189,14 @@ pub struct Executor {
     opts: ExecutorOptions,
     session: Session,
     reaper: Reaper,
+    pool: WarmPool,
 }
 
 impl fmt::Debug for Executor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Executor")
             .field("reaper", &self.reaper)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
@@ -195,8 +222,14 @@ impl Executor {
         Self {
             reaper: Reaper::new(opts.reaper),
             session,
+            pool: WarmPool::with_warmer(opts.pool, preloader(opts.preload_wait, opts.kill_after)),
             opts,
         }
+    }
+
+    /// The warm pool's counters (size 0 while `CREATEOS_EXECUTOR_WARM_POOL` is unset).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
     }
 
     /// Guests currently registered with this executor (live runs plus pending destroys).
@@ -280,6 +313,35 @@ impl Executor {
             redactor.clone(),
             self.opts.backoff,
         );
+        self.pool.set_size(plan.executor.warm_pool);
+        if let Some(guest) = self.pool.take(&cx, &spec, BACKEND_PREFIX) {
+            let name = guest.name().to_owned();
+            match self
+                .start_warm(guest, &plan, request, job_bytes.clone(), host_lfx_version)
+                .await
+            {
+                Warm::Running(run) => {
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        guest = %name,
+                        mode = request.mode().as_str(),
+                        pool = ?self.pool.stats(),
+                        "flow run: a warm guest took the flow (preloaded runner)"
+                    );
+                    return Ok(*run);
+                }
+                Warm::Failed(e) => return Err(e),
+                Warm::Unusable(why) => {
+                    self.pool.note_unusable();
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        guest = %name,
+                        "warm pool: the pooled guest could not take the flow ({why}); it was \
+                         destroyed and the run uses a fresh guest"
+                    );
+                }
+            }
+        }
         let started = Instant::now();
         let deadline = started + self.opts.backoff.budget;
         let guest = Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?;
@@ -289,6 +351,7 @@ impl Executor {
             rootfs = %spec.rootfs,
             shape = %spec.shape,
             mode = request.mode().as_str(),
+            pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
         let dispatched = async {
@@ -317,7 +380,29 @@ impl Executor {
                 return Err(e.into());
             }
         };
-        Ok(FlowRun {
+        Ok(self.flow_run(
+            guest,
+            exec,
+            &plan,
+            request,
+            host_lfx_version,
+            started,
+            false,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn flow_run(
+        &self,
+        guest: Guest,
+        exec: ExecRun,
+        plan: &Plan,
+        request: &FlowRequest,
+        host_lfx_version: Option<&str>,
+        started: Instant,
+        preloaded: bool,
+    ) -> FlowRun {
+        FlowRun {
             guest: Some(guest),
             exec: Some(exec),
             framer: LineFramer::new(self.opts.max_frame_bytes),
@@ -335,12 +420,63 @@ impl Executor {
             host_lfx: host_lfx_version.map(str::to_owned),
             install: plan.executor.install_lfx,
             mode: request.mode(),
-            redactor,
-        })
+            redactor: plan.settings.redactor(),
+            preloaded,
+            hello: false,
+            not_handed_over: false,
+        }
     }
 
-    /// Destroys every guest still registered, within a bounded time, and refuses new runs.
+    /// Hands the flow to a pooled guest's preloaded runner: upload the job, exec the hand-off,
+    /// wait for the runner's hello. Anything that fails before the hello (nothing of the flow
+    /// ran) makes the guest [`Warm::Unusable`]; it is destroyed here.
+    async fn start_warm(
+        &self,
+        guest: Guest,
+        plan: &Plan,
+        request: &FlowRequest,
+        job_bytes: Bytes,
+        host_lfx_version: Option<&str>,
+    ) -> Warm {
+        let redactor = plan.settings.redactor();
+        let started = Instant::now();
+        let deadline = started + self.opts.backoff.budget;
+        if let Err(e) = guest.upload(JOB_PATH, job_bytes, deadline).await {
+            destroy(guest, &redactor).await;
+            return Warm::Unusable(format!("the job upload failed: {}", e.message()));
+        }
+        let command = Command::shell(format!(
+            "exec python3 -S {HANDOFF_PATH} job {} {JOB_PATH}",
+            socket_name(guest.name())
+        ));
+        let exec = match guest
+            .exec(&command, &plan.limits, &ExecInput::default(), deadline)
+            .await
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                destroy(guest, &redactor).await;
+                if e.kind() == ErrorKind::OutcomeUnknown {
+                    return Warm::Failed(e.into());
+                }
+                return Warm::Unusable(format!("the exec was refused: {}", e.message()));
+            }
+        };
+        let mut run = self.flow_run(guest, exec, plan, request, host_lfx_version, started, true);
+        match run.until_hello().await {
+            Ok(true) => Warm::Running(Box::new(run)),
+            Ok(false) => {
+                run.close().await;
+                Warm::Unusable("its preloaded runner was gone".to_owned())
+            }
+            Err(e) => Warm::Failed(e),
+        }
+    }
+
+    /// Destroys every guest still registered (the warm pool's among them), within a bounded
+    /// time, and refuses new runs.
     pub async fn shutdown(&self) {
+        self.pool.close();
         let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
         if r.destroyed + r.failed > 0 {
             tracing::info!(
@@ -351,6 +487,84 @@ impl Executor {
             );
         }
     }
+}
+
+/// How handing a flow to a pooled guest went.
+enum Warm {
+    /// The preloaded runner took it.
+    Running(Box<FlowRun>),
+    /// It failed in a way a fresh guest would not mend (or the flow may have started).
+    Failed(ExecutorError),
+    /// The guest could not take it and nothing of the flow ran; the guest was destroyed.
+    Unusable(String),
+}
+
+/// The pool's preparation of an executor guest: upload the runner and the hand-off script,
+/// start the runner as a long-lived process (`--serve`), and wait until it answers that lfx
+/// is imported. A guest whose image has no lfx is given up (and the pool backs off), so runs
+/// then go cold and report the missing lfx as they would without a pool.
+fn preloader(wait: Duration, kill_after: Duration) -> Warmer {
+    Arc::new(move |guest: &Guest| Box::pin(preload(guest, wait, kill_after)))
+}
+
+async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + wait;
+    let (runner, handoff) = tokio::join!(
+        guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
+        guest.upload(
+            HANDOFF_PATH,
+            Bytes::from_static(HANDOFF_SOURCE.as_bytes()),
+            deadline
+        ),
+    );
+    runner.and(handoff).map_err(|e| e.message().to_owned())?;
+    let socket = socket_name(guest.name());
+    let spec = ProcessSpec {
+        cmd: "python3".to_owned(),
+        args: vec![
+            "-u".to_owned(),
+            RUNNER_PATH.to_owned(),
+            "--serve".to_owned(),
+            socket.clone(),
+        ],
+        cwd: "/workspace".to_owned(),
+    };
+    guest
+        .spawn_process(&spec, deadline)
+        .await
+        .map_err(|e| format!("the preloaded runner did not start: {}", e.message()))?;
+    let limits = ExecLimits {
+        budget: wait,
+        kill_after,
+        host_grace: Duration::from_secs(5),
+    };
+    let ping = Command::shell(format!(
+        "exec python3 -S {HANDOFF_PATH} ping {socket} {}",
+        wait.as_secs().max(1)
+    ));
+    let run = guest
+        .exec(&ping, &limits, &ExecInput::default(), deadline)
+        .await
+        .map_err(|e| e.message().to_owned())?;
+    let outcome = guest
+        .capture(run, &limits, 4096)
+        .await
+        .map_err(|e| e.message().to_owned())?;
+    let answer = outcome.stdout.text.to_string().trim().to_owned();
+    if let Some(version) = answer.strip_prefix("READY ") {
+        tracing::debug!(target: LOG_TARGET, guest = guest.name(), lfx = version, "warm pool: preloaded runner ready");
+        return Ok(());
+    }
+    if answer == "NOLFX" {
+        return Err(format!(
+            "lfx is not installed in the guest image; set {ENV_ROOTFS} to a template with lfx"
+        ));
+    }
+    let stderr = outcome.stderr.text.to_string().trim().to_owned();
+    Err(format!(
+        "the preloaded runner did not answer (exit {}, {answer:?}; {stderr})",
+        outcome.exit_code
+    ))
 }
 
 async fn destroy(guest: Guest, redactor: &Redactor) {
@@ -367,6 +581,7 @@ async fn destroy(guest: Guest, redactor: &Redactor) {
 
 /// A flow running in its guest. Take its events with [`FlowRun::next`]; end it early with
 /// [`FlowRun::close`] (or drop it: the guest then goes to the reaper, which destroys it).
+#[allow(clippy::struct_excessive_bools)] // independent facts about one run's stream
 pub struct FlowRun {
     guest: Option<Guest>,
     exec: Option<ExecRun>,
@@ -386,6 +601,12 @@ pub struct FlowRun {
     install: bool,
     mode: Mode,
     redactor: Redactor,
+    /// The run went to a pooled guest's preloaded runner through the hand-off.
+    preloaded: bool,
+    /// The runner's hello frame arrived (from then on the flow may have run).
+    hello: bool,
+    /// The hand-off found no runner to take the flow (nothing ran).
+    not_handed_over: bool,
 }
 
 impl fmt::Debug for FlowRun {
@@ -419,11 +640,33 @@ impl FlowRun {
                 }
                 return Ok(Some(ev));
             }
-            if self.done {
+            if self.done || !self.pump().await? {
                 return Ok(None);
             }
+        }
+    }
+
+    /// Reads until the runner's hello frame: `Ok(true)` once it arrived (or anything after
+    /// it), `Ok(false)` when the hand-off reported that no runner took the flow.
+    async fn until_hello(&mut self) -> Result<bool, ExecutorError> {
+        loop {
+            if self.hello || self.done || !self.pending.is_empty() {
+                return Ok(true);
+            }
+            if !self.pump().await? {
+                return Ok(self.hello);
+            }
+            if self.not_handed_over {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Takes one step of the exec; `Ok(false)` when there is nothing more to read.
+    async fn pump(&mut self) -> Result<bool, ExecutorError> {
+        {
             let Some(exec) = self.exec.as_mut() else {
-                return Ok(None);
+                return Ok(false);
             };
             let step = exec.next().await;
             match step {
@@ -440,6 +683,13 @@ impl FlowRun {
                 ExecStep::Frame(ExecFrame::Heartbeat) => {}
                 ExecStep::Frame(ExecFrame::Exit(c)) => {
                     self.exit = Some(c);
+                    if self.preloaded
+                        && !self.hello
+                        && (c == EXIT_NO_RUNNER || c == EXIT_RUNNER_LOST)
+                    {
+                        self.not_handed_over = true;
+                        return Ok(false);
+                    }
                     self.end_of_output().await?;
                 }
                 ExecStep::End => self.end_of_output().await?,
@@ -462,6 +712,7 @@ impl FlowRun {
                 }
             }
         }
+        Ok(true)
     }
 
     /// Ends the run now: stops the exec and destroys the guest. Idempotent.
@@ -537,6 +788,7 @@ impl FlowRun {
     async fn frame(&mut self, frame: RunnerFrame) -> Result<(), ExecutorError> {
         match frame {
             RunnerFrame::Hello { lfx, python } => {
+                self.hello = true;
                 tracing::debug!(target: LOG_TARGET, lfx = %lfx, python = %python, "guest runner started");
                 if let Some(host) = &self.host_lfx
                     && *host != lfx

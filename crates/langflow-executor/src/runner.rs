@@ -15,6 +15,23 @@ pub const JOB_PATH: &str = "/workspace/lfx_job.json";
 /// The runner's exit status when lfx cannot be imported in the guest.
 pub const EXIT_MISSING_LFX: i64 = 3;
 
+/// The hand-off script of a warm guest (kept as `runner/lfx_handoff.py`): it passes its exec's
+/// standard output and error to the preloaded runner and exits with the runner's status.
+pub const HANDOFF_SOURCE: &str = include_str!("../runner/lfx_handoff.py");
+/// Where the hand-off script is written in a warm guest.
+pub const HANDOFF_PATH: &str = "/workspace/lfx_handoff.py";
+/// The hand-off's status when no preloaded runner listens: nothing was handed over.
+pub const EXIT_NO_RUNNER: i64 = 86;
+/// The hand-off's status when the preloaded runner ended without reporting one.
+pub const EXIT_RUNNER_LOST: i64 = 87;
+
+/// The abstract Unix socket the preloaded runner of the guest `guest_name` listens on (guest
+/// names are unique, so two guests never share one, even on a control plane that runs guests
+/// as processes of one host).
+pub fn socket_name(guest_name: &str) -> String {
+    format!("lfsc-runner-{guest_name}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -23,5 +40,12 @@ mod tests {
     fn embedded_runner_speaks_this_protocol() {
         assert!(SOURCE.contains(&format!("PROTOCOL = {PROTOCOL}\n")));
         assert!(SOURCE.contains("Graph.from_payload"));
+    }
+
+    #[test]
+    fn the_handoff_script_reports_the_statuses_the_host_reads() {
+        assert!(HANDOFF_SOURCE.contains(&format!("EXIT_NO_RUNNER = {EXIT_NO_RUNNER} ")));
+        assert!(HANDOFF_SOURCE.contains(&format!("EXIT_RUNNER_LOST = {EXIT_RUNNER_LOST} ")));
+        assert!(SOURCE.contains("\"--serve\""));
     }
 }

@@ -6,7 +6,7 @@
 
 use sandbox_core::SandboxError;
 use sandbox_core::egress::{ALLOW_ALL_RULE, EgressPolicy};
-use sandbox_core::settings::{SettingNames, non_blank, parse_bool};
+use sandbox_core::settings::{SettingNames, non_blank, parse_bool, parse_pool_size};
 
 /// `CREATEOS_EXECUTOR_ROOTFS`: the guest image (a template with lfx and the flow's components).
 pub const ENV_ROOTFS: &str = "CREATEOS_EXECUTOR_ROOTFS";
@@ -23,6 +23,12 @@ pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "CREATEOS_EXECUTOR_ACCEPT_EGRESS_
 pub const ENV_INSTALL_LFX: &str = "CREATEOS_EXECUTOR_INSTALL_LFX";
 /// `CREATEOS_EXECUTOR_PIP`: extra pip requirements for that per-run install.
 pub const ENV_PIP: &str = "CREATEOS_EXECUTOR_PIP";
+
+/// `CREATEOS_EXECUTOR_WARM_POOL`: guests kept created, verified and with lfx already imported
+/// by a preloaded runner, for the next flow runs (0 = off).
+pub const ENV_WARM_POOL: &str = "CREATEOS_EXECUTOR_WARM_POOL";
+/// The largest executor pool accepted: its guests are large (the default shape has 8 GiB).
+pub const MAX_WARM_POOL: usize = 16;
 
 /// The default shape: flows import heavy libraries.
 pub const DEFAULT_SHAPE: &str = "s-4vcpu-8gb";
@@ -55,6 +61,8 @@ pub struct ExecutorSettings {
     pub install_lfx: bool,
     /// Extra requirements for that install.
     pub pip_extras: Vec<String>,
+    /// Warm pool size (0 = off, at most [`MAX_WARM_POOL`]).
+    pub warm_pool: usize,
 }
 
 fn valid_token(s: &str, extra: &[char]) -> bool {
@@ -141,6 +149,18 @@ impl ExecutorSettings {
                  ({ENV_ROOTFS})"
             )));
         }
+        let warm_pool = match non_blank(lookup, ENV_WARM_POOL) {
+            None => 0,
+            Some(raw) => parse_pool_size(ENV_WARM_POOL, &raw, MAX_WARM_POOL)?,
+        };
+        if warm_pool > 0 && install_lfx {
+            return Err(SandboxError::refused(format!(
+                "{ENV_WARM_POOL} needs lfx in the guest image, but {ENV_INSTALL_LFX}=true \
+                 installs it per run, after the guest was handed out: bake a template \
+                 (`python -m langflow_sandbox_createos template build FLOW.json`, then set \
+                 {ENV_ROOTFS}) and unset {ENV_INSTALL_LFX}, or set {ENV_WARM_POOL}=0"
+            )));
+        }
         Ok(Self {
             rootfs,
             shape,
@@ -148,6 +168,7 @@ impl ExecutorSettings {
             egress,
             install_lfx,
             pip_extras,
+            warm_pool,
         })
     }
 }
@@ -212,6 +233,9 @@ mod tests {
         assert_eq!(s.egress, EgressPolicy::AllowAll);
         assert!(!s.install_lfx);
         assert!(s.pip_extras.is_empty());
+        assert_eq!(s.warm_pool, 0);
+        let s = ExecutorSettings::from_lookup(&env(&[(ENV_WARM_POOL, " 3 ")])).unwrap();
+        assert_eq!(s.warm_pool, 3);
     }
 
     #[test]
@@ -273,6 +297,13 @@ mod tests {
             (&[(ENV_EGRESS, "*,1.1.1.1")], ENV_EGRESS),
             (&[(ENV_EGRESS, "1.1.1.1")], ENV_ACCEPT_EGRESS_EXCEPTIONS),
             (&[(ENV_EGRESS, "none")], ENV_ACCEPT_EGRESS_EXCEPTIONS),
+            (&[(ENV_WARM_POOL, "17")], ENV_WARM_POOL),
+            (&[(ENV_WARM_POOL, "-1")], ENV_WARM_POOL),
+            (&[(ENV_WARM_POOL, "two")], ENV_WARM_POOL),
+            (
+                &[(ENV_WARM_POOL, "2"), (ENV_INSTALL_LFX, "true")],
+                ENV_INSTALL_LFX,
+            ),
         ];
         for (pairs, var) in cases {
             let e = ExecutorSettings::from_lookup(&env(pairs)).unwrap_err();

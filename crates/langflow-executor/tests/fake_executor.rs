@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use createos_fake::{FakeOptions, FakeServer};
+use futures::StreamExt;
 use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -543,5 +544,311 @@ async fn a_killed_runs_paused_guest_is_swept_at_the_first_run() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The run's own guest went too: nothing is live.
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+// --- The warm pool: preloaded runners --------------------------------------------------------
+
+/// A python3 without lfx (the system's), for the real embedded runner.
+fn system_python() -> &'static str {
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no system python3 to run the runner with");
+    let probe = std::process::Command::new(python)
+        .args(["-c", "import lfx"])
+        .output()
+        .unwrap();
+    assert!(
+        !probe.status.success(),
+        "{python} has lfx; pick one without"
+    );
+    python
+}
+
+/// A stand-in for lfx, just enough for the real runner: it records when it was imported, and
+/// each vertex it builds says so in its display name, so a test can tell whether the flow ran
+/// in a process that imported lfx before the run started. A node may ask to `sleep` first.
+const FAKE_LFX: &[(&str, &str)] = &[
+    (
+        "lfx/__init__.py",
+        "import time\nIMPORTED_AT = time.time()\n",
+    ),
+    (
+        "lfx/graph/__init__.py",
+        r#"import asyncio
+import lfx
+
+
+class _Vertex:
+    def __init__(self, vid):
+        self.id = vid
+        self.display_name = f"imported_at={lfx.IMPORTED_AT:.6f}"
+
+
+class _Built:
+    def __init__(self, vertex):
+        self.vertex = vertex
+        self.result_dict = None
+        self.valid = True
+
+
+class Graph:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    @classmethod
+    def from_payload(cls, payload, **_):
+        return cls(payload.get("data", payload).get("nodes", []))
+
+    async def build_vertex(self, vid):
+        return _Built(_Vertex(vid))
+
+    async def _arun_legacy(self, inputs, **_):
+        for node in self.nodes:
+            await asyncio.sleep(node.get("sleep", 0))
+            await self.build_vertex(node["id"])
+        return []
+"#,
+    ),
+    ("lfx/schema/__init__.py", ""),
+    ("lfx/schema/data.py", "class Data:\n    pass\n"),
+    ("lfx/schema/dataframe.py", "class DataFrame:\n    pass\n"),
+    (
+        "lfx/schema/message.py",
+        "class Message:\n    def __init__(self, text=''):\n        self.text = text\n",
+    ),
+];
+
+/// The fake lfx in a directory, and a guest `python3` (the system's) that imports it.
+fn fake_lfx() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in FAKE_LFX {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let script = format!(
+        "PYTHONPATH={} exec {} \"$@\"",
+        dir.path().display(),
+        system_python()
+    );
+    (dir, script)
+}
+
+fn nodes_request(nodes: &serde_json::Value) -> FlowRequest {
+    FlowRequest::from_json(
+        &json!({"flow": {"data": {"nodes": nodes, "edges": []}}, "inputs": [],
+                "options": {"_use_arun_legacy": true}})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+/// Runs `request` to its end: the vertex events and the terminal event (or the error).
+async fn run_to_end(
+    executor: &Executor,
+    request: &FlowRequest,
+) -> Result<(Vec<serde_json::Value>, serde_json::Value), ExecutorError> {
+    let mut run = executor.start(request, None).await?;
+    let mut vertices = Vec::new();
+    loop {
+        match run.next().await? {
+            Some(Event::Vertex(v)) => vertices.push(v),
+            Some(Event::Complete(outputs)) => {
+                assert_eq!(run.next().await?, None);
+                return Ok((vertices, outputs));
+            }
+            None => panic!("the run ended without its terminal event"),
+        }
+    }
+}
+
+fn imported_at(vertex: &serde_json::Value) -> f64 {
+    vertex["display_name"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("imported_at="))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{vertex}"))
+}
+
+fn wall_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+async fn until_ready(executor: &Executor, n: usize) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while executor.pool_stats().ready < n {
+        assert!(
+            Instant::now() < until,
+            "the pool never got ready: {:?}",
+            executor.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_guest_runs_the_flow_in_its_preloaded_runner_once() {
+    let (_lfx, python) = fake_lfx();
+    let rig = start_rig(&python, &[("CREATEOS_EXECUTOR_WARM_POOL", "1")], "").await;
+    let request = nodes_request(&json!([{"id": "a"}, {"id": "b"}]));
+    // The first run finds the pool empty (it warms for this policy from now on): cold, lfx
+    // imported by the run's own runner.
+    let before = wall_now();
+    let (vertices, outputs) = run_to_end(&rig.executor, &request).await.unwrap();
+    assert_eq!(outputs, json!([]));
+    assert!(imported_at(&vertices[0]) > before, "{vertices:?}");
+    until_ready(&rig.executor, 1).await;
+    let pooled = rig.fake.stats().created;
+    // The second run takes the warm guest: its flow runs in a runner that imported lfx before
+    // the run started, and yields the same events.
+    let before = wall_now();
+    let (warm, outputs) = run_to_end(&rig.executor, &request).await.unwrap();
+    assert_eq!(outputs, json!([]));
+    let ids: Vec<&str> = warm.iter().map(|v| v["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(imported_at(&warm[0]) < before, "{warm:?}");
+    let stats = rig.executor.pool_stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1), "{stats:?}");
+    // The warm run created nothing itself, and its guest is gone: one-shot.
+    until_ready(&rig.executor, 1).await;
+    assert_eq!(rig.fake.stats().created, pooled + 1);
+    assert_eq!(rig.fake.stats().live, 1, "only the refilled pool guest");
+    // Shutdown destroys the pool.
+    rig.executor.shutdown().await;
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_guest_that_cannot_take_the_flow_is_replaced_by_a_fresh_one() {
+    let (_lfx, python) = fake_lfx();
+    for how in ["runner killed", "paused"] {
+        let rig = start_rig(&python, &[("CREATEOS_EXECUTOR_WARM_POOL", "1")], "").await;
+        let request = nodes_request(&json!([{"id": "a"}]));
+        run_to_end(&rig.executor, &request).await.unwrap();
+        until_ready(&rig.executor, 1).await;
+        let client = createos_api::Client::builder()
+            .base_url(rig.fake.url())
+            .api_key(KEY)
+            .allow_insecure_http(true)
+            .build()
+            .unwrap();
+        let running: Vec<createos_api::Sandbox> = client
+            .list_sandboxes(createos_api::ListSandboxesOptions {
+                status: Some(createos_api::SandboxStatus::Running),
+                ..Default::default()
+            })
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        assert_eq!(running.len(), 1, "{how}: only the pool guest runs");
+        let pooled = running[0].id().to_owned();
+        let handle = client.sandbox_handle(pooled.clone());
+        match how {
+            "runner killed" => {
+                for p in handle.processes().list().await.unwrap() {
+                    handle
+                        .processes()
+                        .delete(
+                            &p.process_id,
+                            createos_api::ManagedProcessDeleteOptions::default(),
+                        )
+                        .await
+                        .unwrap();
+                }
+            }
+            _ => {
+                handle.pause().await.unwrap();
+            }
+        }
+        let before = wall_now();
+        let (vertices, _) = run_to_end(&rig.executor, &request).await.unwrap();
+        // The flow ran cold, on a fresh guest, and the pooled guest is gone, never resumed.
+        assert!(imported_at(&vertices[0]) > before, "{how}: {vertices:?}");
+        assert!(rig.executor.pool_stats().discarded >= 1, "{how}");
+        let gone = client.get_sandbox(&pooled).await;
+        assert!(
+            gone.as_ref().map_or(true, |s| !matches!(
+                s.status(),
+                createos_api::SandboxStatus::Running | createos_api::SandboxStatus::Resuming
+            )),
+            "{how}: {:?}",
+            gone.map(|s| s.status())
+        );
+        rig.executor.shutdown().await;
+        assert_eq!(settled(&rig.fake).await.live, 0, "{how}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_without_lfx_never_enters_the_pool_and_runs_say_how_to_fix_it() {
+    let python = format!("exec {} \"$@\"", system_python());
+    let rig = start_rig(&python, &[("CREATEOS_EXECUTOR_WARM_POOL", "2")], "").await;
+    for _ in 0..2 {
+        let err = run_to_end(&rig.executor, &request(true)).await.unwrap_err();
+        assert!(err.to_string().contains("lfx is not installed"), "{err}");
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while rig.executor.pool_stats().refill_failures == 0 {
+        assert!(Instant::now() < until, "{:?}", rig.executor.pool_stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rig.executor.pool_stats().ready, 0);
+    rig.executor.shutdown().await;
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_run_keeps_the_guest_clock_and_leaves_no_guest() {
+    let (_lfx, python) = fake_lfx();
+    let rig = start_rig(
+        &python,
+        &[
+            ("CREATEOS_EXECUTOR_WARM_POOL", "1"),
+            ("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2"),
+        ],
+        "",
+    )
+    .await;
+    run_to_end(&rig.executor, &nodes_request(&json!([{"id": "a"}])))
+        .await
+        .unwrap();
+    until_ready(&rig.executor, 1).await;
+    let slow = nodes_request(&json!([{"id": "a"}, {"id": "b", "sleep": 30}]));
+    let err = run_to_end(&rig.executor, &slow).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("did not finish within CREATEOS_EXECUTOR_TIMEOUT_SECONDS=2s"),
+        "{err}"
+    );
+    assert_eq!(rig.executor.pool_stats().hits, 1);
+    rig.executor.shutdown().await;
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_process_start_leaves_runs_cold_and_working() {
+    let (_lfx, python) = fake_lfx();
+    let rig = start_rig(
+        &python,
+        &[("CREATEOS_EXECUTOR_WARM_POOL", "1")],
+        "process_create=500",
+    )
+    .await;
+    let request = nodes_request(&json!([{"id": "a"}]));
+    for _ in 0..3 {
+        let before = wall_now();
+        let (vertices, _) = run_to_end(&rig.executor, &request).await.unwrap();
+        assert!(imported_at(&vertices[0]) > before);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let stats = rig.executor.pool_stats();
+    assert_eq!((stats.hits, stats.ready), (0, 0), "{stats:?}");
+    assert!(stats.refill_failures >= 1, "{stats:?}");
+    rig.executor.shutdown().await;
     assert_eq!(settled(&rig.fake).await.live, 0);
 }

@@ -397,6 +397,18 @@ fn unsupported<T: Send + 'static>(what: &str) -> BoxFuture<'static, Result<T, Ca
     Box::pin(futures::future::ready(Err(e)))
 }
 
+/// A long-lived process to start in a guest (`POST …/processes`): it outlives the request
+/// that started it and ends with the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// Program (no shell).
+    pub cmd: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Working directory in the guest (empty: the control plane's default).
+    pub cwd: String,
+}
+
 /// One event of a streaming exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecFrame {
@@ -438,6 +450,19 @@ pub trait ControlPlane: Send + Sync + 'static {
         id: String,
         req: ExecRequest,
     ) -> BoxFuture<'_, Result<ExecStream, CallError>>;
+    /// Starts a long-lived process in the guest and returns its process id. Never retried by
+    /// the implementation (a retry could start it twice).
+    ///
+    /// The default answers a [`CallFailure::Config`] error; only the executor's warm pool
+    /// (a preloaded runner) needs it.
+    fn spawn_process(
+        &self,
+        id: String,
+        spec: ProcessSpec,
+    ) -> BoxFuture<'_, Result<String, CallError>> {
+        unsupported(&format!("start a process ({:?}) in guest {id}", spec.cmd))
+    }
+
     /// Destroys a guest; a guest that is already gone (404) counts as destroyed.
     fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>>;
     /// Lists every guest whose name starts with `prefix`, whatever its status. The

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use createos_api::{
     Client, CreateSandboxRequest, DownloadOptions, Error as ApiError, ErrorKind as ApiKind,
-    ExecEvent, ExecOptions, ListSandboxesOptions, RequestOptions, RetryOptions, RunCommandRequest,
-    SandboxInfo,
+    ExecEvent, ExecOptions, ListSandboxesOptions, ManagedProcessCreateRequest, RequestOptions,
+    RetryOptions, RunCommandRequest, SandboxInfo,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -17,7 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
-    ExecStream, GuestInfo, GuestStatus, parse_rfc3339,
+    ExecStream, GuestInfo, GuestStatus, ProcessSpec, parse_rfc3339,
 };
 use crate::error::{Redactor, SandboxError};
 use crate::shapes::Shape;
@@ -286,6 +286,32 @@ impl ControlPlane for CreateOsControlPlane {
                 futures::future::ready(out)
             });
             Ok(mapped.boxed())
+        }
+        .boxed()
+    }
+
+    fn spawn_process(
+        &self,
+        id: String,
+        spec: ProcessSpec,
+    ) -> BoxFuture<'_, Result<String, CallError>> {
+        async move {
+            let request = ManagedProcessCreateRequest::command(spec.cmd, spec.args).cwd(spec.cwd);
+            let process = self
+                .client
+                .sandbox_handle(id)
+                .processes()
+                .with_options(no_retry())
+                .create(&request)
+                .await
+                .map_err(|e| self.err(&e))?;
+            if process.process_id.is_empty() {
+                return Err(CallError::new(
+                    CallFailure::Protocol,
+                    "CreateOS started a process but answered without its process_id",
+                ));
+            }
+            Ok(process.process_id)
         }
         .boxed()
     }

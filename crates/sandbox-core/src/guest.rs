@@ -30,7 +30,7 @@ use crate::LOG_TARGET;
 use crate::classify::{self, Stage};
 use crate::control::{
     CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
-    GuestInfo, GuestStatus,
+    GuestInfo, GuestStatus, ProcessSpec,
 };
 use crate::egress::EgressPolicy;
 use crate::error::{ErrorKind, Redactor, SandboxError};
@@ -672,6 +672,36 @@ impl Guest {
         })
         .await
         .map_err(|e| cx.before_dispatch("upload", &e))
+    }
+
+    /// Starts a long-lived process in the guest (see [`ProcessSpec`]) and returns its process
+    /// id. Only a declined request (429/503) is known not to have started it, so only that is
+    /// retried, until `deadline`. Nothing is started after shutdown began.
+    pub async fn spawn_process(
+        &self,
+        spec: &ProcessSpec,
+        deadline: Instant,
+    ) -> Result<String, SandboxError> {
+        let cx = &self.cx;
+        if cx.closed() {
+            return Err(classify::shut_down(Stage::BeforeDispatch));
+        }
+        let (res, _) = retry_until(
+            &cx.backoff,
+            deadline,
+            "process start",
+            |e| e.is_declined() && !cx.closed(),
+            |_| {
+                cx.count();
+                cx.cp.spawn_process(self.id.clone(), spec.clone())
+            },
+        )
+        .await;
+        match res {
+            Ok(pid) => Ok(pid),
+            Err(e) if e.is_declined() => Err(cx.before_dispatch("process start", &e)),
+            Err(e) => Err(classify::after_dispatch(&e, cx.closed(), &cx.redactor)),
+        }
     }
 
     /// Reads the guest's egress back (retrying transient failures until `deadline`) and

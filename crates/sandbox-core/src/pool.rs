@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -103,6 +104,13 @@ impl PoolKey {
         }
     }
 }
+
+/// Extra preparation run on each pool guest after its egress read-back and before it is
+/// pooled (the executor starts its preloaded runner there). `Err` is the reason, logged; the
+/// guest is then destroyed, never pooled, and the failure counts as a refill failure (so a
+/// warmer that always fails backs off like a failing create).
+pub type Warmer =
+    Arc<dyn for<'a> Fn(&'a Guest) -> BoxFuture<'a, Result<(), String>> + Send + Sync + 'static>;
 
 /// How a pool refills and retires its guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +194,7 @@ struct State {
 
 struct Shared {
     config: PoolConfig,
+    warmer: Option<Warmer>,
     state: Mutex<State>,
     wake: Arc<Notify>,
     hits: AtomicU64,
@@ -225,9 +234,20 @@ impl Default for WarmPool {
 impl WarmPool {
     /// An empty pool of size 0 (off).
     pub fn new(config: PoolConfig) -> Self {
+        Self::build(config, None)
+    }
+
+    /// An empty pool of size 0 (off) whose guests are prepared by `warmer` before they are
+    /// pooled.
+    pub fn with_warmer(config: PoolConfig, warmer: Warmer) -> Self {
+        Self::build(config, Some(warmer))
+    }
+
+    fn build(config: PoolConfig, warmer: Option<Warmer>) -> Self {
         Self {
             inner: Arc::new(Shared {
                 config,
+                warmer,
                 state: Mutex::new(State::default()),
                 wake: Arc::new(Notify::new()),
                 hits: AtomicU64::new(0),
@@ -501,8 +521,9 @@ fn plan_pass(pool: &WarmPool) -> Option<Pass> {
 /// passed while the pool still wants them.
 async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
     let config = pool.inner.config;
+    let warmer = pool.inner.warmer.as_ref();
     let results =
-        futures::future::join_all((0..batch).map(|_| prepare(want, config.backoff))).await;
+        futures::future::join_all((0..batch).map(|_| prepare(want, config.backoff, warmer))).await;
     let max_idle = config.max_idle.unwrap_or_else(|| {
         Duration::from_secs(u64::from(want.spec.auto_pause_after_seconds))
             .saturating_sub(IDLE_MARGIN)
@@ -545,9 +566,10 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
     pool.discard(unwanted);
 }
 
-/// One pool guest: a single create attempt, then the egress read-back. A guest that fails
-/// the read-back is destroyed here. `None` on any failure (logged).
-async fn prepare(want: &Want, backoff: Backoff) -> Option<Guest> {
+/// One pool guest: a single create attempt, then the egress read-back, then the warmer. A
+/// guest that fails the read-back or the warmer is destroyed here. `None` on any failure
+/// (logged).
+async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Option<Guest> {
     let cx = &want.cx;
     // A deadline of now: exactly one create attempt; the pool's backoff spaces the next.
     let guest = match Guest::create(cx, &want.spec, &want.key.prefix, Instant::now()).await {
@@ -565,13 +587,28 @@ async fn prepare(want: &Want, backoff: Backoff) -> Option<Guest> {
         .verify_egress(&want.spec.egress, Instant::now() + backoff.budget)
         .await
     {
-        Ok(()) => Some(guest),
+        Ok(()) => {}
         Err(e) => {
             tracing::warn!(
                 target: LOG_TARGET,
                 guest = guest.name(),
                 error = %e,
                 "warm pool: guest failed its egress read-back; destroyed, not used"
+            );
+            let _ = guest.destroy().await;
+            return None;
+        }
+    }
+    let Some(warm) = warmer else {
+        return Some(guest);
+    };
+    match warm(&guest).await {
+        Ok(()) => Some(guest),
+        Err(why) => {
+            tracing::warn!(
+                target: LOG_TARGET,
+                guest = guest.name(),
+                "warm pool: guest could not be prepared ({why}); destroyed, not used"
             );
             let _ = guest.destroy().await;
             None

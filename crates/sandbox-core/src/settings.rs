@@ -145,12 +145,17 @@ pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
 
 /// Parses [`ENV_WARM_POOL`]: a whole number from 0 to [`crate::pool::MAX_WARM_POOL`].
 pub fn parse_warm_pool(raw: &str) -> Result<usize, SandboxError> {
-    let max = crate::pool::MAX_WARM_POOL;
+    parse_pool_size(ENV_WARM_POOL, raw, crate::pool::MAX_WARM_POOL)
+}
+
+/// Parses the pool size `raw` of the setting `var`: a whole number from 0 to `max`; the
+/// refusal names `var`.
+pub fn parse_pool_size(var: &str, raw: &str, max: usize) -> Result<usize, SandboxError> {
     match raw.trim().parse::<usize>() {
         Ok(n) if n <= max => Ok(n),
         _ => Err(SandboxError::refused(format!(
-            "{ENV_WARM_POOL}={raw:?} is not a pool size from 0 to {max}; set it to the number \
-             of guests to keep ready (e.g. 4), or to 0 or unset it to turn the warm pool off"
+            "{var}={raw:?} is not a pool size from 0 to {max}; set it to the number of guests \
+             to keep ready (e.g. 4), or to 0 or unset it to turn the warm pool off"
         ))),
     }
 }
