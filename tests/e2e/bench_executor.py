@@ -1,6 +1,6 @@
 """Benchmark of the whole-flow executor through the installed wheel (not a test; run by hand).
 
-    python tests/e2e/bench_executor.py [--runs 5]
+    python tests/e2e/bench_executor.py [--runs 5] [--warm-pool N]
 
 Starts ``createos-fake --latency-ms 20`` (every API request waits 20 ms) whose guest
 ``python3`` is this venv's, and runs ``flows/slow_flow.json`` (Chat Input -> Shout -> Slow,
@@ -16,8 +16,13 @@ For each run it records:
 - the gap between the first event and the last, which is the slow vertex's 2 s when events
   are live (and ~0 when they are buffered).
 
-Time to first event itself is dominated by guest start-up (Python importing lfx and rebuilding
-the graph), which a baked template does not remove.
+Cold, time to first event is dominated by guest start-up (Python importing lfx and rebuilding
+the graph), which a baked template does not remove. With ``--warm-pool N``
+(``CREATEOS_EXECUTOR_WARM_POOL=N``) the runs share one process and one asyncio loop, as in a
+server; the first run warms the pool for the flow's policy, and before each later run the
+script waits until a guest with a preloaded runner is ready (a server between requests), so
+those runs measure a warm guest. The check then also asks that each warm run's first event
+arrive within 20% of its total, measured from the call.
 """
 
 from __future__ import annotations
@@ -72,32 +77,67 @@ async def one_run() -> dict[str, float]:
     }
 
 
+async def pooled_runs(runs: int) -> list[dict[str, float]]:
+    from langflow_sandbox_createos import _native
+
+    rows = []
+    for i in range(runs):
+        if i > 0:
+            deadline = time.monotonic() + 300
+            while _native.NativeExecutor().pool_stats()["ready"] < 1:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the warm pool never got ready: {_native.NativeExecutor().pool_stats()}")
+                await asyncio.sleep(0.1)
+        rows.append(await one_run())
+    stats = _native.NativeExecutor().pool_stats()
+    print(f"warm pool: {stats}")
+    _native.NativeExecutor().shutdown()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warm-pool", type=int, default=0, help="CREATEOS_EXECUTOR_WARM_POOL")
     args = parser.parse_args()
     fake = start_fake(latency_ms=LATENCY_MS)
     try:
         env = backend_env(fake)
         os.environ.update({k: v for k, v in env.items() if k.startswith("CREATEOS_")})
-        rows = [asyncio.run(one_run()) for _ in range(args.runs)]
+        if args.warm_pool:
+            os.environ["CREATEOS_EXECUTOR_WARM_POOL"] = str(args.warm_pool)
+            rows = asyncio.run(pooled_runs(args.runs))
+        else:
+            rows = [asyncio.run(one_run()) for _ in range(args.runs)]
         stats = fake.stats()
     finally:
         fake.stop()
-    print(f"{'run':>3} {'first event s':>14} {'total s':>8} {'first lag ms':>13} {'lag/total':>10} {'first->last s':>14}")
+    print(f"{'run':>3} {'first event s':>14} {'total s':>8} {'first/total':>12} {'first lag ms':>13} {'first->last s':>14}")
     for i, r in enumerate(rows, 1):
         print(
-            f"{i:>3} {r['first']:>14.2f} {r['total']:>8.2f} {r['lag'] * 1000:>13.1f} "
-            f"{r['lag'] / r['total']:>10.1%} {r['gap']:>14.2f}"
+            f"{i:>3} {r['first']:>14.2f} {r['total']:>8.2f} {r['first'] / r['total']:>12.1%} "
+            f"{r['lag'] * 1000:>13.1f} {r['gap']:>14.2f}"
         )
+    if args.warm_pool:
+        warm = rows[1:]
+        if warm:
+            first = statistics.median(r["first"] for r in warm)
+            total = statistics.median(r["total"] for r in warm)
+            print(f"warm runs (2..{len(rows)}): median first event {first:.2f} s of {total:.2f} s ({first / total:.1%})")
+        rows_ok = all(r["first"] <= 0.2 * r["total"] for r in warm)
+    else:
+        rows_ok = True
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(
         f"median: first event {med['first']:.2f} s, total {med['total']:.2f} s, first-event lag "
         f"{med['lag'] * 1000:.1f} ms ({med['lag'] / med['total']:.1%} of total), first->last {med['gap']:.2f} s"
     )
     print(f"fake: created {stats['created']}, live {stats['live']}")
-    ok = all(r["lag"] <= 0.2 * r["total"] for r in rows) and stats["live"] == 0
-    print("PASS: every first event arrived within 20% of the total" if ok else "FAIL")
+    ok = all(r["lag"] <= 0.2 * r["total"] for r in rows) and stats["live"] == 0 and rows_ok
+    what = "every first event arrived within 20% of the total"
+    if args.warm_pool:
+        what += ", and every warm run's first event within 20% of its total from the call"
+    print(f"PASS: {what}" if ok else "FAIL")
     return 0 if ok else 1
 
 

@@ -103,6 +103,50 @@ def test_graph_arun_gives_the_in_process_result(clean_fake: Fake) -> None:
     assert stats["requests"]["exec_stream"] == 1
 
 
+POOLED_ARUN = """
+import asyncio, json, sys, time
+from lfx.graph import Graph
+from langflow_sandbox_createos import _native
+
+async def one(text):
+    graph = Graph.from_payload(json.load(open(sys.argv[1])))
+    outputs = await graph.arun([{"input_value": text}])
+    return [r.results["message"].text for run in outputs for r in run.outputs]
+
+async def main():
+    texts = [await one("first")]
+    deadline = time.monotonic() + 240
+    while _native.NativeExecutor().pool_stats()["ready"] < 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    texts.append(await one("second"))
+    print("RESULT " + json.dumps({"texts": texts, "pool": _native.NativeExecutor().pool_stats()}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_warm_pool_runs_the_next_flow_in_a_preloaded_guest_with_the_same_result(clean_fake: Fake) -> None:
+    # One process (as a server is): the first run warms the pool, the second takes its guest,
+    # whose runner imported lfx before the run; the answers are the in-process ones.
+    proc = run_python(
+        POOLED_ARUN.replace("sys.argv[1]", repr(str(SHOUT))),
+        executor_env(clean_fake, CREATEOS_EXECUTOR_WARM_POOL="1"),
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["texts"] == [["FIRST!"], ["SECOND!"]]
+    pool = result["pool"]
+    assert (pool["hits"], pool["misses"]) == (1, 1), pool
+    stats = clean_fake.wait_settled()
+    # Runs: one cold guest, one pooled guest; the refill after the warm run was destroyed at
+    # exit with the rest of the pool.
+    assert stats["live"] == 0, stats
+    assert stats["requests"]["process_create"] >= 2, stats
+    assert stats["requests"]["exec_stream"] >= 3, stats
+
+
 def test_lfx_run_prints_the_in_process_result(clean_fake: Fake) -> None:
     local = lfx_run_json(in_process_env(clean_fake), SHOUT, "from the cli")
     remote = lfx_run_json(executor_env(clean_fake), SHOUT, "from the cli")

@@ -116,6 +116,9 @@ pub struct ExecutorOptions {
     /// How long a pool guest's preloaded runner may take to import lfx before the guest is
     /// given up (default 120 s).
     pub preload_wait: Duration,
+    /// Whether `CREATEOS_EXECUTOR_WARM_POOL` may keep idle guests (default true). A process that
+    /// may end with `os._exit` (a forked worker) turns it off: idle guests would outlive it.
+    pub pool_allowed: bool,
 }
 
 impl fmt::Debug for ExecutorOptions {
@@ -129,6 +132,7 @@ impl fmt::Debug for ExecutorOptions {
             .field("orphan_sweep", &self.orphan_sweep)
             .field("pool", &self.pool)
             .field("preload_wait", &self.preload_wait)
+            .field("pool_allowed", &self.pool_allowed)
             .finish_non_exhaustive()
     }
 }
@@ -150,6 +154,7 @@ impl Default for ExecutorOptions {
             orphan_sweep: true,
             pool: PoolConfig::default(),
             preload_wait: Duration::from_secs(120),
+            pool_allowed: true,
         }
     }
 }
@@ -313,7 +318,11 @@ impl Executor {
             redactor.clone(),
             self.opts.backoff,
         );
-        self.pool.set_size(plan.executor.warm_pool);
+        self.pool.set_size(if self.opts.pool_allowed {
+            plan.executor.warm_pool
+        } else {
+            0
+        });
         if let Some(guest) = self.pool.take(&cx, &spec, BACKEND_PREFIX) {
             let name = guest.name().to_owned();
             match self

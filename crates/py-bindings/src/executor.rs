@@ -60,6 +60,8 @@ fn executor() -> Arc<Executor> {
     }
     let ex = Arc::new(Executor::with_options(ExecutorOptions {
         session: Some(process::session()),
+        // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
+        pool_allowed: !process::forked(),
         ..ExecutorOptions::default()
     }));
     *slot = Some((pid, Arc::clone(&ex)));
@@ -391,6 +393,24 @@ impl NativeExecutor {
             ex.shutdown().await;
         });
         logbridge::drain(py);
+    }
+
+    /// This process's executor warm pool (`CREATEOS_EXECUTOR_WARM_POOL`): `size`, `ready`,
+    /// `filling`, `hits`, `misses`, `discarded`, `refill_failures` (all 0 before the first run).
+    fn pool_stats(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let s = existing().map(|ex| ex.pool_stats()).unwrap_or_default();
+        let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        [
+            ("size", n(s.size)),
+            ("ready", n(s.ready)),
+            ("filling", n(s.filling)),
+            ("hits", s.hits),
+            ("misses", s.misses),
+            ("discarded", s.discarded),
+            ("refill_failures", s.refill_failures),
+        ]
+        .into_iter()
+        .collect()
     }
 
     fn __repr__(&self) -> String {

@@ -30,6 +30,14 @@ pub fn note_import() {
     IMPORTED_BY.get_or_init(std::process::id);
 }
 
+/// Whether this process was forked from the one that imported the extension (such a process
+/// commonly ends with `os._exit`, so it keeps no idle guests).
+pub fn forked() -> bool {
+    IMPORTED_BY
+        .get()
+        .is_some_and(|&origin| origin != std::process::id())
+}
+
 /// One process's backend and the number of its runs in flight.
 pub struct Live {
     /// The backend itself.

@@ -605,11 +605,16 @@ async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Opti
     match warm(&guest).await {
         Ok(()) => Some(guest),
         Err(why) => {
-            tracing::warn!(
-                target: LOG_TARGET,
-                guest = guest.name(),
-                "warm pool: guest could not be prepared ({why}); destroyed, not used"
-            );
+            if cx.reaper.is_closed() {
+                // Shutdown interrupted the preparation: expected, not a fault.
+                tracing::debug!(target: LOG_TARGET, guest = guest.name(), "warm pool: preparation stopped by shutdown");
+            } else {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = guest.name(),
+                    "warm pool: guest could not be prepared ({why}); destroyed, not used"
+                );
+            }
             let _ = guest.destroy().await;
             None
         }

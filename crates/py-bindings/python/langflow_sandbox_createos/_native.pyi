@@ -282,7 +282,10 @@ class NativeExecutor:
         raised by the events.
         """
     def shutdown(self) -> None:
-        """Destroy the guests of this process's flow runs (bounded)."""
+        """Destroy the guests of this process's flow runs and its warm pool (bounded)."""
+    def pool_stats(self) -> dict[str, int]:
+        """The warm pool's counters (``size``, ``ready``, ``filling``, ``hits``, ``misses``,
+        ``discarded``, ``refill_failures``); all 0 before the first run."""
 
 def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
     """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.
