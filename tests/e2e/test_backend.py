@@ -218,6 +218,8 @@ def test_warm_pool_shows_in_the_run_line_and_doctor(
     lines = [r.getMessage() for r in caplog.records if "sandbox run finished" in r.getMessage()]
     assert len(lines) == 2, lines
     assert "pool=miss" in lines[0], lines[0]
+    # A cold run is two: the create (whose response shows the egress) and the exec with the program.
+    assert "requests=2" in lines[0] and "upload_ms=0" in lines[0], lines[0]
     assert all(f in lines[1] for f in ("pool=hit", "pool_size=2", "pool_hits=1", "pool_misses=1")), lines[1]
     # A warm run is one request: the exec, which carries the program (no create, no upload).
     assert "requests=1" in lines[1] and "upload_ms=0" in lines[1], lines[1]

@@ -247,7 +247,7 @@ asyncio.run(main())
         ("create=503", "EXECUTION", "not started"),
         ("create=500", "EXECUTION", "not started"),
         ("upload=500", "EXECUTION", "not started"),
-        ("egress_get=503", "EXECUTION", "not started"),
+        ("create=drop-egress;egress_get=503", "EXECUTION", "not started"),
         ("exec_stream=reset", "EXECUTION", "may have run"),
         ("exec_stream=500", "EXECUTION", "may have run"),
         ("create=429#1;upload=503#1;exec_stream=429#1", "RAN", ""),

@@ -53,8 +53,9 @@ print("child-exit", os.waitstatus_to_exitcode(status), flush=True)
         # The exec is answered 500 (the code may have run); the first DELETE is refused, so
         # the guest's destroy cannot finish before the child would have exited.
         pytest.param("exec_stream=500;delete=503#1", id="exec-500"),
-        # The egress read-back is answered 404: the run is refused after create.
-        pytest.param("egress_get=404;delete=503#1", id="egress-404"),
+        # The egress read-back (made because the create response showed no egress) is
+        # answered 404: the run is refused after create.
+        pytest.param("create=drop-egress;egress_get=404;delete=503#1", id="egress-404"),
     ],
 )
 def test_forked_child_whose_run_fails_leaves_no_guest(clean_fake: Fake, faults: str) -> None:

@@ -110,14 +110,43 @@ async fn print_one_end_to_end() {
     assert_eq!(out.exit_code, 0);
     assert!(!out.stdout_truncated && !out.stderr_truncated);
     assert!(out.guest.starts_with("lf-") && out.guest.len() <= 22);
-    // create, upload, egress read-back, exec; destroy happens off the critical path.
-    assert_eq!(out.timings.requests, 4);
+    // create, then the exec carrying the program: the create response showed the egress
+    // policy (that is the read-back), and `print(1)` fits in the exec request. Destroy
+    // happens off the critical path.
+    assert_eq!(out.timings.requests, 2);
+    assert_eq!(requests(&fake, "egress_get"), 0);
+    assert_eq!(requests(&fake, "upload"), 0);
     assert_eq!(out.timings.destroy_ms, None);
     // The credential check and the catalog happen once per process.
     print1(&b).await.unwrap();
     assert_eq!(requests(&fake, "whoami"), 1);
     assert_eq!(requests(&fake, "shapes"), 1);
     assert_eq!(requests(&fake, "create"), 2);
+    finish(b, fake).await;
+}
+
+#[tokio::test]
+async fn a_create_response_without_egress_is_read_back_and_a_large_program_uploaded() {
+    // No `egress` in the create response: it proves nothing, so the run reads the egress back
+    // (and, not carrying the program in the exec, uploads it beside the read-back).
+    let fake = fake_with("create=drop-egress").await;
+    let b = backend(&fake, &[]);
+    let out = print1(&b).await.unwrap();
+    assert_eq!(out.stdout, "1\n");
+    assert_eq!(out.timings.requests, 4);
+    assert_eq!(requests(&fake, "egress_get"), 1);
+    assert_eq!(requests(&fake, "upload"), 1);
+    finish(b, fake).await;
+    // A program too large for the exec request is uploaded; the create response is still
+    // the read-back.
+    let fake = fake_with("").await;
+    let b = backend(&fake, &[]);
+    let big = format!("print(1)\n#{}\n", "x".repeat(40 * 1024));
+    let out = b.run(&big, None, &policy(10)).await.unwrap();
+    assert_eq!(out.stdout, "1\n");
+    assert_eq!(out.timings.requests, 3);
+    assert_eq!(requests(&fake, "egress_get"), 0);
+    assert_eq!(requests(&fake, "upload"), 1);
     finish(b, fake).await;
 }
 
@@ -129,7 +158,7 @@ async fn inline_destroy_reports_its_time() {
     let b = Backend::with_options(o);
     let out = print1(&b).await.unwrap();
     assert!(out.timings.destroy_ms.is_some());
-    assert_eq!(out.timings.requests, 5);
+    assert_eq!(out.timings.requests, 3);
     assert_eq!(fake.stats().live, 0, "destroyed before returning");
     finish(b, fake).await;
 }
@@ -366,7 +395,13 @@ async fn key_is_redacted_when_the_server_echoes_headers() {
         "egress_get",
         "exec_stream",
     ] {
-        let fake = fake_with(&format!("{route}=echo-headers")).await;
+        // Without `egress` in the create response the run reads it back and uploads.
+        let before = if matches!(route, "upload" | "egress_get") {
+            "create=drop-egress;"
+        } else {
+            ""
+        };
+        let fake = fake_with(&format!("{before}{route}=echo-headers")).await;
         let b = backend(&fake, &[]);
         let e = print1(&b).await.unwrap_err();
         let msg = e.to_string();

@@ -723,7 +723,7 @@ async fn faults_leave_no_live_one_shot_guest_and_no_key_in_errors() {
         "create=reset-after#1",
         "create=stall#1",
         "upload=503#1",
-        "egress_get=reset#1",
+        "create=drop-egress;egress_get=reset#1",
         "exec_stream=429#1",
         "exec_stream=503+ra=0#1",
         "exec_stream=500#1",

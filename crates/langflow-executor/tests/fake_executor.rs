@@ -354,19 +354,27 @@ async fn refusals_come_before_any_guest_and_name_executor_settings() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn restricted_egress_is_sent_and_read_back() {
-    let rig = start_rig(
-        "echo '{\"frame\":\"complete\",\"outputs\":[]}'",
-        &[
-            ("CREATEOS_EXECUTOR_EGRESS", "203.0.113.0/24,1.1.1.1:53"),
-            ("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS", "true"),
-        ],
-        "",
-    )
-    .await;
-    let mut run = rig.executor.start(&request(false), None).await.unwrap();
-    assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
-    let stats = rig.fake.stats();
-    assert_eq!(stats.requests.get("egress_get").copied().unwrap_or(0), 1);
+    // The create response showing the policy is the read-back; one without `egress` proves
+    // nothing, and the guest is then read back with GET before the runner starts.
+    for (faults, reads) in [("", 0), ("create=drop-egress", 1)] {
+        let rig = start_rig(
+            "echo '{\"frame\":\"complete\",\"outputs\":[]}'",
+            &[
+                ("CREATEOS_EXECUTOR_EGRESS", "203.0.113.0/24,1.1.1.1:53"),
+                ("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS", "true"),
+            ],
+            faults,
+        )
+        .await;
+        let mut run = rig.executor.start(&request(false), None).await.unwrap();
+        assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
+        let stats = rig.fake.stats();
+        assert_eq!(
+            stats.requests.get("egress_get").copied().unwrap_or(0),
+            reads,
+            "{faults}"
+        );
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,7 +403,7 @@ async fn faults_at_each_call_destroy_the_guest_with_the_right_error() {
         ("upload=500", Want::NotStarted),
         ("upload=reset", Want::NotStarted),
         ("upload=stall", Want::NotStarted),
-        ("egress_get=500", Want::NotStarted),
+        ("create=drop-egress;egress_get=500", Want::NotStarted),
         ("exec_stream=429#1", Want::Ran),
         ("exec_stream=503+ra=none#1", Want::Ran),
         ("exec_stream=429", Want::NotStarted),

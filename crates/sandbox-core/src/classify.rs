@@ -70,7 +70,7 @@ pub fn before_dispatch(op: &str, e: &CallError, closed: bool, redactor: &Redacto
     if closed {
         return shut_down(Stage::BeforeDispatch);
     }
-    failed(op, e, hint(e.failure, Stage::BeforeDispatch), redactor)
+    failed(op, e, hint(e.failure, Stage::BeforeDispatch), redactor).with_retry_after(e.retry_after)
 }
 
 /// A call `op` that has nothing to do with a program (a download, a listing): unavailable,

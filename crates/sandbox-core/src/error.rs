@@ -52,6 +52,7 @@ impl fmt::Display for ErrorKind {
 pub struct SandboxError {
     kind: ErrorKind,
     message: String,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl SandboxError {
@@ -60,7 +61,21 @@ impl SandboxError {
         Self {
             kind,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The server's `Retry-After` on the call that failed, when it sent one: how long a caller
+    /// that tries again later (the warm pool's refill) should wait at least.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
+    }
+
+    /// The same error, carrying the server's `Retry-After`.
+    #[must_use]
+    pub fn with_retry_after(mut self, retry_after: Option<std::time::Duration>) -> Self {
+        self.retry_after = retry_after;
+        self
     }
 
     /// A policy refusal.
@@ -84,6 +99,7 @@ impl SandboxError {
         Self {
             kind: self.kind,
             message: redactor.apply(&self.message),
+            retry_after: self.retry_after,
         }
     }
 }

@@ -165,6 +165,9 @@ pub struct Guest {
     hold: Hold,
     /// Created by this handle's create or acquire (not found by name).
     created: bool,
+    /// The policy the create response's `egress` matched: the control plane's stored record
+    /// of this guest, the same one `GET …/egress` reads (see [`Guest::verify_egress`]).
+    confirmed_egress: Option<EgressPolicy>,
 }
 
 impl std::fmt::Debug for Guest {
@@ -313,8 +316,8 @@ impl Guest {
     /// Creates a one-shot guest named `prefix` + random characters, retrying transient
     /// failures with a fresh name each time until `deadline`. A create whose outcome is unknown
     /// leaves its name with the reaper, which finds and destroys the guest; so does a
-    /// cancelled call. The create response's egress echo is a first read-back: a mismatch
-    /// destroys the guest and refuses.
+    /// cancelled call. The create response's egress is the read-back (see
+    /// [`Guest::egress_confirmed`]): a mismatch destroys the guest and refuses.
     pub async fn create(
         cx: &GuestContext,
         spec: &GuestSpec,
@@ -344,6 +347,7 @@ impl Guest {
                         id: info.id.clone(),
                         hold: Hold::OneShot(guard),
                         created: true,
+                        confirmed_egress: None,
                     };
                     if cx.closed() {
                         // Shutdown began while the create was in flight: nothing is dispatched
@@ -361,6 +365,10 @@ impl Guest {
                         );
                         let _ = guest.destroy().await;
                         return Err(SandboxError::refused(msg).redacted(&cx.redactor));
+                    }
+                    let mut guest = guest;
+                    if info.egress.is_some() {
+                        guest.confirmed_egress = Some(spec.egress.clone());
                     }
                     return Ok(guest);
                 }
@@ -457,6 +465,7 @@ impl Guest {
                                 id: info.id.clone(),
                                 hold: Hold::Kept,
                                 created: true,
+                                confirmed_egress: None,
                             };
                             if let Some(eg) = &info.egress
                                 && !spec.egress.matches(Some(eg))
@@ -537,6 +546,7 @@ impl Guest {
             id: info.id.clone(),
             hold: Hold::Kept,
             created: false,
+            confirmed_egress: None,
         };
         let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
         let have: Option<BTreeSet<&str>> = info
@@ -704,13 +714,31 @@ impl Guest {
         }
     }
 
-    /// Reads the guest's egress back (retrying transient failures until `deadline`) and
-    /// refuses when it is not `policy`.
+    /// Whether this guest's create response already showed `policy` as its egress. That
+    /// answer is the control plane's record of the guest, not an echo of the request: it
+    /// carries what only the server assigns (id, status, address, sizes, `spawn_ms`) and lacks
+    /// `ingress_enabled`, which the request sent, and the create holds until the guest runs
+    /// (`createos-api.md` §2.6, create); and `GET …/egress` reads the same stored list, which is
+    /// why neither call proves enforcement (a hostname rule is returned by both and enforced by
+    /// neither, §4.1; hostname rules are refused before any create for that reason). So a
+    /// create response whose `egress` matched is the read-back; one without `egress` is not,
+    /// and [`Guest::verify_egress`] then reads it with `GET`.
+    pub fn egress_confirmed(&self, policy: &EgressPolicy) -> bool {
+        self.confirmed_egress.as_ref() == Some(policy)
+    }
+
+    /// Makes sure the guest's egress is `policy` before any program runs: done already when
+    /// its create response showed it ([`Guest::egress_confirmed`], no request); otherwise
+    /// reads it back (retrying transient failures until `deadline`) and refuses when it is not
+    /// `policy`.
     pub async fn verify_egress(
         &self,
         policy: &EgressPolicy,
         deadline: Instant,
     ) -> Result<(), SandboxError> {
+        if self.egress_confirmed(policy) {
+            return Ok(());
+        }
         let cx = &self.cx;
         let reported = cx
             .retried("egress read-back", deadline, || {

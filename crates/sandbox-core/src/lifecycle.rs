@@ -1,6 +1,8 @@
 //! One execution in one fresh guest, composed of the [`crate::guest`] primitives:
-//! create → (upload ∥ egress read-back) → streaming exec → capture → destroy, with the
-//! guarantees described in the crate docs. The lfx backend runs on it.
+//! create (whose response shows the egress: that is the read-back) → streaming exec carrying
+//! the program → capture → destroy, with the guarantees described in the crate docs; a larger
+//! program is uploaded first, and a create response without `egress` is read back with `GET`
+//! beside that upload. The lfx backend runs on it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -239,19 +241,43 @@ pub async fn run_python_pooled(
         }
         Some((guest, PooledStart::Failed(e))) => (guest, 0, Err(e)),
         None => {
-            // 1-3. Create under a name minted before the call, upload ∥ read back, exec.
+            // 1-3. Create under a name minted before the call; then, when the create response
+            //    showed the policy (it is the read-back, see `Guest::egress_confirmed`) and the
+            //    program fits in the exec request, the exec alone: two round trips. Otherwise
+            //    upload ∥ read back, then exec.
             let t0 = Instant::now();
             let guest = Guest::create(&cx, &guest_spec, spec.name_prefix, deadline).await?;
             let create_ms = ms(t0.elapsed());
             let t1 = Instant::now();
-            let ran = match prepare(&guest, &path, program, Some(&spec.egress), deadline).await {
-                Ok(()) => {
-                    let upload_ms = ms(t1.elapsed());
-                    in_guest(&guest, spec, path, deadline)
+            let inline = guest
+                .egress_confirmed(&spec.egress)
+                .then(|| Command::python_inline(path.clone(), &program))
+                .flatten();
+            let ran = if let Some(inline) = inline {
+                if reaper.is_closed() {
+                    Err(classify::shut_down(Stage::BeforeDispatch))
+                } else {
+                    match guest
+                        .exec(&inline, &spec.limits, &ExecInput::default(), deadline)
                         .await
-                        .map(|out| (out, upload_ms))
+                    {
+                        Ok(run) => guest
+                            .capture(run, &spec.limits, spec.max_output_bytes)
+                            .await
+                            .map(|out| (out, 0)),
+                        Err(e) => Err(e),
+                    }
                 }
-                Err(e) => Err(e),
+            } else {
+                match prepare(&guest, &path, program, Some(&spec.egress), deadline).await {
+                    Ok(()) => {
+                        let upload_ms = ms(t1.elapsed());
+                        in_guest(&guest, spec, path, deadline)
+                            .await
+                            .map(|out| (out, upload_ms))
+                    }
+                    Err(e) => Err(e),
+                }
             };
             (guest, create_ms, ran)
         }

@@ -530,12 +530,19 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
     });
     let mut unwanted = Vec::new();
     let mut failed = 0u32;
+    // The longest `Retry-After` the control plane asked for: the next attempt waits at least
+    // that long (a declining server is not probed sooner than it said).
+    let mut retry_after: Option<Duration> = None;
     {
         let mut st = pool.lock();
         st.filling = st.filling.saturating_sub(batch);
         for r in results {
             match r {
-                Some(guest) => {
+                Err(ra) => {
+                    failed += 1;
+                    retry_after = retry_after.max(ra);
+                }
+                Ok(guest) => {
                     let ready = Ready {
                         guest,
                         retire_at: Instant::now() + max_idle,
@@ -546,13 +553,12 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
                         st.ready.push_back(ready);
                     }
                 }
-                None => failed += 1,
             }
         }
         if failed > 0 {
             let attempt = st.failures;
             st.failures = st.failures.saturating_add(1);
-            st.retry_at = Some(Instant::now() + config.backoff.delay(attempt));
+            st.retry_at = Some(Instant::now() + config.backoff.delay_after(attempt, retry_after));
         } else {
             st.failures = 0;
             st.retry_at = None;
@@ -567,9 +573,13 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
 }
 
 /// One pool guest: a single create attempt, then the egress read-back, then the warmer. A
-/// guest that fails the read-back or the warmer is destroyed here. `None` on any failure
-/// (logged).
-async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Option<Guest> {
+/// guest that fails the read-back or the warmer is destroyed here. `Err` on any failure
+/// (logged), with the server's `Retry-After` if the create was declined with one.
+async fn prepare(
+    want: &Want,
+    backoff: Backoff,
+    warmer: Option<&Warmer>,
+) -> Result<Guest, Option<Duration>> {
     let cx = &want.cx;
     // A deadline of now: exactly one create attempt; the pool's backoff spaces the next.
     let guest = match Guest::create(cx, &want.spec, &want.key.prefix, Instant::now()).await {
@@ -580,7 +590,7 @@ async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Opti
                 error = %e,
                 "warm pool: create failed; runs create their own guests meanwhile"
             );
-            return None;
+            return Err(e.retry_after());
         }
     };
     match guest
@@ -596,14 +606,14 @@ async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Opti
                 "warm pool: guest failed its egress read-back; destroyed, not used"
             );
             let _ = guest.destroy().await;
-            return None;
+            return Err(None);
         }
     }
     let Some(warm) = warmer else {
-        return Some(guest);
+        return Ok(guest);
     };
     match warm(&guest).await {
-        Ok(()) => Some(guest),
+        Ok(()) => Ok(guest),
         Err(why) => {
             if cx.reaper.is_closed() {
                 // Shutdown interrupted the preparation: expected, not a fault.
@@ -616,7 +626,7 @@ async fn prepare(want: &Want, backoff: Backoff, warmer: Option<&Warmer>) -> Opti
                 );
             }
             let _ = guest.destroy().await;
-            None
+            Err(None)
         }
     }
 }

@@ -227,7 +227,9 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
         assert_eq!(out.timings.create_ms, 0);
         assert!(gone(&cp, &out.guest_id).await, "used guest not destroyed");
     }
-    assert_eq!(requests(&fake, "upload"), 1, "only the cold run uploads");
+    // No run uploads: the cold run's create response showed its egress, so its program
+    // travelled inside the exec request too.
+    assert_eq!(requests(&fake, "upload"), 0, "a small program was uploaded");
     // Refilled with new guests, never the used ones again. A program too large for the exec
     // request is uploaded to the pooled guest first: two round trips, same result.
     until(&p, "refilled", |s| s.ready == 2).await;
@@ -239,7 +241,7 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
     assert_eq!(again.pool, PoolUse::Hit);
     assert_eq!(again.stdout.text, "2\n");
     assert_eq!(again.timings.requests, 2, "{:?}", again.timings);
-    assert_eq!(requests(&fake, "upload"), 2);
+    assert_eq!(requests(&fake, "upload"), 1);
     assert!(!used.contains(&again.guest_name));
     let st = p.stats();
     assert_eq!((st.hits, st.misses), (3, 1), "{st:?}");
@@ -398,13 +400,14 @@ async fn a_guest_the_control_plane_paused_is_never_handed_out_paused() {
     // The run's program travels inside the exec request: the paused guest's control plane
     // refused it with 409 (nothing started there), then the fresh guest ran it.
     assert_eq!(requests(&fake, "exec_stream"), 3);
-    // Uploads: the first (cold) run's and the fresh guest's; none to the pooled guest.
-    assert_eq!(requests(&fake, "upload"), 2);
+    // No uploads: every program travelled inside its exec request.
+    assert_eq!(requests(&fake, "upload"), 0);
     finish(p, r, fake).await;
 }
 
-/// The fake, except that while `lie` is set every egress read-back reports allow-all, and
-/// the ids it lied about are kept.
+/// The fake, except that its create responses carry no `egress` (so every guest is read back),
+/// and while `lie` is set every egress read-back reports allow-all; the ids it lied about are
+/// kept.
 struct Liar {
     inner: Arc<dyn ControlPlane>,
     lie: AtomicBool,
@@ -419,7 +422,11 @@ impl ControlPlane for Liar {
         self.inner.list_shapes()
     }
     fn create(&self, req: CreateGuest) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
-        self.inner.create(req)
+        Box::pin(async move {
+            let mut info = self.inner.create(req).await?;
+            info.egress = None;
+            Ok(info)
+        })
     }
     fn find_by_name(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
         self.inner.find_by_name(name)
@@ -573,4 +580,59 @@ async fn failing_refills_never_fail_a_run_and_back_off() {
     let out = run(&cp, &r, &p, &s, "print('again')").await;
     assert_eq!(out.pool, PoolUse::Hit);
     finish(p, r, fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refill_declined_with_retry_after_waits_at_least_that_long() {
+    let fake = fake().await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let p = pool(1, pool_config(50, 200));
+    let s = spec(EgressPolicy::AllowAll);
+    fake.set_faults("create=429+ra=2").unwrap();
+    let cx = GuestContext::new(cp.clone(), r.clone(), Redactor::new(KEY), quick());
+    assert!(p.take(&cx, &s.guest_spec(), BACKEND_PREFIX).is_none());
+    until(&p, "the declined refill", |s| s.refill_failures >= 1).await;
+    let first = requests(&fake, "create");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The pool's own backoff (50 ms doubling to 200 ms) would have probed about seven times
+    // by now; the server asked for 2 s.
+    assert_eq!(
+        requests(&fake, "create"),
+        first,
+        "probed before Retry-After"
+    );
+    fake.set_faults("").unwrap();
+    until(&p, "recovered after the Retry-After", |s| s.ready == 1).await;
+    finish(p, r, fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_declined_warm_exec_is_retried_on_the_same_pooled_guest() {
+    for faults in [
+        "exec_stream=429#1",
+        "exec_stream=503+ra=none#1",
+        "exec_stream=429+ra=1#1",
+    ] {
+        let fake = fake().await;
+        let cp = plane(&fake);
+        let r = reaper();
+        let p = pool(1, pool_config(50, 200));
+        let s = spec(EgressPolicy::AllowAll);
+        run(&cp, &r, &p, &s, "print(1)").await;
+        until(&p, "a ready guest", |s| s.ready == 1).await;
+        let execs = requests(&fake, "exec_stream");
+        let created = fake.stats().created;
+        fake.set_faults(faults).unwrap();
+        let out = run(&cp, &r, &p, &s, "print('warm')").await;
+        // Declined means not started: the same pooled guest gets the program again.
+        assert_eq!(out.pool, PoolUse::Hit, "{faults}");
+        assert_eq!(out.stdout.text, "warm\n", "{faults}");
+        assert_eq!(out.timings.requests, 2, "{faults}: {:?}", out.timings);
+        assert_eq!(requests(&fake, "exec_stream"), execs + 2, "{faults}");
+        assert_eq!(p.stats().discarded, 0, "{faults}");
+        // No guest was created for the run (the refill's may have started).
+        assert!(fake.stats().created <= created + 1, "{faults}");
+        finish(p, r, fake).await;
+    }
 }

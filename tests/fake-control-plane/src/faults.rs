@@ -67,7 +67,7 @@ pub const ROUTE_NAMES: &[&str] = &[
 ];
 
 /// What an injected fault does to a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Action {
     /// Answer a JSend `error` with this status; the request is not processed.
     Status(u16),
@@ -89,6 +89,9 @@ pub(crate) enum Action {
     Huge,
     /// 200 whose body is not JSON.
     Malformed,
+    /// Process the request, then leave this key out of the JSend `data` of its answer
+    /// (`drop-egress`: a create response without `egress`).
+    Drop(String),
 }
 
 /// The `Retry-After` header of a status fault.
@@ -248,6 +251,9 @@ fn parse_action(text: &str) -> Option<Action> {
         "text" => Action::Text,
         "huge" => Action::Huge,
         "malformed" => Action::Malformed,
+        other if other.starts_with("drop-") && other.len() > 5 => {
+            Action::Drop(other[5..].to_owned())
+        }
         other => {
             let code: u16 = other.parse().ok()?;
             if !(300..=599).contains(&code) {

@@ -221,6 +221,7 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     let fault = app.faults().pick(name);
     let mut reset_after = false;
     let mut stall_mid = false;
+    let mut drop_key: Option<String> = None;
     let retry_after = fault
         .as_ref()
         .map_or(RetryAfter::Default, |f| f.retry_after.clone());
@@ -251,6 +252,7 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
             return ApiError::error(503, "server shutting down").into_response();
         }
         Some(Action::ResetAfter) => reset_after = true,
+        Some(Action::Drop(key)) => drop_key = Some(key),
         Some(Action::StallMid) => stall_mid = true,
         Some(Action::EchoHeaders) => {
             let mut lines: Vec<String> = parts
@@ -331,6 +333,9 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     let resp = handlers::dispatch(app, req)
         .await
         .unwrap_or_else(IntoResponse::into_response);
+    if let Some(key) = drop_key {
+        return without_key(resp, &key).await;
+    }
     if reset_after {
         // Drain a streamed body so the work completes, then drop the connection unanswered.
         let _ = axum::body::to_bytes(resp.into_body(), usize::MAX).await;
@@ -338,6 +343,27 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
         return std::future::pending().await;
     }
     resp
+}
+
+/// `resp` with `key` left out of its JSend `data` object (a body that is not one is kept).
+async fn without_key(resp: Response, key: &str) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let mut value: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    if let Some(data) = value
+        .get_mut("data")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        data.remove(key);
+    }
+    let out = value.to_string();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(out))
 }
 
 /// An 8 MiB JSON error body, built once and shared.

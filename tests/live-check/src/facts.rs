@@ -123,6 +123,13 @@ pub(crate) const FACTS: &[Fact] = &[
         HANDLERS,
     ),
     fact(
+        "egress.create-response-is-readback",
+        "the create response's egress is the stored policy: equal to GET .../egress right after \
+         (what lets a run skip the GET)",
+        "§2.6, §4.1",
+        HANDLERS,
+    ),
+    fact(
         "name.unique",
         "creating a second guest with a live guest's name answers 409",
         "§4.3",

@@ -390,6 +390,8 @@ async fn deny_all_guest(ctx: &Ctx, shape: &str) -> bool {
         }
     };
     let answered = sb.status();
+    // What the create response itself said.
+    let created_egress = sb.info().egress.map(sorted);
     match sb
         .wait_until_running(WaitOptions::timeout(STATE_BUDGET))
         .await
@@ -410,6 +412,23 @@ async fn deny_all_guest(ctx: &Ctx, shape: &str) -> bool {
     }
 
     readback(ctx, &sb, shape, &name).await;
+    match sb.egress().await {
+        Ok(rules) => ctx.check(
+            "egress.create-response-is-readback",
+            created_egress.as_ref() == Some(&sorted(rules.clone())),
+            "the create response's egress equal to GET .../egress",
+            &format!("create response {created_egress:?}, GET .../egress {rules:?}"),
+        ),
+        Err(e) => ctx.check(
+            "egress.create-response-is-readback",
+            false,
+            "the create response's egress equal to GET .../egress",
+            &format!(
+                "create response {created_egress:?}, GET .../egress {}",
+                describe(&e)
+            ),
+        ),
+    }
     names(ctx, shape, &name).await;
     exec_checks(ctx, &sb).await;
     file_checks(ctx, &sb).await;
