@@ -24,12 +24,13 @@ use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::{BACKEND_PREFIX, REUSED_PREFIX, derived_name};
 use sandbox_core::orphans::SweepConfig;
+use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::session::Session;
 use sandbox_core::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, SettingNames, Settings, parse_bool};
 use sandbox_core::shapes::{Shape, select_shape};
-use sandbox_core::{LOG_TARGET, SandboxError};
+use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
 pub mod archive;
@@ -238,6 +239,11 @@ pub struct ComponentOptions {
     pub archive: ArchiveLimits,
     /// The largest archive downloaded.
     pub max_archive_bytes: u64,
+    /// Whether `CREATEOS_SANDBOX_WARM_POOL` may keep idle guests for reuse-off runs (default
+    /// true). A process that may end with `os._exit` (a forked worker) turns it off.
+    pub pool_allowed: bool,
+    /// How the warm pool refills and retires its guests.
+    pub pool: PoolConfig,
 }
 
 impl fmt::Debug for ComponentOptions {
@@ -249,6 +255,8 @@ impl fmt::Debug for ComponentOptions {
             .field("max_archive_bytes", &self.max_archive_bytes)
             .field("reaper", &self.reaper)
             .field("clocks", &(self.kill_after, self.host_grace, self.backoff))
+            .field("pool_allowed", &self.pool_allowed)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
@@ -267,6 +275,8 @@ impl Default for ComponentOptions {
             orphan_sweep: true,
             archive: ArchiveLimits::default(),
             max_archive_bytes: MAX_ARCHIVE_BYTES,
+            pool_allowed: true,
+            pool: PoolConfig::default(),
         }
     }
 }
@@ -291,11 +301,14 @@ struct Plan {
 /// The CreateOS Sandbox component of one process: cheap to build, `Send + Sync`, shared by
 /// every concurrent execution. Fresh guests are registered with its reaper (destroyed on
 /// every path, and at [`SandboxComponent::shutdown`]); kept guests are never destroyed by
-/// it.
+/// it. With `CREATEOS_SANDBOX_WARM_POOL=N`, reuse-off runs take their fresh guest from a warm
+/// pool of its own (sandbox-core's [`WarmPool`], the backend's rules: one run per guest,
+/// destroyed after it and at shutdown).
 #[derive(Debug)]
 pub struct SandboxComponent {
     opts: ComponentOptions,
     reaper: Reaper,
+    pool: WarmPool,
 }
 
 /// Removes one markdown fence around the whole text (```` ```python … ``` ````), as agents
@@ -354,13 +367,22 @@ impl SandboxComponent {
     pub fn with_options(opts: ComponentOptions) -> Self {
         Self {
             reaper: Reaper::new(opts.reaper),
+            pool: WarmPool::new(opts.pool),
             opts,
         }
     }
 
-    /// Fresh guests still registered (runs in flight and destroys being retried).
+    /// Fresh guests still registered (runs in flight and destroys being retried), not
+    /// counting the warm pool's idle guests, which belong to no run.
     pub fn registered_guests(&self) -> usize {
-        self.reaper.registered()
+        self.reaper
+            .registered()
+            .saturating_sub(self.pool.stats().held())
+    }
+
+    /// The warm pool's counters (size 0 while `CREATEOS_SANDBOX_WARM_POOL` is unset or 0).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
     }
 
     /// The refusals that need no I/O, in the order a user would fix them.
@@ -476,17 +498,58 @@ impl SandboxComponent {
             backoff,
         );
         let deadline = Instant::now() + backoff.budget;
-        let guest = match inputs.reuse {
-            Reuse::Off => Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?,
-            Reuse::Flow => {
-                let name = Self::reused_name(inputs, &spec.rootfs, &spec.shape, &plan.egress);
-                Guest::acquire(&cx, &spec, &name, deadline).await?
-            }
+        self.pool.set_size(if self.opts.pool_allowed {
+            plan.settings.warm_pool
+        } else {
+            0
+        });
+        let pooled = match inputs.reuse {
+            Reuse::Off => self.pool.take(&cx, &spec, BACKEND_PREFIX),
+            Reuse::Flow => None,
         };
-        let acquire_ms = ms(t0.elapsed());
+        let mut pool_use = match (inputs.reuse, &pooled) {
+            (Reuse::Off, Some(_)) => "hit",
+            (Reuse::Off, None) if self.pool.stats().size > 0 => "miss",
+            _ => "off",
+        };
+        let mut first = None;
+        let mut acquire_ms = ms(t0.elapsed());
+        if let Some(guest) = pooled {
+            let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
+            match ran {
+                // Refused before the program was dispatched (paused behind the pool's back,
+                // a refused upload or exec): nothing ran there; a fresh guest takes the run.
+                Err(e) if e.kind() != ErrorKind::OutcomeUnknown && !self.reaper.is_closed() => {
+                    tracing::warn!(
+                        target: LOG_TARGET,
+                        guest = guest.name(),
+                        error = %redactor.apply(e.message()),
+                        "warm pool: the pooled guest could not take the run (nothing was \
+                         started); destroying it and using a fresh guest"
+                    );
+                    self.pool.note_unusable();
+                    pool_use = "replaced";
+                    let _ = guest.destroy().await;
+                }
+                ran => first = Some((guest, ran)),
+            }
+        }
+        let (guest, ran) = if let Some(done) = first {
+            done
+        } else {
+            let guest = match inputs.reuse {
+                Reuse::Off => Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?,
+                Reuse::Flow => {
+                    let name = Self::reused_name(inputs, &spec.rootfs, &spec.shape, &plan.egress);
+                    Guest::acquire(&cx, &spec, &name, deadline).await?
+                }
+            };
+            acquire_ms = ms(t0.elapsed());
+            let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
+            (guest, ran)
+        };
         // A kept guest this run did not create was found by name: reused.
         let reused_guest = guest.is_kept() && !guest.was_created();
-        let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
 
         let host_timed_out = ran.as_ref().is_ok_and(|r| r.outcome.host_timed_out);
         let kept = guest.is_kept() && !host_timed_out;
@@ -547,6 +610,7 @@ impl SandboxComponent {
             destroy_ms = timings.destroy_ms,
             total_ms = timings.total_ms,
             requests = timings.requests,
+            pool = pool_use,
             "sandbox component run finished"
         );
         Ok(ComponentOutput {
@@ -727,6 +791,7 @@ impl SandboxComponent {
     /// within a bounded time and refuses new runs. Kept guests are left for the next
     /// process. Idempotent.
     pub async fn shutdown(&self) {
+        self.pool.close();
         let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
         if r.destroyed + r.failed > 0 {
             tracing::info!(

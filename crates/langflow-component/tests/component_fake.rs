@@ -822,3 +822,99 @@ async fn reap_deletes_old_reused_guests_and_keeps_young_and_one_shot_ones() {
     assert!(!again.reused_guest);
     fake.shutdown().await;
 }
+
+/// Whether the guest `id` is gone or going (destroyed, destroying, or unknown).
+async fn gone(api: &createos_api::Client, id: &str) -> bool {
+    api.get_sandbox(id).await.map_or(true, |s| {
+        matches!(
+            s.status(),
+            createos_api::SandboxStatus::Destroyed | createos_api::SandboxStatus::Destroying
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reuse_off_runs_take_warm_pool_guests_once_and_reuse_on_never_does() {
+    let fake = fake_with("", 0).await;
+    let api = api(&fake);
+    let c = component_with(&fake, Twist::None, &[("CREATEOS_SANDBOX_WARM_POOL", "1")]);
+    let i = inputs("print('hi')", Reuse::Off);
+    // The first run warms the pool for its policy (a miss, served by a guest of its own).
+    let cold = run(&c, &i).await;
+    assert_eq!(cold.result, "hi");
+    wait_until("a ready pool guest", || c.pool_stats().ready == 1).await;
+    // Pool guests belong to no run: a worker settling its runs' guests does not wait for them.
+    assert_eq!(c.registered_guests(), 0);
+    let created = fake.stats().created;
+    let warm = run(&c, &i).await;
+    assert_eq!(warm.result, "hi");
+    let st = c.pool_stats();
+    assert_eq!((st.hits, st.misses), (1, 1), "{st:?}");
+    assert_ne!(warm.sandbox_id, cold.sandbox_id);
+    // The run created nothing (the refill after it may have), and its guest is gone.
+    assert!(fake.stats().created <= created + 1);
+    assert!(
+        gone(&api, &warm.sandbox_id).await,
+        "a pooled guest outlived its run"
+    );
+    // Reuse on is a named, kept guest: never from the pool.
+    let kept = run(&c, &inputs(COUNTER, Reuse::Flow)).await;
+    assert!(
+        kept.sandbox_name.starts_with("lf-c-"),
+        "{}",
+        kept.sandbox_name
+    );
+    assert_eq!(c.pool_stats().hits, 1);
+    // Shutdown destroys the pool (the kept guest stays, as always).
+    wait_until("the pool refilled", || c.pool_stats().ready == 1).await;
+    c.shutdown().await;
+    wait_until("only the kept guest left", || fake.stats().live == 1).await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_guest_paused_behind_the_pools_back_is_replaced_not_resumed() {
+    let fake = fake_with("", 0).await;
+    let api = api(&fake);
+    let c = component_with(&fake, Twist::None, &[("CREATEOS_SANDBOX_WARM_POOL", "1")]);
+    let i = inputs("print('still works')", Reuse::Off);
+    run(&c, &i).await;
+    wait_until("a ready pool guest", || c.pool_stats().ready == 1).await;
+    let running: Vec<createos_api::Sandbox> = api
+        .list_sandboxes(createos_api::ListSandboxesOptions {
+            status: Some(createos_api::SandboxStatus::Running),
+            ..Default::default()
+        })
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert_eq!(running.len(), 1);
+    let pooled = running[0].id().to_owned();
+    api.sandbox_handle(pooled.clone()).pause().await.unwrap();
+    let out = run(&c, &i).await;
+    assert_eq!(out.result, "still works");
+    assert_ne!(out.sandbox_id, pooled);
+    assert!(c.pool_stats().discarded >= 1);
+    assert_eq!(fake.stats().requests.get("resume").copied().unwrap_or(0), 0);
+    assert!(gone(&api, &pooled).await, "the paused pool guest stays");
+    c.shutdown().await;
+    wait_until("no live guest", || fake.stats().live == 0).await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forked_workers_component_keeps_no_pool() {
+    let fake = fake_with("", 0).await;
+    let c = SandboxComponent::with_options(ComponentOptions {
+        pool_allowed: false,
+        ..options(&fake, Twist::None, &[("CREATEOS_SANDBOX_WARM_POOL", "4")])
+    });
+    for _ in 0..2 {
+        assert_eq!(run(&c, &inputs("print(1)", Reuse::Off)).await.result, "1");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fake.stats().created, 2, "guests were created ahead of time");
+    assert_eq!(c.pool_stats().size, 0);
+    c.shutdown().await;
+    fake.shutdown().await;
+}

@@ -55,6 +55,8 @@ fn held() -> Arc<Held> {
     let fresh = Arc::new(Held {
         component: SandboxComponent::with_options(ComponentOptions {
             session: process::session(),
+            // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
+            pool_allowed: !process::forked(),
             ..ComponentOptions::default()
         }),
         running: AtomicUsize::new(0),
@@ -383,6 +385,7 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
         let component = SandboxComponent::with_options(ComponentOptions {
             session: process::session(),
             orphan_sweep: false,
+            pool_allowed: false,
             ..ComponentOptions::default()
         });
         component.reap_reused(older_than, dry_run).await
