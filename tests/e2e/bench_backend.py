@@ -12,9 +12,9 @@ control plane) and measures, through the same backend object lfx builds:
 - the host's peak RSS growth while the guest prints 200 MB, against the per-stream cap.
 
 With ``--warm-pool N`` (``CREATEOS_SANDBOX_WARM_POOL=N``) it measures the same latency and
-throughput with a warm pool of N guests instead, plus the host CPU per run (this process, all
-threads) and the guests left live after ``shutdown()``, into its own section; the RSS figure is
-the cold one's and is skipped.
+throughput with a warm pool of N guests instead, plus the latency of runs spaced 300 ms apart
+(see ``SPACED_MS``), the host CPU per run (this process, all threads) and the guests left live
+after ``shutdown()``, into its own section; the RSS figure is the cold one's and is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ from conftest import backend_env, start_fake  # noqa: E402
 
 SECTION = "## Sandbox backend (Python, through the wheel)"
 LATENCY_MS = 20
+# Warm runs are also measured this far apart: on a 2-core machine the fake's destroy of the
+# previous run's guest and the pool's refill create run on the same cores as the next run's
+# guest `python3`, so back-to-back runs measure that contention as well.
+SPACED_MS = 300
 # sandbox-core's DEFAULT_MAX_OUTPUT_BYTES, the per-stream cap when the variable is unset.
 DEFAULT_CAP_BYTES = 1024 * 1024
 
@@ -57,7 +61,8 @@ def _per_run(before: dict, after: dict, runs: int) -> dict:
     return {r: round((after.get(r, 0) - before.get(r, 0)) / runs, 2) for r in routes if after.get(r, 0) != before.get(r, 0)}
 
 
-def latency(fake, backend, runs: int, pool: int = 0) -> dict:  # noqa: ANN001
+def latency(fake, backend, runs: int, pool: int = 0, pause_s: float = 0.0) -> dict:  # noqa: ANN001
+    """``runs`` sequential runs, back to back, or ``pause_s`` apart (the pause is not timed)."""
     from langflow_sandbox_createos.backend import output_text
 
     for _ in range(3):
@@ -67,6 +72,8 @@ def latency(fake, backend, runs: int, pool: int = 0) -> dict:  # noqa: ANN001
     samples, critical = [], []
     cpu0 = time.process_time()
     for _ in range(runs):
+        if pause_s:
+            time.sleep(pause_s)
         t0 = time.perf_counter()
         out = backend._native.run("print(1)", None, _settings())
         samples.append((time.perf_counter() - t0) * 1000)
@@ -230,7 +237,7 @@ byte per character.
 """
 
 
-def render_pool(cold: dict, lat: dict, thr: dict, pool: int, live_after: int, profile: str) -> str:  # noqa: PLR0913
+def render_pool(cold: dict, lat: dict, spaced: dict, thr: dict, pool: int, live_after: int, profile: str) -> str:  # noqa: PLR0913
     routes = ", ".join(f"{k} {v:g}" for k, v in sorted(lat["requests_per_run"].items()))
     return f"""{pool_section(pool)}
 
@@ -242,6 +249,7 @@ Host CPU is this process's (all threads: Python, the glue, the tokio runtime), n
 | measure | result |
 |---|---|
 | median latency of `run("print(1)")` ({lat["runs"]} sequential runs) | {lat["median_ms"]:.0f} ms (p90 {lat["p90_ms"]:.0f} ms, min {lat["min_ms"]:.0f} ms) |
+| the same, runs {SPACED_MS} ms apart (the previous run's destroy and refill done) | {spaced["median_ms"]:.0f} ms (p90 {spaced["p90_ms"]:.0f} ms, min {spaced["min_ms"]:.0f} ms) |
 | the same backend with the pool off, just before (cold) | {cold["median_ms"]:.0f} ms (p90 {cold["p90_ms"]:.0f} ms), {cold["critical_requests"]:g} requests waited for, host CPU {cold["cpu_ms_per_run"]:.2f} ms per run |
 | sequential runs served by a pooled guest (1 request waited for) | {lat["warm_runs"]} of {lat["runs"]} |
 | control-plane requests the caller waits for, per run (median) | {lat["critical_requests"]:g} |
@@ -317,13 +325,15 @@ def main_pool(args: argparse.Namespace) -> int:
         os.environ["CREATEOS_SANDBOX_WARM_POOL"] = str(pool)
         lat = latency(fake, backend, args.runs, pool)
         print("latency", json.dumps(lat), flush=True)
+        spaced = latency(fake, backend, args.runs, pool, SPACED_MS / 1000)
+        print("spaced latency", json.dumps(spaced), flush=True)
         thr = throughput(fake, backend, args.threads, args.per_thread, pool)
         print("throughput", json.dumps(thr), flush=True)
         backend.shutdown()
         live_after = fake.stats()["live"]
     finally:
         fake.stop()
-    text = render_pool(cold, lat, thr, pool, live_after, args.profile)
+    text = render_pool(cold, lat, spaced, thr, pool, live_after, args.profile)
     print(text)
     if args.write:
         write_section(args.write, text, pool_section(pool))
