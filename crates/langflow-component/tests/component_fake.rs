@@ -880,16 +880,9 @@ async fn a_pooled_guest_paused_behind_the_pools_back_is_replaced_not_resumed() {
     let i = inputs("print('still works')", Reuse::Off);
     run(&c, &i).await;
     wait_until("a ready pool guest", || c.pool_stats().ready == 1).await;
-    let running: Vec<createos_api::Sandbox> = api
-        .list_sandboxes(createos_api::ListSandboxesOptions {
-            status: Some(createos_api::SandboxStatus::Running),
-            ..Default::default()
-        })
-        .map(Result::unwrap)
-        .collect()
-        .await;
+    let running = fake.guest_ids("running");
     assert_eq!(running.len(), 1);
-    let pooled = running[0].id().to_owned();
+    let pooled = running[0].clone();
     api.sandbox_handle(pooled.clone()).pause().await.unwrap();
     let out = run(&c, &i).await;
     assert_eq!(out.result, "still works");

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use createos_fake::{FakeOptions, FakeServer};
-use futures::StreamExt;
 use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -644,6 +643,14 @@ fn fake_lfx() -> (tempfile::TempDir, String) {
     (dir, script)
 }
 
+/// A rig whose guest `python3` imports the fake lfx, with a warm pool of one and `extra`.
+async fn warm_rig(extra: &[(&str, &str)], faults: &str) -> (tempfile::TempDir, Rig) {
+    let (lfx, python) = fake_lfx();
+    let mut env = vec![("CREATEOS_EXECUTOR_WARM_POOL", "1")];
+    env.extend_from_slice(extra);
+    (lfx, start_rig(&python, &env, faults).await)
+}
+
 fn nodes_request(nodes: &serde_json::Value) -> FlowRequest {
     FlowRequest::from_json(
         &json!({"flow": {"data": {"nodes": nodes, "edges": []}}, "inputs": [],
@@ -701,8 +708,7 @@ async fn until_ready(executor: &Executor, n: usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_guest_runs_the_flow_in_its_preloaded_runner_once() {
-    let (_lfx, python) = fake_lfx();
-    let rig = start_rig(&python, &[("CREATEOS_EXECUTOR_WARM_POOL", "1")], "").await;
+    let (_lfx, rig) = warm_rig(&[], "").await;
     let request = nodes_request(&json!([{"id": "a"}, {"id": "b"}]));
     // The first run finds the pool empty (it warms for this policy from now on): cold, lfx
     // imported by the run's own runner.
@@ -733,9 +739,8 @@ async fn a_warm_guest_runs_the_flow_in_its_preloaded_runner_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_guest_that_cannot_take_the_flow_is_replaced_by_a_fresh_one() {
-    let (_lfx, python) = fake_lfx();
     for how in ["runner killed", "paused"] {
-        let rig = start_rig(&python, &[("CREATEOS_EXECUTOR_WARM_POOL", "1")], "").await;
+        let (_lfx, rig) = warm_rig(&[], "").await;
         let request = nodes_request(&json!([{"id": "a"}]));
         run_to_end(&rig.executor, &request).await.unwrap();
         until_ready(&rig.executor, 1).await;
@@ -745,16 +750,9 @@ async fn a_pooled_guest_that_cannot_take_the_flow_is_replaced_by_a_fresh_one() {
             .allow_insecure_http(true)
             .build()
             .unwrap();
-        let running: Vec<createos_api::Sandbox> = client
-            .list_sandboxes(createos_api::ListSandboxesOptions {
-                status: Some(createos_api::SandboxStatus::Running),
-                ..Default::default()
-            })
-            .map(Result::unwrap)
-            .collect()
-            .await;
+        let running = rig.fake.guest_ids("running");
         assert_eq!(running.len(), 1, "{how}: only the pool guest runs");
-        let pooled = running[0].id().to_owned();
+        let pooled = running[0].clone();
         let handle = client.sandbox_handle(pooled.clone());
         match how {
             "runner killed" => {
@@ -812,16 +810,7 @@ async fn an_image_without_lfx_never_enters_the_pool_and_runs_say_how_to_fix_it()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_run_keeps_the_guest_clock_and_leaves_no_guest() {
-    let (_lfx, python) = fake_lfx();
-    let rig = start_rig(
-        &python,
-        &[
-            ("CREATEOS_EXECUTOR_WARM_POOL", "1"),
-            ("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2"),
-        ],
-        "",
-    )
-    .await;
+    let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")], "").await;
     run_to_end(&rig.executor, &nodes_request(&json!([{"id": "a"}])))
         .await
         .unwrap();
@@ -840,13 +829,7 @@ async fn a_warm_run_keeps_the_guest_clock_and_leaves_no_guest() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_process_start_leaves_runs_cold_and_working() {
-    let (_lfx, python) = fake_lfx();
-    let rig = start_rig(
-        &python,
-        &[("CREATEOS_EXECUTOR_WARM_POOL", "1")],
-        "process_create=500",
-    )
-    .await;
+    let (_lfx, rig) = warm_rig(&[], "process_create=500").await;
     let request = nodes_request(&json!([{"id": "a"}]));
     for _ in 0..3 {
         let before = wall_now();

@@ -265,6 +265,17 @@ impl FakeServer {
         stats_of(&self.app)
     }
 
+    /// The ids of the guests whose status is `status` (`running`, `paused`, ...), oldest first.
+    pub fn guest_ids(&self, status: &str) -> Vec<String> {
+        self.app
+            .lock()
+            .sandboxes
+            .iter()
+            .filter(|sb| sb.status.as_str() == status)
+            .map(|sb| sb.id.clone())
+            .collect()
+    }
+
     /// Drops every guest and resource and zeroes the counters (same as `POST /_fake/reset`).
     pub fn reset(&self) {
         reset(&self.app);
