@@ -284,20 +284,7 @@ async fn the_guest_clock_is_the_executor_timeout() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_without_lfx_says_how_to_fix_it() {
     // The real runner, under a python3 without lfx.
-    let Some(python) = ["/usr/bin/python3", "/usr/local/bin/python3"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-    else {
-        panic!("no system python3 to run the runner with");
-    };
-    let probe = std::process::Command::new(python)
-        .args(["-c", "import lfx"])
-        .output()
-        .unwrap();
-    assert!(
-        !probe.status.success(),
-        "{python} has lfx; pick one without"
-    );
+    let python = system_python();
     let rig = start_rig(&format!("exec {python} \"$@\""), &[], "").await;
     let mut run = rig
         .executor
