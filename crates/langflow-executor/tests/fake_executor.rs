@@ -830,3 +830,63 @@ async fn a_failing_process_start_leaves_runs_cold_and_working() {
     rig.executor.shutdown().await;
     assert_eq!(settled(&rig.fake).await.live, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn faults_on_a_warm_run_give_the_right_verdict_and_leave_no_guest() {
+    // (faults injected once the pool is ready, what the warm run must end with)
+    let cases: &[(&str, Want)] = &[
+        ("upload=503#1", Want::Ran),
+        ("upload=429+ra=1#1", Want::Ran),
+        ("upload=503+ra=none#1", Want::Ran),
+        ("exec_stream=429#1", Want::Ran),
+        ("exec_stream=503+ra=none#1", Want::Ran),
+        // Refused for good before dispatch: the pooled guest is replaced, and the fresh
+        // guest's run is refused the same way.
+        ("exec_stream=429", Want::NotStarted),
+        ("exec_stream=500", Want::MayHaveRun),
+        ("exec_stream=reset", Want::MayHaveRun),
+        ("exec_stream=stall", Want::MayHaveRun),
+        ("upload=stall", Want::NotStarted),
+    ];
+    let runs = cases.iter().map(|(faults, want)| async move {
+        let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")], "").await;
+        let request = nodes_request(&json!([{"id": "a"}]));
+        run_to_end(&rig.executor, &request).await.unwrap();
+        until_ready(&rig.executor, 1).await;
+        rig.fake.set_faults(faults).unwrap();
+        let outcome = run_to_end(&rig.executor, &request).await;
+        let got = match &outcome {
+            Ok(_) => Want::Ran,
+            Err(ExecutorError::Execution(m)) if m.contains("not started") => Want::NotStarted,
+            Err(ExecutorError::Execution(m)) if m.contains("may have run") => Want::MayHaveRun,
+            Err(e) => panic!("{faults}: unexpected {e:?}"),
+        };
+        assert_eq!(got, *want, "{faults}: {outcome:?}");
+        if let Err(e) = &outcome {
+            assert_no_key(&format!("{e} {e:?}"));
+        }
+        rig.fake.set_faults("").unwrap();
+        rig.executor.shutdown().await;
+        assert_eq!(settled(&rig.fake).await.live, 0, "{faults}");
+    });
+    futures::future::join_all(runs).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_declined_process_start_is_retried_and_the_pool_fills() {
+    for faults in [
+        "process_create=429#1",
+        "process_create=503+ra=1#1",
+        "process_create=503+ra=none#1",
+    ] {
+        let (_lfx, rig) = warm_rig(&[], faults).await;
+        run_to_end(&rig.executor, &nodes_request(&json!([{"id": "a"}])))
+            .await
+            .unwrap();
+        until_ready(&rig.executor, 1).await;
+        assert_eq!(rig.executor.pool_stats().refill_failures, 0, "{faults}");
+        assert_eq!(rig.fake.stats().requests["process_create"], 2, "{faults}");
+        rig.executor.shutdown().await;
+        assert_eq!(settled(&rig.fake).await.live, 0, "{faults}");
+    }
+}
