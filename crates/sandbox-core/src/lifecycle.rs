@@ -234,7 +234,7 @@ pub async fn run_python_pooled(
             (guest, 0, ran)
         }
         Some((guest, PooledStart::Uploaded(upload_ms))) => {
-            let ran = in_guest(&guest, spec, path, deadline)
+            let ran = in_guest(&guest, spec, &Command::python(path), deadline)
                 .await
                 .map(|out| (out, upload_ms));
             (guest, 0, ran)
@@ -253,26 +253,16 @@ pub async fn run_python_pooled(
                 .egress_confirmed(&spec.egress)
                 .then(|| Command::python_inline(path.clone(), &program))
                 .flatten();
+            // (`Guest::exec` refuses once shutdown began, as `prepare` does.)
             let ran = if let Some(inline) = inline {
-                if reaper.is_closed() {
-                    Err(classify::shut_down(Stage::BeforeDispatch))
-                } else {
-                    match guest
-                        .exec(&inline, &spec.limits, &ExecInput::default(), deadline)
-                        .await
-                    {
-                        Ok(run) => guest
-                            .capture(run, &spec.limits, spec.max_output_bytes)
-                            .await
-                            .map(|out| (out, 0)),
-                        Err(e) => Err(e),
-                    }
-                }
+                in_guest(&guest, spec, &inline, deadline)
+                    .await
+                    .map(|out| (out, 0))
             } else {
                 match prepare(&guest, &path, program, Some(&spec.egress), deadline).await {
                     Ok(()) => {
                         let upload_ms = ms(t1.elapsed());
-                        in_guest(&guest, spec, path, deadline)
+                        in_guest(&guest, spec, &Command::python(path), deadline)
                             .await
                             .map(|out| (out, upload_ms))
                     }
@@ -396,16 +386,11 @@ async fn prepare(
 async fn in_guest(
     guest: &Guest,
     spec: &RunSpec,
-    path: String,
+    command: &Command,
     deadline: Instant,
 ) -> Result<ExecOutcome, SandboxError> {
     let run = guest
-        .exec(
-            &Command::python(path),
-            &spec.limits,
-            &ExecInput::default(),
-            deadline,
-        )
+        .exec(command, &spec.limits, &ExecInput::default(), deadline)
         .await?;
     guest
         .capture(run, &spec.limits, spec.max_output_bytes)
