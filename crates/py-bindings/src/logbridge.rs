@@ -327,10 +327,10 @@ fn take_queued() -> Option<(VecDeque<Record>, u64)> {
     ))
 }
 
-fn emit(py: Python<'_>, records: VecDeque<Record>, dropped: u64) {
+fn emit(py: Python<'_>, mut records: VecDeque<Record>, dropped: u64) {
     let Ok(logger) = logger(py) else { return };
     if dropped > 0 {
-        let _ = logger.call_method1(
+        let sent = logger.call_method1(
             "log",
             (
                 PY_WARNING,
@@ -339,14 +339,59 @@ fn emit(py: Python<'_>, records: VecDeque<Record>, dropped: u64) {
                 ),
             ),
         );
+        if interrupted(py, sent.err()) {
+            requeue(records);
+            return;
+        }
     }
-    for record in records {
+    while let Some(record) = records.pop_front() {
         let extra = PyDict::new(py);
         let _ = extra.set_item("rust_target", &record.target);
         let kwargs = PyDict::new(py);
         let _ = kwargs.set_item("extra", extra);
         // A record Python cannot handle (a broken handler, say) must not fail the run.
-        let _ = logger.call_method("log", (record.level, record.message), Some(&kwargs));
+        let sent = logger.call_method("log", (record.level, record.message), Some(&kwargs));
+        if interrupted(py, sent.err()) {
+            requeue(records);
+            return;
+        }
+    }
+}
+
+/// Whether a log call was cut short by Ctrl-C, in which case the interrupt is handed on.
+///
+/// Emitting a record runs Python code, and Python runs a pending signal's handler at the first
+/// bytecode it executes: a Ctrl-C that lands while records are forwarded raises
+/// `KeyboardInterrupt` inside `logger.log`. Dropping that error (as for a broken handler) would
+/// lose the Ctrl-C, and the run would go on to its timeout. So the interrupt is raised again
+/// for the main thread (`_thread.interrupt_main`, as if SIGINT had arrived once more), and the
+/// waiting loop's signal check, which comes right after the drain, turns it into the
+/// `KeyboardInterrupt` of the interrupted call.
+fn interrupted(py: Python<'_>, err: Option<PyErr>) -> bool {
+    let Some(err) = err else { return false };
+    if !err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+        return false;
+    }
+    // `_thread.interrupt_main` is part of every CPython this wheel supports; should it fail,
+    // there is no other way to hand the interrupt on from here.
+    let _ = py
+        .import("_thread")
+        .and_then(|thread| thread.call_method0("interrupt_main"));
+    true
+}
+
+/// Puts records not yet emitted back at the front of the queue, for the next drain.
+fn requeue(records: VecDeque<Record>) {
+    if records.is_empty() {
+        return;
+    }
+    if let Some(mut queue) = lock_queue() {
+        let newer = std::mem::replace(&mut queue.records, records);
+        queue.records.extend(newer);
+        while queue.records.len() > QUEUE_CAP {
+            queue.records.pop_front();
+            queue.dropped += 1;
+        }
     }
 }
 
