@@ -364,6 +364,10 @@ def test_forked_child_keeps_no_warm_pool_and_the_parent_keeps_its_own(clean_fake
 
 
 SIGINT_SCRIPT = """
+import signal
+# A launcher without job control (`nohup`, `cmd &` in a script) starts its children with SIGINT
+# ignored, and Python keeps it ignored; Ctrl-C in a terminal, which this models, is not.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from langflow_sandbox_createos.backend import create_backend
 backend = create_backend()
 print("ready", flush=True)
