@@ -272,12 +272,18 @@ def test_reap_fails_clearly(clean_fake: Fake, overrides: dict[str, str | None], 
 
 
 # Threads log through the native bridge without pause while the main thread forks again and
-# again; each child logs one record and must see it arrive in Python's logging. Without the
-# fork hooks about one child in twenty inherits the queue's mutex locked (measured): it hung
-# before, and without the hooks it would now drop its records rather than hang.
+# again; each child logs one record and must see it arrive in Python's logging. About one child
+# in twenty inherits the queue's mutex locked (measured): it hung once, and later dropped its
+# records; now it moves on to a fresh queue.
+# A before-fork hook registered ahead of the extension runs after the extension's own (Python
+# runs them in reverse order) and sleeps, so it lets go of the GIL while the extension's hook
+# holds the queue, as any library's Python hook may: a logging thread then takes the GIL and
+# must not wait for the queue while holding it (the parent deadlocked in os.fork, once in a
+# few forks, before the bridge waited for the queue with the GIL released).
 FORK_WHILE_LOGGING_SCRIPT = """
 import logging, os, sys, threading, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
+os.register_at_fork(before=lambda: time.sleep(0.002))
 from langflow_sandbox_createos import _native
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -324,14 +330,70 @@ print("ok", ok, "failed", failed, "hung", hung, flush=True)
 
 
 def test_a_child_forked_while_another_thread_logs_can_log(clean_fake: Fake) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", FORK_WHILE_LOGGING_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=backend_env(clean_fake),
-        timeout=600,
-        cwd=E2E,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", FORK_WHILE_LOGGING_SCRIPT],
+            capture_output=True,
+            text=True,
+            env=backend_env(clean_fake),
+            timeout=300,  # 100 forks take a few seconds; each hung child costs 20 s
+            cwd=E2E,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forking process hung: a thread waited for the log queue holding the GIL")
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
     assert proc.stdout.split() == ["ok", "100", "failed", "0", "hung", "0"], (proc.stdout, proc.stderr[-3000:])
+
+
+# A thread holds the log queue while the process forks, so the child inherits it locked by a
+# thread it does not have; the child does the same to a grandchild, three deep. Each must log
+# (on a fresh queue), and the parent logs once the holder lets go.
+FORK_WHILE_QUEUE_HELD_SCRIPT = """
+import logging, os, threading, time
+from langflow_sandbox_createos import _native
+
+seen = []
+handler = logging.Handler()
+handler.emit = lambda record: seen.append(record.getMessage())
+log = logging.getLogger(_native.LOGGER_NAME)
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+log.propagate = False
+
+def logs(message):
+    seen.clear()
+    _native._emit_log_records(1, message)
+    return any(m.startswith(message) for m in seen)
+
+def fork_while_held(depth):
+    holder = threading.Thread(target=_native._hold_log_queue, args=(1.5,))
+    holder.start()
+    time.sleep(0.3)
+    pid = os.fork()
+    if pid == 0:
+        ok = logs(f"depth {depth}") and (depth == 3 or fork_while_held(depth + 1))
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    holder.join()
+    return os.waitstatus_to_exitcode(status) == 0
+
+children = fork_while_held(1)
+print("children", children, "parent", logs("parent"), flush=True)
+"""
+
+
+def test_a_child_forked_while_the_log_queue_is_held_logs_on_a_fresh_queue() -> None:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", FORK_WHILE_QUEUE_HELD_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=E2E,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a child that inherited the log queue locked hung")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    assert proc.stdout.split() == ["children", "True", "parent", "True"], (proc.stdout, proc.stderr[-3000:])

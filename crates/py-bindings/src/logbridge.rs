@@ -7,18 +7,20 @@
 //! from a runtime thread, so a worker can never stall on the GIL or outlive the interpreter
 //! while holding a Python reference.
 //!
-//! Fork safety: a child created by `fork()` while another thread held the queue's mutex would
-//! inherit it locked, with no thread left to unlock it, and hang on its first log record. So
-//! (1) `os.fork()` takes the mutex before forking and releases it on both sides afterwards
-//! ([`register_fork_hooks`], through `os.register_at_fork`), and (2) a process that did not
-//! lock the queue yet (`OWNER` is another process's id) never blocks on it: it tries, a
-//! bounded number of times, and if the mutex stays locked (a fork from C, without the hooks)
-//! it drops its records and says so once instead of hanging.
+//! Fork safety: a child created by `fork()` while another thread held the queue's mutex
+//! inherits it locked, with no thread left to unlock it. So a process that did not lock a
+//! queue yet (`OWNER` is another process's id) never blocks on one: it tries a bounded number
+//! of times, and if the mutex stays locked it moves on to the next queue of [`QUEUES`], which
+//! no thread of this process, nor of any process it descends from, ever locked. The queues are
+//! used in order along any line of forks, so one found locked is never used again. No lock is
+//! held across `fork()` on purpose (an `os.register_at_fork` hook holding the queue while other
+//! Python hooks ran could release the GIL, and a thread that then took the GIL and waited for
+//! the queue deadlocked the fork), and no thread holding a queue ever waits for the GIL, so a
+//! thread holding the GIL may wait for one.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError, TryLockError};
 
 use pyo3::prelude::*;
@@ -70,89 +72,93 @@ struct Queue {
     dropped: u64,
 }
 
-static QUEUE: Mutex<Queue> = Mutex::new(Queue {
-    pid: 0,
-    records: VecDeque::new(),
-    dropped: 0,
-});
+impl Queue {
+    const fn new() -> Self {
+        Self {
+            pid: 0,
+            records: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+}
 
-/// Id of the process whose threads lock [`QUEUE`] (0: none yet). Any other value means the
-/// mutex was copied from a parent and may be held by a thread that does not exist here.
+/// Forks, along one line of descent, that may find the queue locked before records are given
+/// up (then with one warning). Each costs one empty queue of static memory.
+const GENERATIONS: usize = 64;
+
+/// The queues, used one after the other: [`CURRENT`] moves on only in a process that finds
+/// its queue locked by a thread it does not have.
+static QUEUES: [Mutex<Queue>; GENERATIONS] = [const { Mutex::new(Queue::new()) }; GENERATIONS];
+
+/// Index of the queue in use in [`QUEUES`].
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Id of the process whose threads lock the current queue (0: none yet). Any other value means
+/// the queue was copied from a parent and may be held by a thread that does not exist here.
 static OWNER: AtomicU32 = AtomicU32::new(0);
 
-/// Attempts at taking an inherited mutex before giving up on logging in this process.
+/// Attempts at taking an inherited queue before moving on to the next one.
 const INHERITED_ATTEMPTS: u32 = 2000;
 
-/// This process found the queue locked by a thread of its parent: records are dropped.
-static UNUSABLE: AtomicBool = AtomicBool::new(false);
-/// The warning about [`UNUSABLE`] was emitted.
-static UNUSABLE_REPORTED: AtomicBool = AtomicBool::new(false);
+/// Id of the process that ran out of queues and drops its records (0: none).
+static UNUSABLE_IN: AtomicU32 = AtomicU32::new(0);
+/// Id of the process that reported [`UNUSABLE_IN`] (0: none).
+static UNUSABLE_REPORTED_IN: AtomicU32 = AtomicU32::new(0);
 
-/// The queue, emptied of records another process queued; `None` when it cannot be had
-/// without waiting forever.
+/// The queue, emptied of records another process queued; `None` when this process ran out of
+/// queues that are not locked by a thread of a parent.
 fn lock_queue() -> Option<MutexGuard<'static, Queue>> {
     let pid = std::process::id();
     if OWNER.load(Ordering::Acquire) == pid {
-        return Some(QUEUE.lock().unwrap_or_else(PoisonError::into_inner));
+        let queue = &QUEUES[CURRENT.load(Ordering::Acquire)];
+        return Some(queue.lock().unwrap_or_else(PoisonError::into_inner));
     }
-    if UNUSABLE.load(Ordering::Acquire) {
+    if UNUSABLE_IN.load(Ordering::Acquire) == pid {
         return None;
     }
-    for _ in 0..INHERITED_ATTEMPTS {
-        let mut queue = match QUEUE.try_lock() {
-            Ok(queue) => queue,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                std::thread::yield_now();
-                continue;
+    loop {
+        let current = CURRENT.load(Ordering::Acquire);
+        if let Some(mut queue) = adopt(&QUEUES[current]) {
+            if queue.pid != pid {
+                queue.pid = pid;
+                queue.records.clear();
+                queue.dropped = 0;
             }
-        };
-        if queue.pid != pid {
-            queue.pid = pid;
-            queue.records.clear();
-            queue.dropped = 0;
+            OWNER.store(pid, Ordering::Release);
+            return Some(queue);
         }
-        OWNER.store(pid, Ordering::Release);
-        return Some(queue);
+        // Locked by a thread this process does not have: the next queue was never locked here
+        // (nor in any ancestor, as they moved on in the same order). Another thread of this
+        // process may have moved on already, hence the compare-exchange.
+        if current + 1 == GENERATIONS {
+            UNUSABLE_IN.store(pid, Ordering::Release);
+            return None;
+        }
+        let _ = CURRENT.compare_exchange(current, current + 1, Ordering::AcqRel, Ordering::Acquire);
     }
-    UNUSABLE.store(true, Ordering::Release);
+}
+
+/// Takes `queue` if it comes free within [`INHERITED_ATTEMPTS`] tries.
+fn adopt(queue: &'static Mutex<Queue>) -> Option<MutexGuard<'static, Queue>> {
+    for _ in 0..INHERITED_ATTEMPTS {
+        match queue.try_lock() {
+            Ok(queue) => return Some(queue),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
     None
 }
 
-thread_local! {
-    /// The queue's guard held by the thread calling `os.fork()`, between the hooks.
-    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Queue>>> = const { RefCell::new(None) };
-}
-
-/// `os.register_at_fork(before=...)`: takes the queue so no other thread holds it at the fork.
-///
-/// The forking thread holds the GIL, and no thread holds the queue while waiting for the GIL,
-/// so this never deadlocks.
+/// Diagnostic: holds the log queue for `seconds` on the calling thread, with the GIL released.
+/// The fork-safety test forks meanwhile, so that the child inherits the queue locked.
 #[pyfunction]
-fn _fork_before() {
-    let guard = lock_queue();
-    HELD_FOR_FORK.with(|held| *held.borrow_mut() = guard);
-}
-
-/// `os.register_at_fork(after_in_parent=..., after_in_child=...)`: releases the queue.
-#[pyfunction]
-fn _fork_after() {
-    HELD_FOR_FORK.with(|held| drop(held.borrow_mut().take()));
-}
-
-/// Registers the fork hooks with `os.register_at_fork`. Cheap: no thread, no I/O.
-pub fn register_fork_hooks(module: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = module.py();
-    let before = wrap_pyfunction!(_fork_before, module)?;
-    let after = wrap_pyfunction!(_fork_after, module)?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("before", before)?;
-    kwargs.set_item("after_in_parent", &after)?;
-    kwargs.set_item("after_in_child", &after)?;
-    py.import("os")?
-        .getattr("register_at_fork")?
-        .call((), Some(&kwargs))?;
-    Ok(())
+pub fn _hold_log_queue(py: Python<'_>, seconds: f64) {
+    py.detach(|| {
+        let guard = lock_queue();
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds.clamp(0.0, 60.0)));
+        drop(guard);
+    });
 }
 
 /// Emits `count` INFO events with `message` from the calling thread, with the GIL released,
@@ -298,15 +304,16 @@ pub fn sync_level(py: Python<'_>) {
 /// Emits every queued record through Python's `logging`. Needs the GIL; never fails.
 pub fn drain(py: Python<'_>) {
     let Some((records, dropped)) = take_queued() else {
-        if !UNUSABLE_REPORTED.swap(true, Ordering::SeqCst)
+        let pid = std::process::id();
+        if UNUSABLE_REPORTED_IN.swap(pid, Ordering::AcqRel) != pid
             && let Ok(logger) = logger(py)
         {
             let _ = logger.call_method1(
                 "log",
                 (
                     PY_WARNING,
-                    "log records of the native extension are unavailable in this process: it \
-                     was forked (without os.fork) while another thread was logging",
+                    "log records of the native extension are unavailable in this process: its \
+                     parents were forked too many times while another thread was logging",
                 ),
             );
         }
@@ -416,7 +423,7 @@ mod tests {
                 message: format!("m{i}"),
             });
         }
-        let queue = QUEUE.lock().unwrap();
+        let queue = QUEUES[CURRENT.load(Ordering::Acquire)].lock().unwrap();
         assert_eq!(queue.records.len(), QUEUE_CAP);
         assert_eq!(queue.dropped, 5);
         assert_eq!(queue.records.front().unwrap().message, "m5");

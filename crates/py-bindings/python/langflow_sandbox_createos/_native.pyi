@@ -20,6 +20,7 @@ __all__ = [
     "capabilities",
     "reap",
     "_emit_log_records",
+    "_hold_log_queue",
     "NativeComponent",
     "ComponentRun",
     "ReusedReapReport",
@@ -174,6 +175,12 @@ def _emit_log_records(count: int, message: str) -> None:
     """Diagnostic: emit ``count`` INFO records from this thread (GIL released), then forward them.
 
     The fork-safety test logs heavily with it from one thread while another forks.
+    """
+
+def _hold_log_queue(seconds: float) -> None:
+    """Diagnostic: hold the log queue for ``seconds`` (at most 60) on this thread, GIL released.
+
+    The fork-safety test forks meanwhile, so that the child inherits the queue locked.
     """
 
 @final
