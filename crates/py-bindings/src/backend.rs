@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use crate::errors;
 use crate::process::{self, InFlight, PerProcess, SHUTDOWN_BUDGET, State};
 use crate::results::{ReapReport, RunResult};
-use crate::wait::{Task, Waited, block_bounded, wait};
+use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
 
 /// Time allowed, after Ctrl-C, for the interrupted run's guest to be destroyed.
@@ -80,7 +80,7 @@ fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
 }
 
 /// This process's runtime; failing to start one is an infrastructure failure.
-fn runtime_or_err(py: Python<'_>) -> PyResult<&'static tokio::runtime::Runtime> {
+fn runtime_or_err(py: Python<'_>) -> PyResult<&'static runtime::Rt> {
     runtime::get()
         .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))
 }
@@ -141,43 +141,33 @@ impl NativeBackend {
         sigterm::arm(py, rt, process::shutdown_every_surface);
         let live = self.held.current();
         let in_flight = InFlight::new(Arc::clone(&live));
-        let mut task = Task::start(rt, move || async move {
+        let outcome = drive(py, rt, move || async move {
             let outcome = in_flight.0.backend.run(&code, env, &policy).await;
             drop(in_flight);
             outcome
         });
-        let outcome = wait(py, rt, &mut task.handle);
         if sigterm::terminating() {
             // The process is about to die of SIGTERM and this run's guest was destroyed under
             // it: no verdict (a failure would be a false one). Bounded, in case the exit fails.
             py.detach(|| std::thread::sleep(SHUTDOWN_BUDGET + Duration::from_secs(5)));
         }
-        let settle_here = live.forked && matches!(outcome, Waited::Finished(_));
+        let settle_here = live.forked && !matches!(outcome, Waited::Interrupted(_));
         let result = match outcome {
-            Waited::Finished(Ok(None)) => {
-                Err(errors::execution(py, "the sandbox run was cancelled"))
-            }
             // langflow-backend logs each run's timings (`sandbox run finished`); the drain
             // below hands that record to Python's logging.
-            Waited::Finished(Ok(Some(Ok(out)))) => RunResult::new(py, out),
-            Waited::Finished(Ok(Some(Err(err)))) => Err(errors::from_backend(py, err)),
-            Waited::Finished(Err(join)) => Err(errors::execution(
+            Waited::Finished(Ok(out)) => RunResult::new(py, out),
+            Waited::Finished(Err(err)) => Err(errors::from_backend(py, err)),
+            Waited::Panicked => Err(errors::execution(
                 py,
-                if join.is_panic() {
-                    "the sandbox run failed with an internal error (panic); its guest is \
-                     destroyed by the reaper"
-                } else {
-                    "the sandbox run was cancelled"
-                },
+                "the sandbox run failed with an internal error (panic); its guest is \
+                 destroyed by the reaper",
             )),
             Waited::Interrupted(interrupt) => {
-                // Dropping the run's future destroys its guest (langflow-backend's guarantee);
-                // wait, bounded, for that destroy to reach the control plane before re-raising.
-                task.cancel();
-                let handle = task.handle;
+                // The run's future was dropped, which destroys its guest (langflow-backend's
+                // guarantee); wait, bounded, for that destroy to reach the control plane
+                // before re-raising.
                 let live = Arc::clone(&live);
                 let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
-                    let _ = handle.await;
                     live.settle_interrupted().await;
                 });
                 if settled.is_none() {
@@ -266,23 +256,19 @@ impl NativeBackend {
             Some(Ok(policy)) => {
                 let rt = runtime_or_err(py)?;
                 let live = self.held.current();
-                let mut task =
-                    Task::start(
-                        rt,
-                        move || async move { live.backend.doctor(&policy).await },
-                    );
-                match wait(py, rt, &mut task.handle) {
-                    Waited::Finished(Ok(Some(report))) => report,
-                    Waited::Finished(_) => {
+                match drive(
+                    py,
+                    rt,
+                    move || async move { live.backend.doctor(&policy).await },
+                ) {
+                    Waited::Finished(report) => report,
+                    Waited::Panicked => {
                         return Err(errors::execution(
                             py,
                             "doctor failed with an internal error",
                         ));
                     }
-                    Waited::Interrupted(interrupt) => {
-                        task.cancel();
-                        return Err(interrupt);
-                    }
+                    Waited::Interrupted(interrupt) => return Err(interrupt),
                 }
             }
         };
@@ -311,25 +297,21 @@ pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
     logbridge::install();
     logbridge::sync_level(py);
     let rt = runtime_or_err(py)?;
-    let mut task = Task::start(rt, move || async move {
+    let result = match drive(py, rt, move || async move {
         // This sweep is the whole job: no second one in the background.
         let backend = Backend::with_options(BackendOptions {
             orphan_sweep: false,
             ..BackendOptions::default()
         });
         backend.sweep_orphans(dry_run).await
-    });
-    let result = match wait(py, rt, &mut task.handle) {
-        Waited::Finished(Ok(Some(Ok(report)))) => Ok(ReapReport::from(report)),
-        Waited::Finished(Ok(Some(Err(err)))) => Err(errors::from_backend(py, err)),
-        Waited::Finished(_) => Err(errors::execution(
+    }) {
+        Waited::Finished(Ok(report)) => Ok(ReapReport::from(report)),
+        Waited::Finished(Err(err)) => Err(errors::from_backend(py, err)),
+        Waited::Panicked => Err(errors::execution(
             py,
             "the orphan sweep failed with an internal error",
         )),
-        Waited::Interrupted(interrupt) => {
-            task.cancel();
-            Err(interrupt)
-        }
+        Waited::Interrupted(interrupt) => Err(interrupt),
     };
     logbridge::drain(py);
     result

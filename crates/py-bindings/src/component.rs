@@ -23,7 +23,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::errors;
 use crate::process;
-use crate::wait::{Task, Waited, block_bounded, wait};
+use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
 
 /// Time allowed, after Ctrl-C, for the interrupted run's fresh guest to be destroyed.
@@ -88,7 +88,7 @@ fn raise(py: Python<'_>, err: &ComponentError) -> PyErr {
     }
 }
 
-fn runtime_or_err(py: Python<'_>) -> PyResult<&'static tokio::runtime::Runtime> {
+fn runtime_or_err(py: Python<'_>) -> PyResult<&'static runtime::Rt> {
     runtime::get()
         .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))
 }
@@ -239,26 +239,22 @@ impl NativeComponent {
         sigterm::arm(py, rt, process::shutdown_every_surface);
         let h = held();
         let running = Running::new(Arc::clone(&h));
-        let mut task = Task::start(rt, move || async move {
+        let result = match drive(py, rt, move || async move {
             let out = running.0.component.run(&inputs).await;
             drop(running);
             out
-        });
-        let result = match wait(py, rt, &mut task.handle) {
-            Waited::Finished(Ok(Some(Ok(out)))) => ComponentRun::new(py, out),
-            Waited::Finished(Ok(Some(Err(err)))) => Err(raise(py, &err)),
-            Waited::Finished(Ok(None) | Err(_)) => Err(errors::execution(
+        }) {
+            Waited::Finished(Ok(out)) => ComponentRun::new(py, out),
+            Waited::Finished(Err(err)) => Err(raise(py, &err)),
+            Waited::Panicked => Err(errors::execution(
                 py,
-                "the sandbox component run did not finish (cancelled, or an internal error); \
-                 a fresh guest is destroyed by the reaper, a kept one is left as it is",
+                "the sandbox component run did not finish (an internal error); a fresh guest \
+                 is destroyed by the reaper, a kept one is left as it is",
             )),
             Waited::Interrupted(interrupt) => {
-                // Dropping the run's future hands a fresh guest to the reaper; wait, bounded,
+                // Dropping the run's future handed a fresh guest to the reaper; wait, bounded,
                 // until it is destroyed (no more registered guests than runs in flight).
-                task.cancel();
-                let handle = task.handle;
                 let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
-                    let _ = handle.await;
                     while h.component.registered_guests() > h.running.load(Ordering::SeqCst) {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
@@ -381,7 +377,7 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
     logbridge::sync_level(py);
     let older_than = parse_age(older_than).map_err(|e| raise(py, &e))?;
     let rt = runtime_or_err(py)?;
-    let mut task = Task::start(rt, move || async move {
+    let waited = drive(py, rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
             session: process::session(),
             orphan_sweep: false,
@@ -390,15 +386,12 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
         });
         component.reap_reused(older_than, dry_run).await
     });
-    let waited = wait(py, rt, &mut task.handle);
     logbridge::drain(py);
     let finished = match waited {
-        Waited::Interrupted(interrupt) => {
-            task.cancel();
-            return Err(interrupt);
-        }
-        // A panic or a cancellation leaves no report.
-        Waited::Finished(done) => done.ok().flatten(),
+        Waited::Interrupted(interrupt) => return Err(interrupt),
+        Waited::Finished(done) => Some(done),
+        // A panic leaves no report.
+        Waited::Panicked => None,
     };
     let report = finished
         .ok_or_else(|| {

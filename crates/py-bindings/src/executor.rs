@@ -537,7 +537,7 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
     logbridge::sync_level(py);
     let rt = runtime::get()
         .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
-    let mut task = crate::wait::Task::start(rt, move || async move {
+    let result = match crate::wait::drive(py, rt, move || async move {
         let env: langflow_executor::EnvLookup = Arc::new(|k| std::env::var(k).ok());
         langflow_executor::template::build(&env, &name, &dockerfile, |line| {
             // The build log goes to the terminal as it arrives (no Python object involved).
@@ -545,18 +545,14 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
             let _ = writeln!(err, "build: {line}");
         })
         .await
-    });
-    let result = match crate::wait::wait(py, rt, &mut task.handle) {
-        crate::wait::Waited::Finished(Ok(Some(Ok(built)))) => Ok(built.id),
-        crate::wait::Waited::Finished(Ok(Some(Err(e)))) => Err(to_pyerr(py, e)),
-        crate::wait::Waited::Finished(_) => Err(errors::execution(
+    }) {
+        crate::wait::Waited::Finished(Ok(built)) => Ok(built.id),
+        crate::wait::Waited::Finished(Err(e)) => Err(to_pyerr(py, e)),
+        crate::wait::Waited::Panicked => Err(errors::execution(
             py,
             "the template build failed with an internal error",
         )),
-        crate::wait::Waited::Interrupted(interrupt) => {
-            task.cancel();
-            Err(interrupt)
-        }
+        crate::wait::Waited::Interrupted(interrupt) => Err(interrupt),
     };
     logbridge::drain(py);
     result

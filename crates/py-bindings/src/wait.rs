@@ -1,43 +1,98 @@
-//! Blocking on a runtime task from a Python thread: GIL released, Ctrl-C honoured.
+//! Blocking on async work from a Python thread: GIL released, Ctrl-C honoured.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
+use futures::FutureExt;
 use pyo3::prelude::*;
-use tokio::runtime::Runtime;
-use tokio::task::{JoinError, JoinHandle};
 
 use crate::logbridge;
+use crate::runtime::Rt;
 
-/// How long the waiting thread sleeps without the GIL before it checks for signals and
-/// forwards queued log records. Completion is not delayed by it: the wait ends as soon as
-/// the task does.
+/// How long the waiting thread polls without the GIL before it takes the GIL to check for
+/// signals and forward queued log records. Completion is not delayed by it: the wait ends as
+/// soon as the future does.
 const SLICE: Duration = Duration::from_millis(100);
 
-/// What became of a wait.
+/// What became of a future driven by [`drive`].
 pub enum Waited<T> {
-    /// The task finished (or panicked, or was cancelled).
-    Finished(Result<T, JoinError>),
-    /// A signal handler raised (Ctrl-C gives `KeyboardInterrupt`); the task is still running.
+    /// The future completed with this output.
+    Finished(T),
+    /// The future panicked; it was unwound (its drop guards ran).
+    Panicked,
+    /// A signal handler raised (Ctrl-C gives `KeyboardInterrupt`). The future was dropped
+    /// before this was returned (bounded by [`DROP_WAIT`]): whatever its drop hands to the
+    /// background (a guest's destroy) is already spawned.
     Interrupted(PyErr),
 }
 
-/// Waits for `handle` with the GIL released, in slices. Between slices it takes the GIL to
-/// run Python's signal handlers (only the main thread ever sees a signal) and to drain the
-/// log queue, so a Ctrl-C interrupts even a long run.
-pub fn wait<T: Send + 'static>(
-    py: Python<'_>,
-    rt: &'static Runtime,
-    handle: &mut JoinHandle<T>,
-) -> Waited<T> {
+/// How long an interrupted wait waits for the driver thread to drop the future.
+const DROP_WAIT: Duration = Duration::from_secs(5);
+
+/// What the driver thread reports back.
+enum Done<T> {
+    Finished(T),
+    Panicked,
+    /// Cancelled by the waiter; the future is dropped.
+    Dropped,
+}
+
+/// Builds `make()`'s future on the runtime's driver thread ([`Rt::spawn_run`]) and waits for
+/// it with the GIL released, until it completes, panics or a signal handler raises.
+///
+/// Polling the future on the driver thread, next to the connection tasks that carry its
+/// requests, is what keeps a run's HTTP exchanges free of thread hand-offs: the waiting
+/// thread is woken once, with the result. The future still uses the runtime's timers, I/O and
+/// connection pools, and anything it spawns (background destroys) lands on the runtime.
+///
+/// Every [`SLICE`] the waiting thread takes the GIL back briefly to run Python's signal
+/// handlers (only the main thread ever sees a signal) and to drain the log queue, so a Ctrl-C
+/// interrupts even a long run: the future is then dropped on the driver thread, which is
+/// what destroys an interrupted run's guest.
+pub fn drive<F, Fut>(py: Python<'_>, rt: &'static Rt, make: F) -> Waited<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let (done, outcome) = mpsc::sync_channel::<Done<Fut::Output>>(1);
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let spawned = rt.spawn_run(move || async move {
+        let work = AssertUnwindSafe(async move { make().await }).catch_unwind();
+        let report = tokio::select! {
+            out = work => out.map_or(Done::Panicked, Done::Finished),
+            _ = cancelled => Done::Dropped,
+        };
+        let _ = done.send(report);
+    });
+    if !spawned {
+        return Waited::Panicked;
+    }
+    let mut outcome = outcome;
     loop {
-        let slice =
-            py.detach(|| rt.block_on(async { tokio::time::timeout(SLICE, &mut *handle).await }));
-        if let Ok(finished) = slice {
-            return Waited::Finished(finished);
-        }
-        logbridge::drain(py);
-        if let Err(err) = py.check_signals() {
-            return Waited::Interrupted(err);
+        // The receiver is `Send` but not `Sync`: it goes into the GIL-free closure and back.
+        let (back, got) = py.detach(move || {
+            let got = outcome.recv_timeout(SLICE);
+            (outcome, got)
+        });
+        outcome = back;
+        match got {
+            Ok(Done::Finished(out)) => return Waited::Finished(out),
+            // A run that stopped without a report (the task was torn down) is a panic too.
+            Ok(Done::Panicked | Done::Dropped) | Err(RecvTimeoutError::Disconnected) => {
+                return Waited::Panicked;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                logbridge::drain(py);
+                if let Err(err) = py.check_signals() {
+                    let _ = cancel.send(());
+                    // Bounded: the drop itself awaits nothing.
+                    let _ = py.detach(move || outcome.recv_timeout(DROP_WAIT).is_ok());
+                    return Waited::Interrupted(err);
+                }
+            }
         }
     }
 }
@@ -46,7 +101,7 @@ pub fn wait<T: Send + 'static>(
 /// that must end even when the control plane does not answer; not interruptible.
 pub fn block_bounded<F>(
     py: Python<'_>,
-    rt: &'static Runtime,
+    rt: &'static Rt,
     budget: Duration,
     future: F,
 ) -> Option<F::Output>
@@ -55,49 +110,4 @@ where
     F::Output: Send,
 {
     py.detach(|| rt.block_on(async { tokio::time::timeout(budget, future).await.ok() }))
-}
-
-/// A run driven on its own blocking thread, cancellable.
-///
-/// `langflow-backend`'s futures are not provably `Send` (a rustc limitation with async
-/// closures), so they cannot go to `Runtime::spawn`. Each one is instead polled by
-/// `Handle::block_on` on a blocking-pool thread: it still uses the runtime's timers, I/O and
-/// connection pools, and anything it spawns (background destroys) lands on the runtime. The
-/// future is dropped when [`Task::cancel`] is called, which is what destroys an interrupted
-/// run's guest.
-pub struct Task<T> {
-    /// Resolves to `None` when the run was cancelled.
-    pub handle: JoinHandle<Option<T>>,
-    cancel: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl<T: Send + 'static> Task<T> {
-    /// Starts `make()`'s future on `rt`.
-    pub fn start<F, Fut>(rt: &'static Runtime, make: F) -> Self
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = T>,
-    {
-        let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
-        let driver = rt.handle().clone();
-        let handle = rt.spawn_blocking(move || {
-            driver.block_on(async move {
-                tokio::select! {
-                    out = make() => Some(out),
-                    _ = cancelled => None,
-                }
-            })
-        });
-        Self {
-            handle,
-            cancel: Some(cancel),
-        }
-    }
-
-    /// Drops the run's future at its next await point.
-    pub fn cancel(&mut self) {
-        if let Some(cancel) = self.cancel.take() {
-            let _ = cancel.send(());
-        }
-    }
 }
