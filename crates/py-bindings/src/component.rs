@@ -377,9 +377,12 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
     logbridge::sync_level(py);
     let older_than = parse_age(older_than).map_err(|e| raise(py, &e))?;
     let rt = runtime_or_err(py)?;
+    // Taken here, with the GIL held, not on the driver thread: `os.fork` holds the GIL, so a
+    // child never inherits the session's lock taken by another thread.
+    let session = process::session();
     let waited = drive(py, rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
-            session: process::session(),
+            session,
             orphan_sweep: false,
             pool_allowed: false,
             ..ComponentOptions::default()

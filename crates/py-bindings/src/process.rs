@@ -8,6 +8,12 @@
 //!
 //! Every backend is also remembered here by process id, so SIGTERM can shut down the current
 //! process's backends without touching any Python object ([`shutdown_all`]).
+//!
+//! Fork rule for this crate's per-process slots (here, the runtime's, the component's and the
+//! executor's): lock them only on a thread that holds the GIL, never inside a run's future on
+//! the driver thread. `os.fork()` holds the GIL, so no other thread can be holding a slot at
+//! the fork, and a child never inherits one locked. (SIGTERM's shutdown reads them from the
+//! runtime, as the process is ending.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
