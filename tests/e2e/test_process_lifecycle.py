@@ -275,11 +275,10 @@ def test_reap_fails_clearly(clean_fake: Fake, overrides: dict[str, str | None], 
 # again; each child logs one record and must see it arrive in Python's logging. About one child
 # in twenty inherits the queue's mutex locked (measured): it hung once, and later dropped its
 # records; now it moves on to a fresh queue.
-# A before-fork hook registered ahead of the extension runs after the extension's own (Python
-# runs them in reverse order) and sleeps, so it lets go of the GIL while the extension's hook
-# holds the queue, as any library's Python hook may: a logging thread then takes the GIL and
-# must not wait for the queue while holding it (the parent deadlocked in os.fork, once in a
-# few forks, before the bridge waited for the queue with the GIL released).
+# A before-fork hook sleeps, so the forking thread lets go of the GIL during os.fork, as any
+# library's Python hook may. When the bridge held its queue across the fork in a hook of its
+# own, a logging thread then took the GIL and waited for the queue: the parent deadlocked in
+# os.fork within a few forks. The bridge now holds nothing across a fork.
 FORK_WHILE_LOGGING_SCRIPT = """
 import logging, os, sys, threading, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
