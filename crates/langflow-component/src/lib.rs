@@ -49,6 +49,13 @@ pub const DEFAULT_TIMEOUT_SECONDS: u32 = 60;
 pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
 /// The in-guest budget of the archiving command.
 const ARCHIVE_BUDGET_SECONDS: u32 = 30;
+/// The longest Command accepted, in bytes (64 KiB). The command travels as one argument of
+/// the exec request (`sh -c <command>`), and Linux refuses any single argument of 128 KiB or
+/// more (`MAX_ARG_STRLEN`, 131072 bytes with its terminating NUL); half of that leaves room
+/// for what is added to it (Return Files' preparation) and for the rest of the request (the
+/// other arguments and the environment share the kernel's `ARG_MAX`). A longer script belongs
+/// in Python Code, which is uploaded as a file.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
 /// The node's inputs, as the user set them (display names in parentheses below).
 pub mod input {
@@ -118,7 +125,8 @@ pub struct ComponentInputs {
     /// Python Code: run with `python3 -u` unless a command is given. A whole-text markdown
     /// fence (as agents write) is removed.
     pub python_code: String,
-    /// Command: when not blank, run with `sh -c` instead of the code.
+    /// Command: when not blank, run with `sh -c` instead of the code. It travels as one
+    /// argument of the exec request: at most [`MAX_COMMAND_BYTES`], no NUL byte.
     pub command: String,
     /// Guest Reuse.
     pub reuse: Reuse,
@@ -407,6 +415,7 @@ impl SandboxComponent {
             }
             Program::Python(code.to_owned())
         } else {
+            check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
         let shape = inputs.shape.trim();
@@ -811,6 +820,26 @@ struct Ran {
     files: Vec<ReturnedFile>,
     notes: Vec<String>,
     files_ms: u64,
+}
+
+/// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL
+/// byte (no argument can carry it) or longer than [`MAX_COMMAND_BYTES`]. Either would cost a
+/// guest and then fail in it.
+fn check_command(command: &str) -> Result<(), SandboxError> {
+    let why = if let Some(at) = command.bytes().position(|b| b == 0) {
+        format!("contains a NUL byte (at byte {at}), which no command argument can carry")
+    } else if command.len() > MAX_COMMAND_BYTES {
+        format!("is {} bytes long", command.len())
+    } else {
+        return Ok(());
+    };
+    Err(SandboxError::refused(format!(
+        "{} {why}; a command is sent as one argument of the exec request, at most \
+         {MAX_COMMAND_BYTES} bytes and with no NUL byte. Put a long script in {} instead: it \
+         is uploaded as a file (a shell script can run from there with subprocess)",
+        input::COMMAND,
+        input::PYTHON_CODE
+    )))
 }
 
 fn choose_shape(

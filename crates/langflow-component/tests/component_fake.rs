@@ -1,8 +1,10 @@
 //! The CreateOS Sandbox component against the fake control plane, whose guests run as real
 //! local processes: guest reuse (one guest over runs, resume of a paused guest, egress drift
-//! refused, a create race adopted, a policy change addressing another guest), fresh guests
-//! destroyed on every path, returned files (caps, hostile archives), faults, and the reap of
-//! old reused guests.
+//! refused, a create race adopted, a policy change addressing another guest, a short
+//! auto-pause backstop raised for a longer run, a kept guest destroyed when its program's end
+//! was not observed), fresh guests destroyed on every path, commands no exec argument can carry
+//! refused before any request, returned files (caps, hostile archives), faults, and the reap
+//! of old reused guests.
 
 #![allow(clippy::too_many_lines, clippy::many_single_char_names)]
 
@@ -909,5 +911,55 @@ async fn a_forked_workers_component_keeps_no_pool() {
     assert_eq!(fake.stats().created, 2, "guests were created ahead of time");
     assert_eq!(c.pool_stats().size, 0);
     c.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Requests of every route the fake has received.
+fn total_requests(fake: &FakeServer) -> u64 {
+    fake.stats().requests.values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_no_argument_can_carry_is_refused_before_any_request() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let limit = langflow_component::MAX_COMMAND_BYTES;
+    let over = format!("echo ok #{}", "x".repeat(limit));
+    let far_over = format!("echo ok #{}", "x".repeat(200 * 1024));
+    let cases = [
+        ("a NUL byte", "echo a\0b".to_owned(), "NUL"),
+        ("one byte over", over, "bytes"),
+        ("past Linux's 128 KiB", far_over, "bytes"),
+    ];
+    for reuse in [Reuse::Off, Reuse::Flow] {
+        for (what, command, needle) in &cases {
+            let i = ComponentInputs {
+                command: command.clone(),
+                ..inputs("print('not me')", reuse)
+            };
+            let e = c.run(&i).await.unwrap_err();
+            assert!(e.kind().is_unavailable(), "{what}: {e}");
+            let m = e.message();
+            assert!(m.contains("Command (command)"), "{what}: {m}");
+            assert!(m.contains(needle), "{what}: {m}");
+            assert!(m.contains(&limit.to_string()), "{what}: {m}");
+            assert!(m.contains("Python Code"), "{what}: {m}");
+            assert!(m.len() < 1000, "{what}: the command is not echoed back");
+        }
+    }
+    assert_eq!(total_requests(&fake), 0, "{:?}", fake.stats().requests);
+    // A command of exactly the limit runs (with Return Files' preparation added to it too).
+    let at_limit = format!("echo ok #{}", "x".repeat(limit - "echo ok #".len()));
+    assert_eq!(at_limit.len(), limit);
+    let i = ComponentInputs {
+        command: at_limit,
+        return_files: true,
+        ..inputs("print('not me')", Reuse::Off)
+    };
+    let out = run(&c, &i).await;
+    assert_eq!((out.result.as_str(), out.exit_code), ("ok", 0), "{out:?}");
+    // Python Code is uploaded, never carried in the exec request: no such limit there.
+    let big = format!("# {}\nprint('big')", "x".repeat(200 * 1024));
+    assert_eq!(run(&c, &inputs(&big, Reuse::Off)).await.result, "big");
     fake.shutdown().await;
 }
