@@ -475,8 +475,9 @@ impl SandboxComponent {
     ///
     /// Every refusal happens before a guest exists. A fresh guest is destroyed before this
     /// returns on every path (and, if the future is dropped, by the reaper); a kept guest is
-    /// released alive, except after a host timeout, when it is destroyed because that is
-    /// what stops runaway code.
+    /// released alive, except when its program's end was not observed (a host timeout, with
+    /// or without output, or an exec whose outcome is unknown), when it is destroyed because
+    /// that is what stops runaway code, and the error or result says so.
     pub async fn run(&self, inputs: &ComponentInputs) -> Result<ComponentOutput, ComponentError> {
         let t0 = Instant::now();
         let plan = self.plan(inputs)?;
@@ -560,22 +561,57 @@ impl SandboxComponent {
         // A kept guest this run did not create was found by name: reused.
         let reused_guest = guest.is_kept() && !guest.was_created();
 
-        let host_timed_out = ran.as_ref().is_ok_and(|r| r.outcome.host_timed_out);
-        let kept = guest.is_kept() && !host_timed_out;
+        // A kept guest is released alive unless the end of its program was not observed: a
+        // host timeout (with or without output), or an exec whose outcome is unknown (no answer,
+        // a broken stream, no exit status). Whatever still runs there is stopped only by
+        // destroying the guest; a shutdown's own "may have run" leaves it for the next process.
+        let unobserved = match &ran {
+            Ok(r) => r.outcome.host_timed_out,
+            Err(e) => e.kind() == ErrorKind::OutcomeUnknown && !self.reaper.is_closed(),
+        };
+        let was_kept = guest.is_kept();
+        let kept = was_kept && !unobserved;
         let (sandbox_id, sandbox_name) = (guest.id().to_owned(), guest.name().to_owned());
         let t_end = Instant::now();
-        if kept {
+        let destroyed = if kept {
             guest.release();
-        } else if let Err(e) = guest.destroy().await {
-            tracing::warn!(
-                target: LOG_TARGET,
-                guest = %sandbox_name,
-                error = %redactor.apply(&e.message),
-                "guest destroy failed; the reaper keeps retrying"
-            );
-        }
+            Ok(())
+        } else {
+            guest.destroy().await.map(drop).inspect_err(|e| {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = %sandbox_name,
+                    error = %redactor.apply(&e.message),
+                    "guest destroy failed{}",
+                    if was_kept { "" } else { "; the reaper keeps retrying" }
+                );
+            })
+        };
         let destroy_ms = if kept { 0 } else { ms(t_end.elapsed()) };
-        let ran = ran?;
+        let ran = ran.map_err(|e| {
+            if !was_kept || kept {
+                return e;
+            }
+            let fate = match &destroyed {
+                Ok(()) => format!(
+                    "Guest Reuse: the kept guest {sandbox_name} was destroyed, since that stops \
+                     whatever the program left running; the next run creates it again"
+                ),
+                Err(d) => format!(
+                    "Guest Reuse: destroying the kept guest {sandbox_name} failed ({}), so it \
+                     may still be running until its auto-pause backstop pauses it; delete it \
+                     with reap",
+                    redactor.cap(&d.message)
+                ),
+            };
+            // sandbox-core's wording of a silent exec speaks for a one-shot guest; this
+            // sentence is the kept guest's own account.
+            let said = e.message();
+            let said = said
+                .strip_suffix(". The guest was destroyed")
+                .unwrap_or(said);
+            SandboxError::new(e.kind(), format!("{said}. {fate}"))
+        })?;
         let out = ran.outcome;
         let stdout = out.stdout.text.to_string();
         let stderr = out.stderr.text.to_string();

@@ -963,3 +963,74 @@ async fn a_command_no_argument_can_carry_is_refused_before_any_request() {
     assert_eq!(run(&c, &inputs(&big, Reuse::Off)).await.result, "big");
     fake.shutdown().await;
 }
+
+/// Whether the guest `id` is destroyed or being destroyed, by the fake's account.
+async fn destroyed(fake: &FakeServer, id: &str) -> bool {
+    let info = api(fake).sandbox_handle(id.to_owned()).refresh().await;
+    info.is_ok_and(|i| matches!(i.status.as_str(), "destroying" | "destroyed"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_deadline_with_no_frame_destroys_the_kept_guest() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // A silent program (no output) behind a stream that goes quiet, and an exec request that
+    // is never answered: nothing arrives before the host deadline either way.
+    for spec in ["exec_stream=stall-mid", "exec_stream=stall"] {
+        fake.reset();
+        let i = ComponentInputs {
+            timeout_seconds: 1,
+            ..inputs("import time\ntime.sleep(60)", Reuse::Flow)
+        };
+        let made = run(
+            &c,
+            &ComponentInputs {
+                python_code: "pass".into(),
+                ..i.clone()
+            },
+        )
+        .await;
+        assert!(made.kept, "{made:?}");
+        fake.set_faults(spec).unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(30), c.run(&i))
+            .await
+            .unwrap_or_else(|_| panic!("{spec}: the run did not end"))
+            .unwrap_err();
+        fake.set_faults("").unwrap();
+        assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{spec}: {e}");
+        assert!(e.message().contains("may have run"), "{spec}: {e}");
+        assert!(
+            e.message()
+                .contains(&format!("{} was destroyed", made.sandbox_name)),
+            "{spec}: the error names the kept guest and says it is gone: {e}"
+        );
+        assert!(
+            destroyed(&fake, &made.sandbox_id).await,
+            "{spec}: the kept guest is still alive"
+        );
+        assert_eq!(fake.stats().live, 0, "{spec}");
+        // The next run creates the guest again.
+        let again = run(
+            &c,
+            &ComponentInputs {
+                python_code: "print('fresh')".into(),
+                ..i.clone()
+            },
+        )
+        .await;
+        assert_eq!(again.result, "fresh");
+        assert!(!again.reused_guest && again.sandbox_id != made.sandbox_id);
+    }
+    // A host deadline after output is a timeout result, and the guest is destroyed too.
+    fake.reset();
+    fake.set_faults("exec_stream=stall-mid").unwrap();
+    let i = ComponentInputs {
+        timeout_seconds: 1,
+        ..inputs("print('started', flush=True)", Reuse::Flow)
+    };
+    let out = run(&c, &i).await;
+    fake.set_faults("").unwrap();
+    assert!(out.timed_out && !out.kept, "{out:?}");
+    assert!(destroyed(&fake, &out.sandbox_id).await);
+    fake.shutdown().await;
+}
