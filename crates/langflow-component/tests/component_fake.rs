@@ -138,6 +138,9 @@ impl ControlPlane for Hostile {
     fn resume(&self, i: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         self.http.resume(i)
     }
+    fn set_auto_pause(&self, i: String, s: u32) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.http.set_auto_pause(i, s)
+    }
     fn destroy(&self, i: String) -> BoxFuture<'_, Result<(), CallError>> {
         self.http.destroy(i)
     }
@@ -1032,5 +1035,112 @@ async fn a_host_deadline_with_no_frame_destroys_the_kept_guest() {
     fake.set_faults("").unwrap();
     assert!(out.timed_out && !out.kept, "{out:?}");
     assert!(destroyed(&fake, &out.sandbox_id).await);
+    fake.shutdown().await;
+}
+
+/// The kept guest's idle auto-pause backstop, as the fake reports it.
+async fn backstop(fake: &FakeServer, id: &str) -> Option<u64> {
+    api(fake)
+        .sandbox_handle(id.to_owned())
+        .refresh()
+        .await
+        .unwrap()
+        .auto_pause_after_seconds
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_guest_adopted_by_a_longer_run_gets_its_backstop_raised_first() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let short = ComponentInputs {
+        timeout_seconds: 10,
+        ..inputs(COUNTER, Reuse::Flow)
+    };
+    let first = run(&c, &short).await;
+    let id = first.sandbox_id.clone();
+    assert_eq!(backstop(&fake, &id).await, Some(130), "timeout + 120");
+    // A long, quiet run: the control plane's activity clock is touched only when the exec is
+    // accepted, so 300 idle-looking seconds pass the old backstop (130 s) mid-run.
+    let long = ComponentInputs {
+        timeout_seconds: 600,
+        ..inputs(
+            "import time\ntime.sleep(3)\nprint('slept through')",
+            Reuse::Flow,
+        )
+    };
+    let execs = fake
+        .stats()
+        .requests
+        .get("exec_stream")
+        .copied()
+        .unwrap_or(0);
+    let running = c.run(&long);
+    let clock = async {
+        wait_until("the long run's exec", || {
+            fake.stats()
+                .requests
+                .get("exec_stream")
+                .copied()
+                .unwrap_or(0)
+                > execs
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        fake.advance_clock(Duration::from_secs(300));
+    };
+    let (out, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(30), running),
+        clock
+    );
+    let out = out
+        .expect("the long run was paused mid-run by the short run's backstop")
+        .unwrap();
+    assert_eq!(out.result, "slept through", "{out:?}");
+    assert!(out.reused_guest);
+    assert_eq!(backstop(&fake, &id).await, Some(720), "600 + 120, raised");
+    assert_eq!(fake.stats().requests.get("patch").copied(), Some(1));
+    // A shorter run later leaves the longer backstop alone (it only costs idle time).
+    run(&c, &short).await;
+    assert_eq!(backstop(&fake, &id).await, Some(720));
+    assert_eq!(fake.stats().requests.get("patch").copied(), Some(1));
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backstop_that_cannot_be_raised_runs_nothing() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let first = run(
+        &c,
+        &ComponentInputs {
+            timeout_seconds: 10,
+            ..inputs(COUNTER, Reuse::Flow)
+        },
+    )
+    .await;
+    let execs = fake.stats().requests.get("exec_stream").copied();
+    let long = ComponentInputs {
+        timeout_seconds: 600,
+        ..inputs(COUNTER, Reuse::Flow)
+    };
+    for (spec, unavailable) in [("patch=500", false), ("patch=403", true)] {
+        fake.set_faults(spec).unwrap();
+        let e = c.run(&long).await.unwrap_err();
+        assert_ne!(e.kind(), ErrorKind::OutcomeUnknown, "{spec}: {e}");
+        assert_eq!(e.kind().is_unavailable(), unavailable, "{spec}: {e}");
+        assert!(e.message().contains("auto-pause"), "{spec}: {e}");
+        assert_no_key(e.message());
+        assert_eq!(
+            fake.stats().requests.get("exec_stream").copied(),
+            execs,
+            "{spec}: nothing was dispatched"
+        );
+    }
+    fake.set_faults("").unwrap();
+    // The guest was left as it is: alive, its files intact, its backstop unchanged.
+    assert_eq!(backstop(&fake, &first.sandbox_id).await, Some(130));
+    let out = run(&c, &long).await;
+    assert_eq!(out.result, "RUN_COUNT 2");
+    assert_eq!(out.sandbox_id, first.sandbox_id);
     fake.shutdown().await;
 }
