@@ -72,6 +72,19 @@ def run_flow(env: dict[str, str], flow: Path, message: str) -> LfxRun:
     return LfxRun(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_script(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with this venv's Python in ``env`` (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+
+
 def results(run: LfxRun) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.json["success"], run.json
@@ -202,15 +215,7 @@ def test_a_command_no_argument_can_carry_is_refused_before_any_guest(clean_fake:
         assert "Command (command)" in message and why in message, message
         assert "65536" in message and "Python Code" in message, message
     # The node itself raises lfx's "unavailable" class (lfx run wraps it in a build error).
-    proc = subprocess.run(
-        [sys.executable, "-c", REFUSED_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_script(env, REFUSED_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["CreateOSUnavailableError", "True"] * 2, proc.stdout
     stats = clean_fake.stats()
@@ -253,15 +258,7 @@ asyncio.run(main())
 
 
 def test_the_component_works_as_an_agents_tool(clean_fake: Fake) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", TOOL_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=component_env(clean_fake),
-        timeout=180,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_script(component_env(clean_fake), TOOL_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     # The agent learns the network policy and the reuse mode from the tool itself.

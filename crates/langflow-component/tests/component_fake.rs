@@ -985,14 +985,11 @@ async fn a_host_deadline_with_no_frame_destroys_the_kept_guest() {
             timeout_seconds: 1,
             ..inputs("import time\ntime.sleep(60)", Reuse::Flow)
         };
-        let made = run(
-            &c,
-            &ComponentInputs {
-                python_code: "pass".into(),
-                ..i.clone()
-            },
-        )
-        .await;
+        let with_code = |code: &str| ComponentInputs {
+            python_code: code.into(),
+            ..i.clone()
+        };
+        let made = run(&c, &with_code("pass")).await;
         assert!(made.kept, "{made:?}");
         fake.set_faults(spec).unwrap();
         let e = tokio::time::timeout(Duration::from_secs(30), c.run(&i))
@@ -1013,14 +1010,7 @@ async fn a_host_deadline_with_no_frame_destroys_the_kept_guest() {
         );
         assert_eq!(fake.stats().live, 0, "{spec}");
         // The next run creates the guest again.
-        let again = run(
-            &c,
-            &ComponentInputs {
-                python_code: "print('fresh')".into(),
-                ..i.clone()
-            },
-        )
-        .await;
+        let again = run(&c, &with_code("print('fresh')")).await;
         assert_eq!(again.result, "fresh");
         assert!(!again.reused_guest && again.sandbox_id != made.sandbox_id);
     }
