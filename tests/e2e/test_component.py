@@ -72,6 +72,19 @@ def run_flow(env: dict[str, str], flow: Path, message: str) -> LfxRun:
     return LfxRun(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_script(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with this venv's Python in ``env`` (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+
+
 def results(run: LfxRun) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.json["success"], run.json
@@ -189,6 +202,41 @@ def test_refused_without_the_link_local_opt_in(clean_fake: Fake, tmp_path: Path)
     assert clean_fake.stats()["created"] == 0
 
 
+def test_a_command_no_argument_can_carry_is_refused_before_any_guest(clean_fake: Fake, tmp_path: Path) -> None:
+    # A NUL byte, and a command over the 64 KiB a command may be (Linux caps one argument at
+    # 128 KiB): both would cost a guest and then fail in it, so both are refused first.
+    env = component_env(clean_fake)
+    cases = (("echo a\x00b", "NUL byte", "off"), ("echo " + "x" * (200 * 1024), "bytes long", "flow"))
+    for command, why, mode in cases:
+        flow = flow_with(tmp_path, "component_flow.json", command=command, session_mode=mode)
+        run = run_flow(env, flow, "print('not me')")
+        assert run.json["success"] is False, run.json
+        message = run.json["exception_message"]
+        assert "Command (command)" in message and why in message, message
+        assert "65536" in message and "Python Code" in message, message
+    # The node itself raises lfx's "unavailable" class (lfx run wraps it in a build error).
+    proc = run_script(env, REFUSED_SCRIPT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["CreateOSUnavailableError", "True"] * 2, proc.stdout
+    stats = clean_fake.stats()
+    assert stats["created"] == 0
+    assert sum(stats["requests"].values()) == 0, stats["requests"]
+
+
+REFUSED_SCRIPT = """
+from lfx.utils.sandbox.base import SandboxUnavailableError
+from langflow_sandbox_createos.components.createos.createos_sandbox import CreateOSSandboxComponent
+
+for command in ("echo a\\x00b", "echo " + "x" * (200 * 1024)):
+    node = CreateOSSandboxComponent(_id="refused")
+    node.set(command=command)
+    try:
+        node.run_sandbox()
+    except Exception as e:
+        print(type(e).__name__, isinstance(e, SandboxUnavailableError))
+"""
+
+
 TOOL_SCRIPT = """
 import asyncio, json
 from langflow_sandbox_createos.components.createos.createos_sandbox import CreateOSSandboxComponent
@@ -210,15 +258,7 @@ asyncio.run(main())
 
 
 def test_the_component_works_as_an_agents_tool(clean_fake: Fake) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", TOOL_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=component_env(clean_fake),
-        timeout=180,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_script(component_env(clean_fake), TOOL_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     # The agent learns the network policy and the reuse mode from the tool itself.

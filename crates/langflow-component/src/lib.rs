@@ -49,6 +49,13 @@ pub const DEFAULT_TIMEOUT_SECONDS: u32 = 60;
 pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
 /// The in-guest budget of the archiving command.
 const ARCHIVE_BUDGET_SECONDS: u32 = 30;
+/// The longest Command accepted, in bytes (64 KiB). The command travels as one argument of
+/// the exec request (`sh -c <command>`), and Linux refuses any single argument of 128 KiB or
+/// more (`MAX_ARG_STRLEN`, 131072 bytes with its terminating NUL); half of that leaves room
+/// for what is added to it (Return Files' preparation) and for the rest of the request (the
+/// other arguments and the environment share the kernel's `ARG_MAX`). A longer script belongs
+/// in Python Code, which is uploaded as a file.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
 /// The node's inputs, as the user set them (display names in parentheses below).
 pub mod input {
@@ -118,7 +125,8 @@ pub struct ComponentInputs {
     /// Python Code: run with `python3 -u` unless a command is given. A whole-text markdown
     /// fence (as agents write) is removed.
     pub python_code: String,
-    /// Command: when not blank, run with `sh -c` instead of the code.
+    /// Command: when not blank, run with `sh -c` instead of the code. It travels as one
+    /// argument of the exec request: at most [`MAX_COMMAND_BYTES`], no NUL byte.
     pub command: String,
     /// Guest Reuse.
     pub reuse: Reuse,
@@ -407,6 +415,7 @@ impl SandboxComponent {
             }
             Program::Python(code.to_owned())
         } else {
+            check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
         let shape = inputs.shape.trim();
@@ -466,8 +475,9 @@ impl SandboxComponent {
     ///
     /// Every refusal happens before a guest exists. A fresh guest is destroyed before this
     /// returns on every path (and, if the future is dropped, by the reaper); a kept guest is
-    /// released alive, except after a host timeout, when it is destroyed because that is
-    /// what stops runaway code.
+    /// released alive, except when its program's end was not observed (a host timeout, with
+    /// or without output, or an exec whose outcome is unknown), when it is destroyed because
+    /// that is what stops runaway code, and the error or result says so.
     pub async fn run(&self, inputs: &ComponentInputs) -> Result<ComponentOutput, ComponentError> {
         let t0 = Instant::now();
         let plan = self.plan(inputs)?;
@@ -551,22 +561,57 @@ impl SandboxComponent {
         // A kept guest this run did not create was found by name: reused.
         let reused_guest = guest.is_kept() && !guest.was_created();
 
-        let host_timed_out = ran.as_ref().is_ok_and(|r| r.outcome.host_timed_out);
-        let kept = guest.is_kept() && !host_timed_out;
+        // A kept guest is released alive unless the end of its program was not observed: a
+        // host timeout (with or without output), or an exec whose outcome is unknown (no answer,
+        // a broken stream, no exit status). Whatever still runs there is stopped only by
+        // destroying the guest; a shutdown's own "may have run" leaves it for the next process.
+        let unobserved = match &ran {
+            Ok(r) => r.outcome.host_timed_out,
+            Err(e) => e.kind() == ErrorKind::OutcomeUnknown && !self.reaper.is_closed(),
+        };
+        let was_kept = guest.is_kept();
+        let kept = was_kept && !unobserved;
         let (sandbox_id, sandbox_name) = (guest.id().to_owned(), guest.name().to_owned());
         let t_end = Instant::now();
-        if kept {
+        let destroyed = if kept {
             guest.release();
-        } else if let Err(e) = guest.destroy().await {
-            tracing::warn!(
-                target: LOG_TARGET,
-                guest = %sandbox_name,
-                error = %redactor.apply(&e.message),
-                "guest destroy failed; the reaper keeps retrying"
-            );
-        }
+            Ok(())
+        } else {
+            guest.destroy().await.map(drop).inspect_err(|e| {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    guest = %sandbox_name,
+                    error = %redactor.apply(&e.message),
+                    "guest destroy failed{}",
+                    if was_kept { "" } else { "; the reaper keeps retrying" }
+                );
+            })
+        };
         let destroy_ms = if kept { 0 } else { ms(t_end.elapsed()) };
-        let ran = ran?;
+        let ran = ran.map_err(|e| {
+            if !was_kept || kept {
+                return e;
+            }
+            let fate = match &destroyed {
+                Ok(()) => format!(
+                    "Guest Reuse: the kept guest {sandbox_name} was destroyed, since that stops \
+                     whatever the program left running; the next run creates it again"
+                ),
+                Err(d) => format!(
+                    "Guest Reuse: destroying the kept guest {sandbox_name} failed ({}), so it \
+                     may still be running until its auto-pause backstop pauses it; delete it \
+                     with reap",
+                    redactor.cap(&d.message)
+                ),
+            };
+            // sandbox-core's wording of a silent exec speaks for a one-shot guest; this
+            // sentence is the kept guest's own account.
+            let said = e.message();
+            let said = said
+                .strip_suffix(". The guest was destroyed")
+                .unwrap_or(said);
+            SandboxError::new(e.kind(), format!("{said}. {fate}"))
+        })?;
         let out = ran.outcome;
         let stdout = out.stdout.text.to_string();
         let stderr = out.stderr.text.to_string();
@@ -811,6 +856,26 @@ struct Ran {
     files: Vec<ReturnedFile>,
     notes: Vec<String>,
     files_ms: u64,
+}
+
+/// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL
+/// byte (no argument can carry it) or longer than [`MAX_COMMAND_BYTES`]. Either would cost a
+/// guest and then fail in it.
+fn check_command(command: &str) -> Result<(), SandboxError> {
+    let why = if let Some(at) = command.bytes().position(|b| b == 0) {
+        format!("contains a NUL byte (at byte {at}), which no command argument can carry")
+    } else if command.len() > MAX_COMMAND_BYTES {
+        format!("is {} bytes long", command.len())
+    } else {
+        return Ok(());
+    };
+    Err(SandboxError::refused(format!(
+        "{} {why}; a command is sent as one argument of the exec request, at most \
+         {MAX_COMMAND_BYTES} bytes and with no NUL byte. Put a long script in {} instead: it \
+         is uploaded as a file (a shell script can run from there with subprocess)",
+        input::COMMAND,
+        input::PYTHON_CODE
+    )))
 }
 
 fn choose_shape(

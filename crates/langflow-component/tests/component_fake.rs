@@ -1,8 +1,10 @@
 //! The CreateOS Sandbox component against the fake control plane, whose guests run as real
 //! local processes: guest reuse (one guest over runs, resume of a paused guest, egress drift
-//! refused, a create race adopted, a policy change addressing another guest), fresh guests
-//! destroyed on every path, returned files (caps, hostile archives), faults, and the reap of
-//! old reused guests.
+//! refused, a create race adopted, a policy change addressing another guest, a short
+//! auto-pause backstop raised for a longer run, a kept guest destroyed when its program's end
+//! was not observed), fresh guests destroyed on every path, commands no exec argument can carry
+//! refused before any request, returned files (caps, hostile archives), faults, and the reap
+//! of old reused guests.
 
 #![allow(clippy::too_many_lines, clippy::many_single_char_names)]
 
@@ -135,6 +137,9 @@ impl ControlPlane for Hostile {
     }
     fn resume(&self, i: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         self.http.resume(i)
+    }
+    fn set_auto_pause(&self, i: String, s: u32) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.http.set_auto_pause(i, s)
     }
     fn destroy(&self, i: String) -> BoxFuture<'_, Result<(), CallError>> {
         self.http.destroy(i)
@@ -909,5 +914,223 @@ async fn a_forked_workers_component_keeps_no_pool() {
     assert_eq!(fake.stats().created, 2, "guests were created ahead of time");
     assert_eq!(c.pool_stats().size, 0);
     c.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Requests of every route the fake has received.
+fn total_requests(fake: &FakeServer) -> u64 {
+    fake.stats().requests.values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_no_argument_can_carry_is_refused_before_any_request() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let limit = langflow_component::MAX_COMMAND_BYTES;
+    let over = format!("echo ok #{}", "x".repeat(limit));
+    let far_over = format!("echo ok #{}", "x".repeat(200 * 1024));
+    let cases = [
+        ("a NUL byte", "echo a\0b".to_owned(), "NUL"),
+        ("one byte over", over, "bytes"),
+        ("past Linux's 128 KiB", far_over, "bytes"),
+    ];
+    for reuse in [Reuse::Off, Reuse::Flow] {
+        for (what, command, needle) in &cases {
+            let i = ComponentInputs {
+                command: command.clone(),
+                ..inputs("print('not me')", reuse)
+            };
+            let e = c.run(&i).await.unwrap_err();
+            assert!(e.kind().is_unavailable(), "{what}: {e}");
+            let m = e.message();
+            assert!(m.contains("Command (command)"), "{what}: {m}");
+            assert!(m.contains(needle), "{what}: {m}");
+            assert!(m.contains(&limit.to_string()), "{what}: {m}");
+            assert!(m.contains("Python Code"), "{what}: {m}");
+            assert!(m.len() < 1000, "{what}: the command is not echoed back");
+        }
+    }
+    assert_eq!(total_requests(&fake), 0, "{:?}", fake.stats().requests);
+    // A command of exactly the limit runs (with Return Files' preparation added to it too).
+    let at_limit = format!("echo ok #{}", "x".repeat(limit - "echo ok #".len()));
+    assert_eq!(at_limit.len(), limit);
+    let i = ComponentInputs {
+        command: at_limit,
+        return_files: true,
+        ..inputs("print('not me')", Reuse::Off)
+    };
+    let out = run(&c, &i).await;
+    assert_eq!((out.result.as_str(), out.exit_code), ("ok", 0), "{out:?}");
+    // Python Code is uploaded, never carried in the exec request: no such limit there.
+    let big = format!("# {}\nprint('big')", "x".repeat(200 * 1024));
+    assert_eq!(run(&c, &inputs(&big, Reuse::Off)).await.result, "big");
+    fake.shutdown().await;
+}
+
+/// Whether the guest `id` is destroyed or being destroyed, by the fake's account.
+async fn destroyed(fake: &FakeServer, id: &str) -> bool {
+    let info = api(fake).sandbox_handle(id.to_owned()).refresh().await;
+    info.is_ok_and(|i| matches!(i.status.as_str(), "destroying" | "destroyed"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_deadline_with_no_frame_destroys_the_kept_guest() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // A silent program (no output) behind a stream that goes quiet, and an exec request that
+    // is never answered: nothing arrives before the host deadline either way.
+    for spec in ["exec_stream=stall-mid", "exec_stream=stall"] {
+        fake.reset();
+        let i = ComponentInputs {
+            timeout_seconds: 1,
+            ..inputs("import time\ntime.sleep(60)", Reuse::Flow)
+        };
+        let with_code = |code: &str| ComponentInputs {
+            python_code: code.into(),
+            ..i.clone()
+        };
+        let made = run(&c, &with_code("pass")).await;
+        assert!(made.kept, "{made:?}");
+        fake.set_faults(spec).unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(30), c.run(&i))
+            .await
+            .unwrap_or_else(|_| panic!("{spec}: the run did not end"))
+            .unwrap_err();
+        fake.set_faults("").unwrap();
+        assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{spec}: {e}");
+        assert!(e.message().contains("may have run"), "{spec}: {e}");
+        assert!(
+            e.message()
+                .contains(&format!("{} was destroyed", made.sandbox_name)),
+            "{spec}: the error names the kept guest and says it is gone: {e}"
+        );
+        assert!(
+            destroyed(&fake, &made.sandbox_id).await,
+            "{spec}: the kept guest is still alive"
+        );
+        assert_eq!(fake.stats().live, 0, "{spec}");
+        // The next run creates the guest again.
+        let again = run(&c, &with_code("print('fresh')")).await;
+        assert_eq!(again.result, "fresh");
+        assert!(!again.reused_guest && again.sandbox_id != made.sandbox_id);
+    }
+    // A host deadline after output is a timeout result, and the guest is destroyed too.
+    fake.reset();
+    fake.set_faults("exec_stream=stall-mid").unwrap();
+    let i = ComponentInputs {
+        timeout_seconds: 1,
+        ..inputs("print('started', flush=True)", Reuse::Flow)
+    };
+    let out = run(&c, &i).await;
+    fake.set_faults("").unwrap();
+    assert!(out.timed_out && !out.kept, "{out:?}");
+    assert!(destroyed(&fake, &out.sandbox_id).await);
+    fake.shutdown().await;
+}
+
+/// The kept guest's idle auto-pause backstop, as the fake reports it.
+async fn backstop(fake: &FakeServer, id: &str) -> Option<u64> {
+    api(fake)
+        .sandbox_handle(id.to_owned())
+        .refresh()
+        .await
+        .unwrap()
+        .auto_pause_after_seconds
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_guest_adopted_by_a_longer_run_gets_its_backstop_raised_first() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let short = ComponentInputs {
+        timeout_seconds: 10,
+        ..inputs(COUNTER, Reuse::Flow)
+    };
+    let first = run(&c, &short).await;
+    let id = first.sandbox_id.clone();
+    assert_eq!(backstop(&fake, &id).await, Some(130), "timeout + 120");
+    // A long, quiet run: the control plane's activity clock is touched only when the exec is
+    // accepted, so 300 idle-looking seconds pass the old backstop (130 s) mid-run.
+    let long = ComponentInputs {
+        timeout_seconds: 600,
+        ..inputs(
+            "import time\ntime.sleep(3)\nprint('slept through')",
+            Reuse::Flow,
+        )
+    };
+    let execs = fake
+        .stats()
+        .requests
+        .get("exec_stream")
+        .copied()
+        .unwrap_or(0);
+    let running = c.run(&long);
+    let clock = async {
+        wait_until("the long run's exec", || {
+            fake.stats()
+                .requests
+                .get("exec_stream")
+                .copied()
+                .unwrap_or(0)
+                > execs
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        fake.advance_clock(Duration::from_secs(300));
+    };
+    let (out, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(30), running),
+        clock
+    );
+    let out = out
+        .expect("the long run was paused mid-run by the short run's backstop")
+        .unwrap();
+    assert_eq!(out.result, "slept through", "{out:?}");
+    assert!(out.reused_guest);
+    assert_eq!(backstop(&fake, &id).await, Some(720), "600 + 120, raised");
+    assert_eq!(fake.stats().requests.get("patch").copied(), Some(1));
+    // A shorter run later leaves the longer backstop alone (it only costs idle time).
+    run(&c, &short).await;
+    assert_eq!(backstop(&fake, &id).await, Some(720));
+    assert_eq!(fake.stats().requests.get("patch").copied(), Some(1));
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backstop_that_cannot_be_raised_runs_nothing() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let first = run(
+        &c,
+        &ComponentInputs {
+            timeout_seconds: 10,
+            ..inputs(COUNTER, Reuse::Flow)
+        },
+    )
+    .await;
+    let execs = fake.stats().requests.get("exec_stream").copied();
+    let long = ComponentInputs {
+        timeout_seconds: 600,
+        ..inputs(COUNTER, Reuse::Flow)
+    };
+    for (spec, unavailable) in [("patch=500", false), ("patch=403", true)] {
+        fake.set_faults(spec).unwrap();
+        let e = c.run(&long).await.unwrap_err();
+        assert_ne!(e.kind(), ErrorKind::OutcomeUnknown, "{spec}: {e}");
+        assert_eq!(e.kind().is_unavailable(), unavailable, "{spec}: {e}");
+        assert!(e.message().contains("auto-pause"), "{spec}: {e}");
+        assert_no_key(e.message());
+        assert_eq!(
+            fake.stats().requests.get("exec_stream").copied(),
+            execs,
+            "{spec}: nothing was dispatched"
+        );
+    }
+    fake.set_faults("").unwrap();
+    // The guest was left as it is: alive, its files intact, its backstop unchanged.
+    assert_eq!(backstop(&fake, &first.sandbox_id).await, Some(130));
+    let out = run(&c, &long).await;
+    assert_eq!(out.result, "RUN_COUNT 2");
+    assert_eq!(out.sandbox_id, first.sandbox_id);
     fake.shutdown().await;
 }

@@ -259,6 +259,9 @@ pub struct GuestInfo {
     /// Names of the environment variables declared at create, if reported (values are never
     /// returned).
     pub envs: Option<Vec<String>>,
+    /// The idle auto-pause backstop in seconds; `None` when auto-pause is off (CreateOS then
+    /// omits the key) or not reported.
+    pub auto_pause_after_seconds: Option<u32>,
 }
 
 impl GuestInfo {
@@ -496,6 +499,19 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// ([`crate::guest::Guest::acquire`]) need it.
     fn get(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         unsupported(&format!("read guest {id}"))
+    }
+
+    /// Sets a guest's idle auto-pause backstop (`PATCH /v1/sandboxes/{id}` with
+    /// `auto_pause_after_seconds`, 60..=86400) and returns the guest as the answer shows it.
+    ///
+    /// The default answers a [`CallFailure::Config`] error; only named guests need it
+    /// ([`crate::guest::Guest::acquire`] raises an adopted guest's backstop to cover the run).
+    fn set_auto_pause(
+        &self,
+        id: String,
+        seconds: u32,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        unsupported(&format!("set the auto-pause of guest {id} to {seconds}s"))
     }
 
     /// Asks a paused guest to resume; the answer usually says `resuming`.

@@ -140,6 +140,9 @@ fn guest(info: &SandboxInfo) -> GuestInfo {
         status: GuestStatus::from(info.status.as_str()),
         egress: info.egress.clone(),
         envs: Some(info.envs.clone()),
+        auto_pause_after_seconds: info
+            .auto_pause_after_seconds
+            .map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
     }
 }
 
@@ -379,6 +382,23 @@ impl ControlPlane for CreateOsControlPlane {
                 .client
                 .sandbox_handle(id)
                 .resume()
+                .await
+                .map_err(|e| self.err(&e))?;
+            Ok(guest(&info))
+        }
+        .boxed()
+    }
+
+    fn set_auto_pause(
+        &self,
+        id: String,
+        seconds: u32,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        async move {
+            let info = self
+                .client
+                .sandbox_handle(id)
+                .set_auto_pause(Some(Duration::from_secs(u64::from(seconds))))
                 .await
                 .map_err(|e| self.err(&e))?;
             Ok(guest(&info))

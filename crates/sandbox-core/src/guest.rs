@@ -563,7 +563,59 @@ impl Guest {
             .redacted(&cx.redactor));
         }
         guest.verify_egress(&spec.egress, deadline).await?;
+        let backstop = (info.auto_pause_after_seconds, spec.auto_pause_after_seconds);
+        if !guest.cover_backstop(backstop, deadline).await? {
+            return Ok(None);
+        }
         Ok(Some(guest))
+    }
+
+    /// Raises an adopted guest's idle auto-pause backstop from `have` to `want` seconds when
+    /// it is lower. The run that created the guest set it for its own timeout, and the control
+    /// plane touches the activity clock only when an exec is accepted, so a longer run would
+    /// be paused mid-way; a higher one is left as it is (it only costs idle time), and so is
+    /// none (auto-pause off). Retried on transient failures until `deadline`; a failure runs
+    /// nothing (the guest is left as it is). `Ok(false)` when the guest stopped running
+    /// meanwhile (409, 404): the caller looks it up again.
+    async fn cover_backstop(
+        &self,
+        (have, want): (Option<u32>, u32),
+        deadline: Instant,
+    ) -> Result<bool, SandboxError> {
+        let Some(have) = have.filter(|&have| have < want) else {
+            return Ok(true);
+        };
+        let cx = &self.cx;
+        let op = format!(
+            "auto-pause update of guest {} ({have}s, too short for this run, to {want}s)",
+            self.name
+        );
+        let set = cx
+            .retried(&op, deadline, || {
+                cx.cp.set_auto_pause(self.id.clone(), want)
+            })
+            .await;
+        match set {
+            Ok(info) => match info.auto_pause_after_seconds {
+                Some(now) if now < want => Err(SandboxError::refused(format!(
+                    "guest {}'s auto-pause backstop is still {now}s after it was set to {want}s, \
+                     too short for this run; it was left as it is and not used",
+                    self.name
+                ))),
+                _ => {
+                    tracing::info!(
+                        target: LOG_TARGET,
+                        guest = %self.name,
+                        from = have,
+                        to = want,
+                        "raised the adopted guest's auto-pause backstop to cover this run"
+                    );
+                    Ok(true)
+                }
+            },
+            Err(e) if e.is_conflict() || e.is_not_found() => Ok(false),
+            Err(e) => Err(cx.before_dispatch(&op, &e)),
+        }
     }
 
     /// Resumes a paused guest and polls until it runs, bounded by `deadline`. `Ok(None)` when

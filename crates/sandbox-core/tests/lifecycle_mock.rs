@@ -163,6 +163,7 @@ impl ControlPlane for Cp {
                         status: "running".into(),
                         egress: Some(g.1.clone()),
                         envs: None,
+                        auto_pause_after_seconds: None,
                     })
             })
             .await

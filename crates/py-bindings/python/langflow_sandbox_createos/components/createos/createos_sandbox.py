@@ -59,7 +59,9 @@ class CreateOSSandboxComponent(Component):
         StrInput(
             name="command",
             display_name="Command",
-            info="A shell command run with sh -c instead of the Python code, when set.",
+            info="A shell command run with sh -c instead of the Python code, when set. It travels "
+            "in the exec request: at most 64 KiB (65536 bytes); a longer script belongs in Python "
+            "Code, which is uploaded.",
             value="",
             advanced=True,
         ),
