@@ -4,8 +4,9 @@
 //! kills it at once: `atexit` never runs and every guest outlives the process. So, on the
 //! first run in a process, if Python reports SIGTERM at its default (`signal.getsignal` is
 //! `SIG_DFL`), a handler is installed that turns SIGTERM into: destroy every live guest of the
-//! process (bounded), then die of SIGTERM exactly as the default would have (same exit status
-//! for the parent). A second SIGTERM during that cleanup kills at once.
+//! process (bounded), write the log records still queued to stderr, then die of SIGTERM
+//! exactly as the default would have (same exit status for the parent). A second SIGTERM
+//! during that cleanup kills at once.
 //!
 //! Decisions, and why:
 //!
@@ -26,6 +27,10 @@
 //! - **No wrong verdict.** Once SIGTERM is being handled, a run that ends (its guest was just
 //!   destroyed under it) does not return to the caller: the process is about to die of
 //!   SIGTERM, and reporting a failure first would be a false result.
+//! - **No record lost.** Records reach Python's `logging` only when a thread holding the GIL
+//!   drains them ([`crate::logbridge`]); the cleanup's own (a guest that could not be
+//!   destroyed, say) would die with the process. They are written to stderr, one plain line
+//!   each, right before it dies.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -136,6 +141,8 @@ where
         "SIGTERM: destroying this process's guests, then exiting"
     );
     cleanup().await;
+    // No thread will hand the cleanup's records to Python's logging any more.
+    crate::logbridge::flush_to_stderr();
     // Dies of SIGTERM, as the default action would have; exit(143) only if that fails.
     let _ = signal_hook::low_level::emulate_default_handler(SIGTERM);
     std::process::exit(128 + SIGTERM);
