@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -396,3 +397,262 @@ def test_a_child_forked_while_the_log_queue_is_held_logs_on_a_fresh_queue() -> N
         pytest.fail("a child that inherited the log queue locked hung")
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
     assert proc.stdout.split() == ["children", "True", "parent", "True"], (proc.stdout, proc.stderr[-3000:])
+
+
+def _run_bounded(script: str, env: dict[str, str], timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs `script` in its own session; on timeout every process of that session is killed
+    (forked children included), so a hung child cannot outlive the test."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=10)
+        pytest.fail(f"the script hung for {timeout} s: {stdout[-2000:]!r} {stderr[-3000:]!r}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+# Fake helpers the scripts below share: the fake's control routes, and waiting on its stats.
+FAKE_HELPERS = """
+import json, os, time, urllib.request
+
+def fake(method, path, body=None):
+    request = urllib.request.Request(os.environ["CREATEOS_SANDBOX_BASE_URL"] + path, data=body, method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["data"]
+
+def wait_fake(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = fake("GET", "/_fake/stats")
+        if predicate(stats):
+            return stats
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}: {stats}")
+        time.sleep(0.05)
+
+def execs(stats):
+    return stats["requests"].get("exec", 0) + stats["requests"].get("exec_stream", 0)
+
+def exit_of(status):
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit {os.WEXITSTATUS(status)}"
+
+def wait_child(pid, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return exit_of(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return f"alive after {timeout} s"
+        time.sleep(0.02)
+"""
+
+# After one run in the parent (which arms its SIGTERM handling), the parent forks a child that
+# runs nothing and sends it one SIGTERM. With `early`, a fork hook registered before the
+# parent's first run (so it runs in the child before the plugin's own) sends the child its
+# SIGTERM at once, as a `Pool.terminate()` right after the fork would.
+FORKED_IDLE_CHILD_SCRIPT = (
+    FAKE_HELPERS
+    + """
+import signal, sys, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
+from langflow_sandbox_createos.backend import create_backend
+
+early = sys.argv[1] == "early"
+if early:
+    os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+backend = create_backend()
+print("parent", backend.run("print('p1')").stdout.strip(), flush=True)
+print("handler reported", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(ready_r)
+    os.write(ready_w, b"r")
+    time.sleep(60)
+    os._exit(0)
+os.close(ready_w)
+os.read(ready_r, 1)  # the child is up (or, with `early`, already gone)
+if not early:
+    os.kill(pid, signal.SIGTERM)
+print("child", wait_child(pid, 10), flush=True)
+print("parent", backend.run("print('p2')").stdout.strip(), flush=True)
+"""
+)
+
+
+@pytest.mark.parametrize("when", ["idle", "early"])
+def test_a_forked_child_that_ran_nothing_dies_of_the_first_sigterm(clean_fake: Fake, when: str) -> None:
+    proc = _run_bounded(FORKED_IDLE_CHILD_SCRIPT, backend_env(clean_fake), 120, when)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    # As it would without the plugin: killed by that one SIGTERM, promptly.
+    assert lines == ["parent p1", "handler reported True", f"child signal {signal.SIGTERM}", "parent p2"], (
+        lines,
+        proc.stderr[-3000:],
+    )
+    clean_fake.wait_settled()
+
+
+# A `multiprocessing.Pool` (fork) made after a parent run; two workers sleep in a task, the
+# third sleeps inside a sandbox run. terminate() + join() must return (bounded here at 20 s,
+# after which the script kills the workers itself and says so).
+POOL_TERMINATE_SCRIPT = (
+    FAKE_HELPERS
+    + """
+import multiprocessing, threading, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from langflow_sandbox_createos.backend import create_backend
+
+def nap(seconds):
+    time.sleep(seconds)
+
+def sandbox_nap(seconds):
+    return create_backend().run(f"import time\\ntime.sleep({seconds})").stdout
+
+backend = create_backend()
+print("parent", backend.run("print('p1')").stdout.strip(), flush=True)
+wait_fake(lambda s: s["live"] == 0, "the parent's guest to go")
+pool = multiprocessing.get_context("fork").Pool(3)
+pending = [pool.apply_async(nap, (120,)), pool.apply_async(nap, (120,)), pool.apply_async(sandbox_nap, (120,))]
+wait_fake(lambda s: s["live"] == 1 and execs(s) >= 2, "the worker's guest to run")
+time.sleep(0.5)
+started = time.monotonic()
+stopper = threading.Thread(target=lambda: (pool.terminate(), pool.join()), daemon=True)
+stopper.start()
+stopper.join(20)
+if stopper.is_alive():
+    print("terminate+join still blocked after 20 s", flush=True)
+    for child in multiprocessing.active_children():
+        child.kill()
+    stopper.join(30)
+else:
+    print("terminate+join returned", flush=True)
+print("parent", backend.run("print('p2')").stdout.strip(), flush=True)
+"""
+)
+
+
+def test_pool_terminate_after_a_parent_run_ends_busy_workers(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="180")
+    proc = _run_bounded(POOL_TERMINATE_SCRIPT, env, 180)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert lines == ["parent p1", "terminate+join returned", "parent p2"], (lines, proc.stderr[-3000:])
+    # The busy worker's guest is gone with it (the parent's runs destroyed theirs).
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 3, stats
+
+
+# The parent holds a guest (a run in a thread, whose guest waits for a byte from the parent),
+# then forks a child that runs code of its own; the child is sent SIGTERM mid-run. The child
+# must destroy its guest and die of SIGTERM; the parent's guest must still be running, and the
+# parent still able to run.
+FORKED_RUNNING_CHILD_SCRIPT = (
+    FAKE_HELPERS
+    + """
+import signal, socket, threading, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from langflow_sandbox_createos.backend import create_backend
+
+backend = create_backend()
+print("parent", backend.run("print('p1')").stdout.strip(), flush=True)
+wait_fake(lambda s: s["live"] == 0 and s["destroyed"] == 1, "the parent's first guest to go")
+# The fake's guests are local processes: the held guest connects back and waits for a byte.
+listener = socket.create_server(("127.0.0.1", 0))
+port = listener.getsockname()[1]
+code = f"import socket\\ns = socket.create_connection(('127.0.0.1', {port}))\\ns.recv(1)\\nprint('held')"
+held = []
+holder = threading.Thread(target=lambda: held.append(backend.run(code).stdout.strip()))
+holder.start()
+listener.settimeout(60)
+guest, _ = listener.accept()
+pid = os.fork()
+if pid == 0:
+    backend.run("import time\\ntime.sleep(120)")
+    os._exit(0)
+wait_fake(lambda s: s["live"] == 2 and execs(s) >= 3, "the child's guest to run")
+os.kill(pid, signal.SIGTERM)
+print("child", wait_child(pid, 30), flush=True)
+stats = wait_fake(lambda s: s["live"] == 1 and s["destroyed"] == 2, "the child's guest to go")
+print("live", stats["live"], "created", stats["created"], flush=True)
+print("parent", backend.run("print('p3')").stdout.strip(), flush=True)
+guest.sendall(b"x")
+holder.join(60)
+print("held run", held, flush=True)
+"""
+)
+
+
+def test_a_forked_child_sigtermed_mid_run_destroys_only_its_own_guest(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="180")
+    proc = _run_bounded(FORKED_RUNNING_CHILD_SCRIPT, env, 180)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "parent p1",
+        f"child signal {signal.SIGTERM}",
+        # p1's guest and the child's are destroyed; the parent's held guest still runs.
+        "live 1 created 3",
+        "parent p3",
+        "held run ['held']",
+    ], (lines, proc.stderr[-3000:])
+    assert clean_fake.wait_settled()["created"] == 4
+
+
+# One run returns while the fake refuses every DELETE, so its guest is still registered when
+# SIGTERM arrives; the cleanup then fails for the whole shutdown budget, with no thread left
+# that would hand its records to Python's logging. A child forked during that cleanup (the
+# parent already has the SIGTERM) must not die of it.
+SIGTERM_CLEANUP_LOGS_SCRIPT = (
+    FAKE_HELPERS
+    + """
+import logging, signal, threading, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from langflow_sandbox_createos import _native
+from langflow_sandbox_createos.backend import create_backend
+
+logging.getLogger(_native.LOGGER_NAME).setLevel(logging.INFO)
+fake("PUT", "/_fake/faults", b"delete=503")
+backend = create_backend()
+print("ran", backend.run("print(1)").stdout.strip(), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(1)
+pid = os.fork()
+if pid == 0:
+    time.sleep(0.5)
+    os._exit(7)
+print("child", wait_child(pid, 15), flush=True)
+threading.Event().wait(120)
+print("not terminated", flush=True)
+"""
+)
+
+
+def test_sigterm_cleanup_records_reach_stderr_before_the_process_dies(clean_fake: Fake) -> None:
+    proc = _run_bounded(SIGTERM_CLEANUP_LOGS_SCRIPT, backend_env(clean_fake), 120)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    assert proc.stdout.splitlines() == ["ran 1", "child exit 7"], (proc.stdout, proc.stderr[-3000:])
+    lines = proc.stderr.splitlines()
+    prefix = "INFO:langflow_sandbox_createos:"
+    assert f"{prefix}SIGTERM: destroying this process's guests, then exiting" in lines, proc.stderr[-3000:]
+    # Whether the reaper or the shutdown held the guest at the deadline, the failure is said.
+    failures = [line for line in lines if line.startswith("ERROR:langflow_sandbox_createos:")]
+    assert any("guest" in line and "auto-pause bounds its cost" in line for line in failures), proc.stderr[-3000:]
+    summary = [line for line in lines if line.startswith(f"{prefix}sandbox backend shut down")]
+    assert len(summary) == 1, proc.stderr[-3000:]
+    assert "failed=1" in summary[0]
+    assert "test-key" not in proc.stderr

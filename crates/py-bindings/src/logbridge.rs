@@ -5,7 +5,9 @@
 //! drains the queue into the `langflow_sandbox_createos` logger: the thread waiting on a run
 //! does so between its signal checks and when the run ends. No Python object is ever touched
 //! from a runtime thread, so a worker can never stall on the GIL or outlive the interpreter
-//! while holding a Python reference.
+//! while holding a Python reference. The one exception is a process about to die of SIGTERM
+//! ([`crate::sigterm`]): nobody will drain again, so [`flush_to_stderr`] writes what is left to
+//! stderr as plain lines.
 //!
 //! Fork safety: a child created by `fork()` while another thread held the queue's mutex
 //! inherits it locked, with no thread left to unlock it. So a process that did not lock a
@@ -334,18 +336,14 @@ fn take_queued() -> Option<(VecDeque<Record>, u64)> {
     ))
 }
 
+fn dropped_message(dropped: u64) -> String {
+    format!("{dropped} log records from the native extension were dropped (queue full)")
+}
+
 fn emit(py: Python<'_>, mut records: VecDeque<Record>, dropped: u64) {
     let Ok(logger) = logger(py) else { return };
     if dropped > 0 {
-        let sent = logger.call_method1(
-            "log",
-            (
-                PY_WARNING,
-                format!(
-                    "{dropped} log records from the native extension were dropped (queue full)"
-                ),
-            ),
-        );
+        let sent = logger.call_method1("log", (PY_WARNING, dropped_message(dropped)));
         if interrupted(py, sent.err()) {
             requeue(records);
             return;
@@ -387,6 +385,49 @@ fn interrupted(py: Python<'_>, err: Option<PyErr>) -> bool {
     true
 }
 
+/// Writes every queued record to stderr, one plain line each (`LEVEL:logger:message`, as
+/// Python's `logging.basicConfig` would), for a process about to die of SIGTERM: no thread
+/// hands records to Python's `logging` any more, and whatever is still queued would be lost.
+/// Records never carry the API key; control characters are escaped, so each stays one line.
+/// Needs no GIL and touches no Python object.
+pub fn flush_to_stderr() {
+    use std::io::Write as _;
+    let Some((records, dropped)) = take_queued() else {
+        return;
+    };
+    let mut out = String::new();
+    if dropped > 0 {
+        plain_line(&mut out, PY_WARNING, &dropped_message(dropped));
+    }
+    for record in &records {
+        plain_line(&mut out, record.level, &record.message);
+    }
+    if !out.is_empty() {
+        // One write: stderr is unbuffered, and the process dies right after.
+        let _ = std::io::stderr().lock().write_all(out.as_bytes());
+    }
+}
+
+/// Appends `LEVEL:logger:message` and a newline, with the message's control characters escaped.
+fn plain_line(out: &mut String, level: u32, message: &str) {
+    let name = match level {
+        PY_ERROR.. => "ERROR",
+        PY_WARNING.. => "WARNING",
+        PY_INFO.. => "INFO",
+        PY_DEBUG.. => "DEBUG",
+        _ => "TRACE",
+    };
+    let _ = write!(out, "{name}:{LOGGER_NAME}:");
+    for ch in message.chars() {
+        if ch.is_control() {
+            let _ = write!(out, "{}", ch.escape_default());
+        } else {
+            out.push(ch);
+        }
+    }
+    out.push('\n');
+}
+
 /// Puts records not yet emitted back at the front of the queue, for the next drain.
 fn requeue(records: VecDeque<Record>) {
     if records.is_empty() {
@@ -412,6 +453,22 @@ mod tests {
         assert!(is_own("sandbox_core::lifecycle"));
         assert!(!is_own("sandbox_core_extra"));
         assert!(!is_own("hyper::client"));
+    }
+
+    #[test]
+    fn a_plain_line_is_one_line_whatever_the_message_holds() {
+        let mut out = String::new();
+        plain_line(
+            &mut out,
+            PY_ERROR,
+            "could not destroy guest\nx=\u{1b}[2J\u{7}",
+        );
+        plain_line(&mut out, PY_INFO, "done");
+        assert_eq!(
+            out,
+            "ERROR:langflow_sandbox_createos:could not destroy guest\\nx=\\u{1b}[2J\\u{7}\n\
+             INFO:langflow_sandbox_createos:done\n"
+        );
     }
 
     #[test]

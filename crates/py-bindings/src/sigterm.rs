@@ -4,8 +4,9 @@
 //! kills it at once: `atexit` never runs and every guest outlives the process. So, on the
 //! first run in a process, if Python reports SIGTERM at its default (`signal.getsignal` is
 //! `SIG_DFL`), a handler is installed that turns SIGTERM into: destroy every live guest of the
-//! process (bounded), then die of SIGTERM exactly as the default would have (same exit status
-//! for the parent). A second SIGTERM during that cleanup kills at once.
+//! process (bounded), write the log records still queued to stderr, then die of SIGTERM
+//! exactly as the default would have (same exit status for the parent). A second SIGTERM
+//! during that cleanup kills at once.
 //!
 //! Decisions, and why:
 //!
@@ -20,27 +21,59 @@
 //!   works from any thread. Python's own handler table still reads `SIG_DFL`, so code that
 //!   checks it before installing its own handler behaves as before.
 //! - **The handler only sets a flag** (all a signal handler may safely do); a task on this
-//!   process's runtime polls it every 100 ms. Polling an atomic in the process's own memory
-//!   is fork-safe, unlike a self-pipe whose descriptors a forked child would share with its
-//!   parent. A forked child inherits the handler and gets its own watcher on its first run.
+//!   process's runtime (the watcher) polls it every 100 ms. Polling an atomic in the process's
+//!   own memory is fork-safe, unlike a self-pipe whose descriptors a forked child would share
+//!   with its parent.
+//! - **Without a watcher, the default action.** The handler's first action is "take the default
+//!   action (die of SIGTERM) if this process has no watcher" (`unwatched`). A forked child
+//!   inherits the handler but not the watcher (a task of the parent's runtime), so an
+//!   `os.register_at_fork` hook, registered with the handler, sets `unwatched` in every child
+//!   forked by Python (`os.fork`, multiprocessing's fork start method): a child that has not
+//!   run anything dies of its first SIGTERM, as it would without the plugin (`Pool.terminate()`
+//!   ends busy workers). The child's first run starts its own watcher and clears `unwatched`;
+//!   from then on the child's SIGTERM destroys the child's guests, then kills it. The parent's
+//!   guests are never the child's: every cleanup list is keyed on the process id.
+//! - **No SIGTERM lost at the fork.** One that reaches the child between the fork and the hook
+//!   only sets the flag: the hook finds it set and kills the child then. A flag the child
+//!   inherited set (the parent was already cleaning up when it forked, noted by a before-fork
+//!   hook) is cleared instead: that SIGTERM was the parent's.
 //! - **No wrong verdict.** Once SIGTERM is being handled, a run that ends (its guest was just
 //!   destroyed under it) does not return to the caller: the process is about to die of
 //!   SIGTERM, and reporting a failure first would be a false result.
+//! - **No record lost.** Records reach Python's `logging` only when a thread holding the GIL
+//!   drains them ([`crate::logbridge`]); the cleanup's own (a guest that could not be
+//!   destroyed, say) would die with the process. They are written to stderr, one plain line
+//!   each, right before it dies.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use signal_hook::consts::SIGTERM;
 use tokio::runtime::Runtime;
 
 /// How often the watcher looks at the flag.
 const POLL: Duration = Duration::from_millis(100);
 
-/// The flag our handler sets, once it is installed in this process image (a forked child
-/// inherits both the handler and this value).
-static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+/// Our handler's state, once it is installed in this process image (a forked child inherits
+/// the handler and these values).
+struct Handler {
+    /// Set by the handler: a SIGTERM arrived. Read by this process's watcher.
+    flag: Arc<AtomicBool>,
+    /// True while this process has no watcher: the handler then takes the default action.
+    /// True from the installation until the watcher starts, and again in every forked child
+    /// (the fork hook) until the child starts a watcher of its own.
+    unwatched: Arc<AtomicBool>,
+}
+
+static HANDLER: OnceLock<Handler> = OnceLock::new();
+
+/// The flag's value when this process image was forked (set by the before-fork hook): a child
+/// that finds the flag set when its after-fork hook runs got a SIGTERM of its own only if the
+/// parent's was not set already.
+static FLAG_AT_FORK: AtomicBool = AtomicBool::new(false);
 
 /// Process that last decided whether to watch SIGTERM (0: none yet).
 static DECIDED_BY: AtomicU32 = AtomicU32::new(0);
@@ -76,15 +109,15 @@ where
     if DECIDED_BY.swap(pid, Ordering::SeqCst) == pid {
         return Armed::AlreadyDecided;
     }
-    let flag = if let Some(flag) = FLAG.get() {
+    let handler = if let Some(handler) = HANDLER.get() {
         // Installed before the fork that made this process: the handler is inherited.
-        Arc::clone(flag)
+        handler
     } else {
         if !at_default(py) {
             return Armed::LeftAlone;
         }
-        match install() {
-            Ok(flag) => Arc::clone(FLAG.get_or_init(|| flag)),
+        match install(py) {
+            Ok(handler) => HANDLER.get_or_init(|| handler),
             Err(err) => {
                 tracing::warn!(
                     target: "langflow_sandbox_createos",
@@ -95,7 +128,11 @@ where
             }
         }
     };
-    rt.spawn(watch(flag, cleanup));
+    rt.spawn(watch(Arc::clone(&handler.flag), cleanup));
+    // From here on a SIGTERM only sets the flag: the watcher just spawned acts on it (one that
+    // arrived since the installation or the fork already killed the process, which had no
+    // guest yet).
+    handler.unwatched.store(false, Ordering::SeqCst);
     Armed::Watching
 }
 
@@ -113,13 +150,51 @@ fn at_default(py: Python<'_>) -> bool {
     current.eq(default).unwrap_or(false)
 }
 
-/// Registers, in this order, "a second SIGTERM runs the default action" and "set the flag",
-/// so the first SIGTERM only sets the flag.
-fn install() -> std::io::Result<Arc<AtomicBool>> {
-    let flag = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register_conditional_default(SIGTERM, Arc::clone(&flag))?;
-    signal_hook::flag::register(SIGTERM, Arc::clone(&flag))?;
-    Ok(flag)
+/// Registers the fork hooks, then, in this order, "without a watcher, the default action",
+/// "a second SIGTERM runs the default action" and "set the flag": with a watcher, the first
+/// SIGTERM only sets the flag.
+fn install(py: Python<'_>) -> PyResult<Handler> {
+    // The hooks first: a child must never inherit a handler that nothing in it acts on.
+    let hooks = PyDict::new(py);
+    hooks.set_item("before", wrap_pyfunction!(before_fork, py)?)?;
+    hooks.set_item("after_in_child", wrap_pyfunction!(after_fork_in_child, py)?)?;
+    py.import("os")?
+        .getattr("register_at_fork")?
+        .call((), Some(&hooks))?;
+    let handler = Handler {
+        flag: Arc::new(AtomicBool::new(false)),
+        unwatched: Arc::new(AtomicBool::new(true)),
+    };
+    // Should a later registration fail, `unwatched` stays true in every process that has any
+    // of these actions: SIGTERM keeps its default action there.
+    signal_hook::flag::register_conditional_default(SIGTERM, Arc::clone(&handler.unwatched))?;
+    signal_hook::flag::register_conditional_default(SIGTERM, Arc::clone(&handler.flag))?;
+    signal_hook::flag::register(SIGTERM, Arc::clone(&handler.flag))?;
+    Ok(handler)
+}
+
+/// `os.register_at_fork(before=...)`: notes whether this process already got SIGTERM.
+#[pyfunction]
+fn before_fork() {
+    if let Some(handler) = HANDLER.get() {
+        FLAG_AT_FORK.store(handler.flag.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+/// `os.register_at_fork(after_in_child=...)`: the child has no watcher, so SIGTERM takes its
+/// default action again; one that arrived between the fork and this hook (it only set the
+/// flag) is acted on now, as the default action would have.
+#[pyfunction]
+fn after_fork_in_child() {
+    let Some(handler) = HANDLER.get() else {
+        return;
+    };
+    handler.unwatched.store(true, Ordering::SeqCst);
+    // The parent's SIGTERM and its cleanup are not this child's.
+    TERMINATING.store(false, Ordering::SeqCst);
+    if handler.flag.swap(false, Ordering::SeqCst) && !FLAG_AT_FORK.load(Ordering::SeqCst) {
+        die_of_sigterm();
+    }
 }
 
 async fn watch<F, Fut>(flag: Arc<AtomicBool>, cleanup: F)
@@ -136,7 +211,13 @@ where
         "SIGTERM: destroying this process's guests, then exiting"
     );
     cleanup().await;
-    // Dies of SIGTERM, as the default action would have; exit(143) only if that fails.
+    // No thread will hand the cleanup's records to Python's logging any more.
+    crate::logbridge::flush_to_stderr();
+    die_of_sigterm();
+}
+
+/// Dies of SIGTERM, as the default action would have; exit(143) only if that fails.
+fn die_of_sigterm() -> ! {
     let _ = signal_hook::low_level::emulate_default_handler(SIGTERM);
     std::process::exit(128 + SIGTERM);
 }
