@@ -566,3 +566,173 @@ async fn exit_right_after_a_run_sends_one_delete() {
     assert_eq!(stats.requests.get("delete").copied(), Some(1), "{stats:?}");
     fake.shutdown().await;
 }
+
+// ---- budgets: a control plane that declines, then stalls -----------------------------------
+
+/// The control-plane budget of the budget cases (`Backoff::budget`, and the reaper's).
+const BUDGET: Duration = Duration::from_secs(2);
+/// Their per-request timeout: far longer than the budget, so an attempt that is not clipped
+/// to what is left of its budget shows at once.
+const SLOW_REQUEST: Duration = Duration::from_secs(10);
+/// Their shutdown bound.
+const SHUTDOWN: Duration = Duration::from_secs(2);
+/// What a loaded 2-core machine may add to a bound (scheduling, python3 start-up, the
+/// quick calls around the stalled one).
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn budget_options(url: String) -> BackendOptions {
+    let quick = Backoff {
+        base: Duration::from_millis(20),
+        max: Duration::from_millis(100),
+        budget: BUDGET,
+    };
+    BackendOptions {
+        request_timeout: SLOW_REQUEST,
+        backoff: quick,
+        shutdown_timeout: SHUTDOWN,
+        reaper: ReaperConfig {
+            backoff: quick,
+            lookup_patience: Duration::from_secs(60),
+        },
+        ..options(url)
+    }
+}
+
+/// One budget case: `route` declines nine times (503), then never answers.
+struct BudgetCase {
+    route: &'static str,
+    faults: String,
+    want: Verdict,
+    /// A DELETE that never answers leaves the guest with the backend (auto-pause is then its
+    /// backstop): it must stay accounted for instead of being gone.
+    undeletable: bool,
+    /// The run destroys its guest before it returns (a forked worker's mode), so the
+    /// destroy's budget is part of the run's.
+    destroy_in_run: bool,
+}
+
+fn budget_cases() -> Vec<BudgetCase> {
+    let stall = |route: &'static str, before: &str, want: Verdict| BudgetCase {
+        route,
+        faults: format!("{before}{route}=503#9;{route}=stall"),
+        want,
+        undeletable: route == "delete",
+        destroy_in_run: false,
+    };
+    vec![
+        stall("whoami", "", Verdict::NotStarted),
+        stall("shapes", "", Verdict::NotStarted),
+        stall("create", "", Verdict::NotStarted),
+        // The read-back and the upload happen only when the create response lacks `egress`.
+        stall("egress_get", "create=drop-egress;", Verdict::NotStarted),
+        stall("upload", "create=drop-egress;", Verdict::NotStarted),
+        // An exec request that was sent and never answered may have started the program.
+        stall("exec_stream", "", Verdict::MayHaveRun),
+        // The run's result is in; the destroy happens in the background and at shutdown.
+        stall("delete", "", Verdict::Ran),
+        BudgetCase {
+            destroy_in_run: true,
+            ..stall("delete", "", Verdict::Ran)
+        },
+        // A lost create (processed, unanswered) whose guest is then looked up by name, and
+        // the lookup declines, then stalls: the shutdown's own bound holds.
+        BudgetCase {
+            route: "list",
+            faults: "create=reset-after#1;list=503#9;list=stall".to_owned(),
+            want: Verdict::Ran,
+            undeletable: true,
+            destroy_in_run: false,
+        },
+    ]
+}
+
+async fn budget_case(c: BudgetCase) -> Option<String> {
+    let fake = fake_for(&c.faults).await;
+    let b = Backend::with_options(BackendOptions {
+        background_destroy: !c.destroy_in_run,
+        ..budget_options(fake.url())
+    });
+    let t0 = std::time::Instant::now();
+    let res = b.run("print(1)", None, &policy()).await;
+    let ran_for = t0.elapsed();
+    let mut problems = Vec::new();
+    match classify(&res) {
+        Ok(got) if got == c.want => {}
+        Ok(got) => problems.push(format!("expected {:?}, got {got:?}: {res:?}", c.want)),
+        Err(m) => problems.push(m),
+    }
+    // A run that reached its program runs python3 too (the budget does not cover that).
+    let bound = BUDGET + SLACK;
+    if ran_for > bound {
+        problems.push(format!(
+            "the run took {ran_for:?} against a {BUDGET:?} budget (bound {bound:?})"
+        ));
+    }
+    let t1 = std::time::Instant::now();
+    b.shutdown().await;
+    let shut_for = t1.elapsed();
+    if shut_for > SHUTDOWN + SLACK {
+        problems.push(format!(
+            "shutdown took {shut_for:?} against its {SHUTDOWN:?} bound"
+        ));
+    }
+    let stats = fake.stats();
+    if let Err(e) = &res
+        && let Some(f) = key_fragment(&format!("{e} {e:?}"))
+    {
+        problems.push(format!("a key fragment {f:?} is in the error"));
+    }
+    if c.undeletable {
+        if stats.live > 1 || b.registered_guests() != usize::try_from(stats.live).unwrap_or(0) {
+            problems.push(format!(
+                "a guest the control plane never let go is not accounted for: live {} vs \
+                 registered {}",
+                stats.live,
+                b.registered_guests()
+            ));
+        }
+    } else if stats.live != 0 {
+        problems.push(format!("{} guest(s) left live: {stats:?}", stats.live));
+    }
+    fake.shutdown().await;
+    let mode = if c.destroy_in_run {
+        "; destroyed in the run"
+    } else {
+        ""
+    };
+    (!problems.is_empty()).then(|| {
+        format!(
+            "[{}: {}{mode}] {}",
+            c.route,
+            c.faults,
+            problems.join("; ")
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_hold_when_a_route_declines_then_stalls() {
+    // Run two at a time: the bounds are wall-time bounds, and the machine has two cores.
+    let logs = log_buffer();
+    let cases = budget_cases();
+    let n = cases.len();
+    let problems: Vec<String> = futures::stream::iter(cases)
+        .map(budget_case)
+        .buffer_unordered(2)
+        .filter_map(|p| async move { p })
+        .collect()
+        .await;
+    let text = String::from_utf8_lossy(
+        &logs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned();
+    assert!(key_fragment(&text).is_none(), "a key fragment is in a log line");
+    assert!(
+        problems.is_empty(),
+        "{} of {n} budget cases failed:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
