@@ -7,7 +7,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
-use crate::control::CallError;
+use crate::control::{CallError, CallFailure};
 
 /// Exponential backoff with jitter, bounded by a deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +49,31 @@ impl Backoff {
     }
 }
 
+/// Runs one control-plane call, but never past `deadline`: a call still unanswered then is
+/// dropped (which closes its request) and fails as a [`CallFailure::Timeout`] naming `what`.
+/// Whatever the per-request timeout of the control plane, no attempt outlives its budget.
+///
+/// A dropped request may still have reached the server: for a call that is not safe to
+/// repeat, the caller treats the timeout as an unknown outcome (a create keeps its name with
+/// the reaper; an exec may have run).
+pub async fn clipped<T>(
+    deadline: Instant,
+    what: &str,
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(res) => res,
+        Err(_) => Err(CallError::new(
+            CallFailure::Timeout,
+            format!("{what} was not answered within its budget (the request was abandoned)"),
+        )),
+    }
+}
+
 /// Runs `op` until it succeeds, fails with something `retryable` rejects, or the next attempt
-/// would start after `deadline`. `what` names the operation in logs. Returns the result and
-/// the number of attempts made.
+/// would start after `deadline`. Every attempt is [`clipped`] to what is left of the budget,
+/// so the whole call ends by `deadline`. `what` names the operation in logs. Returns the
+/// result and the number of attempts made.
 pub async fn retry_until<T, F, Fut>(
     backoff: &Backoff,
     deadline: Instant,
@@ -65,7 +87,7 @@ where
 {
     let mut attempt = 0u32;
     loop {
-        let res = op(attempt).await;
+        let res = clipped(deadline, what, op(attempt)).await;
         attempt += 1;
         match res {
             Ok(v) => return (Ok(v), attempt),
@@ -94,7 +116,6 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use crate::control::CallFailure;
 
     fn quick() -> Backoff {
         Backoff {
@@ -184,6 +205,35 @@ mod tests {
         // 40+80+160 ms (each plus jitter) already reach the deadline: at most 4 attempts.
         assert!((2..=4).contains(&attempts), "{attempts} attempts");
         assert_eq!(n.load(Ordering::SeqCst), attempts);
+    }
+
+    #[tokio::test]
+    async fn an_attempt_never_outlives_the_budget() {
+        // Declined twice, then no answer at all: the third attempt is cut at the deadline
+        // instead of waiting for a request timeout of its own.
+        let n = AtomicU32::new(0);
+        let t0 = Instant::now();
+        let (r, attempts) = retry_until(
+            &quick(),
+            t0 + Duration::from_millis(300),
+            "t",
+            CallError::is_transient,
+            |_| async {
+                if n.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(CallError::new(CallFailure::Status(503), "busy"))
+                } else {
+                    std::future::pending::<Result<(), CallError>>().await
+                }
+            },
+        )
+        .await;
+        let e = r.unwrap_err();
+        assert_eq!(e.failure, CallFailure::Timeout);
+        assert!(e.message.contains("budget"), "{}", e.message);
+        assert_eq!(attempts, 3);
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
     }
 
     #[test]
