@@ -737,3 +737,34 @@ async fn every_primitive_ends_by_its_deadline_when_the_control_plane_stalls() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn single_address_rules_reach_the_control_plane_as_cidr() {
+    // `1.2.3.4/32` must not travel as `1.2.3.4` (a spelling without live evidence of
+    // enforcement), and a bare address given by the user goes out as its /32.
+    let fake = fake_with("").await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let cx = context(cp.clone(), &r);
+    let rules = ["1.2.3.4/32", "::1/128", "5.6.7.8"].map(str::to_owned);
+    let names = sandbox_core::settings::SettingNames {
+        restrict_egress: "E",
+        allow_egress: "E=*",
+        accept_egress_exceptions: "A",
+        memory: "M",
+    };
+    let policy = EgressPolicy::restricted(&rules, true, &names).unwrap();
+    let g = Guest::create(&cx, &spec(policy.clone(), &[]), "lf-", soon())
+        .await
+        .unwrap();
+    let mut stored = api(&fake)
+        .sandbox_handle(g.id().to_owned())
+        .egress()
+        .await
+        .unwrap();
+    stored.sort();
+    assert_eq!(stored, ["1.2.3.4/32", "5.6.7.8/32", "::1/128"]);
+    g.verify_egress(&policy, soon()).await.unwrap();
+    g.destroy().await.unwrap();
+    fake.shutdown().await;
+}
