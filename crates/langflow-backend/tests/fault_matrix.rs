@@ -207,11 +207,13 @@ fn cases(mode: Mode) -> Vec<Case> {
 
 fn options(url: String) -> BackendOptions {
     // Sized for a loaded 2-core CI machine: a request gets 2 s, and the retry budget fits two
-    // `Retry-After: 1` waits plus slow answers with room to spare.
+    // stalled attempts (each cut at 2 s) or two `Retry-After: 1` waits, plus slow answers,
+    // with room to spare: every attempt is cut at what is left of the budget, so a budget
+    // that is too tight turns a recoverable fault into "not started".
     let quick = Backoff {
         base: Duration::from_millis(50),
         max: Duration::from_millis(400),
-        budget: Duration::from_secs(6),
+        budget: Duration::from_secs(10),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),

@@ -38,7 +38,7 @@ use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use crate::names::{is_valid_name, mint_name};
 use crate::output::{Captured, TailBuffer};
 use crate::reaper::{GuestGuard, Reaper};
-use crate::retry::{Backoff, clipped, retry_until};
+use crate::retry::{Backoff, clipped, retry_until, worth_retrying};
 
 /// What a guest is created with. `Debug` shows the environment's names, never its values.
 #[derive(Clone, PartialEq, Eq)]
@@ -386,6 +386,7 @@ impl Guest {
         retry: bool,
     ) -> Result<Guest, SandboxError> {
         let mut attempt = 0u32;
+        let started = Instant::now();
         loop {
             let name = mint_name(prefix);
             let Some(mut guard) = cx
@@ -426,7 +427,11 @@ impl Guest {
                     }
                     let delay = cx.backoff.delay_after(attempt, e.retry_after);
                     attempt += 1;
-                    if !retry || !retryable || cx.closed() || Instant::now() + delay >= deadline {
+                    if !retry
+                        || !retryable
+                        || cx.closed()
+                        || !worth_retrying(delay, started, deadline)
+                    {
                         return Err(cx.before_dispatch("create", &e));
                     }
                     tracing::info!(
@@ -522,6 +527,7 @@ impl Guest {
             )));
         }
         let mut round = 0u32;
+        let started = Instant::now();
         loop {
             if cx.closed() {
                 return Err(no_new_guests());
@@ -602,7 +608,7 @@ impl Guest {
                         }
                         Err(e) if e.is_declined() => {
                             let delay = cx.backoff.delay_after(round, e.retry_after);
-                            if cx.closed() || Instant::now() + delay >= deadline {
+                            if cx.closed() || !worth_retrying(delay, started, deadline) {
                                 return Err(cx.before_dispatch("create", &e));
                             }
                             tokio::time::sleep(delay).await;
@@ -613,7 +619,7 @@ impl Guest {
             }
             if let Some(reason) = wait_reason {
                 let delay = cx.backoff.delay(round);
-                if Instant::now() + delay >= deadline {
+                if !worth_retrying(delay, started, deadline) {
                     return Err(SandboxError::new(
                         ErrorKind::Transient,
                         format!(
