@@ -207,11 +207,13 @@ fn cases(mode: Mode) -> Vec<Case> {
 
 fn options(url: String) -> BackendOptions {
     // Sized for a loaded 2-core CI machine: a request gets 2 s, and the retry budget fits two
-    // `Retry-After: 1` waits plus slow answers with room to spare.
+    // stalled attempts (each cut at 2 s) or two `Retry-After: 1` waits, plus slow answers,
+    // with room to spare: every attempt is cut at what is left of the budget, so a budget
+    // that is too tight turns a recoverable fault into "not started".
     let quick = Backoff {
         base: Duration::from_millis(50),
         max: Duration::from_millis(400),
-        budget: Duration::from_secs(6),
+        budget: Duration::from_secs(10),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
@@ -324,9 +326,10 @@ async fn quiesce(fake: &FakeServer) {
     }
 }
 
-/// The checks every case ends with; returns what went wrong.
-fn after(
-    c: &Case,
+/// No key in the error, and no live guest, or, where the control plane never lets a guest be
+/// deleted or found (`undeletable`), that guest still accounted for by the backend.
+fn guest_and_key_problems(
+    undeletable: bool,
     b: &Backend,
     stats: &Stats,
     res: &Result<RunOutput, BackendError>,
@@ -337,7 +340,7 @@ fn after(
     {
         problems.push(format!("a key fragment {f:?} is in the error"));
     }
-    if c.undeletable {
+    if undeletable {
         // Nothing can delete it; it must not be forgotten either.
         if stats.live > 1 || b.registered_guests() != usize::try_from(stats.live).unwrap_or(0) {
             problems.push(format!(
@@ -349,6 +352,17 @@ fn after(
     } else if stats.live != 0 {
         problems.push(format!("{} guest(s) leaked: {stats:?}", stats.live));
     }
+    problems
+}
+
+/// The checks every case ends with; returns what went wrong.
+fn after(
+    c: &Case,
+    b: &Backend,
+    stats: &Stats,
+    res: &Result<RunOutput, BackendError>,
+) -> Vec<String> {
+    let mut problems = guest_and_key_problems(c.undeletable, b, stats, res);
     if c.mode == Mode::Always
         && is_declined(c.action)
         && total_requests(stats) > DECLINED_REQUEST_BOUND
@@ -435,9 +449,9 @@ async fn shutdown_case(c: Case) -> Option<String> {
     (!problems.is_empty()).then(|| format!("[shutdown; {}] {}", c.faults, problems.join("; ")))
 }
 
-async fn check_all<F, Fut>(cases: Vec<Case>, concurrency: usize, f: F)
+async fn check_all<C, F, Fut>(cases: Vec<C>, concurrency: usize, f: F)
 where
-    F: Fn(Case) -> Fut,
+    F: Fn(C) -> Fut,
     Fut: std::future::Future<Output = Option<String>>,
 {
     let logs = log_buffer();
@@ -564,5 +578,173 @@ async fn exit_right_after_a_run_sends_one_delete() {
     let stats = fake.stats();
     assert_eq!(stats.live, 0);
     assert_eq!(stats.requests.get("delete").copied(), Some(1), "{stats:?}");
+    fake.shutdown().await;
+}
+
+// ---- budgets: a control plane that declines, then stalls -----------------------------------
+
+/// The control-plane budget of the budget cases (`Backoff::budget`, and the reaper's).
+const BUDGET: Duration = Duration::from_secs(2);
+/// Their per-request timeout: far longer than the budget, so an attempt that is not clipped
+/// to what is left of its budget shows at once.
+const SLOW_REQUEST: Duration = Duration::from_secs(10);
+/// Their shutdown bound.
+const SHUTDOWN: Duration = Duration::from_secs(2);
+/// What a loaded 2-core machine may add to a bound (scheduling, python3 start-up, the
+/// quick calls around the stalled one).
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn budget_options(url: String) -> BackendOptions {
+    let quick = Backoff {
+        base: Duration::from_millis(20),
+        max: Duration::from_millis(100),
+        budget: BUDGET,
+    };
+    BackendOptions {
+        request_timeout: SLOW_REQUEST,
+        backoff: quick,
+        shutdown_timeout: SHUTDOWN,
+        reaper: ReaperConfig {
+            backoff: quick,
+            lookup_patience: Duration::from_secs(60),
+        },
+        ..options(url)
+    }
+}
+
+/// One budget case: `route` declines nine times (503), then never answers.
+struct BudgetCase {
+    route: &'static str,
+    faults: String,
+    want: Verdict,
+    /// A DELETE that never answers leaves the guest with the backend (auto-pause is then its
+    /// backstop): it must stay accounted for instead of being gone.
+    undeletable: bool,
+    /// The run destroys its guest before it returns (a forked worker's mode), so the
+    /// destroy's budget is part of the run's.
+    destroy_in_run: bool,
+}
+
+fn budget_cases() -> Vec<BudgetCase> {
+    let stall = |route: &'static str, before: &str, want: Verdict| BudgetCase {
+        route,
+        faults: format!("{before}{route}=503#9;{route}=stall"),
+        want,
+        undeletable: route == "delete",
+        destroy_in_run: false,
+    };
+    vec![
+        stall("whoami", "", Verdict::NotStarted),
+        stall("shapes", "", Verdict::NotStarted),
+        stall("create", "", Verdict::NotStarted),
+        // The read-back and the upload happen only when the create response lacks `egress`.
+        stall("egress_get", "create=drop-egress;", Verdict::NotStarted),
+        stall("upload", "create=drop-egress;", Verdict::NotStarted),
+        // An exec request that was sent and never answered may have started the program.
+        stall("exec_stream", "", Verdict::MayHaveRun),
+        // The run's result is in; the destroy happens in the background and at shutdown.
+        stall("delete", "", Verdict::Ran),
+        BudgetCase {
+            destroy_in_run: true,
+            ..stall("delete", "", Verdict::Ran)
+        },
+        // A lost create (processed, unanswered) whose guest is then looked up by name, and
+        // the lookup declines, then stalls: the shutdown's own bound holds.
+        BudgetCase {
+            route: "list",
+            faults: "create=reset-after#1;list=503#9;list=stall".to_owned(),
+            want: Verdict::Ran,
+            undeletable: true,
+            destroy_in_run: false,
+        },
+    ]
+}
+
+async fn budget_case(c: BudgetCase) -> Option<String> {
+    let fake = fake_for(&c.faults).await;
+    let b = Backend::with_options(BackendOptions {
+        background_destroy: !c.destroy_in_run,
+        ..budget_options(fake.url())
+    });
+    let t0 = std::time::Instant::now();
+    let res = b.run("print(1)", None, &policy()).await;
+    let ran_for = t0.elapsed();
+    let mut problems = Vec::new();
+    match classify(&res) {
+        Ok(got) if got == c.want => {}
+        Ok(got) => problems.push(format!("expected {:?}, got {got:?}: {res:?}", c.want)),
+        Err(m) => problems.push(m),
+    }
+    // A run that reached its program ran python3 too, which no control-plane budget covers.
+    let program = match &res {
+        Ok(o) => Duration::from_millis(o.execution_time_ms),
+        Err(_) => Duration::ZERO,
+    };
+    let ran_for = ran_for.saturating_sub(program);
+    let bound = BUDGET + SLACK;
+    if ran_for > bound {
+        problems.push(format!(
+            "the run took {ran_for:?} (its program aside) against a {BUDGET:?} budget (bound \
+             {bound:?})"
+        ));
+    }
+    let t1 = std::time::Instant::now();
+    b.shutdown().await;
+    let shut_for = t1.elapsed();
+    if shut_for > SHUTDOWN + SLACK {
+        problems.push(format!(
+            "shutdown took {shut_for:?} against its {SHUTDOWN:?} bound"
+        ));
+    }
+    problems.extend(guest_and_key_problems(
+        c.undeletable,
+        &b,
+        &fake.stats(),
+        &res,
+    ));
+    fake.shutdown().await;
+    let mode = if c.destroy_in_run {
+        "; destroyed in the run"
+    } else {
+        ""
+    };
+    (!problems.is_empty())
+        .then(|| format!("[{}: {}{mode}] {}", c.route, c.faults, problems.join("; ")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_hold_when_a_route_declines_then_stalls() {
+    // Two at a time: the bounds are wall-time bounds, and the machine has two cores.
+    check_all(budget_cases(), 2, budget_case).await;
+}
+
+#[tokio::test]
+async fn a_create_answered_before_the_guest_runs_is_read_back_with_get() {
+    // The create answers `creating` (with the egress it was given): that answer is not the
+    // stored record of a running guest, so the run waits until the guest runs and reads its
+    // egress back with GET instead of trusting the create response.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.to_owned(),
+        create_delay: Duration::from_millis(400),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let b = Backend::with_options(options(fake.url()));
+    let out = b.run("print(1)", None, &policy()).await.unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    assert_eq!(out.stdout, "1\n");
+    let stats = fake.stats();
+    assert_eq!(
+        stats.requests.get("egress_get").copied(),
+        Some(1),
+        "{stats:?}"
+    );
+    assert!(
+        stats.requests.get("get").copied().unwrap_or(0) >= 1,
+        "the run never looked whether the guest runs: {stats:?}"
+    );
+    b.shutdown().await;
+    assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }

@@ -805,6 +805,9 @@ impl SandboxComponent {
             }
             Err(e) => return (Vec::new(), vec![format!("no files: {e}")]),
         }
+        // The download has a budget of its own: the archiving above may have used most of
+        // the first one, and the whole transfer must end by its deadline.
+        let deadline = Instant::now() + self.opts.backoff.budget;
         let bytes = match guest
             .download(&archive, self.opts.max_archive_bytes, deadline)
             .await

@@ -39,8 +39,9 @@ pub const LEGACY_FLAG: &str = "_use_arun_legacy";
 /// The tag of an lfx `InputValueRequest` converted to JSON.
 pub const INPUT_VALUE_REQUEST: &str = "InputValueRequest";
 
-/// A run request, as the glue converted it.
-#[derive(Debug, Clone, PartialEq)]
+/// A run request, as the glue converted it. `Debug` shows ids, names and counts, never the
+/// flow, the inputs or option values (a flow's component fields and inputs may carry keys).
+#[derive(Clone, PartialEq)]
 pub struct FlowRequest {
     /// `Graph.dump()` of the flow.
     pub flow: Value,
@@ -56,6 +57,25 @@ pub struct FlowRequest {
     pub options: Map<String, Value>,
     /// The names of the options that were not (dropped with a debug log).
     pub unserializable: Vec<String>,
+}
+
+impl std::fmt::Debug for FlowRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes = self
+            .flow
+            .pointer("/data/nodes")
+            .and_then(Value::as_array)
+            .map(Vec::len);
+        f.debug_struct("FlowRequest")
+            .field("flow_id", &self.flow_id)
+            .field("flow_name", &self.flow_name)
+            .field("user_id", &self.user_id)
+            .field("flow_nodes", &nodes)
+            .field("inputs", &self.inputs.len())
+            .field("options", &self.options.keys().collect::<Vec<_>>())
+            .field("unserializable", &self.unserializable)
+            .finish()
+    }
 }
 
 impl FlowRequest {
@@ -192,6 +212,26 @@ impl FlowRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_flow_field_input_or_option_value() {
+        let secret = "sk-flow-secret-8d2c";
+        let r = FlowRequest::from_json(
+            &json!({
+                "flow": {"data": {"nodes": [{"id": "A", "data": {"node": {"template":
+                    {"api_key": {"value": secret}}}}}], "edges": []}},
+                "flow_id": "f-1",
+                "inputs": [{"input_value": secret}],
+                "options": {"stream": false, "token": secret},
+            })
+            .to_string(),
+        )
+        .unwrap();
+        for text in [format!("{r:?}"), format!("{r:#?}")] {
+            assert!(!text.contains(secret), "{text}");
+            assert!(text.contains("f-1") && text.contains("token"), "{text}");
+        }
+    }
 
     #[allow(clippy::needless_pass_by_value)]
     fn request(inputs: Value, options: Value) -> FlowRequest {

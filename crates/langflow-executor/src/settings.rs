@@ -175,8 +175,8 @@ impl ExecutorSettings {
 
 /// The egress `CREATEOS_EXECUTOR_EGRESS` asks for: unset or `*` is unrestricted (flows call
 /// model providers), `none` is deny-all, anything else is a comma-separated list of address
-/// rules validated strictly (hostnames refused: CreateOS does not enforce them). Every
-/// restricted policy needs the link-local opt-in.
+/// rules validated strictly (hostnames refused: CreateOS does not enforce them; a single
+/// address is sent as `/32` or `/128`). Every restricted policy needs the link-local opt-in.
 pub fn egress_from(
     raw: Option<&str>,
     accept_exceptions: bool,
@@ -254,6 +254,20 @@ mod tests {
         assert_eq!(s.shape, "s-2vcpu-4gb");
         assert_eq!(s.timeout_seconds, 30);
         assert_eq!(s.egress.rules(), vec!["1.1.1.1:53", "203.0.113.0/24"]);
+        // A single address is sent as CIDR, never bare (the verified forms, contract §4.1).
+        for (given, sent) in [
+            ("1.2.3.4/32", vec!["1.2.3.4/32"]),
+            ("1.2.3.4", vec!["1.2.3.4/32"]),
+            ("::1/128", vec!["::1/128"]),
+            ("::1, 1.2.3.4:443", vec!["1.2.3.4:443", "::1/128"]),
+        ] {
+            let s = ExecutorSettings::from_lookup(&env(&[
+                (ENV_EGRESS, given),
+                (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"),
+            ]))
+            .unwrap();
+            assert_eq!(s.egress.rules(), sent, "{given}");
+        }
         assert!(s.install_lfx);
         assert_eq!(
             s.pip_extras,

@@ -364,10 +364,11 @@ pub struct ExecRequest {
 
 impl fmt::Debug for ExecRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Env values and stdin may be secrets: names and sizes only.
+        // Env values, stdin and the arguments (a script, an inline program) may be secrets:
+        // names and sizes only.
         f.debug_struct("ExecRequest")
             .field("cmd", &self.cmd)
-            .field("args", &self.args)
+            .field("arg_bytes", &arg_sizes(&self.args))
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("stdin_bytes", &self.stdin.len())
             .field("timeout", &self.timeout)
@@ -400,9 +401,15 @@ fn unsupported<T: Send + 'static>(what: &str) -> BoxFuture<'static, Result<T, Ca
     Box::pin(futures::future::ready(Err(e)))
 }
 
+/// The size of each argument (what `Debug` shows instead of the text).
+fn arg_sizes(args: &[String]) -> Vec<usize> {
+    args.iter().map(String::len).collect()
+}
+
 /// A long-lived process to start in a guest (`POST …/processes`): it outlives the request
-/// that started it and ends with the guest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// that started it and ends with the guest. `Debug` shows the arguments' sizes, not their
+/// text.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ProcessSpec {
     /// Program (no shell).
     pub cmd: String,
@@ -410,6 +417,16 @@ pub struct ProcessSpec {
     pub args: Vec<String>,
     /// Working directory in the guest (empty: the control plane's default).
     pub cwd: String,
+}
+
+impl fmt::Debug for ProcessSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessSpec")
+            .field("cmd", &self.cmd)
+            .field("arg_bytes", &arg_sizes(&self.args))
+            .field("cwd", &self.cwd)
+            .finish()
+    }
 }
 
 /// One event of a streaming exec.

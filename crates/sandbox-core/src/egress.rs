@@ -5,7 +5,9 @@
 //! CreateOS egress is an allowlist with no deny-all token: `null`, `[]` and `["*"]` all mean
 //! allow-all. Deny-all is spelled as one unroutable reserved range, [`DENY_ALL_RULE`]. Hostname
 //! rules are accepted and echoed but never enforced, and `169.254.0.0/16` (the metadata
-//! service) stays reachable under any policy.
+//! service) stays reachable under any policy. Rules are sent only in forms with live evidence
+//! of enforcement, `IP:port` and CIDR: a single address goes out as `/32` (`/128`), never bare
+//! (see [`AddressRule`]).
 //!
 //! Refusals name the settings of the *calling surface* ([`SettingNames`]): the backend's user
 //! reads `LANGFLOW_SANDBOX_ALLOW_NETWORK`, another surface's user reads its own.
@@ -75,8 +77,10 @@ impl EgressPolicy {
     }
 
     /// A short, stable text that differs whenever the enforced policy differs (`allow-all`,
-    /// `deny-all`, or `rules:` and the canonical rules, sorted). Used in derived guest names,
-    /// so it never changes across versions for the same policy.
+    /// `deny-all`, or `rules:` and the rules as sent, sorted). Used in derived guest names, so
+    /// it changes only when what is sent changes: a single address reads `/32` (`/128`), the
+    /// spelling sent since bare addresses were dropped, so a kept guest created with a bare
+    /// rule is never adopted under the new name (auto-pause is its backstop).
     pub fn fingerprint(&self) -> String {
         match self {
             EgressPolicy::AllowAll => "allow-all".to_owned(),
@@ -124,6 +128,12 @@ impl fmt::Display for EgressPolicy {
 }
 
 /// A validated, canonical address rule: a network or a single address, optionally with a port.
+///
+/// Its text (what is sent at create) is always a form the control plane has been seen to
+/// enforce (`createos-api.md` §4.1): `IP:port` (`[v6]:port`) or CIDR. A single address without
+/// a port is spelled `/32` (`/128`), never bare: a bare address is in neither verified form, and
+/// a rule set the host fails to parse falls back to allow-all, which no read-back would show.
+/// Either spelling reads back as the same rule ([`EgressPolicy::matches`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AddressRule {
     /// Network address (host bits zero).
@@ -136,14 +146,9 @@ pub struct AddressRule {
 
 impl fmt::Display for AddressRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let full = match self.addr {
-            IpAddr::V4(_) => 32,
-            IpAddr::V6(_) => 128,
-        };
         match (self.addr, self.port) {
             (IpAddr::V4(a), Some(p)) => write!(f, "{a}:{p}"),
             (IpAddr::V6(a), Some(p)) => write!(f, "[{a}]:{p}"),
-            (a, None) if self.prefix == full => write!(f, "{a}"),
             (a, None) => write!(f, "{a}/{}", self.prefix),
         }
     }
@@ -151,8 +156,8 @@ impl fmt::Display for AddressRule {
 
 fn rule_error(rule: &str, why: &str) -> SandboxError {
     SandboxError::refused(format!(
-        "egress rule {rule:?} is not accepted: {why}. Use an IPv4/IPv6 address, IP:port, or a \
-         canonical CIDR such as 203.0.113.0/24"
+        "egress rule {rule:?} is not accepted: {why}. Use IP:port, a canonical CIDR such as \
+         203.0.113.0/24, or an IPv4/IPv6 address (sent as /32 or /128)"
     ))
 }
 
@@ -179,8 +184,9 @@ fn host_bits_zero(addr: IpAddr, prefix: u8) -> bool {
     }
 }
 
-/// Validates one address rule strictly: canonical IPv4/IPv6 addresses, `IP:port`
-/// (`[v6]:port`), or CIDR with no host bits set; no `/0`; no hostnames or wildcards.
+/// Validates one address rule strictly: canonical IPv4/IPv6 addresses (the same rule as their
+/// `/32` or `/128`), `IP:port` (`[v6]:port`), or CIDR with no host bits set; no `/0`; no
+/// hostnames or wildcards.
 pub fn validate_address_rule(rule: &str) -> Result<AddressRule, SandboxError> {
     let r = rule.trim();
     if r.is_empty() {
@@ -334,7 +340,7 @@ mod tests {
         let b = EgressPolicy::restricted(&s(&["10.0.0.0/8", "1.1.1.1"]), true, &NAMES).unwrap();
         let c = EgressPolicy::restricted(&s(&["10.0.0.0/8"]), true, &NAMES).unwrap();
         assert_eq!(a.fingerprint(), b.fingerprint());
-        assert_eq!(a.fingerprint(), "rules:1.1.1.1,10.0.0.0/8");
+        assert_eq!(a.fingerprint(), "rules:1.1.1.1/32,10.0.0.0/8");
         let all = [
             EgressPolicy::AllowAll.fingerprint(),
             EgressPolicy::DenyAll.fingerprint(),
@@ -346,9 +352,42 @@ mod tests {
     }
 
     #[test]
+    fn single_addresses_are_sent_as_cidr_never_bare() {
+        // Only IP:port and CIDR rules have live evidence of enforcement (`createos-api.md`
+        // §4.1); a bare address is sent as the /32 or /128 that means the same thing.
+        for (given, sent) in [
+            ("1.2.3.4/32", "1.2.3.4/32"),
+            ("1.2.3.4", "1.2.3.4/32"),
+            ("::1/128", "::1/128"),
+            ("::1", "::1/128"),
+            ("2001:db8::1", "2001:db8::1/128"),
+            ("1.2.3.4:443", "1.2.3.4:443"),
+            ("10.0.0.0/8", "10.0.0.0/8"),
+        ] {
+            let p = EgressPolicy::restricted(&s(&[given]), true, &NAMES).unwrap();
+            assert_eq!(p.rules(), vec![sent], "{given}");
+            // The server may echo either spelling of a single address.
+            let bare = sent.trim_end_matches("/32").trim_end_matches("/128");
+            assert!(p.matches(Some(&s(&[sent]))), "{given}");
+            assert!(p.matches(Some(&s(&[bare]))), "{given} echoed as {bare}");
+        }
+        for rule in EgressPolicy::restricted(
+            &s(&["1.1.1.1", "::1", "9.9.9.9:53", "10.0.0.0/8"]),
+            true,
+            &NAMES,
+        )
+        .unwrap()
+        .rules()
+        {
+            assert!(rule.parse::<IpAddr>().is_err(), "{rule} is sent bare");
+        }
+    }
+
+    #[test]
     fn rules_read_back_compares_canonical_sets() {
         let p = EgressPolicy::restricted(&s(&["1.1.1.1", "10.0.0.0/8"]), true, &NAMES).unwrap();
         assert!(p.matches(Some(&s(&["10.0.0.0/8", "1.1.1.1"]))));
+        assert!(p.matches(Some(&s(&["10.0.0.0/8", "1.1.1.1/32"]))));
         assert!(p.matches(Some(&s(&["10.0.0.0/8", " 1.1.1.1", "1.1.1.1"]))));
         assert!(!p.matches(Some(&s(&["10.0.0.0/8"]))));
         assert!(!p.matches(Some(&s(&["10.0.0.0/8", "1.1.1.1", "8.8.8.8"]))));
@@ -378,10 +417,12 @@ mod tests {
         for (rule, canon) in [
             ("203.0.113.0/24", "203.0.113.0/24"),
             ("240.0.0.0/4", "240.0.0.0/4"),
-            ("1.1.1.1", "1.1.1.1"),
+            ("1.1.1.1", "1.1.1.1/32"),
+            ("1.1.1.1/32", "1.1.1.1/32"),
             ("151.101.192.223:443", "151.101.192.223:443"),
             ("2001:db8::/32", "2001:db8::/32"),
-            ("2001:db8::1", "2001:db8::1"),
+            ("2001:db8::1", "2001:db8::1/128"),
+            ("2001:db8::1/128", "2001:db8::1/128"),
             ("[2001:db8::1]:53", "[2001:db8::1]:53"),
         ] {
             let r = validate_address_rule(rule).unwrap_or_else(|e| panic!("{rule}: {e}"));

@@ -57,8 +57,9 @@ fn secs_arg(d: Duration) -> String {
 }
 
 /// What to run in a guest. Both forms run under `timeout(1)` ([`Command::under_timeout`]) and
-/// their exits are classified alike ([`classify_exit`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// their exits are classified alike ([`classify_exit`]). `Debug` shows a script's or a
+/// program's size, never its text (it may carry secrets).
+#[derive(Clone, PartialEq, Eq)]
 pub enum Command {
     /// A Python program file in the guest, run unbuffered (`python3 -u <path>`), so whatever
     /// a timed-out program printed still arrives.
@@ -91,6 +92,23 @@ pub const INLINE_PROGRAM_MAX: usize = 32 * 1024;
 /// The script of [`Command::PythonInline`]: `$0` is the path, `$1` the program. `printf` is a
 /// shell builtin, so the program is never re-parsed by the shell nor passed to another exec.
 const INLINE_SCRIPT: &str = r#"printf '%s' "$1" > "$0" && exec python3 -u "$0""#;
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Python { path } => f.debug_struct("Python").field("path", path).finish(),
+            Command::Shell { script } => f
+                .debug_struct("Shell")
+                .field("script_bytes", &script.len())
+                .finish(),
+            Command::PythonInline { path, source } => f
+                .debug_struct("PythonInline")
+                .field("path", path)
+                .field("source_bytes", &source.len())
+                .finish(),
+        }
+    }
+}
 
 impl Command {
     /// The Python program at `path`.

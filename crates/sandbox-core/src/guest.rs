@@ -38,10 +38,10 @@ use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use crate::names::{is_valid_name, mint_name};
 use crate::output::{Captured, TailBuffer};
 use crate::reaper::{GuestGuard, Reaper};
-use crate::retry::{Backoff, retry_until};
+use crate::retry::{Backoff, clipped, retry_until, worth_retrying};
 
-/// What a guest is created with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a guest is created with. `Debug` shows the environment's names, never its values.
+#[derive(Clone, PartialEq, Eq)]
 pub struct GuestSpec {
     /// Shape id.
     pub shape: String,
@@ -53,6 +53,19 @@ pub struct GuestSpec {
     pub egress: EgressPolicy,
     /// Idle auto-pause backstop, in seconds (60..=86400).
     pub auto_pause_after_seconds: u32,
+}
+
+impl std::fmt::Debug for GuestSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Env values may be secrets: names only.
+        f.debug_struct("GuestSpec")
+            .field("shape", &self.shape)
+            .field("rootfs", &self.rootfs)
+            .field("envs", &self.envs.keys().collect::<Vec<_>>())
+            .field("egress", &self.egress)
+            .field("auto_pause_after_seconds", &self.auto_pause_after_seconds)
+            .finish()
+    }
 }
 
 impl GuestSpec {
@@ -168,6 +181,9 @@ pub struct Guest {
     /// The policy the create response's `egress` matched: the control plane's stored record
     /// of this guest, the same one `GET …/egress` reads (see [`Guest::verify_egress`]).
     confirmed_egress: Option<EgressPolicy>,
+    /// When the request of the last call that restarts the guest's idle clock was sent (see
+    /// [`Guest::last_accepted`]).
+    last_accepted: std::sync::Mutex<Instant>,
 }
 
 impl std::fmt::Debug for Guest {
@@ -313,18 +329,64 @@ pub(crate) fn ms(d: Duration) -> u64 {
 }
 
 impl Guest {
+    /// A handle on the guest `name` (`id`), whose last call that restarts its idle clock was
+    /// sent at `accepted`.
+    fn handle(
+        cx: &GuestContext,
+        name: &str,
+        id: &str,
+        hold: Hold,
+        created: bool,
+        accepted: Instant,
+    ) -> Guest {
+        Guest {
+            cx: cx.clone(),
+            name: name.to_owned(),
+            id: id.to_owned(),
+            hold,
+            created,
+            confirmed_egress: None,
+            last_accepted: std::sync::Mutex::new(accepted),
+        }
+    }
+
     /// Creates a one-shot guest named `prefix` + random characters, retrying transient
-    /// failures with a fresh name each time until `deadline`. A create whose outcome is unknown
-    /// leaves its name with the reaper, which finds and destroys the guest; so does a
-    /// cancelled call. The create response's egress is the read-back (see
-    /// [`Guest::egress_confirmed`]): a mismatch destroys the guest and refuses.
+    /// failures with a fresh name each time until `deadline`; every attempt is clipped to what
+    /// is left of that budget. A create whose outcome is unknown (no answer, or an attempt cut
+    /// at the deadline) leaves its name with the reaper, which finds and destroys the guest;
+    /// so does a cancelled call. A create response that says `running` and shows the egress is
+    /// the read-back (see [`Guest::egress_confirmed`]); one that says anything else is waited
+    /// for until the guest runs (before `deadline`), and its egress is then read back with
+    /// `GET`. An egress that differs from the request destroys the guest and refuses.
     pub async fn create(
         cx: &GuestContext,
         spec: &GuestSpec,
         prefix: &str,
         deadline: Instant,
     ) -> Result<Guest, SandboxError> {
+        Self::create_within(cx, spec, prefix, deadline, true).await
+    }
+
+    /// [`Guest::create`] with a single attempt, bounded by `deadline` (the warm pool's: its own
+    /// backoff spaces the next attempt).
+    pub(crate) async fn create_once(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        prefix: &str,
+        deadline: Instant,
+    ) -> Result<Guest, SandboxError> {
+        Self::create_within(cx, spec, prefix, deadline, false).await
+    }
+
+    async fn create_within(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        prefix: &str,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Guest, SandboxError> {
         let mut attempt = 0u32;
+        let started = Instant::now();
         loop {
             let name = mint_name(prefix);
             let Some(mut guard) = cx
@@ -338,39 +400,13 @@ impl Guest {
                 return Err(no_new_guests());
             };
             cx.count();
-            match cx.cp.create(spec.create_request(&name)).await {
+            let sent = Instant::now();
+            match clipped(deadline, "create", cx.cp.create(spec.create_request(&name))).await {
                 Ok(info) => {
                     guard.set_id(&info.id);
-                    let guest = Guest {
-                        cx: cx.clone(),
-                        name,
-                        id: info.id.clone(),
-                        hold: Hold::OneShot(guard),
-                        created: true,
-                        confirmed_egress: None,
-                    };
-                    if cx.closed() {
-                        // Shutdown began while the create was in flight: nothing is dispatched
-                        // any more, and the guest is destroyed (once: shutdown may be at it).
-                        let _ = guest.destroy().await;
-                        return Err(classify::shut_down(Stage::BeforeDispatch));
-                    }
-                    if let Some(eg) = &info.egress
-                        && !spec.egress.matches(Some(eg))
-                    {
-                        let msg = format!(
-                            "guest {} was created with egress {eg:?}, but {} was requested; it \
-                             was destroyed and the run refused",
-                            guest.name, spec.egress
-                        );
-                        let _ = guest.destroy().await;
-                        return Err(SandboxError::refused(msg).redacted(&cx.redactor));
-                    }
-                    let mut guest = guest;
-                    if info.egress.is_some() {
-                        guest.confirmed_egress = Some(spec.egress.clone());
-                    }
-                    return Ok(guest);
+                    let hold = Hold::OneShot(guard);
+                    let guest = Self::handle(cx, &name, &info.id, hold, true, sent);
+                    return guest.created_as(spec, info, deadline).await;
                 }
                 Err(e) => {
                     let retryable = e.is_transient();
@@ -378,8 +414,9 @@ impl Guest {
                         // The server answered and did not take the request on.
                         guard.disarm_not_created();
                     } else {
-                        // Outcome unknown: the guest may exist. The reaper looks the name up
-                        // and destroys whatever it finds.
+                        // Outcome unknown (no answer, or none before the budget ran out): the
+                        // guest may exist. The reaper looks the name up and destroys whatever
+                        // it finds.
                         tracing::warn!(
                             target: LOG_TARGET,
                             guest = %name,
@@ -390,7 +427,11 @@ impl Guest {
                     }
                     let delay = cx.backoff.delay_after(attempt, e.retry_after);
                     attempt += 1;
-                    if !retryable || cx.closed() || Instant::now() + delay >= deadline {
+                    if !retry
+                        || !retryable
+                        || cx.closed()
+                        || !worth_retrying(delay, started, deadline)
+                    {
                         return Err(cx.before_dispatch("create", &e));
                     }
                     tracing::info!(
@@ -402,6 +443,68 @@ impl Guest {
                     );
                     tokio::time::sleep(delay).await;
                 }
+            }
+        }
+    }
+
+    /// The checks after a one-shot create answered `info`: shutdown, the egress it shows, and
+    /// its status (a guest that does not run yet is waited for, and its egress is then read
+    /// back rather than trusted).
+    async fn created_as(
+        mut self,
+        spec: &GuestSpec,
+        info: GuestInfo,
+        deadline: Instant,
+    ) -> Result<Guest, SandboxError> {
+        let cx = self.cx.clone();
+        if cx.closed() {
+            // Shutdown began while the create was in flight: nothing is dispatched any more,
+            // and the guest is destroyed (once: shutdown may be at it).
+            let _ = self.destroy().await;
+            return Err(classify::shut_down(Stage::BeforeDispatch));
+        }
+        if let Some(eg) = &info.egress
+            && !spec.egress.matches(Some(eg))
+        {
+            let msg = format!(
+                "guest {} was created with egress {eg:?}, but {} was requested; it was \
+                 destroyed and the run refused",
+                self.name, spec.egress
+            );
+            let _ = self.destroy().await;
+            return Err(SandboxError::refused(msg).redacted(&cx.redactor));
+        }
+        if info.status == GuestStatus::Running {
+            if info.egress.is_some() {
+                self.confirmed_egress = Some(spec.egress.clone());
+            }
+            return Ok(self);
+        }
+        // Not running yet (`creating`, or anything else): the answer is not the stored record
+        // of a running guest, so its egress proves nothing. Wait until it runs; the caller then
+        // reads the egress back with `GET` (`confirmed_egress` stays unset).
+        tracing::info!(
+            target: LOG_TARGET,
+            guest = %self.name,
+            status = %info.status,
+            "create answered before the guest runs; waiting for it, then reading its egress back"
+        );
+        match self.until_running(info, deadline).await {
+            Ok(Some(_)) => Ok(self),
+            Ok(None) => {
+                let name = self.name.clone();
+                let _ = self.destroy().await;
+                Err(SandboxError::new(
+                    ErrorKind::Transient,
+                    format!(
+                        "guest {name} went away before it ran; nothing was started. Retrying \
+                         later may succeed"
+                    ),
+                ))
+            }
+            Err(e) => {
+                let _ = self.destroy().await;
+                Err(e)
             }
         }
     }
@@ -424,6 +527,7 @@ impl Guest {
             )));
         }
         let mut round = 0u32;
+        let started = Instant::now();
         loop {
             if cx.closed() {
                 return Err(no_new_guests());
@@ -457,16 +561,12 @@ impl Guest {
                 }
                 None => {
                     cx.count();
-                    match cx.cp.create(spec.create_request(name)).await {
+                    let sent = Instant::now();
+                    let created =
+                        clipped(deadline, "create", cx.cp.create(spec.create_request(name))).await;
+                    match created {
                         Ok(info) => {
-                            let guest = Guest {
-                                cx: cx.clone(),
-                                name: name.to_owned(),
-                                id: info.id.clone(),
-                                hold: Hold::Kept,
-                                created: true,
-                                confirmed_egress: None,
-                            };
+                            let guest = Self::handle(cx, name, &info.id, Hold::Kept, true, sent);
                             if let Some(eg) = &info.egress
                                 && !spec.egress.matches(Some(eg))
                             {
@@ -480,8 +580,14 @@ impl Guest {
                                 let _ = guest.destroy().await;
                                 return Err(SandboxError::refused(msg).redacted(&cx.redactor));
                             }
-                            guest.verify_egress(&spec.egress, deadline).await?;
-                            return Ok(guest);
+                            if info.status != GuestStatus::Running
+                                && guest.until_running(info, deadline).await?.is_none()
+                            {
+                                wait_reason = Some("it went away before it ran");
+                            } else {
+                                guest.verify_egress(&spec.egress, deadline).await?;
+                                return Ok(guest);
+                            }
                         }
                         Err(e) if e.is_conflict() => {
                             tracing::info!(
@@ -502,7 +608,7 @@ impl Guest {
                         }
                         Err(e) if e.is_declined() => {
                             let delay = cx.backoff.delay_after(round, e.retry_after);
-                            if cx.closed() || Instant::now() + delay >= deadline {
+                            if cx.closed() || !worth_retrying(delay, started, deadline) {
                                 return Err(cx.before_dispatch("create", &e));
                             }
                             tokio::time::sleep(delay).await;
@@ -513,7 +619,7 @@ impl Guest {
             }
             if let Some(reason) = wait_reason {
                 let delay = cx.backoff.delay(round);
-                if Instant::now() + delay >= deadline {
+                if !worth_retrying(delay, started, deadline) {
                     return Err(SandboxError::new(
                         ErrorKind::Transient,
                         format!(
@@ -537,16 +643,10 @@ impl Guest {
         info: GuestInfo,
         deadline: Instant,
     ) -> Result<Option<Guest>, SandboxError> {
-        let Some(info) = Self::until_running(cx, name, info, deadline).await? else {
+        // Its idle clock ran before this process saw it: count from the moment it was found.
+        let guest = Self::handle(cx, name, &info.id, Hold::Kept, false, Instant::now());
+        let Some(info) = guest.until_running(info, deadline).await? else {
             return Ok(None);
-        };
-        let guest = Guest {
-            cx: cx.clone(),
-            name: name.to_owned(),
-            id: info.id.clone(),
-            hold: Hold::Kept,
-            created: false,
-            confirmed_egress: None,
         };
         let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
         let have: Option<BTreeSet<&str>> = info
@@ -618,15 +718,16 @@ impl Guest {
         }
     }
 
-    /// Resumes a paused guest and polls until it runs, bounded by `deadline`. `Ok(None)` when
-    /// the guest is gone (404 or a terminal status).
+    /// Resumes the guest if it is paused and polls until it runs, bounded by `deadline` (each
+    /// call clipped to it). `info` is its last known state. `Ok(None)` when the guest is gone
+    /// (404 or a terminal status).
     async fn until_running(
-        cx: &GuestContext,
-        name: &str,
+        &self,
         mut info: GuestInfo,
         deadline: Instant,
     ) -> Result<Option<GuestInfo>, SandboxError> {
-        let id = info.id.clone();
+        let (cx, name) = (&self.cx, self.name.as_str());
+        let id = self.id.clone();
         let mut poll = STATUS_POLL_MIN;
         let mut attempt = 0u32;
         loop {
@@ -639,8 +740,10 @@ impl Guest {
                 GuestStatus::Paused => {
                     tracing::info!(target: LOG_TARGET, guest = name, "resuming a paused guest");
                     cx.count();
-                    match cx.cp.resume(id.clone()).await {
+                    let sent = Instant::now();
+                    match clipped(deadline, "resume", cx.cp.resume(id.clone())).await {
                         Ok(next) => {
+                            self.accepted_at(sent);
                             info = next;
                             continue;
                         }
@@ -671,13 +774,34 @@ impl Guest {
             tokio::time::sleep(poll).await;
             poll = (poll * 2).min(STATUS_POLL_MAX);
             cx.count();
-            match cx.cp.get(id.clone()).await {
+            match clipped(deadline, "status read", cx.cp.get(id.clone())).await {
                 Ok(next) => info = next,
                 Err(e) if e.is_not_found() => return Ok(None),
                 Err(e) if e.is_transient() => {}
                 Err(e) => return Err(cx.before_dispatch(&format!("status of guest {name}"), &e)),
             }
         }
+    }
+
+    /// Notes that a call restarting the guest's idle clock, sent at `at`, was accepted.
+    fn accepted_at(&self, at: Instant) {
+        let mut last = self
+            .last_accepted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *last = (*last).max(at);
+    }
+
+    /// When the request of the last call that restarts the control plane's idle clock of this
+    /// guest (and so its auto-pause backstop) was sent: its create, a resume, or an accepted
+    /// exec (`createos-api.md` §4.6: the clock is touched when an exec is accepted). Measured
+    /// at the request, not the answer, so it is never later than the control plane's own
+    /// mark; uploads and other calls are not counted (the contract does not say they touch it).
+    pub fn last_accepted(&self) -> Instant {
+        *self
+            .last_accepted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The guest's name.
@@ -841,6 +965,8 @@ impl Guest {
             timeout: http,
         };
         let started = Instant::now();
+        // Every attempt is clipped to this (at least a second from now): a dispatch cut there
+        // may have reached the guest, so it reads as "may have run".
         let (opened, _) = retry_until(
             &cx.backoff,
             deadline.max(started + Duration::from_secs(1)),
@@ -852,6 +978,7 @@ impl Guest {
                 if !closed {
                     cx.count();
                 }
+                let sent = Instant::now();
                 async move {
                     if closed {
                         // Shutdown began: no program is dispatched any more.
@@ -866,12 +993,16 @@ impl Guest {
                                 "no answer to the exec request",
                             ))
                         })
+                        .map(|stream| (stream, sent))
                 }
             },
         )
         .await;
         let stream = match opened {
-            Ok(s) => s,
+            Ok((s, sent)) => {
+                self.accepted_at(sent);
+                s
+            }
             Err(_) if cx.closed() => return Err(classify::shut_down(Stage::BeforeDispatch)),
             Err(e) if e.is_declined() => return Err(cx.before_dispatch("exec", &e)),
             Err(e) => return Err(classify::after_dispatch(&e, cx.closed(), &cx.redactor)),
@@ -1008,7 +1139,8 @@ impl Guest {
 
     /// Downloads the file at `path`, refusing more than `max_bytes`: before reading anything
     /// when the declared length is larger, and the moment the bytes that arrived pass the cap
-    /// otherwise. Opening the download is retried on transient failures until `deadline`.
+    /// otherwise. Opening the download is retried on transient failures, and the whole
+    /// transfer ends, by `deadline`.
     pub async fn download(
         &self,
         path: &str,
@@ -1041,7 +1173,20 @@ impl Guest {
         }
         let mut body = dl.body;
         let mut buf = BytesMut::new();
-        while let Some(chunk) = body.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, body.next()).await else {
+                let e = CallError::new(
+                    CallFailure::Timeout,
+                    format!(
+                        "the transfer did not finish within its budget ({} bytes had arrived)",
+                        buf.len()
+                    ),
+                );
+                return Err(classify::call_failed(&op, &e, cx.closed(), &cx.redactor));
+            };
+            let Some(chunk) = next else {
+                break;
+            };
             match chunk {
                 Ok(c) => {
                     if (buf.len() + c.len()) as u64 > max_bytes {

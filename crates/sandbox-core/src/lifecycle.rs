@@ -26,8 +26,9 @@ use crate::retry::Backoff;
 /// Where programs are written in the guest.
 pub const WORKSPACE: &str = "/workspace";
 
-/// Everything one run needs, decided before any I/O.
-#[derive(Debug, Clone)]
+/// Everything one run needs, decided before any I/O. `Debug` shows the environment's names,
+/// never its values.
+#[derive(Clone)]
 pub struct RunSpec {
     /// Guest name prefix (`lf-` for the backend).
     pub name_prefix: &'static str,
@@ -47,6 +48,23 @@ pub struct RunSpec {
     pub backoff: Backoff,
     /// Destroy off the critical path (the reaper guarantees it) instead of before returning.
     pub background_destroy: bool,
+}
+
+impl std::fmt::Debug for RunSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Env values may be secrets: names only.
+        f.debug_struct("RunSpec")
+            .field("name_prefix", &self.name_prefix)
+            .field("shape", &self.shape)
+            .field("rootfs", &self.rootfs)
+            .field("envs", &self.envs.keys().collect::<Vec<_>>())
+            .field("egress", &self.egress)
+            .field("limits", &self.limits)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .field("backoff", &self.backoff)
+            .field("background_destroy", &self.background_destroy)
+            .finish()
+    }
 }
 
 impl RunSpec {

@@ -18,7 +18,10 @@
 //! - **Verified before pooled.** A guest enters the pool only after its egress read-back
 //!   matched; one that fails it is destroyed at once, never handed out.
 //! - **Never handed out paused.** A guest idle for longer than its auto-pause backstop minus
-//!   [`IDLE_MARGIN`] is retired (destroyed and replaced), never resumed. A guest the control
+//!   [`IDLE_MARGIN`] is retired (destroyed and replaced), never resumed. Idle counts from its
+//!   last accepted call ([`Guest::last_accepted`]: its create, or the warmer's last exec),
+//!   which is when the control plane's clock restarted, not from when it was pooled; a guest
+//!   whose preparation outlasted the whole limit is destroyed, never pooled. A guest the control
 //!   plane paused anyway is caught by the run's first call to it (409); the run then destroys
 //!   it and uses a fresh guest (see [`crate::lifecycle`]).
 //! - **Off the critical path, bounded.** Refills run in one background task per pool on the
@@ -116,7 +119,7 @@ pub type Warmer =
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolConfig {
     /// The pause between refill attempts after a failure (`base` doubling up to `max`);
-    /// `budget` bounds one guest's egress read-back.
+    /// `budget` bounds one guest's create and egress read-back together.
     pub backoff: Backoff,
     /// The longest a guest stays in the pool; `None` means its auto-pause backstop minus
     /// [`IDLE_MARGIN`].
@@ -179,7 +182,7 @@ struct Want {
 struct State {
     size: usize,
     want: Option<Want>,
-    /// Oldest first.
+    /// In retirement order (the one to retire first at the front).
     ready: VecDeque<Ready>,
     filling: usize,
     failures: u32,
@@ -543,14 +546,30 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
                     retry_after = retry_after.max(ra);
                 }
                 Ok(guest) => {
-                    let ready = Ready {
-                        guest,
-                        retire_at: Instant::now() + max_idle,
-                    };
+                    // The control plane's idle clock restarted at the guest's last accepted
+                    // call (its create, or the warmer's last exec), not when the whole batch
+                    // was ready: the retirement is measured from there.
+                    let retire_at = guest.last_accepted() + max_idle;
+                    let ready = Ready { guest, retire_at };
                     if st.closed || st.generation != generation || st.ready.len() >= st.size {
                         unwanted.push(ready);
+                    } else if retire_at <= Instant::now() {
+                        // Its preparation outlasted its idle limit: the control plane may
+                        // pause it any moment. Never pooled; counted as a failure so a
+                        // preparation that is always this slow backs off.
+                        tracing::warn!(
+                            target: LOG_TARGET,
+                            guest = ready.guest.name(),
+                            max_idle_ms = crate::guest::ms(max_idle),
+                            "warm pool: the guest was idle for its whole idle limit while it \
+                             was prepared; destroyed, not used"
+                        );
+                        failed += 1;
+                        unwanted.push(ready);
                     } else {
-                        st.ready.push_back(ready);
+                        // Kept in retirement order, so the front always retires first.
+                        let at = st.ready.partition_point(|r| r.retire_at <= retire_at);
+                        st.ready.insert(at, ready);
                     }
                 }
             }
@@ -581,8 +600,10 @@ async fn prepare(
     warmer: Option<&Warmer>,
 ) -> Result<Guest, Option<Duration>> {
     let cx = &want.cx;
-    // A deadline of now: exactly one create attempt; the pool's backoff spaces the next.
-    let guest = match Guest::create(cx, &want.spec, &want.key.prefix, Instant::now()).await {
+    // Exactly one create attempt (the pool's backoff spaces the next); it and the read-back
+    // end within the backoff budget.
+    let deadline = Instant::now() + backoff.budget;
+    let guest = match Guest::create_once(cx, &want.spec, &want.key.prefix, deadline).await {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(
@@ -593,10 +614,7 @@ async fn prepare(
             return Err(e.retry_after());
         }
     };
-    match guest
-        .verify_egress(&want.spec.egress, Instant::now() + backoff.budget)
-        .await
-    {
+    match guest.verify_egress(&want.spec.egress, deadline).await {
         Ok(()) => {}
         Err(e) => {
             tracing::warn!(

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::LOG_TARGET;
 use crate::control::{CallError, ControlPlane};
 use crate::error::Redactor;
-use crate::retry::Backoff;
+use crate::retry::{Backoff, clipped};
 
 /// How hard the reaper tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +314,8 @@ impl Reaper {
     /// A name that is not (yet) listed is looked up again, with growing pauses, until `until`
     /// or, for a create whose response was lost, until the lookup patience after it was
     /// abandoned. The target is read again before each lookup, so an id that arrives
-    /// meanwhile (the create answered late) is used at once. `Ok` when the guest is gone or,
+    /// meanwhile (the create answered late) is used at once. Every call is clipped to
+    /// `until`, whatever the control plane's request timeout. `Ok` when the guest is gone or,
     /// as far as the lookups can tell, was never created.
     async fn destroy_slot(
         &self,
@@ -332,14 +333,14 @@ impl Reaper {
                 return Ok(());
             };
             let name = match target {
-                Target::Id { id, .. } => return cp.destroy(id).await,
+                Target::Id { id, .. } => return clipped(until, "destroy", cp.destroy(id)).await,
                 Target::Name(name) => name,
             };
-            match cp.find_by_name(name.clone()).await? {
+            match clipped(until, "lookup by name", cp.find_by_name(name.clone())).await? {
                 Some(g) if g.is_terminal() => return Ok(()),
                 Some(g) => {
                     self.set_id(slot, &g.id);
-                    return cp.destroy(g.id).await;
+                    return clipped(until, "destroy", cp.destroy(g.id)).await;
                 }
                 None => {
                     let give_up = abandoned_at.map_or(until, |t| {

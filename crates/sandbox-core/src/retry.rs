@@ -7,7 +7,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
-use crate::control::CallError;
+use crate::control::{CallError, CallFailure};
 
 /// Exponential backoff with jitter, bounded by a deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +49,47 @@ impl Backoff {
     }
 }
 
+/// The least time a retry must have left to be started, for a call whose whole window (first
+/// attempt to deadline) is `window`: a quarter of it, at most one second. An attempt with less
+/// would most likely be cut at the deadline ([`clipped`]), which turns an answer that said
+/// "not done" into an unknown outcome for a call that is not safe to repeat (a create, an
+/// exec).
+pub fn attempt_floor(window: Duration) -> Duration {
+    (window / 4).min(Duration::from_secs(1))
+}
+
+/// Whether a retry after waiting `delay` still has [`attempt_floor`] before `deadline`, for a
+/// call whose first attempt started at `started`.
+pub fn worth_retrying(delay: Duration, started: Instant, deadline: Instant) -> bool {
+    let floor = attempt_floor(deadline.saturating_duration_since(started));
+    Instant::now() + delay + floor < deadline
+}
+
+/// Runs one control-plane call, but never past `deadline`: a call still unanswered then is
+/// dropped (which closes its request) and fails as a [`CallFailure::Timeout`] naming `what`.
+/// Whatever the per-request timeout of the control plane, no attempt outlives its budget.
+///
+/// A dropped request may still have reached the server: for a call that is not safe to
+/// repeat, the caller treats the timeout as an unknown outcome (a create keeps its name with
+/// the reaper; an exec may have run).
+pub async fn clipped<T>(
+    deadline: Instant,
+    what: &str,
+    call: impl Future<Output = Result<T, CallError>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(res) => res,
+        Err(_) => Err(CallError::new(
+            CallFailure::Timeout,
+            format!("{what} was not answered within its budget (the request was abandoned)"),
+        )),
+    }
+}
+
 /// Runs `op` until it succeeds, fails with something `retryable` rejects, or the next attempt
-/// would start after `deadline`. `what` names the operation in logs. Returns the result and
-/// the number of attempts made.
+/// would have less than [`attempt_floor`] of its window left before `deadline`. Every attempt is
+/// [`clipped`] to what is left of the budget, so the whole call ends by `deadline`. `what`
+/// names the operation in logs. Returns the result and the number of attempts made.
 pub async fn retry_until<T, F, Fut>(
     backoff: &Backoff,
     deadline: Instant,
@@ -64,14 +102,15 @@ where
     Fut: Future<Output = Result<T, CallError>>,
 {
     let mut attempt = 0u32;
+    let started = Instant::now();
     loop {
-        let res = op(attempt).await;
+        let res = clipped(deadline, what, op(attempt)).await;
         attempt += 1;
         match res {
             Ok(v) => return (Ok(v), attempt),
             Err(e) if retryable(&e) => {
                 let delay = backoff.delay_after(attempt - 1, e.retry_after);
-                if Instant::now() + delay >= deadline {
+                if !worth_retrying(delay, started, deadline) {
                     return (Err(e), attempt);
                 }
                 tracing::info!(
@@ -94,7 +133,6 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use crate::control::CallFailure;
 
     fn quick() -> Backoff {
         Backoff {
@@ -184,6 +222,64 @@ mod tests {
         // 40+80+160 ms (each plus jitter) already reach the deadline: at most 4 attempts.
         assert!((2..=4).contains(&attempts), "{attempts} attempts");
         assert_eq!(n.load(Ordering::SeqCst), attempts);
+    }
+
+    #[tokio::test]
+    async fn an_attempt_never_outlives_the_budget() {
+        // Declined twice, then no answer at all: the third attempt is cut at the deadline
+        // instead of waiting for a request timeout of its own.
+        let n = AtomicU32::new(0);
+        let t0 = Instant::now();
+        let (r, attempts) = retry_until(
+            &quick(),
+            t0 + Duration::from_millis(300),
+            "t",
+            CallError::is_transient,
+            |_| async {
+                if n.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(CallError::new(CallFailure::Status(503), "busy"))
+                } else {
+                    std::future::pending::<Result<(), CallError>>().await
+                }
+            },
+        )
+        .await;
+        let e = r.unwrap_err();
+        assert_eq!(e.failure, CallFailure::Timeout);
+        assert!(e.message.contains("budget"), "{}", e.message);
+        assert_eq!(attempts, 3);
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_retry_too_close_to_the_deadline_is_not_started() {
+        // Declined every time, each answer taking 100 ms: no attempt starts with less than
+        // the floor (a quarter of the 800 ms window) left, so none is cut at the deadline and
+        // the last word is the server's "declined", not an unknown outcome.
+        let b = Backoff {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(20),
+            budget: Duration::from_millis(800),
+        };
+        assert_eq!(attempt_floor(b.budget), Duration::from_millis(200));
+        let (r, _) = retry_until(
+            &b,
+            Instant::now() + b.budget,
+            "t",
+            CallError::is_declined,
+            |_| async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err::<(), _>(CallError::new(CallFailure::Status(503), "busy"))
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap_err().failure, CallFailure::Status(503));
+        assert_eq!(
+            attempt_floor(Duration::from_secs(30)),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

@@ -599,3 +599,172 @@ async fn shutdown_destroys_one_shot_guests_and_keeps_named_ones() {
     assert_eq!(fake.stats().live, 1);
     fake.shutdown().await;
 }
+
+/// Every primitive ends by its deadline when the control plane declines three times and then
+/// never answers, although each request may take 10 s: the attempt that stalls is clipped to
+/// what is left of the budget. (The backend's routes are in the fault matrix.)
+#[tokio::test(flavor = "multi_thread")]
+async fn every_primitive_ends_by_its_deadline_when_the_control_plane_stalls() {
+    use sandbox_core::control::ProcessSpec;
+
+    const BUDGET: Duration = Duration::from_secs(1);
+    const SLACK: Duration = Duration::from_millis(1500);
+    let fake = fake_with("").await;
+    let cp: Arc<dyn ControlPlane> = Arc::new(
+        CreateOsControlPlane::new(
+            &SecretString::from(KEY),
+            &fake.url(),
+            Duration::from_secs(10),
+        )
+        .unwrap(),
+    );
+    let r = reaper();
+    let cx = GuestContext::new(
+        cp.clone(),
+        r.clone(),
+        Redactor::new(KEY),
+        Backoff {
+            budget: BUDGET,
+            ..quick()
+        },
+    );
+    let s = spec(EgressPolicy::AllowAll, &[]);
+    let one_shot = Guest::create(&cx, &s, "lf-", soon()).await.unwrap();
+    one_shot
+        .upload("/workspace/f.txt", Bytes::from_static(b"x"), soon())
+        .await
+        .unwrap();
+    let kept_name = derived_name(REUSED_PREFIX, &["budget"], &s.egress.fingerprint());
+    let kept = Guest::acquire(&cx, &s, &kept_name, soon()).await.unwrap();
+    let kept_id = kept.id().to_owned();
+    kept.release();
+    api(&fake)
+        .sandbox_handle(kept_id.clone())
+        .pause()
+        .await
+        .unwrap();
+
+    let stall = |route: &str| format!("{route}=503#3;{route}=stall");
+    let mut problems = Vec::new();
+    let mut check = |what: &str, took: Duration, kind: Option<ErrorKind>, want: ErrorKind| {
+        if took > BUDGET + SLACK {
+            problems.push(format!("{what} took {took:?} against a {BUDGET:?} budget"));
+        }
+        if kind != Some(want) {
+            problems.push(format!("{what} ended {kind:?}, not {want:?}"));
+        }
+    };
+
+    fake.set_faults(&stall("upload")).unwrap();
+    let t = Instant::now();
+    let res = one_shot
+        .upload("/workspace/g.txt", Bytes::from_static(b"y"), t + BUDGET)
+        .await;
+    check(
+        "upload",
+        t.elapsed(),
+        res.err().map(|e| e.kind()),
+        ErrorKind::Transient,
+    );
+
+    fake.set_faults(&stall("download")).unwrap();
+    let t = Instant::now();
+    let res = one_shot
+        .download("/workspace/f.txt", 1024, t + BUDGET)
+        .await;
+    check(
+        "download",
+        t.elapsed(),
+        res.err().map(|e| e.kind()),
+        ErrorKind::Transient,
+    );
+
+    // A process start that never answered may have started the process.
+    fake.set_faults(&stall("process_create")).unwrap();
+    let t = Instant::now();
+    let process = ProcessSpec {
+        cmd: "sleep".to_owned(),
+        args: vec!["30".to_owned()],
+        cwd: String::new(),
+    };
+    let res = one_shot.spawn_process(&process, t + BUDGET).await;
+    check(
+        "process start",
+        t.elapsed(),
+        res.err().map(|e| e.kind()),
+        ErrorKind::OutcomeUnknown,
+    );
+
+    // A lookup by name, then a resume of the paused kept guest.
+    for route in ["list", "resume"] {
+        fake.set_faults(&stall(route)).unwrap();
+        let t = Instant::now();
+        let res = Guest::acquire(&cx, &s, &kept_name, t + BUDGET).await;
+        check(
+            &format!("acquire ({route} stalls)"),
+            t.elapsed(),
+            res.err().map(|e| e.kind()),
+            ErrorKind::Transient,
+        );
+    }
+
+    // Destroys, inside the backoff budget: a kept guest's, and a one-shot guest's (which then
+    // stays with the reaper).
+    fake.set_faults("").unwrap();
+    let kept = Guest::acquire(&cx, &s, &kept_name, soon()).await.unwrap();
+    fake.set_faults(&stall("delete")).unwrap();
+    for (what, guest) in [("kept destroy", kept), ("one-shot destroy", one_shot)] {
+        let t = Instant::now();
+        let res = guest.destroy().await;
+        let took = t.elapsed();
+        if took > BUDGET + SLACK {
+            problems.push(format!("{what} took {took:?} against a {BUDGET:?} budget"));
+        }
+        if res.is_ok() {
+            problems.push(format!("{what} succeeded although every DELETE stalls"));
+        }
+    }
+    assert_eq!(
+        r.registered(),
+        1,
+        "the guest whose destroy failed is not kept"
+    );
+
+    fake.set_faults("").unwrap();
+    r.shutdown(Duration::from_secs(5)).await;
+    cp.destroy(kept_id).await.unwrap();
+    assert_eq!(fake.stats().live, 0, "{:?}", fake.stats());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn single_address_rules_reach_the_control_plane_as_cidr() {
+    // `1.2.3.4/32` must not travel as `1.2.3.4` (a spelling without live evidence of
+    // enforcement), and a bare address given by the user goes out as its /32.
+    let fake = fake_with("").await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let cx = context(cp.clone(), &r);
+    let rules = ["1.2.3.4/32", "::1/128", "5.6.7.8"].map(str::to_owned);
+    let names = sandbox_core::settings::SettingNames {
+        restrict_egress: "E",
+        allow_egress: "E=*",
+        accept_egress_exceptions: "A",
+        memory: "M",
+    };
+    let policy = EgressPolicy::restricted(&rules, true, &names).unwrap();
+    let g = Guest::create(&cx, &spec(policy.clone(), &[]), "lf-", soon())
+        .await
+        .unwrap();
+    let mut stored = api(&fake)
+        .sandbox_handle(g.id().to_owned())
+        .egress()
+        .await
+        .unwrap();
+    stored.sort();
+    assert_eq!(stored, ["1.2.3.4/32", "5.6.7.8/32", "::1/128"]);
+    g.verify_egress(&policy, soon()).await.unwrap();
+    g.destroy().await.unwrap();
+    fake.shutdown().await;
+}

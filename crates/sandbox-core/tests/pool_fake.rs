@@ -1,7 +1,8 @@
 //! The warm pool over HTTP against the fake control plane: a pooled guest is used once and
 //! destroyed, a policy mismatch bypasses the pool, an idled-out guest is replaced and never
 //! handed out paused, a guest failing its read-back is destroyed and never used, shutdown
-//! destroys the whole pool, and failing refills never fail a run and back off.
+//! destroys the whole pool, failing refills never fail a run and back off, a stalled refill
+//! ends within its budget, and idle time counts from a guest's last accepted call.
 
 #![allow(clippy::too_many_lines)]
 
@@ -19,11 +20,11 @@ use sandbox_core::control::{
 };
 use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
-use sandbox_core::exec::ExecLimits;
-use sandbox_core::guest::GuestContext;
+use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::guest::{ExecInput, Guest, GuestContext};
 use sandbox_core::lifecycle::{PoolUse, RunReport, RunSpec, run_python_pooled};
 use sandbox_core::names::BACKEND_PREFIX;
-use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool};
+use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::shapes::Shape;
@@ -635,4 +636,142 @@ async fn a_declined_warm_exec_is_retried_on_the_same_pooled_guest() {
         assert!(fake.stats().created <= created + 1, "{faults}");
         finish(p, r, fake).await;
     }
+}
+
+/// A warmer that takes `idle` before or after one accepted exec (`exec_first`).
+async fn slow_warm(g: &Guest, exec_first: bool, idle: Duration) -> Result<(), String> {
+    if !exec_first {
+        tokio::time::sleep(idle).await;
+    }
+    let limits = ExecLimits {
+        budget: Duration::from_secs(5),
+        kill_after: Duration::from_millis(500),
+        host_grace: Duration::from_millis(1500),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let run = g
+        .exec(
+            &Command::shell("true"),
+            &limits,
+            &ExecInput::default(),
+            deadline,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    g.capture(run, &limits, 1024)
+        .await
+        .map_err(|e| e.to_string())?;
+    if exec_first {
+        tokio::time::sleep(idle).await;
+    }
+    Ok(())
+}
+
+/// A pool of one whose guests may idle 3 s, prepared by a warmer that spends 4 s before or
+/// after its one exec.
+fn slow_pool(exec_first: bool) -> WarmPool {
+    let warmer: Warmer =
+        Arc::new(move |g: &Guest| Box::pin(slow_warm(g, exec_first, Duration::from_secs(4))));
+    let p = WarmPool::with_warmer(
+        PoolConfig {
+            max_idle: Some(Duration::from_secs(3)),
+            ..pool_config(2000, 4000)
+        },
+        warmer,
+    );
+    p.set_size(1);
+    p
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_idle_through_its_preparation_is_never_pooled() {
+    // Its last accepted call (the warmer's exec) was 4 s before it was ready: with 3 s of
+    // idle allowed, the control plane may pause it any moment, so it must not be listed ready.
+    let fake = fake().await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let p = slow_pool(true);
+    let s = spec(EgressPolicy::AllowAll);
+    assert_eq!(run(&cp, &r, &p, &s, "print(1)").await.pool, PoolUse::Miss);
+    let st = until(&p, "the prepared guest", |s| {
+        s.ready == 1 || s.discarded >= 1
+    })
+    .await;
+    assert_eq!(
+        st.ready, 0,
+        "a guest idle past its limit is listed ready: {st:?}"
+    );
+    assert_eq!(st.refill_failures, 1, "{st:?}");
+    let out = run(&cp, &r, &p, &s, "print(2)").await;
+    assert_eq!(out.pool, PoolUse::Miss);
+    finish(p, r, fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_counts_from_the_guests_last_accepted_call() {
+    // The warmer's exec came 4 s after the create, at the end of the preparation: the idle
+    // clock restarted there, so the guest is pooled and handed out (measured from its create,
+    // it would have been past its 3 s limit).
+    let fake = fake().await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let p = slow_pool(false);
+    let s = spec(EgressPolicy::AllowAll);
+    assert_eq!(run(&cp, &r, &p, &s, "print(1)").await.pool, PoolUse::Miss);
+    let st = until(&p, "the prepared guest", |s| {
+        s.ready == 1 || s.discarded >= 1
+    })
+    .await;
+    assert_eq!((st.ready, st.discarded), (1, 0), "{st:?}");
+    let out = run(&cp, &r, &p, &s, "print(2)").await;
+    assert_eq!(out.pool, PoolUse::Hit);
+    assert_eq!(out.stdout.text, "2\n");
+    finish(p, r, fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refill_whose_create_stalls_ends_within_the_pool_budget() {
+    // Each request may take 10 s; the pool's budget is 1 s: the stalled create is cut there,
+    // counted as a failure, and its name stays with the reaper (the guest may exist).
+    let fake = fake().await;
+    let cp: Arc<dyn ControlPlane> = Arc::new(
+        CreateOsControlPlane::new(
+            &SecretString::from(KEY),
+            &fake.url(),
+            Duration::from_secs(10),
+        )
+        .unwrap(),
+    );
+    let r = reaper();
+    let config = PoolConfig {
+        backoff: Backoff {
+            base: Duration::from_secs(5),
+            max: Duration::from_secs(5),
+            budget: Duration::from_secs(1),
+        },
+        max_idle: None,
+    };
+    let p = pool(1, config);
+    fake.set_faults("create=stall").unwrap();
+    let cx = GuestContext::new(cp.clone(), r.clone(), Redactor::new(KEY), quick());
+    let t0 = tokio::time::Instant::now();
+    assert!(
+        p.take(
+            &cx,
+            &spec(EgressPolicy::AllowAll).guest_spec(),
+            BACKEND_PREFIX
+        )
+        .is_none()
+    );
+    while p.stats().refill_failures == 0 && t0.elapsed() < Duration::from_secs(8) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = t0.elapsed();
+    assert_eq!(p.stats().refill_failures, 1, "{:?}", p.stats());
+    assert!(
+        took < Duration::from_millis(2500),
+        "the refill took {took:?} against a 1 s budget"
+    );
+    fake.set_faults("").unwrap();
+    finish(p, r, fake).await;
 }

@@ -345,6 +345,27 @@ pub(crate) const FACTS: &[Fact] = &[
         "§4.1",
         FAKE_README,
     ),
+    fact(
+        "egress.single-address-readback",
+        "a /32 rule (what sandbox-core sends for one address) reads back as 1.1.1.1/32 or \
+         1.1.1.1 in the create response and GET .../egress (the comparison is canonical)",
+        "§4.1",
+        HANDLERS,
+    ),
+    fact(
+        "egress.cidr32-enforced",
+        "a guest allowed only 1.1.1.1/32 reaches 1.1.1.1:443 and not 1.0.0.1:443",
+        "§4.1",
+        FAKE_README,
+    ),
+    fact(
+        "egress.bare-ip-enforced",
+        "is a bare IP enforced? a guest allowed only 1.1.1.1 (no /32) reaches 1.1.1.1:443 and \
+         not 1.0.0.1:443 (sandbox-core sends /32 either way; this settles whether the bare \
+         spelling would be safe too)",
+        "§4.1",
+        FAKE_README,
+    ),
 ];
 
 /// The fact with this id. Panics on an unknown id: that is a bug in the suite, caught by the

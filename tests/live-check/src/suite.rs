@@ -1,7 +1,9 @@
 //! The checks, run in order against one control plane, one guest at a time.
 //!
 //! Guests: a deny-all guest (exec, files, pause/resume, destroy), then an allow-all guest that
-//! reuses its name (list, pagination, address rules), then a guest allowed only a hostname.
+//! reuses its name (list, pagination, address rules), then a guest allowed only a hostname,
+//! then one allowed only `1.1.1.1/32` and, against a real endpoint, one allowed only the bare
+//! `1.1.1.1` (is a bare IP enforced?).
 //! Every guest is named `<prefix>-...` and registered the moment its create is answered; the
 //! caller destroys what is left and sweeps the prefix, whatever happens here.
 
@@ -193,6 +195,7 @@ pub(crate) async fn run(ctx: &Ctx) {
         return;
     }
     hostname_guest(ctx, &shape).await;
+    single_address_guests(ctx, &shape).await;
 }
 
 // ---- account, catalog, auth --------------------------------------------------------------------
@@ -1400,6 +1403,105 @@ async fn hostname_guest(ctx: &Ctx, shape: &str) {
         }
     }
     let _ = finish_guest(ctx, &sb, "hostname").await;
+}
+
+// ---- single-address guests ---------------------------------------------------------------------
+
+/// The one address the single-address guests may reach, and one they may not.
+const ALLOWED: &str = "1.1.1.1";
+const UNLISTED: &str = "1.0.0.1";
+
+/// A guest allowed only `1.1.1.1/32` (the spelling the product sends): its read-back, and,
+/// against a real endpoint, whether the rule is enforced. Then, against a real endpoint only,
+/// a guest allowed only the bare `1.1.1.1`: the open question of `createos-api.md` §4.1.
+async fn single_address_guests(ctx: &Ctx, shape: &str) {
+    let cidr = format!("{ALLOWED}/32");
+    let req = CreateSandboxRequest::new(shape)
+        .rootfs(&ctx.rootfs)
+        .name(ctx.name("c32"))
+        .egress([cidr.as_str()])
+        .auto_pause_after_seconds(60);
+    let expected = format!("[{cidr:?}] or [{ALLOWED:?}] from both");
+    let sb = match ctx.create(req).await {
+        Ok(sb) => sb,
+        Err(e) => {
+            let m = describe(&e);
+            ctx.check(
+                "egress.single-address-readback",
+                false,
+                &expected,
+                &format!("create: {m}"),
+            );
+            ctx.block(format!("the /32 guest could not be created: {m}"));
+            return;
+        }
+    };
+    let created = sb.info().egress;
+    let read = sb.egress().await.map_err(|e| describe(&e));
+    let same = |r: &[String]| r == [cidr.as_str()] || r == [ALLOWED];
+    ctx.check(
+        "egress.single-address-readback",
+        created.as_deref().is_some_and(same) && read.as_deref().is_ok_and(same),
+        &expected,
+        &format!("create response {created:?}, GET .../egress {read:?}"),
+    );
+    enforced(ctx, &sb, "egress.cidr32-enforced").await;
+    if !finish_guest(ctx, &sb, "/32").await {
+        ctx.block("the /32 guest never reached `destroyed`".to_owned());
+        return;
+    }
+
+    if ctx.loopback {
+        ctx.skip("egress.bare-ip-enforced", FAKE_NO_ENFORCEMENT);
+        return;
+    }
+    let req = CreateSandboxRequest::new(shape)
+        .rootfs(&ctx.rootfs)
+        .name(ctx.name("bare"))
+        .egress([ALLOWED])
+        .auto_pause_after_seconds(60);
+    match ctx.create(req).await {
+        Ok(sb) => {
+            enforced(ctx, &sb, "egress.bare-ip-enforced").await;
+            let _ = finish_guest(ctx, &sb, "bare-address").await;
+        }
+        Err(e) => ctx.check(
+            "egress.bare-ip-enforced",
+            false,
+            "the create is accepted",
+            &describe(&e),
+        ),
+    }
+}
+
+/// Records `id`: the guest reaches [`ALLOWED`]`:443` and not [`UNLISTED`]`:443`. Skipped
+/// against loopback (the fake does not enforce egress, and this machine must not probe out).
+async fn enforced(ctx: &Ctx, sb: &Sandbox, id: &str) {
+    if ctx.loopback {
+        ctx.skip(id, FAKE_NO_ENFORCEMENT);
+        return;
+    }
+    let expected = format!("{ALLOWED}:443 \"open\", {UNLISTED}:443 \"blocked\"");
+    if let Err(e) = sb
+        .wait_until_running(WaitOptions::timeout(STATE_BUDGET))
+        .await
+    {
+        ctx.check(id, false, &expected, &describe(&e));
+        return;
+    }
+    let listed = exec(sb, connect_probe(ALLOWED, 443)).await;
+    let unlisted = exec(sb, connect_probe(UNLISTED, 443)).await;
+    let said = |r: &Result<createos_api::CommandResult, String>, word: &str| matches!(r, Ok(c) if c.stdout.trim() == word);
+    ctx.check(
+        id,
+        said(&listed, "open") && said(&unlisted, "blocked"),
+        &expected,
+        &format!(
+            "{ALLOWED}:443 {}; {UNLISTED}:443 {}",
+            show(&listed),
+            show(&unlisted)
+        ),
+    );
 }
 
 #[cfg(test)]

@@ -74,8 +74,8 @@ async fn finish(mut child: Child) -> (Option<i32>, String, String) {
 /// timing-dependent check (a name probe while the fake is still `destroying`, 500 ms) to have
 /// been skipped instead of passed on a slow machine.
 fn totals_are(out: &str, passed: usize, failed: usize) -> bool {
-    let exact = format!("checks: {passed} passed, {failed} failed, 3 skipped");
-    let slow = format!("checks: {} passed, {failed} failed, 4 skipped", passed - 1);
+    let exact = format!("checks: {passed} passed, {failed} failed, 5 skipped");
+    let slow = format!("checks: {} passed, {failed} failed, 6 skipped", passed - 1);
     out.contains(&exact)
         || (out.contains(&slow)
             && verdict(out, "name.held-while-destroying").is_some_and(|l| l.starts_with("SKIP")))
@@ -96,11 +96,13 @@ async fn every_check_passes_against_the_fake_and_no_guest_is_left() {
     let (code, out, err) = finish(child).await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains("FAIL"), "{out}");
-    assert!(totals_are(&out, 48, 0), "{out}");
+    assert!(totals_are(&out, 49, 0), "{out}");
     for id in [
         "egress.deny-all-blocks-public",
         "egress.link-local-hole",
         "egress.hostname-not-enforced",
+        "egress.cidr32-enforced",
+        "egress.bare-ip-enforced",
     ] {
         let line = verdict(&out, id).unwrap_or_else(|| panic!("{id} missing:\n{out}"));
         assert!(line.starts_with("SKIP"), "{line}");
@@ -108,14 +110,17 @@ async fn every_check_passes_against_the_fake_and_no_guest_is_left() {
     assert_eq!(
         out.matches("reason: the fake does not enforce egress")
             .count(),
-        3,
+        5,
         "{out}"
     );
+    let line = verdict(&out, "egress.single-address-readback").expect("reported");
+    assert!(line.starts_with("PASS"), "{line}");
     let stats = fake.stats();
     assert_eq!(stats.live, 0, "{stats:?}");
-    assert_eq!(stats.created, 3, "{stats:?}");
+    // Against loopback the bare-address guest is never created (it only serves enforcement).
+    assert_eq!(stats.created, 4, "{stats:?}");
     assert!(
-        out.contains("created 3, destroyed 3, guest-seconds "),
+        out.contains("created 4, destroyed 4, guest-seconds "),
         "{out}"
     );
     assert!(out.contains("sweep: 0 leftover guest(s)"), "{out}");
@@ -155,7 +160,7 @@ async fn a_broken_fact_is_reported_with_both_values_and_the_fakes_file() {
         block.contains("disagrees with the fake: tests/fake-control-plane/src/handlers.rs"),
         "{block}"
     );
-    assert!(totals_are(&out, 47, 1), "{out}");
+    assert!(totals_are(&out, 48, 1), "{out}");
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
@@ -217,11 +222,11 @@ async fn a_create_refused_once_with_503_is_retried_and_the_suite_passes() {
     let child = command(&fake.url(), Some(KEY)).spawn().expect("spawn");
     let (code, out, err) = finish(child).await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    assert!(totals_are(&out, 48, 0), "{out}");
-    // Answered creates: three guests, three refused probes, and the name probe while
+    assert!(totals_are(&out, 49, 0), "{out}");
+    // Answered creates: four guests, three refused probes, and the name probe while
     // `destroying` when it ran; plus the one refused with 503.
     let held = verdict(&out, "name.held-while-destroying").expect("reported");
-    let answered = if held.starts_with("PASS") { 7 } else { 6 };
+    let answered = if held.starts_with("PASS") { 8 } else { 7 };
     assert_eq!(
         fake.stats().requests.get("create"),
         Some(&(answered + 1)),
