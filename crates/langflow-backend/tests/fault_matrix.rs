@@ -591,8 +591,9 @@ const SLOW_REQUEST: Duration = Duration::from_secs(10);
 /// Their shutdown bound.
 const SHUTDOWN: Duration = Duration::from_secs(2);
 /// What a loaded 2-core machine may add to a bound (scheduling, python3 start-up, the
-/// quick calls around the stalled one).
-const SLACK: Duration = Duration::from_millis(1500);
+/// quick calls around the stalled one), still far below [`SLOW_REQUEST`], which an unclipped
+/// attempt would take.
+const SLACK: Duration = Duration::from_secs(4);
 
 fn budget_options(url: String) -> BackendOptions {
     let quick = Backoff {
