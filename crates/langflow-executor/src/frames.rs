@@ -2,13 +2,13 @@
 //! log lines.
 //!
 //! Everything the guest writes is hostile: flow code can write raw lines to the runner's frame
-//! stream, so the runner's own caps (a vertex result cut at 1 MiB) are a courtesy. The host
-//! bounds what it parses itself ([`FrameLimits`]): a frame line longer than its bound stops the
-//! run before more of it is buffered (the [`createos_api::LineFramer`] refuses it), and every
-//! other frame is checked by [`census`], a pass over its bytes that builds nothing, before any
-//! of it is materialised: its nesting depth and its count of JSON values (an object tagged
-//! `__lfx__`, which the host rebuilds as an lfx object, counts as [`TAGGED_VALUE_WEIGHT`]
-//! values). A frame over a bound is [`Line::Refused`], naming the bound; the run's totals are
+//! stream, so the runner's own caps (a vertex result cut at 4 MiB or 200,000 values) are a
+//! courtesy. The host bounds what it parses itself ([`FrameLimits`]): a frame line longer than
+//! its bound stops the run before more of it is buffered (the [`createos_api::LineFramer`]
+//! refuses it), and every other frame is checked by [`census`], a pass over its bytes that
+//! builds nothing, before any of it is materialised: its nesting depth and its count of JSON
+//! values (an object tagged `__lfx__`, which the host rebuilds as an lfx object, counts
+//! [`TAGGED_VALUE_WEIGHT`] more). A frame over a bound is [`Line::Refused`], naming the bound; the run's totals are
 //! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`]). An admitted
 //! vertex or terminal frame is handed on as its raw bytes ([`Payload`]), not as a parsed tree.
 //!
