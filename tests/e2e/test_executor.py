@@ -395,6 +395,8 @@ def measure(fake: Fake, mode: str) -> dict[str, Any]:
         ("values:5000000", "MAX_FRAME_VALUES"),
         # A line past the frame bound: refused before its end is buffered.
         ("string:17000000", "MAX_FRAME_BYTES"),
+        # 20,000 records that share no column: a 400-million-cell table if it were rebuilt.
+        ("diagonal:20000", "MAX_DATAFRAME_CELLS"),
     ],
 )
 def test_a_hostile_frame_fails_the_run_and_the_host_stays_bounded(clean_fake: Fake, mode: str, bound: str) -> None:

@@ -172,7 +172,7 @@ def _dataframe(body: Any) -> Any:
     if cells > MAX_DATAFRAME_CELLS:
         raise ValueError(
             f"a DataFrame of {len(rows)} rows and {len(columns)} columns ({cells} cells) is over the host's "
-            f"bound of {MAX_DATAFRAME_CELLS} cells"
+            f"bound MAX_DATAFRAME_CELLS ({MAX_DATAFRAME_CELLS} cells)"
         )
     return DataFrame(rows)
 

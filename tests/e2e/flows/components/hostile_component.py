@@ -29,6 +29,11 @@ class HostileComponent(Component):
             # Chat messages of a result: each becomes a validated pydantic model on the host.
             frame["result"] = {"results": {}, "messages": [{"message": "", "type": "x"}] * int(arg)}
             line = json.dumps(frame)
+        elif mode == "diagonal":
+            # Records that share no column: n of them make an n x n table on the host.
+            rows = [{f"c{i}": 1} for i in range(int(arg))]
+            frame["result"] = {"results": {"r": {"__lfx__": "DataFrame", "v": rows}}}
+            line = json.dumps(frame)
         elif mode == "string":
             # One astral character makes the whole string 4 bytes per character in Python.
             frame["result"] = {"results": {"r": "\U0001f600" + "x" * int(arg)}}
