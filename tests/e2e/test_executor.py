@@ -9,6 +9,7 @@ prove the flow went through a guest that was destroyed afterwards.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -436,6 +437,36 @@ def test_vertex_names_from_the_guest_are_escaped(clean_fake: Fake) -> None:
     result = measure(clean_fake, "name")
     raw = result["names"][result["ids"].index("raw")]
     assert raw == "\\x1b]0;pwned\\x07\\x1b[2Jraw", result
+
+
+FILES = """
+import asyncio, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    async for item in CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": MODE}])):
+        payload = getattr(item, "payload", None)
+        if getattr(getattr(payload, "vertex", None), "id", None) == "raw":
+            message = payload.result_dict.results["r"]
+            print("RESULT " + json.dumps({"type": type(message).__name__, "files": message.files}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_guest_message_naming_a_host_path_opens_nothing_on_the_host(clean_fake: Fake, tmp_path: Path) -> None:
+    # A FIFO: opening it (as validating a Message's files does, to tell images) would block.
+    fifo = tmp_path / "no-writer"
+    os.mkfifo(fifo)
+    script = FILES.replace("FLOW", repr(str(HOSTILE))).replace("MODE", repr(f"files:{fifo}"))
+    proc = run_python(script, executor_env(clean_fake), timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert json.loads(lines[-1].removeprefix("RESULT ")) == {"type": "Message", "files": [str(fifo)]}
+    assert clean_fake.wait_settled()["live"] == 0
 
 
 LEGACY_EVENTS = """

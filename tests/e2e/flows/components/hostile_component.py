@@ -34,6 +34,10 @@ class HostileComponent(Component):
             rows = [{f"c{i}": 1} for i in range(int(arg))]
             frame["result"] = {"results": {"r": {"__lfx__": "DataFrame", "v": rows}}}
             line = json.dumps(frame)
+        elif mode == "files":
+            # A Message naming a path: opening it on the host (to tell an image) could block.
+            frame["result"] = {"results": {"r": {"__lfx__": "Message", "v": {"text": "see", "files": [arg]}}}}
+            line = json.dumps(frame)
         elif mode == "string":
             # One astral character makes the whole string 4 bytes per character in Python.
             frame["result"] = {"results": {"r": "\U0001f600" + "x" * int(arg)}}
