@@ -33,8 +33,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar, NamedTuple, cast
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult, Unit
@@ -43,6 +43,7 @@ __all__ = ["CreateOSExecutor", "RemoteComponent", "RemoteVertex", "RemoteVertexR
 
 _logger = logging.getLogger("langflow_sandbox_createos")
 _shutdown_registered = False
+_T = TypeVar("_T")
 
 #: The most cells (rows times the union of their columns) of a ``DataFrame`` rebuilt from a
 #: guest: a frame's own bound on values (``MAX_FRAME_VALUES``), so a table of records with
@@ -177,7 +178,11 @@ def _dataframe(body: Any) -> Any:
     return DataFrame(rows)
 
 
-def _tagged(value: dict[str, Any]) -> Any:
+def _tagged(value: Any) -> Any:
+    """The lfx object a tagged value stands for, or ``_UNKNOWN_TAG`` for anything else."""
+    if not isinstance(value, dict) or "__lfx__" not in value:
+        return _UNKNOWN_TAG
+    value = cast("dict[str, Any]", value)
     tag = value.get("__lfx__")
     if tag == "Message":
         return _message(value.get("v"))
@@ -196,10 +201,9 @@ def _decode(value: Any) -> Any:
     In place (the containers are the native side's fresh objects, so no second tree is built)
     and without recursion.
     """
-    if isinstance(value, dict) and "__lfx__" in value:
-        rebuilt = _tagged(cast("dict[str, Any]", value))
-        if rebuilt is not _UNKNOWN_TAG:
-            return rebuilt
+    rebuilt = _tagged(value)
+    if rebuilt is not _UNKNOWN_TAG:
+        return rebuilt
     stack: list[Any] = [value]
     while stack:
         node = stack.pop()
@@ -210,12 +214,10 @@ def _decode(value: Any) -> Any:
         else:
             continue
         for key, item in entries:
-            if isinstance(item, dict) and "__lfx__" in item:
-                rebuilt = _tagged(cast("dict[str, Any]", item))
-                if rebuilt is not _UNKNOWN_TAG:
-                    node[key] = rebuilt  # replaces a value: the container keeps its size
-                    continue
-            if isinstance(item, (dict, list)):
+            rebuilt = _tagged(item)
+            if rebuilt is not _UNKNOWN_TAG:
+                node[key] = rebuilt  # replaces a value: the container keeps its size
+            elif isinstance(item, (dict, list)):
                 stack.append(item)
     return value
 
@@ -264,15 +266,19 @@ def _run_outputs(outputs: list[dict[str, Any]]) -> list[Any]:
     return runs
 
 
-def _unreadable(kind: str, exc: BaseException) -> Exception:
-    """The failure of a run whose guest sent an event the host cannot rebuild."""
-    from .exceptions import CreateOSExecutionError
+def _rebuilt(kind: str, rebuild: Callable[[Any], _T], data: Any) -> _T:
+    """``rebuild(data)``; a failure (the guest sent what the host cannot rebuild) is raised as
+    ``CreateOSExecutionError``, not chained: the original text may quote the guest's raw bytes."""
+    try:
+        return rebuild(data)
+    except Exception as exc:  # noqa: BLE001 - anything a hostile frame makes the rebuild raise
+        from .exceptions import CreateOSExecutionError
 
-    reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
-    return CreateOSExecutionError(
-        f"the guest sent a {kind} event the host could not read ({reason}); the run was stopped and "
-        "the guest destroyed, and the flow may have run"
-    )
+        reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
+        raise CreateOSExecutionError(
+            f"the guest sent a {kind} event the host could not read ({reason}); the run was stopped "
+            "and the guest destroyed, and the flow may have run"
+        ) from None
 
 
 def _lfx_version() -> str | None:
@@ -314,17 +320,13 @@ class CreateOSExecutor(Executor):
         _register_shutdown()
         try:
             async for kind, data in events:
-                try:
-                    built = _vertex_payload(data) if kind == "vertex" else _run_outputs(data)
-                except Exception as exc:  # noqa: BLE001 - anything a hostile frame makes the rebuild raise
-                    # Not chained: the original text may quote the guest's raw bytes.
-                    raise _unreadable(kind, exc) from None
                 if kind == "vertex":
-                    yield StepResult(payload=built)
+                    yield StepResult(payload=_rebuilt(kind, _vertex_payload, data))
                     continue
+                outputs = _rebuilt(kind, _run_outputs, data)
                 if events.mode == "stream":
                     yield StepResult(payload=Finish())
-                yield RunComplete(outputs=built)
+                yield RunComplete(outputs=outputs)
                 return
         finally:
             await events.aclose()
