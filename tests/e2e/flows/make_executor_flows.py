@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "components"))
@@ -35,13 +36,18 @@ from slow_component import SlowComponent  # noqa: E402
 from stream_component import StreamWordsComponent  # noqa: E402
 
 
-def shout() -> Graph:
+def chat_through(make: Any, input_name: str, output_name: str) -> Graph:
+    """Chat Input -> ``make()`` (the message into its ``input_name``) -> Chat Output (its ``output_name``)."""
     chat_in = ChatInput(_id="chat_in")
-    loud = ShoutComponent(_id="shout")
-    loud.set(text=chat_in.message_response)
+    middle = make()
+    middle.set(**{input_name: chat_in.message_response})
     chat_out = ChatOutput(_id="chat_out")
-    chat_out.set(input_value=loud.shout)
+    chat_out.set(input_value=getattr(middle, output_name))
     return Graph(chat_in, chat_out)
+
+
+def shout() -> Graph:
+    return chat_through(lambda: ShoutComponent(_id="shout"), "text", "shout")
 
 
 def slow() -> Graph:
@@ -56,21 +62,11 @@ def slow() -> Graph:
 
 
 def stream() -> Graph:
-    chat_in = ChatInput(_id="chat_in")
-    words = StreamWordsComponent(_id="stream_words")
-    words.set(text=chat_in.message_response)
-    chat_out = ChatOutput(_id="chat_out")
-    chat_out.set(input_value=words.streamed)
-    return Graph(chat_in, chat_out)
+    return chat_through(lambda: StreamWordsComponent(_id="stream_words"), "text", "streamed")
 
 
 def hostile() -> Graph:
-    chat_in = ChatInput(_id="chat_in")
-    raw = HostileComponent(_id="hostile")
-    raw.set(mode=chat_in.message_response)
-    chat_out = ChatOutput(_id="chat_out")
-    chat_out.set(input_value=raw.done)
-    return Graph(chat_in, chat_out)
+    return chat_through(lambda: HostileComponent(_id="hostile"), "mode", "done")
 
 
 def bulk() -> Graph:
