@@ -439,6 +439,43 @@ def test_vertex_names_from_the_guest_are_escaped(clean_fake: Fake) -> None:
     assert raw == "\\x1b]0;pwned\\x07\\x1b[2Jraw", result
 
 
+# One line (it travels as the flow's chat input): every JSON type, escapes, raw UTF-8, the
+# integer extremes serde reads exactly, and a duplicate key (the last wins, as in Python).
+PARITY = (
+    r'{"ints": [0, -1, 9223372036854775807, -9223372036854775808, 18446744073709551615],'
+    r' "floats": [0.1, -0.0, 1e300, 2.5e-308, 1.0, 3.141592653589793],'
+    r' "text": ["", "\u00e9\u4e2d\ud83d\ude00", "raw é 中 😀", "tab\t nl\n nul\u0000 esc\u001b", "\"q\" \\ /"],'
+    r' "nested": [[], {}, [null, true, false], {"": "empty key", "k": {"k": {"k": []}}}],'
+    r' "dup": {"a": 1, "a": 2}}'
+)
+
+ROUND_TRIP = """
+import asyncio, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    async for item in CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "parity:" + TEXT}])):
+        payload = getattr(item, "payload", None)
+        if getattr(getattr(payload, "vertex", None), "id", None) == "raw":
+            built = payload.result_dict.results["r"]
+            print("RESULT " + json.dumps({"same": repr(built) == repr(json.loads(TEXT)), "built": repr(built)}))
+
+asyncio.run(main())
+"""
+
+
+def test_guest_json_is_built_on_the_host_as_json_loads_builds_it(clean_fake: Fake) -> None:
+    script = ROUND_TRIP.replace("FLOW", repr(str(HOSTILE))).replace("TEXT", repr(PARITY))
+    proc = run_python(script, executor_env(clean_fake), timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["same"], result["built"]
+
+
 FILES = """
 import asyncio, json, sys
 from lfx.execution.types import Unit

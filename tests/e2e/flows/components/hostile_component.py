@@ -38,6 +38,9 @@ class HostileComponent(Component):
             # A Message naming a path: opening it on the host (to tell an image) could block.
             frame["result"] = {"results": {"r": {"__lfx__": "Message", "v": {"text": "see", "files": [arg]}}}}
             line = json.dumps(frame)
+        elif mode == "parity":
+            # The JSON text as given, for the host to build as `json.loads` would.
+            line = json.dumps(frame)[:-1] + ', "result": {"results": {"r": ' + arg + "}}}"
         elif mode == "string":
             # One astral character makes the whole string 4 bytes per character in Python.
             frame["result"] = {"results": {"r": "\U0001f600" + "x" * int(arg)}}
