@@ -1111,8 +1111,10 @@ fn assert_escaped(text: &str, escaped: &[&str]) {
 #[tokio::test(flavor = "multi_thread")]
 async fn control_characters_from_the_guest_are_escaped_in_logs_and_errors() {
     // ESC and BEL in a printed line, a line on stdout that is not a frame, the guest's lfx
-    // version, and the flow's error message (multi-line: its newline stays).
+    // version, and the flow's error message (multi-line: its newline stays). The fake relays
+    // stderr and stdout from separate pipes: the pause lets the printed line arrive first.
     let script = r#"printf '\033[2J\033]0;pwned\007 cleared\n' >&2
+sleep 2
 printf 'stdout \033[31mred\033[0m\n'
 printf '{"frame":"hello","lfx":"1.13.0\\u001b[5m","python":"3.11"}\n'
 printf '{"frame":"error","kind":"flow","type":"ValueError","message":"bad \\u001b[31mthing\\u0007\\nline two\\u009b"}\n'

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use langflow_executor::frames::MAX_FRAME_BYTES;
+use langflow_executor::frames::{MAX_FRAME_BYTES, escape_controls};
 use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest, FlowRun};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -232,7 +232,10 @@ fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, ready: Ready) -> PyResult<()>
         Err(e) => {
             let err = errors::execution(
                 py,
-                format!("the guest's {kind} event could not be read on the host: {e}"),
+                format!(
+                    "the guest's {kind} event could not be read on the host: {}",
+                    escape_controls(&e.to_string())
+                ),
             );
             fut.call_method1("set_exception", (err.value(py),))
         }
