@@ -9,6 +9,7 @@ prove the flow went through a guest that was destroyed afterwards.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -332,3 +333,216 @@ def test_sigterm_to_lfx_run_mid_flow_destroys_the_guest(clean_fake: Fake) -> Non
     # `destroyed` counts guests past `destroying`, a moment after the delete.
     stats = clean_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1, timeout=15)
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
+
+
+# --- Hostile frames: what flow code writes past the runner's caps -----------------------------
+
+HOSTILE = E2E / "flows" / "hostile_flow.json"
+BULK = E2E / "flows" / "bulk_flow.json"
+#: The host's bound on one frame line (``MAX_FRAME_BYTES``).
+FRAME_CAP = 16 * 1024 * 1024
+#: The most the host process's peak RSS may grow in one run of a hostile flow, whatever its
+#: guest writes, as a multiple of FRAME_CAP (the README's executor section states it too).
+RSS_MULTIPLE = 8
+
+MEASURE = """
+import asyncio, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+def peak_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+async def run(mode):
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    kept = []  # every event held to the end, as `lfx run` holds them
+    try:
+        async for item in CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": mode}])):
+            kept.append(item)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "events": len(kept)}
+    vertices = [getattr(item.payload, "vertex", None) for item in kept if hasattr(item, "payload")]
+    return {"events": len(kept), "names": [v.display_name for v in vertices if v is not None],
+            "ids": [v.id for v in vertices if v is not None]}
+
+async def main():
+    await run("none")  # imports, the runtime and its connections are warm before measuring
+    before = peak_kib()
+    outcome = await run(MODE)
+    outcome["growth_kib"] = peak_kib() - before
+    print("RESULT " + json.dumps(outcome))
+
+asyncio.run(main())
+"""
+
+
+def measure(fake: Fake, mode: str) -> dict[str, Any]:
+    """One run of the hostile flow with ``mode``, after a warm-up run, in a fresh process."""
+    script = MEASURE.replace("FLOW", repr(str(HOSTILE))).replace("MODE", repr(mode))
+    proc = run_python(script, executor_env(fake), timeout=400)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    assert "\x1b" not in proc.stderr, proc.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("mode", "bound"),
+    [
+        # The reproduction: 15 MB of `{},{},...` (5 million objects).
+        ("values:5000000", "MAX_FRAME_VALUES"),
+        # A line past the frame bound: refused before its end is buffered.
+        ("string:17000000", "MAX_FRAME_BYTES"),
+        # 20,000 records that share no column: a 400-million-cell table if it were rebuilt.
+        ("diagonal:20000", "MAX_DATAFRAME_CELLS"),
+    ],
+)
+def test_a_hostile_frame_fails_the_run_and_the_host_stays_bounded(clean_fake: Fake, mode: str, bound: str) -> None:
+    result = measure(clean_fake, mode)
+    print(f"{mode}: host peak RSS grew by {result['growth_kib'] / 1024:.1f} MiB")
+    assert result.get("error") == "CreateOSExecutionError", result
+    assert bound in result["message"], result
+    assert "guest destroyed" in result["message"], result
+    assert result["growth_kib"] * 1024 <= RSS_MULTIPLE * FRAME_CAP, result
+    stats = clean_fake.wait_settled()
+    assert stats["live"] == 0, stats
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        # The most objects one frame may carry (249,992 `{}` and the frame's own 8 values).
+        "values:249992",
+        # The most tagged objects (35 values each as the host counts them), rebuilt as Messages.
+        "tagged:7142",
+        # The most chat messages of a result (3 values each), validated as pydantic models.
+        "chat:83330",
+        # The longest string one frame may carry, 4 bytes per character on the host (UCS-4).
+        "string:16777000",
+    ],
+)
+def test_the_worst_admitted_frame_arrives_and_the_host_stays_bounded(clean_fake: Fake, mode: str) -> None:
+    result = measure(clean_fake, mode)
+    assert "error" not in result, result
+    assert "raw" in result["ids"], result
+    print(f"{mode}: host peak RSS grew by {result['growth_kib'] / 1024:.1f} MiB")
+    assert result["growth_kib"] * 1024 <= RSS_MULTIPLE * FRAME_CAP, result
+    assert clean_fake.wait_settled()["live"] == 0
+
+
+def test_vertex_names_from_the_guest_are_escaped(clean_fake: Fake) -> None:
+    result = measure(clean_fake, "name")
+    raw = result["names"][result["ids"].index("raw")]
+    assert raw == "\\x1b]0;pwned\\x07\\x1b[2Jraw", result
+
+
+# One line (it travels as the flow's chat input): every JSON type, escapes, raw UTF-8, the
+# integer extremes serde reads exactly, and a duplicate key (the last wins, as in Python).
+PARITY = (
+    r'{"ints": [0, -1, 9223372036854775807, -9223372036854775808, 18446744073709551615],'
+    r' "floats": [0.1, -0.0, 1e300, 2.5e-308, 1.0, 3.141592653589793],'
+    r' "text": ["", "\u00e9\u4e2d\ud83d\ude00", "raw é 中 😀", "tab\t nl\n nul\u0000 esc\u001b", "\"q\" \\ /"],'
+    r' "nested": [[], {}, [null, true, false], {"": "empty key", "k": {"k": {"k": []}}}],'
+    r' "dup": {"a": 1, "a": 2}}'
+)
+
+ROUND_TRIP = """
+import asyncio, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    async for item in CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "parity:" + TEXT}])):
+        payload = getattr(item, "payload", None)
+        if getattr(getattr(payload, "vertex", None), "id", None) == "raw":
+            built = payload.result_dict.results["r"]
+            print("RESULT " + json.dumps({"same": repr(built) == repr(json.loads(TEXT)), "built": repr(built)}))
+
+asyncio.run(main())
+"""
+
+
+def test_guest_json_is_built_on_the_host_as_json_loads_builds_it(clean_fake: Fake) -> None:
+    script = ROUND_TRIP.replace("FLOW", repr(str(HOSTILE))).replace("TEXT", repr(PARITY))
+    proc = run_python(script, executor_env(clean_fake), timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["same"], result["built"]
+
+
+FILES = """
+import asyncio, json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    async for item in CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": MODE}])):
+        payload = getattr(item, "payload", None)
+        if getattr(getattr(payload, "vertex", None), "id", None) == "raw":
+            message = payload.result_dict.results["r"]
+            print("RESULT " + json.dumps({"type": type(message).__name__, "files": message.files}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_guest_message_naming_a_host_path_opens_nothing_on_the_host(clean_fake: Fake, tmp_path: Path) -> None:
+    # A FIFO: opening it (as validating a Message's files does, to tell images) would block.
+    fifo = tmp_path / "no-writer"
+    os.mkfifo(fifo)
+    script = FILES.replace("FLOW", repr(str(HOSTILE))).replace("MODE", repr(f"files:{fifo}"))
+    proc = run_python(script, executor_env(clean_fake), timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert json.loads(lines[-1].removeprefix("RESULT ")) == {"type": "Message", "files": [str(fifo)]}
+    assert clean_fake.wait_settled()["live"] == 0
+
+
+LEGACY_EVENTS = """
+import asyncio, json, sys
+from lfx.execution.types import RunComplete, Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    unit = Unit(graph=graph, inputs=[{"input_value": "bulk"}], runtime_options={"_use_arun_legacy": True})
+    out = {}
+    async for item in CreateOSExecutor().execute(unit):
+        if isinstance(item, RunComplete):
+            out["outputs"] = {r.component_id: r.results["message"].text for run in item.outputs for r in run.outputs}
+            continue
+        if item.payload.vertex.id == "bulk":
+            outputs = item.payload.result_dict.outputs
+            table, text = outputs["table"]["message"], outputs["long_text"]["message"]
+            out["bulk"] = {"rows": len(table), "row_1234": table[1234], "text": text}
+    print("RESULT " + json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def test_a_large_legitimate_payload_is_not_refused(clean_fake: Fake) -> None:
+    # A vertex with 300 KB of text and a 3,000-row table (its frame is about 2 MB and 60,000
+    # values: the text and the table each travel more than once), well inside the host's bounds.
+    proc = run_python(LEGACY_EVENTS.replace("FLOW", repr(str(BULK))), executor_env(clean_fake), timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    bulk = out["bulk"]
+    assert bulk["rows"] == 3000, bulk["rows"]
+    assert bulk["row_1234"] == {"row": 1234, "name": "item 1234", "score": 1234 / 7, "even": True,
+                                "note": "The quick brown fox jumps over the lazy dog, and"[: 1234 % 40]}
+    assert len(bulk["text"]) == 300 * 1024
+    assert bulk["text"].startswith("bulk: The quick brown fox")
+    assert out["outputs"]["text_out"] == bulk["text"]
+    assert out["outputs"]["table_out"] == "3000 rows, the last: item 2999"
+    assert clean_fake.wait_settled()["live"] == 0

@@ -31,9 +31,14 @@ import traceback
 from typing import Any
 
 PROTOCOL = 1
-# A vertex result larger than this (serialized) is replaced by a note, so one vertex frame never
-# approaches the host's frame limit; the terminal frame is never cut.
-MAX_VERTEX_RESULT_BYTES = 1024 * 1024
+# A vertex result larger than this (serialized), or of more JSON values than this (counted as
+# the host counts them), is replaced by a note, so a flow's own vertex frames stay well inside
+# the host's bounds on a frame (16 MiB, 250,000 values), which refuse the whole run; the
+# terminal frame is never cut. The host enforces its bounds itself: these are a courtesy.
+MAX_VERTEX_RESULT_BYTES = 4 * 1024 * 1024
+MAX_VERTEX_RESULT_VALUES = 200_000
+# What the host counts for an object tagged ``__lfx__`` on top of its own value.
+TAGGED_VALUE_WEIGHT = 32
 
 _frames: Any = None
 
@@ -82,21 +87,51 @@ def _encode(value: Any) -> Any:
         return repr(value)
 
 
+def _serialized(value: Any) -> Any:
+    """What ``json`` cannot encode, through lfx's serializer (a DataFrame becomes its records)."""
+    from lfx.serialization import serialize
+
+    try:
+        out = serialize(value)
+    except Exception:  # noqa: BLE001 - a value we cannot encode is shown, not fatal
+        return repr(value)
+    return repr(value) if out is value else out
+
+
 def encode_result_data(rd: Any) -> Any:
     """A ``ResultData`` as JSON, its ``results`` values tagged."""
     if rd is None:
         return None
-    body = json.loads(rd.model_dump_json(exclude={"results"}))
+    try:
+        body = json.loads(rd.model_dump_json(exclude={"results"}))
+    except Exception:  # noqa: BLE001 - pydantic cannot serialize a DataFrame in outputs or artifacts
+        body = json.loads(json.dumps(rd.model_dump(exclude={"results"}), default=_serialized))
     results = rd.results
     body["results"] = _encode(results) if results is not None else None
     return body
+
+
+def _values(value: Any, limit: int) -> int:
+    """The JSON values of ``value`` as the host counts them, counted up to just past ``limit``."""
+    count = 0
+    stack = [value]
+    while stack and count <= limit:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            if "__lfx__" in node:
+                count += TAGGED_VALUE_WEIGHT
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
 
 
 def _vertex_frame(vertex: Any, result_dict: Any, valid: bool, seq: int) -> dict[str, Any]:
     component = getattr(vertex, "custom_component", None)
     encoded = encode_result_data(result_dict)
     size = len(json.dumps(encoded, default=_fallback))
-    truncated = size > MAX_VERTEX_RESULT_BYTES
+    truncated = size > MAX_VERTEX_RESULT_BYTES or _values(encoded, MAX_VERTEX_RESULT_VALUES) > MAX_VERTEX_RESULT_VALUES
     if truncated:
         encoded = None
     return {

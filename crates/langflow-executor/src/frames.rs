@@ -1,37 +1,199 @@
 //! What the runner writes: one JSON frame per line on its standard output, anything else as
-//! log lines. Parsing is bounded: a frame line longer than the limit stops the run (the
-//! [`createos_api::LineFramer`] refuses it before buffering more), a malformed line is reported
-//! and skipped, and a log line longer than [`MAX_LOG_LINE`] is cut.
+//! log lines.
+//!
+//! Everything the guest writes is hostile: flow code can write raw lines to the runner's frame
+//! stream, so the runner's own caps (a vertex result cut at 4 MiB or 200,000 values) are a
+//! courtesy. The host bounds what it parses itself ([`FrameLimits`]): a frame line longer than
+//! its bound stops the run before more of it is buffered (the [`createos_api::LineFramer`]
+//! refuses it), and every other frame is checked by [`census`], a pass over its bytes that
+//! builds nothing, before any of it is materialised: its nesting depth and its count of JSON
+//! values (an object tagged `__lfx__`, which the host rebuilds as an lfx object, counts
+//! [`TAGGED_VALUE_WEIGHT`] more). A frame over a bound is [`Line::Refused`], naming the bound; the run's totals are
+//! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`]). An admitted
+//! vertex or terminal frame is handed on as its raw bytes ([`Payload`]), not as a parsed tree.
+//!
+//! A malformed line is reported and skipped, a log line longer than [`MAX_LOG_LINE`] is cut,
+//! and guest text that goes into a log record or an error message is passed through
+//! [`escape_controls`] first, so the operator's terminal never interprets it.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
 
 use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The longest log line kept, in bytes; the rest of a longer line is dropped (and counted).
 pub const MAX_LOG_LINE: usize = 4096;
+/// The longest frame line accepted (16 MiB): the terminal frame carries the run's outputs.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// The deepest nesting of arrays and objects accepted in a frame (the frame object is level 1).
+pub const MAX_FRAME_DEPTH: usize = 64;
+/// The most JSON values accepted in one frame: every scalar, array and object counts one, and
+/// an object with an `__lfx__` key counts [`TAGGED_VALUE_WEIGHT`] more. A `DataFrame` of 5,000
+/// rows of 10 columns, carried three times by its vertex frame, is 165,000.
+pub const MAX_FRAME_VALUES: u64 = 250_000;
+/// What an object tagged `__lfx__` (a `Message`, `Data` or `DataFrame` the host rebuilds as an
+/// lfx object, about 1 to 3.5 KB each in Python) counts on top of its own value.
+pub const TAGGED_VALUE_WEIGHT: u64 = 32;
+/// The most frame bytes accepted in one run, all frames together.
+pub const MAX_RUN_BYTES: u64 = 64 * 1024 * 1024;
+/// The most JSON values accepted in one run, all frames together (counted as for
+/// [`MAX_FRAME_VALUES`]).
+pub const MAX_RUN_VALUES: u64 = 1_000_000;
+/// The longest flow error message kept from an error frame, in bytes; the rest is cut.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024;
+/// The longest short field kept from a frame (versions, the frame kind, an exception type).
+const MAX_FIELD_BYTES: usize = 128;
+/// The deepest nesting `serde_json` itself accepts; a deeper bound would never be reached.
+const SERDE_DEPTH: usize = 120;
+
+/// The host's bounds on what it parses from a guest. [`Default`] is the `MAX_*` constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// [`MAX_FRAME_BYTES`]: the longest frame line.
+    pub frame_bytes: usize,
+    /// [`MAX_FRAME_DEPTH`]: the deepest nesting in a frame (at most 120).
+    pub frame_depth: usize,
+    /// [`MAX_FRAME_VALUES`]: the most JSON values in a frame.
+    pub frame_values: u64,
+    /// [`MAX_RUN_BYTES`]: the most frame bytes in a run.
+    pub run_bytes: u64,
+    /// [`MAX_RUN_VALUES`]: the most JSON values in a run.
+    pub run_values: u64,
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        Self {
+            frame_bytes: MAX_FRAME_BYTES,
+            frame_depth: MAX_FRAME_DEPTH,
+            frame_values: MAX_FRAME_VALUES,
+            run_bytes: MAX_RUN_BYTES,
+            run_values: MAX_RUN_VALUES,
+        }
+    }
+}
+
+/// One of the host's bounds on what a guest sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// [`MAX_FRAME_BYTES`].
+    FrameBytes,
+    /// [`MAX_FRAME_DEPTH`].
+    FrameDepth,
+    /// [`MAX_FRAME_VALUES`].
+    FrameValues,
+    /// [`MAX_RUN_BYTES`].
+    RunBytes,
+    /// [`MAX_RUN_VALUES`].
+    RunValues,
+}
+
+impl Bound {
+    /// The bound's name, as the constant that sets it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::FrameBytes => "MAX_FRAME_BYTES",
+            Bound::FrameDepth => "MAX_FRAME_DEPTH",
+            Bound::FrameValues => "MAX_FRAME_VALUES",
+            Bound::RunBytes => "MAX_RUN_BYTES",
+            Bound::RunValues => "MAX_RUN_VALUES",
+        }
+    }
+
+    /// What the guest sent that passed the bound, with the bound's value in `limits`.
+    pub fn describe(self, limits: &FrameLimits) -> String {
+        match self {
+            Bound::FrameBytes => format!("a frame line longer than {} bytes", limits.frame_bytes),
+            Bound::FrameDepth => format!(
+                "a frame nested deeper than {} levels",
+                limits.frame_depth.min(SERDE_DEPTH)
+            ),
+            Bound::FrameValues => format!(
+                "a frame of more than {} JSON values (an object tagged __lfx__ counts \
+                 {TAGGED_VALUE_WEIGHT} more)",
+                limits.frame_values
+            ),
+            Bound::RunBytes => format!(
+                "frames of more than {} bytes in all in one run",
+                limits.run_bytes
+            ),
+            Bound::RunValues => format!(
+                "frames of more than {} JSON values in all in one run",
+                limits.run_values
+            ),
+        }
+    }
+}
+
+/// A frame's JSON as the guest sent it, after it passed the host's bounds: the whole vertex
+/// frame, or the terminal frame's `outputs` list. Kept as bytes (valid UTF-8 JSON), so nothing
+/// is materialised on the host until its consumer converts it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Payload {
+    json: Bytes,
+}
+
+impl Payload {
+    /// `json` as a payload, if it is JSON within `limits` ([`census`]).
+    pub fn admit(json: impl Into<Bytes>, limits: &FrameLimits) -> Result<Self, Census> {
+        let json = json.into();
+        census(&json, limits)?;
+        Ok(Self { json })
+    }
+
+    /// The JSON text's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.json
+    }
+
+    /// The JSON text's length in bytes.
+    pub fn len(&self) -> usize {
+        self.json.len()
+    }
+
+    /// True for an empty text (never the case for a payload of a frame).
+    pub fn is_empty(&self) -> bool {
+        self.json.is_empty()
+    }
+
+    /// The JSON as a `serde_json` tree (materialised at full size: its census bounds it).
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({} bytes)", self.json.len())
+    }
+}
 
 /// One frame of the runner's protocol.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunnerFrame {
     /// lfx is importable in the guest.
     Hello {
-        /// lfx's version in the guest.
+        /// lfx's version in the guest (cut and escaped).
         lfx: String,
-        /// Python's version in the guest.
+        /// Python's version in the guest (cut and escaped).
         python: String,
     },
     /// A vertex finished (the whole frame object).
-    Vertex(Value),
+    Vertex(Payload),
     /// The run finished: the serialized `RunOutputs` (empty in stream mode).
-    Complete(Value),
+    Complete(Payload),
     /// The run could not finish.
     Error {
-        /// `missing_lfx`, `flow` or `protocol`.
+        /// `missing_lfx`, `flow` or `protocol` (cut and escaped).
         kind: String,
-        /// The Python exception type, for `flow`.
+        /// The Python exception type, for `flow` (cut and escaped).
         error_type: Option<String>,
-        /// What the runner said.
+        /// What the runner said: cut to [`MAX_MESSAGE_BYTES`], *not* escaped yet (the caller
+        /// redacts, then escapes with [`escape_controls`]).
         message: String,
     },
 }
@@ -39,61 +201,314 @@ pub enum RunnerFrame {
 /// How one line of the runner's standard output reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Line {
-    /// A frame.
-    Frame(RunnerFrame),
-    /// Not a frame: a log line.
+    /// A frame, and its count of JSON values (as [`census`] counts them).
+    Frame(RunnerFrame, u64),
+    /// Not a frame: a log line (cut to [`MAX_LOG_LINE`], not escaped yet).
     Log(String),
-    /// A line that looks like a frame but is not one; the reason.
+    /// A line that looks like a frame but is not one; the reason (cut and escaped).
+    Malformed(String),
+    /// A frame over one of the host's bounds: the run must stop.
+    Refused(Bound),
+}
+
+/// Why [`census`] did not admit a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Census {
+    /// Over a bound.
+    Refused(Bound),
+    /// Not JSON (the parser's reason).
     Malformed(String),
 }
 
-fn text(v: &Value, key: &str) -> Option<String> {
-    v.get(key).and_then(Value::as_str).map(str::to_owned)
+/// Counts the JSON values of `json` and checks its nesting against `limits`, without
+/// building anything (strings with escapes are unescaped one at a time into a scratch
+/// buffer). Stops at the first bound passed. Returns the count (tagged objects weighted).
+pub fn census(json: &[u8], limits: &FrameLimits) -> Result<u64, Census> {
+    if json.len() > limits.frame_bytes {
+        return Err(Census::Refused(Bound::FrameBytes));
+    }
+    let mut count = Counter {
+        limits,
+        values: 0,
+        refused: None,
+    };
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let parsed = Node {
+        counter: &mut count,
+        depth: 1,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    match (parsed, count.refused) {
+        (_, Some(bound)) => Err(Census::Refused(bound)),
+        (Err(e), None) => Err(Census::Malformed(e.to_string())),
+        (Ok(()), None) => Ok(count.values),
+    }
 }
 
-/// Reads one line of the runner's standard output.
-pub fn parse_line(line: &[u8]) -> Line {
-    let trimmed = line.trim_ascii();
+struct Counter<'l> {
+    limits: &'l FrameLimits,
+    values: u64,
+    refused: Option<Bound>,
+}
+
+impl Counter<'_> {
+    fn count<E: de::Error>(&mut self, n: u64) -> Result<(), E> {
+        self.values = self.values.saturating_add(n);
+        if self.values > self.limits.frame_values {
+            return Err(self.refuse(Bound::FrameValues));
+        }
+        Ok(())
+    }
+
+    fn enter<E: de::Error>(&mut self, depth: usize) -> Result<(), E> {
+        if depth > self.limits.frame_depth.min(SERDE_DEPTH) {
+            return Err(self.refuse(Bound::FrameDepth));
+        }
+        self.count(1)
+    }
+
+    fn refuse<E: de::Error>(&mut self, bound: Bound) -> E {
+        self.refused = Some(bound);
+        E::custom(bound.name())
+    }
+}
+
+/// One JSON value at `depth` (the frame object is at depth 1).
+struct Node<'c, 'l> {
+    counter: &'c mut Counter<'l>,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Node<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Node<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.counter.count(1)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.counter.enter(self.depth)?;
+        while seq
+            .next_element_seed(Node {
+                counter: &mut *self.counter,
+                depth: self.depth + 1,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.counter.enter(self.depth)?;
+        while let Some(tagged) = map.next_key_seed(Key)? {
+            if tagged {
+                self.counter.count(TAGGED_VALUE_WEIGHT)?;
+            }
+            map.next_value_seed(Node {
+                counter: &mut *self.counter,
+                depth: self.depth + 1,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// An object key: true for the `__lfx__` tag.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Key {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == "__lfx__")
+    }
+}
+
+/// The top-level fields of a frame the host reads; the rest is skipped (nothing is built).
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    frame: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    outputs: Option<&'a RawValue>,
+    #[serde(borrow)]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, rename = "type")]
+    error_type: Option<&'a RawValue>,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow)]
+    lfx: Option<&'a RawValue>,
+    #[serde(borrow)]
+    python: Option<&'a RawValue>,
+}
+
+/// A string field's text, if it is a string.
+fn text<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
+    let raw = raw?;
+    raw.get()
+        .starts_with('"')
+        .then(|| serde_json::from_str::<Cow<'a, str>>(raw.get()).ok())
+        .flatten()
+}
+
+/// A short field: cut to [`MAX_FIELD_BYTES`] and escaped.
+fn field(raw: Option<&RawValue>) -> Option<String> {
+    text(raw).map(|t| escape_controls(&cut(&t, MAX_FIELD_BYTES)).into_owned())
+}
+
+/// Reads one line of the runner's standard output (`line` as the framer cut it), checking a
+/// frame against `limits` before anything of it is built.
+pub fn parse_line(line: &Bytes, limits: &FrameLimits) -> Line {
+    let trimmed = line.slice_ref(line.trim_ascii());
     if trimmed.is_empty() {
         return Line::Log(String::new());
     }
     if trimmed[0] != b'{' {
-        return Line::Log(String::from_utf8_lossy(trimmed).into_owned());
+        return Line::Log(log_text(&trimmed));
     }
-    let v: Value = match serde_json::from_slice(trimmed) {
-        Ok(v) => v,
-        Err(e) => return Line::Malformed(format!("not JSON ({e})")),
+    let values = match census(&trimmed, limits) {
+        Ok(values) => values,
+        Err(Census::Refused(bound)) => return Line::Refused(bound),
+        Err(Census::Malformed(why)) => return malformed(&format!("not JSON ({why})")),
     };
-    let Some(kind) = v.get("frame").and_then(Value::as_str) else {
-        return Line::Malformed("a JSON object without a `frame` key".to_owned());
+    let head: Head<'_> = match serde_json::from_slice(&trimmed) {
+        Ok(head) => head,
+        Err(e) => return malformed(&format!("not a frame object ({e})")),
     };
-    match kind {
-        "hello" => Line::Frame(RunnerFrame::Hello {
-            lfx: text(&v, "lfx").unwrap_or_default(),
-            python: text(&v, "python").unwrap_or_default(),
-        }),
-        "vertex" if v.get("id").is_some_and(Value::is_string) => {
-            Line::Frame(RunnerFrame::Vertex(v))
-        }
-        "vertex" => Line::Malformed("a vertex frame without an id".to_owned()),
-        "complete" => match v.get("outputs") {
-            Some(Value::Array(_)) => {
-                let Value::Object(mut o) = v else {
-                    unreachable!("checked above")
-                };
-                Line::Frame(RunnerFrame::Complete(
-                    o.remove("outputs").unwrap_or_default(),
-                ))
-            }
-            _ => Line::Malformed("a complete frame without an outputs list".to_owned()),
+    let Some(kind) = text(head.frame) else {
+        return malformed("a JSON object without a `frame` key");
+    };
+    let frame = match kind.as_ref() {
+        "hello" => RunnerFrame::Hello {
+            lfx: field(head.lfx).unwrap_or_default(),
+            python: field(head.python).unwrap_or_default(),
         },
-        "error" => Line::Frame(RunnerFrame::Error {
-            kind: text(&v, "kind").unwrap_or_else(|| "flow".to_owned()),
-            error_type: text(&v, "type"),
-            message: text(&v, "message").unwrap_or_default(),
-        }),
-        other => Line::Malformed(format!("an unknown frame kind {other:?}")),
+        "vertex" if head.id.is_some_and(|id| id.get().starts_with('"')) => {
+            RunnerFrame::Vertex(Payload {
+                json: trimmed.clone(),
+            })
+        }
+        "vertex" => return malformed("a vertex frame without an id"),
+        "complete" => match head.outputs {
+            Some(outputs) if outputs.get().starts_with('[') => RunnerFrame::Complete(Payload {
+                json: trimmed.slice_ref(outputs.get().as_bytes()),
+            }),
+            _ => return malformed("a complete frame without an outputs list"),
+        },
+        "error" => RunnerFrame::Error {
+            kind: field(head.kind).unwrap_or_else(|| "flow".to_owned()),
+            error_type: field(head.error_type),
+            message: text(head.message)
+                .map(|m| cut(&m, MAX_MESSAGE_BYTES).into_owned())
+                .unwrap_or_default(),
+        },
+        other => {
+            return malformed(&format!(
+                "an unknown frame kind {:?}",
+                cut(other, MAX_FIELD_BYTES)
+            ));
+        }
+    };
+    Line::Frame(frame, values)
+}
+
+fn malformed(why: &str) -> Line {
+    Line::Malformed(escape_controls(&cut(why, 2 * MAX_FIELD_BYTES)).into_owned())
+}
+
+/// A line that is not a frame, as a log line: at most [`MAX_LOG_LINE`] bytes of it.
+fn log_text(line: &[u8]) -> String {
+    let keep = line.len().min(MAX_LOG_LINE);
+    let mut text = String::from_utf8_lossy(&line[..keep]).into_owned();
+    if keep < line.len() {
+        let _ = write!(text, " [... {} bytes cut]", line.len() - keep);
     }
+    text
+}
+
+/// `text` cut to at most `max_bytes` bytes (at a character boundary), with a marker saying how
+/// much was cut.
+pub fn cut(text: &str, max_bytes: usize) -> Cow<'_, str> {
+    if text.len() <= max_bytes {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!(
+        "{} [... {} bytes cut]",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
+/// Guest text made safe for a log record or an exception message: every C0 control character
+/// but tab and newline, DEL, and every C1 control character becomes a visible `\xNN` (ESC is
+/// `\x1b`), so an operator's terminal shows it instead of acting on it. Tabs and newlines stay
+/// (a multi-line message stays readable); everything else is unchanged.
+pub fn escape_controls(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            let _ = write!(out, "\\x{:02x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Splits the guest's standard error into log lines, keeping at most [`MAX_LOG_LINE`] bytes of
@@ -151,33 +566,170 @@ pub fn push_stdout(framer: &mut createos_api::LineFramer, chunk: &str) {
 mod tests {
     use super::*;
 
+    fn parse(line: &[u8]) -> Line {
+        parse_line(&Bytes::copy_from_slice(line), &FrameLimits::default())
+    }
+
     #[test]
     fn frames_logs_and_malformed_lines() {
         assert_eq!(
-            parse_line(br#"{"frame":"hello","lfx":"1.13.0","python":"3.11"}"#),
-            Line::Frame(RunnerFrame::Hello {
-                lfx: "1.13.0".into(),
-                python: "3.11".into()
-            })
+            parse(br#"{"frame":"hello","lfx":"1.13.0","python":"3.11"}"#),
+            Line::Frame(
+                RunnerFrame::Hello {
+                    lfx: "1.13.0".into(),
+                    python: "3.11".into()
+                },
+                4
+            )
         );
-        assert!(matches!(
-            parse_line(br#"{"frame":"vertex","id":"a","seq":1}"#),
-            Line::Frame(RunnerFrame::Vertex(_))
-        ));
-        assert_eq!(
-            parse_line(br#"{"frame":"complete","outputs":[1]}"#),
-            Line::Frame(RunnerFrame::Complete(serde_json::json!([1])))
-        );
-        assert_eq!(parse_line(b"hello world"), Line::Log("hello world".into()));
+        let Line::Frame(RunnerFrame::Vertex(v), 4) =
+            parse(br#" {"frame":"vertex","id":"a","seq":1} "#)
+        else {
+            panic!()
+        };
+        assert_eq!(v.as_bytes(), br#"{"frame":"vertex","id":"a","seq":1}"#);
+        let Line::Frame(RunnerFrame::Complete(c), _) =
+            parse(br#"{"frame":"complete","outputs":[1, {"a":[]}]}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(c.as_bytes(), br#"[1, {"a":[]}]"#);
+        assert_eq!(c.value(), serde_json::json!([1, {"a": []}]));
+        assert_eq!(parse(b"hello world"), Line::Log("hello world".into()));
         for bad in [
             &br#"{"frame":"vertex"}"#[..],
+            br#"{"frame":"vertex","id":7}"#,
             br#"{"frame":"complete"}"#,
+            br#"{"frame":"complete","outputs":{}}"#,
             br#"{"frame":"wat"}"#,
             br#"{"no":"frame"}"#,
             br#"{"frame":"vertex","id":"#,
+            br#"{"frame":"vertex","id":"a"} trailing"#,
+            br#"{"frame":"vertex","frame":"vertex","id":"a"}"#,
         ] {
-            assert!(matches!(parse_line(bad), Line::Malformed(_)), "{bad:?}");
+            assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_census_counts_values_and_weighs_tags() {
+        let limits = FrameLimits::default();
+        assert_eq!(census(br#"{"a":[1,"x",null,true,{}]}"#, &limits), Ok(7));
+        assert_eq!(
+            census(br#"{"__lfx__":"Message","v":{}}"#, &limits),
+            Ok(3 + TAGGED_VALUE_WEIGHT)
+        );
+        // Escaped keys are unescaped before they are compared.
+        assert_eq!(
+            census(br#"{"\u005f_lfx__":"Data"}"#, &limits),
+            Ok(2 + TAGGED_VALUE_WEIGHT)
+        );
+        assert!(matches!(
+            census(b"{\"a\":NaN}", &limits),
+            Err(Census::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn frames_over_a_bound_are_refused_naming_it() {
+        let limits = FrameLimits {
+            frame_bytes: 4096,
+            frame_depth: 8,
+            frame_values: 100,
+            ..FrameLimits::default()
+        };
+        let deep = format!(
+            r#"{{"frame":"vertex","id":"a","r":{}{}}}"#,
+            "[".repeat(7),
+            "]".repeat(7)
+        );
+        assert!(matches!(
+            parse_line(&Bytes::from(deep.clone()), &limits),
+            Line::Frame(RunnerFrame::Vertex(_), 10)
+        ));
+        let deeper = deep.replacen('[', "[[", 1).replacen(']', "]]", 1);
+        assert_eq!(
+            parse_line(&Bytes::from(deeper), &limits),
+            Line::Refused(Bound::FrameDepth)
+        );
+        // Far past serde_json's own recursion limit: still the named bound.
+        let abyss = format!(r#"{{"r":{}"#, "[".repeat(3000));
+        assert_eq!(
+            census(abyss.as_bytes(), &limits),
+            Err(Census::Refused(Bound::FrameDepth))
+        );
+        let many = format!(
+            r#"{{"frame":"vertex","id":"a","r":[{}]}}"#,
+            ["{}"; 96].join(",")
+        );
+        assert!(matches!(
+            parse_line(&Bytes::from(many.clone()), &limits),
+            Line::Frame(_, 100)
+        ));
+        let more = many.replacen("{}", "{},{}", 1);
+        assert_eq!(
+            parse_line(&Bytes::from(more), &limits),
+            Line::Refused(Bound::FrameValues)
+        );
+        let tags = format!(
+            r#"{{"frame":"vertex","id":"a","r":[{}]}}"#,
+            [r#"{"__lfx__":1}"#; 3].join(",")
+        );
+        assert_eq!(
+            parse_line(&Bytes::from(tags), &limits),
+            Line::Refused(Bound::FrameValues)
+        );
+        let long = format!(r#"{{"frame":"vertex","id":"{}"}}"#, "x".repeat(4096));
+        assert_eq!(
+            parse_line(&Bytes::from(long), &limits),
+            Line::Refused(Bound::FrameBytes)
+        );
+    }
+
+    #[test]
+    fn guest_text_in_frames_is_cut_and_escaped() {
+        let Line::Frame(RunnerFrame::Hello { lfx, .. }, _) =
+            parse(b"{\"frame\":\"hello\",\"lfx\":\"1\\u001b[2J\\u0007\"}")
+        else {
+            panic!()
+        };
+        assert_eq!(lfx, "1\\x1b[2J\\x07");
+        let Line::Malformed(why) = parse(b"{\"frame\":\"\\u001b]0;pwned\\u0007\"}") else {
+            panic!()
+        };
+        assert!(!why.contains('\u{1b}') && why.contains("\\u{1b}"), "{why}");
+        let long = format!(
+            r#"{{"frame":"error","message":"{}"}}"#,
+            "m".repeat(MAX_MESSAGE_BYTES + 5)
+        );
+        let Line::Frame(RunnerFrame::Error { message, kind, .. }, _) = parse(long.as_bytes())
+        else {
+            panic!()
+        };
+        assert_eq!(kind, "flow");
+        assert!(
+            message.ends_with("[... 5 bytes cut]"),
+            "{}",
+            &message[message.len() - 40..]
+        );
+        let Line::Log(line) = parse(&vec![b'x'; MAX_LOG_LINE + 10]) else {
+            panic!()
+        };
+        assert!(line.ends_with("[... 10 bytes cut]"));
+    }
+
+    #[test]
+    fn escaping_keeps_newlines_and_tabs_and_shows_the_rest() {
+        assert!(matches!(
+            escape_controls("plain text é 😀"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            escape_controls("a\u{1b}[31mred\u{7}\tb\nc\r\u{7f}\u{9b}\u{0}"),
+            "a\\x1b[31mred\\x07\tb\nc\\x0d\\x7f\\x9b\\x00"
+        );
+        assert_eq!(cut("héllo", 2), "h [... 5 bytes cut]");
+        assert_eq!(cut("hello", 5), "hello");
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! (reaper-guarded), uploads the guest runner ([`runner::SOURCE`], a Python script embedded in
 //! this crate) and the job document ([`job::FlowRequest::job`]), reads the egress back, and
 //! dispatches the runner as a streaming exec under `timeout(1)`. [`FlowRun::next`] yields each
-//! vertex the moment its frame arrives ([`frames`]: bounded parsing, log lines for everything
-//! that is not a frame) and ends with the run's outputs; the guest is destroyed on completion,
+//! vertex the moment its frame arrives ([`frames`]: the host's own bounds on everything the
+//! guest sends, checked before anything is built; log lines for everything that is not a frame) and ends with the run's outputs; the guest is destroyed on completion,
 //! on an error, and when the consumer stops early ([`FlowRun::close`], or dropping the run).
 //! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
 //! what a flow's guest image needs and bakes it as a CreateOS template.
@@ -18,6 +18,7 @@ pub mod runner;
 pub mod settings;
 pub mod template;
 
+pub use frames::{Bound, FrameLimits, Payload};
 pub use job::{FlowRequest, Mode};
 pub use run::{
     DEFAULT_MAX_FRAME_BYTES, EnvLookup, Event, Executor, ExecutorError, ExecutorOptions, FlowRun,

@@ -34,10 +34,12 @@ use sandbox_core::retry::Backoff;
 use sandbox_core::session::{Connector, Session, http_connector};
 use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
-use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::frames::{Line, LogLines, RunnerFrame, parse_line};
+use crate::frames::{
+    Bound, FrameLimits, Line, LogLines, MAX_FRAME_BYTES, Payload, RunnerFrame, cut,
+    escape_controls, parse_line,
+};
 use crate::job::{FlowRequest, Mode};
 use crate::runner::{
     EXIT_NO_RUNNER, EXIT_RUNNER_LOST, HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE,
@@ -46,8 +48,8 @@ use crate::runner::{
 use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings};
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
-/// outputs.
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// outputs. The same as [`MAX_FRAME_BYTES`].
+pub const DEFAULT_MAX_FRAME_BYTES: usize = MAX_FRAME_BYTES;
 /// How many of the guest's last log lines an error message quotes.
 const TAIL_LINES: usize = 12;
 
@@ -104,8 +106,9 @@ pub struct ExecutorOptions {
     pub connector: Connector,
     /// The process's session to share with the other surfaces.
     pub session: Option<Session>,
-    /// The longest frame line accepted from the runner.
-    pub max_frame_bytes: usize,
+    /// The host's bounds on what it parses from the guest (default: the `frames::MAX_*`
+    /// constants).
+    pub limits: FrameLimits,
     /// Bound on [`Executor::shutdown`].
     pub shutdown_timeout: Duration,
     /// Start the session's background sweep of paused one-shot guests left by dead processes
@@ -128,7 +131,7 @@ impl fmt::Debug for ExecutorOptions {
             .field("backoff", &self.backoff)
             .field("kill_after", &self.kill_after)
             .field("host_grace", &self.host_grace)
-            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("limits", &self.limits)
             .field("orphan_sweep", &self.orphan_sweep)
             .field("pool", &self.pool)
             .field("preload_wait", &self.preload_wait)
@@ -149,7 +152,7 @@ impl Default for ExecutorOptions {
             reaper: ReaperConfig::default(),
             connector: http_connector(),
             session: None,
-            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            limits: FrameLimits::default(),
             shutdown_timeout: Duration::from_secs(20),
             orphan_sweep: true,
             pool: PoolConfig::default(),
@@ -163,11 +166,12 @@ impl Default for ExecutorOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A vertex finished: the runner's vertex frame (`id`, `display_name`,
-    /// `component_display_name`, `valid`, `result`: a serialized `ResultData`).
-    Vertex(Value),
+    /// `component_display_name`, `valid`, `result`: a serialized `ResultData`), as the guest
+    /// sent it once it passed the host's bounds.
+    Vertex(Payload),
     /// The run finished: the serialized `list[RunOutputs]` (empty for a streaming run). Always
     /// the last event; the guest is destroyed before it is returned.
-    Complete(Value),
+    Complete(Payload),
 }
 
 /// Everything a run decides before any I/O.
@@ -411,13 +415,19 @@ impl Executor {
         started: Instant,
         preloaded: bool,
     ) -> FlowRun {
+        let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
         FlowRun {
             guest: Some(guest),
             exec: Some(exec),
-            framer: LineFramer::new(self.opts.max_frame_bytes),
+            framer: LineFramer::new(self.opts.limits.frame_bytes),
+            bounds: self.opts.limits,
+            run_bytes: 0,
+            run_values: 0,
+            host_deadline,
             logs: LogLines::default(),
             tail: VecDeque::new(),
             pending: VecDeque::new(),
+            failure: None,
             done: false,
             exit: None,
             agent_error: None,
@@ -569,10 +579,12 @@ async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<
             "lfx is not installed in the guest image; set {ENV_ROOTFS} to a template with lfx"
         ));
     }
-    let stderr = outcome.stderr.text.to_string().trim().to_owned();
+    let stderr = outcome.stderr.text.to_string();
     Err(format!(
-        "the preloaded runner did not answer (exit {}, {answer:?}; {stderr})",
-        outcome.exit_code
+        "the preloaded runner did not answer (exit {}, {:?}; {})",
+        outcome.exit_code,
+        cut(&answer, 200),
+        escape_controls(&cut(stderr.trim(), 2000))
     ))
 }
 
@@ -595,9 +607,17 @@ pub struct FlowRun {
     guest: Option<Guest>,
     exec: Option<ExecRun>,
     framer: LineFramer,
+    /// The host's bounds on what the guest sends, and what this run's frames used of them.
+    bounds: FrameLimits,
+    run_bytes: u64,
+    run_values: u64,
+    /// When the host stops waiting for the exec, whatever the guest does.
+    host_deadline: Instant,
     logs: LogLines,
     tail: VecDeque<String>,
     pending: VecDeque<Event>,
+    /// The run's failure, held back until the events read before it were taken.
+    failure: Option<ExecutorError>,
     done: bool,
     exit: Option<i64>,
     agent_error: Option<String>,
@@ -639,6 +659,12 @@ impl FlowRun {
         self.mode
     }
 
+    /// When the host gives up on the run's exec (the guest clock plus its grace), whatever the
+    /// guest sends. A consumer that holds events back should not wait past it either.
+    pub fn host_deadline(&self) -> Instant {
+        self.host_deadline
+    }
+
     /// The next event, as soon as the guest produced it; `Ok(None)` after the
     /// [`Event::Complete`]. An error ends the run (the guest is destroyed first).
     pub async fn next(&mut self) -> Result<Option<Event>, ExecutorError> {
@@ -649,8 +675,18 @@ impl FlowRun {
                 }
                 return Ok(Some(ev));
             }
-            if self.done || !self.pump().await? {
+            if let Some(err) = self.failure.take() {
+                return Err(err);
+            }
+            if self.done {
                 return Ok(None);
+            }
+            match self.pump().await {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                // The events read before the failure go first (the guest is already gone).
+                Err(err) if !self.pending.is_empty() => self.failure = Some(err),
+                Err(err) => return Err(err),
             }
         }
     }
@@ -688,7 +724,9 @@ impl FlowRun {
                         self.log(&line);
                     }
                 }
-                ExecStep::Frame(ExecFrame::Error(m)) => self.agent_error = Some(m),
+                ExecStep::Frame(ExecFrame::Error(m)) => {
+                    self.agent_error = Some(escape_controls(&self.redactor.cap(&m)).into_owned());
+                }
                 ExecStep::Frame(ExecFrame::Heartbeat) => {}
                 ExecStep::Frame(ExecFrame::Exit(c)) => {
                     self.exit = Some(c);
@@ -728,6 +766,7 @@ impl FlowRun {
     pub async fn close(&mut self) {
         self.done = true;
         self.pending.clear();
+        self.failure = None;
         self.end().await;
     }
 
@@ -756,7 +795,7 @@ impl FlowRun {
         if line.is_empty() {
             return;
         }
-        let line = self.redactor.apply(line);
+        let line = escape_controls(&self.redactor.apply(line)).into_owned();
         tracing::info!(target: LOG_TARGET, "guest: {line}");
         if self.tail.len() == TAIL_LINES {
             self.tail.pop_front();
@@ -766,21 +805,27 @@ impl FlowRun {
 
     async fn take_lines(&mut self) -> Result<(), ExecutorError> {
         loop {
+            if self.done {
+                // Nothing after the terminal frame (or a failure) is read.
+                return Ok(());
+            }
             let line = match self.framer.next_line() {
                 Ok(Some(line)) => line,
                 Ok(None) => return Ok(()),
-                Err(LineTooLong { limit }) => {
-                    let msg = format!(
-                        "the guest runner sent a line longer than {limit} bytes (a frame or \
-                         output that large is not accepted); the run was stopped and the guest \
-                         destroyed"
-                    );
-                    tracing::warn!(target: LOG_TARGET, "{msg}");
-                    return Err(self.fail(ExecutorError::Execution(msg)).await);
-                }
+                Err(LineTooLong { .. }) => return Err(self.refuse(Bound::FrameBytes).await),
             };
-            match parse_line(&line) {
+            let parsed = parse_line(&line, &self.bounds);
+            if !matches!(parsed, Line::Log(_)) {
+                self.run_bytes = self
+                    .run_bytes
+                    .saturating_add(u64::try_from(line.len()).unwrap_or(u64::MAX));
+                if self.run_bytes > self.bounds.run_bytes {
+                    return Err(self.refuse(Bound::RunBytes).await);
+                }
+            }
+            match parsed {
                 Line::Log(text) => self.log(&text),
+                Line::Refused(bound) => return Err(self.refuse(bound).await),
                 Line::Malformed(why) => {
                     self.malformed += 1;
                     tracing::warn!(
@@ -789,9 +834,28 @@ impl FlowRun {
                         "the guest runner wrote a malformed frame line ({why}); it was skipped"
                     );
                 }
-                Line::Frame(frame) => self.frame(frame).await?,
+                Line::Frame(frame, values) => {
+                    self.run_values = self.run_values.saturating_add(values);
+                    if self.run_values > self.bounds.run_values {
+                        return Err(self.refuse(Bound::RunValues).await);
+                    }
+                    self.frame(frame).await?;
+                }
             }
         }
+    }
+
+    /// Stops the run because the guest sent more than `bound` allows.
+    async fn refuse(&mut self, bound: Bound) -> ExecutorError {
+        let msg = format!(
+            "the guest sent {}, over the host's bound {} on what a guest may send; the run was \
+             stopped and the guest destroyed. The host bounds everything a flow returns, \
+             whatever the guest runner does: make the flow return less",
+            bound.describe(&self.bounds),
+            bound.name()
+        );
+        tracing::warn!(target: LOG_TARGET, vertices = self.vertices, "{msg}");
+        self.fail(ExecutorError::Execution(msg)).await
     }
 
     async fn frame(&mut self, frame: RunnerFrame) -> Result<(), ExecutorError> {
@@ -823,7 +887,7 @@ impl FlowRun {
                 error_type,
                 message,
             } => {
-                let message = self.redactor.apply(&message);
+                let message = escape_controls(&self.redactor.apply(&message)).into_owned();
                 let err = match kind.as_str() {
                     "missing_lfx" => ExecutorError::Unavailable(self.missing_lfx_message()),
                     "protocol" => ExecutorError::Execution(format!(

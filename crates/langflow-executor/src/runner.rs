@@ -43,6 +43,25 @@ mod tests {
     }
 
     #[test]
+    fn the_runner_cuts_vertex_results_well_inside_the_host_bounds() {
+        use crate::frames::{MAX_FRAME_BYTES, MAX_FRAME_VALUES, TAGGED_VALUE_WEIGHT};
+        let constant = |name: &str| -> u64 {
+            let line = SOURCE
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} = ")))
+                .unwrap_or_else(|| panic!("{name} missing from the runner"));
+            let expr = line.split_once(" = ").unwrap().1.replace('_', "");
+            expr.split('*')
+                .map(|f| f.trim().parse::<u64>().unwrap())
+                .product()
+        };
+        assert_eq!(constant("TAGGED_VALUE_WEIGHT"), TAGGED_VALUE_WEIGHT);
+        // A vertex frame carries its cut result plus a few fields of its own.
+        assert!(constant("MAX_VERTEX_RESULT_VALUES") + 1000 < MAX_FRAME_VALUES);
+        assert!(constant("MAX_VERTEX_RESULT_BYTES") * 2 <= MAX_FRAME_BYTES as u64);
+    }
+
+    #[test]
     fn the_handoff_script_reports_the_statuses_the_host_reads() {
         assert!(HANDOFF_SOURCE.contains(&format!("EXIT_NO_RUNNER = {EXIT_NO_RUNNER} ")));
         assert!(HANDOFF_SOURCE.contains(&format!("EXIT_RUNNER_LOST = {EXIT_RUNNER_LOST} ")));

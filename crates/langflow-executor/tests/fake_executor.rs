@@ -106,6 +106,14 @@ fn request(legacy: bool) -> FlowRequest {
     .unwrap()
 }
 
+/// The outputs of a terminal event.
+fn completed(event: Option<Event>) -> serde_json::Value {
+    match event {
+        Some(Event::Complete(outputs)) => outputs.value(),
+        other => panic!("not a terminal event: {other:?}"),
+    }
+}
+
 async fn settled(fake: &FakeServer) -> createos_fake::Stats {
     let until = Instant::now() + Duration::from_secs(15);
     loop {
@@ -152,20 +160,20 @@ echo '{{"frame":"complete","outputs":[{{"inputs":{{}},"outputs":[]}}]}}'"#
     let Event::Vertex(v) = first else {
         panic!("{first:?}")
     };
-    assert_eq!(v["id"], "a");
+    assert_eq!(v.value()["id"], "a");
     // The first vertex arrives while the guest still sleeps: streamed, not buffered to the end.
     assert!(first_at < Duration::from_millis(1500), "{first_at:?}");
     assert_eq!(rig.fake.stats().live, 1);
     let Event::Vertex(v) = run.next().await.unwrap().unwrap() else {
         panic!()
     };
-    assert_eq!(v["id"], "b");
+    assert_eq!(v.value()["id"], "b");
     assert!(t0.elapsed() >= Duration::from_secs(2));
     let last = run.next().await.unwrap().unwrap();
-    assert_eq!(
-        last,
-        Event::Complete(json!([{"inputs": {}, "outputs": []}]))
-    );
+    let Event::Complete(outputs) = last else {
+        panic!("{last:?}")
+    };
+    assert_eq!(outputs.value(), json!([{"inputs": {}, "outputs": []}]));
     // The guest is destroyed once the terminal event is handed over.
     assert_eq!(rig.fake.stats().live, 0);
     assert_eq!(run.next().await.unwrap(), None);
@@ -180,7 +188,7 @@ head -c 65536 /dev/zero | tr '\0' 'x'
 sleep 5
 echo
 echo '{"frame":"complete","outputs":[]}'"#;
-    let rig = rig_with(script, &[], "", |o| o.max_frame_bytes = 4096).await;
+    let rig = rig_with(script, &[], "", |o| o.limits.frame_bytes = 4096).await;
     let mut run = rig.executor.start(&request(false), None).await.unwrap();
     assert!(matches!(run.next().await, Ok(Some(Event::Vertex(_)))));
     let t0 = Instant::now();
@@ -207,8 +215,8 @@ echo '{"frame":"complete","outputs":[]}'"#;
     let Event::Vertex(v) = run.next().await.unwrap().unwrap() else {
         panic!()
     };
-    assert_eq!(v["id"], "b");
-    assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
+    assert_eq!(v.value()["id"], "b");
+    assert_eq!(completed(run.next().await.unwrap()), json!([]));
 
     // With nothing but malformed output, the failure says so.
     let rig2 = start_rig("echo '{\"frame\": oops'", &[], "").await;
@@ -353,7 +361,7 @@ async fn restricted_egress_is_sent_and_read_back() {
         )
         .await;
         let mut run = rig.executor.start(&request(false), None).await.unwrap();
-        assert_eq!(run.next().await.unwrap(), Some(Event::Complete(json!([]))));
+        assert_eq!(completed(run.next().await.unwrap()), json!([]));
         let stats = rig.fake.stats();
         assert_eq!(
             stats.requests.get("egress_get").copied().unwrap_or(0),
@@ -656,10 +664,10 @@ async fn run_to_end(
     let mut vertices = Vec::new();
     loop {
         match run.next().await? {
-            Some(Event::Vertex(v)) => vertices.push(v),
+            Some(Event::Vertex(v)) => vertices.push(v.value()),
             Some(Event::Complete(outputs)) => {
                 assert_eq!(run.next().await?, None);
-                return Ok((vertices, outputs));
+                return Ok((vertices, outputs.value()));
             }
             None => panic!("the run ended without its terminal event"),
         }
@@ -889,4 +897,257 @@ async fn a_declined_process_start_is_retried_and_the_pool_fills() {
         rig.executor.shutdown().await;
         assert_eq!(settled(&rig.fake).await.live, 0, "{faults}");
     }
+}
+
+// --- Hostile frames: the host's own bounds, whatever the guest sends ------------------------
+
+/// Writes `lines` (one frame each) to a file the stub `cat`s, and returns the directory.
+fn frame_file(name: &str, lines: &[String]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    std::fs::write(&path, text).unwrap();
+    let shown = path.display().to_string();
+    (dir, shown)
+}
+
+/// A run whose guest writes hello, then the frames in `lines`, then (after a pause, so the
+/// host must stop it rather than wait) a terminal frame.
+async fn hostile_run(lines: &[String]) -> (tempfile::TempDir, Rig, Vec<Event>, ExecutorError) {
+    let (dir, path) = frame_file("frames.jsonl", lines);
+    let script = format!(
+        r#"echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+cat '{path}'
+sleep 15
+echo '{{"frame":"complete","outputs":[]}}'"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    let mut events = Vec::new();
+    let t0 = Instant::now();
+    let err = loop {
+        match run.next().await {
+            Ok(Some(ev)) => events.push(ev),
+            Ok(None) => panic!("the run ended without an error after {events:?}"),
+            Err(e) => break e,
+        }
+    };
+    // Refused as the frame arrives, not after the guest's pause.
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+    assert_eq!(run.next().await.unwrap(), None);
+    (dir, rig, events, err)
+}
+
+/// The failure names the bound and says the guest is gone, and nothing is left live.
+async fn assert_refused(rig: &Rig, err: &ExecutorError, bound: &str, limit: &str) {
+    let ExecutorError::Execution(msg) = err else {
+        panic!("{err:?}")
+    };
+    assert!(msg.contains(bound), "{msg}");
+    assert!(msg.contains(limit), "{msg}");
+    assert!(msg.contains("guest destroyed"), "{msg}");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(rig.executor.registered_guests(), 0);
+}
+
+/// `n` copies of `item`, comma-separated.
+fn repeated(item: &str, n: usize) -> String {
+    vec![item; n].join(",")
+}
+
+fn vertex_with(id: &str, result: &str) -> String {
+    format!(r#"{{"frame":"vertex","id":"{id}","seq":1,"result":{result}}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_over_size_frame_is_refused_naming_the_bound() {
+    // One byte over 16 MiB, of a string: refused before its end is buffered.
+    let prefix = r#"{"frame":"vertex","id":"a","result":""#;
+    let pad = 16 * 1024 * 1024 + 1 - prefix.len() - 2;
+    let line = format!("{prefix}{}\"}}", "x".repeat(pad));
+    assert_eq!(line.len(), 16 * 1024 * 1024 + 1);
+    let (_dir, rig, events, err) = hostile_run(&[line]).await;
+    assert!(events.is_empty(), "{events:?}");
+    assert_refused(&rig, &err, "MAX_FRAME_BYTES", "16777216 bytes").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_over_deep_frame_is_refused_naming_the_bound() {
+    let ok = vertex_with("ok", &format!("{}{}", "[".repeat(63), "]".repeat(63)));
+    let deep = vertex_with("deep", &format!("{}{}", "[".repeat(64), "]".repeat(64)));
+    let (_dir, rig, events, err) = hostile_run(&[ok, deep]).await;
+    // 64 levels (the frame object and 63 arrays) pass; 65 do not.
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_refused(&rig, &err, "MAX_FRAME_DEPTH", "deeper than 64 levels").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_over_many_values_frame_is_refused_naming_the_bound() {
+    // The frame object, its kind, id, seq and result list are 5 values: 249,995 empty objects
+    // make 250,000, the bound; one more is over it.
+    let at = vertex_with("at", &format!("[{}]", repeated("{}", 249_995)));
+    let over = vertex_with("over", &format!("[{}]", repeated("{}", 249_996)));
+    let (_dir, rig, events, err) = hostile_run(&[at, over]).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_refused(
+        &rig,
+        &err,
+        "MAX_FRAME_VALUES",
+        "more than 250000 JSON values",
+    )
+    .await;
+    // Tagged objects (rebuilt as lfx objects on the host) weigh more: 7,200 of them (35 each
+    // with their tag and body) are over the bound in 200 KB.
+    let tagged = vertex_with(
+        "tagged",
+        &format!("[{}]", repeated(r#"{"__lfx__":"Message","v":{}}"#, 7_200)),
+    );
+    let (_dir, rig, events, err) = hostile_run(&[tagged]).await;
+    assert!(events.is_empty(), "{events:?}");
+    assert_refused(&rig, &err, "MAX_FRAME_VALUES", "__lfx__").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn frames_summing_past_the_run_bounds_are_refused_naming_them() {
+    // Five frames of 14 MiB each: every one under the frame bound, 70 MiB together.
+    let big = |id: &str| vertex_with(id, &format!("\"{}\"", "y".repeat(14 * 1024 * 1024)));
+    let lines: Vec<String> = ["a", "b", "c", "d", "e"].iter().map(|id| big(id)).collect();
+    let (_dir, rig, events, err) = hostile_run(&lines).await;
+    assert_eq!(events.len(), 4, "the first four fit in 64 MiB");
+    assert_refused(&rig, &err, "MAX_RUN_BYTES", "67108864 bytes").await;
+    // Five frames of 240,000 values each: 1.2 million together.
+    let many = |id: &str| vertex_with(id, &format!("[{}]", repeated("0", 240_000)));
+    let lines: Vec<String> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|id| many(id))
+        .collect();
+    let (_dir, rig, events, err) = hostile_run(&lines).await;
+    assert_eq!(events.len(), 4, "the first four fit in a million values");
+    assert_refused(&rig, &err, "MAX_RUN_VALUES", "1000000 JSON values").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_legitimate_payload_arrives_whole() {
+    // A vertex result of 600 KB of text and a 4,000-row table (tagged DataFrame records), both
+    // carried twice as a real vertex frame carries them (results and outputs). The guest stays
+    // up after its last frame: the fake stops relaying output 200 ms after a command exits.
+    let text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. ".repeat(10_500);
+    let rows: Vec<serde_json::Value> = (0..4_000)
+        .map(|i| {
+            json!({"id": i, "name": format!("row {i}"), "score": f64::from(i) / 7.0,
+                        "ok": i % 2 == 0, "tags": ["a", "b"], "note": null})
+        })
+        .collect();
+    let table = json!({"__lfx__": "DataFrame", "v": rows});
+    let frame = json!({"frame": "vertex", "id": "big", "seq": 1, "result": {
+        "results": {"text": {"__lfx__": "Message", "v": {"text": text}}, "table": table},
+        "outputs": {"text": {"message": text, "type": "text"}, "table": {"message": rows, "type": "object"}},
+    }});
+    let line = frame.to_string();
+    let (_dir, path) = frame_file("big.jsonl", &[line]);
+    let script = format!(
+        r#"echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+cat '{path}'
+echo '{{"frame":"complete","outputs":[]}}'
+sleep 5"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let (vertices, outputs) = run_to_end(&rig.executor, &request(false)).await.unwrap();
+    assert_eq!(outputs, json!([]));
+    assert_eq!(vertices, vec![frame]);
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+// --- Control characters from the guest -------------------------------------------------------
+
+/// Every event's message and fields, formatted as the Python log bridge formats them (raw).
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write as _;
+                if field.name() == "message" {
+                    let _ = write!(self.0, "{value:?}");
+                } else {
+                    let _ = write!(self.0, " {}={value:?}", field.name());
+                }
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                use std::fmt::Write as _;
+                let _ = write!(self.0, " {}={value}", field.name());
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields.0);
+    }
+}
+
+fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let captured = Captured::default();
+    let guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
+    (captured, guard)
+}
+
+/// No raw control character but newline and tab; the escaped spelling is there instead.
+fn assert_escaped(text: &str, escaped: &[&str]) {
+    let raw: Vec<char> = text
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n' && *c != '\t')
+        .collect();
+    assert!(raw.is_empty(), "raw control characters {raw:?} in {text:?}");
+    for e in escaped {
+        assert!(text.contains(e), "{e} missing from {text:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn control_characters_from_the_guest_are_escaped_in_logs_and_errors() {
+    // ESC and BEL in a printed line, a line on stdout that is not a frame, the guest's lfx
+    // version, and the flow's error message (multi-line: its newline stays). The fake relays
+    // stderr and stdout from separate pipes: the pause lets the printed line arrive first.
+    let script = r#"printf '\033[2J\033]0;pwned\007 cleared\n' >&2
+sleep 2
+printf 'stdout \033[31mred\033[0m\n'
+printf '{"frame":"hello","lfx":"1.13.0\\u001b[5m","python":"3.11"}\n'
+printf '{"frame":"error","kind":"flow","type":"ValueError","message":"bad \\u001b[31mthing\\u0007\\nline two\\u009b"}\n'
+exit 1"#;
+    let rig = start_rig(script, &[], "").await;
+    let (logs, _guard) = capture();
+    let mut run = rig
+        .executor
+        .start(&request(true), Some("1.13.0"))
+        .await
+        .unwrap();
+    let err = run.next().await.unwrap_err();
+    let ExecutorError::Flow { message, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_escaped(message, &["bad \\x1b[31mthing\\x07\nline two\\x9b"]);
+    let records = logs.0.lock().unwrap().join("\n");
+    assert_escaped(
+        &records,
+        &[
+            "guest: \\x1b[2J\\x1b]0;pwned\\x07 cleared",
+            "guest: stdout \\x1b[31mred\\x1b[0m",
+            "lfx 1.13.0\\x1b[5m",
+        ],
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+
+    // The guest's last lines, quoted in the error of a runner that reported nothing.
+    let script = r"printf 'Traceback:\n  \033[1mboom\007\n' >&2
+exit 1";
+    let rig = start_rig(script, &[], "").await;
+    let mut run = rig.executor.start(&request(true), None).await.unwrap();
+    let err = run.next().await.unwrap_err();
+    assert_escaped(&err.to_string(), &["\\x1b[1mboom\\x07"]);
+    assert_eq!(settled(&rig.fake).await.live, 0);
 }

@@ -2,8 +2,14 @@
 //! async iterator whose events are produced on this process's runtime.
 //!
 //! No Python object is touched on a runtime thread. A flow run is driven by a producer task
-//! ([`crate::wait::Task`]) that pushes each event into a bounded channel and writes one byte to
-//! a socket pair. `__anext__` takes an event that is already there, or registers the socket's
+//! that pushes each event into a queue bounded in bytes ([`QUEUE_BYTES`]) and writes one byte
+//! to a socket pair. A consumer that does not take the events makes the producer wait for room
+//! (so it stops reading the guest's output, and the guest's writes block), but never past the
+//! run's host deadline: then the run is stopped, the guest destroyed, and the consumer gets the
+//! events queued so far and a `CreateOSExecutionError`. A panic in the producer is caught: the
+//! run is closed (the guest destroyed) and the consumer gets a `CreateOSExecutionError`, never
+//! a silent end. An event's JSON is built into Python objects only when it is taken
+//! ([`crate::payload`]), from the bytes the executor admitted. `__anext__` takes an event that is already there, or registers the socket's
 //! read end with the running asyncio loop (`loop.add_reader`): the loop's own thread then runs
 //! the callback, which takes the event and completes the awaited future. So the awaitable
 //! completes on the event loop, the waiting costs no thread, and `fork()` is safe: a child
@@ -13,34 +19,78 @@
 //! `aclose()` (and dropping the iterator) stops the run: the producer closes it, which stops
 //! the exec and destroys the guest; the awaitable of `aclose()` completes once that is done.
 
+use std::future::Future;
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
 use std::os::unix::net::UnixStream;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest};
+use futures::FutureExt as _;
+use langflow_executor::frames::{MAX_FRAME_BYTES, escape_controls};
+use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest, FlowRun};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 
 use crate::wait::block_bounded;
-use crate::{errors, logbridge, process, runtime, sigterm};
+use crate::{errors, logbridge, payload, process, runtime, sigterm};
 
-/// Events buffered between the producer and a consumer that has not asked yet.
-const CHANNEL: usize = 32;
+/// Bytes of events held between the producer and a consumer that has not taken them yet: the
+/// largest frame the executor admits fits alone.
+pub(crate) const QUEUE_BYTES: usize = MAX_FRAME_BYTES;
+/// What each queued event counts besides its JSON.
+const ITEM_OVERHEAD: usize = 256;
 /// Bound on `shutdown()`.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
 
 type Item = Result<Event, ExecutorError>;
 
-/// What a consumer finds in the channel.
+/// An item in the queue, holding its share of [`QUEUE_BYTES`] (none for the run's last
+/// failure) until the consumer has built it.
+struct Queued {
+    item: Item,
+    room: Option<OwnedSemaphorePermit>,
+}
+
+/// What a consumer finds in the queue.
 enum Ready {
     /// An event or the run's failure.
-    Item(Item),
+    Item(Queued),
     /// The run is over (after its last item).
     End,
+}
+
+/// What the queue charges for `item`.
+fn cost(item: &Item) -> usize {
+    ITEM_OVERHEAD
+        + match item {
+            Ok(Event::Vertex(p) | Event::Complete(p)) => p.len(),
+            Err(e) => e.to_string().len(),
+        }
+}
+
+/// The failure of a run whose producer panicked.
+fn panicked() -> ExecutorError {
+    ExecutorError::Execution(
+        "the flow run failed with an internal error (a panic in the executor); the run was \
+         stopped and its guest destroyed, and the flow may have run. This is a bug in \
+         langflow-sandbox-createos"
+            .to_owned(),
+    )
+}
+
+/// The failure of a run whose consumer did not take its events before the host deadline.
+fn too_slow() -> ExecutorError {
+    ExecutorError::Execution(format!(
+        "the flow's events were not read in time: the host holds at most {QUEUE_BYTES} bytes of \
+         a run's events, and they waited for the consumer until the run's host deadline \
+         (CREATEOS_EXECUTOR_TIMEOUT_SECONDS plus its grace), so the run was stopped and its \
+         guest destroyed; the flow may have run. Read a run's events as they arrive"
+    ))
 }
 
 /// This process's executor, with the id of the process that built it.
@@ -105,7 +155,7 @@ fn to_pyerr(py: Python<'_>, err: ExecutorError) -> PyErr {
 /// What the consumer and the producer share. Dropping the consumer's last reference asks the
 /// producer to stop.
 struct Shared {
-    rx: Mutex<mpsc::Receiver<Item>>,
+    rx: Mutex<mpsc::UnboundedReceiver<Queued>>,
     wake_read: UnixStream,
     stop: Arc<Notify>,
     stopping: Arc<AtomicBool>,
@@ -121,7 +171,7 @@ impl Shared {
     fn try_take(&self) -> Option<Ready> {
         let mut rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
         match rx.try_recv() {
-            Ok(item) => Some(Ready::Item(item)),
+            Ok(queued) => Some(Ready::Item(queued)),
             Err(mpsc::error::TryRecvError::Empty) => None,
             Err(mpsc::error::TryRecvError::Disconnected) => Some(Ready::End),
         }
@@ -157,18 +207,38 @@ fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 }
 
 fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, ready: Ready) -> PyResult<()> {
-    match ready {
-        Ready::Item(Ok(Event::Vertex(v))) => {
-            fut.call_method1("set_result", (("vertex", v.to_string()),))
+    let Ready::Item(Queued { item, room }) = ready else {
+        return fut
+            .call_method1(
+                "set_exception",
+                (PyStopAsyncIteration::new_err(()).value(py),),
+            )
+            .map(drop);
+    };
+    let (kind, json) = match item {
+        Ok(Event::Vertex(json)) => ("vertex", json),
+        Ok(Event::Complete(json)) => ("complete", json),
+        Err(e) => {
+            return fut
+                .call_method1("set_exception", (to_pyerr(py, e).value(py),))
+                .map(drop);
         }
-        Ready::Item(Ok(Event::Complete(v))) => {
-            fut.call_method1("set_result", (("complete", v.to_string()),))
+    };
+    let built = payload::to_python(py, json.as_bytes());
+    // The bytes leave the queue once they are Python objects.
+    drop((json, room));
+    match built {
+        Ok(value) => fut.call_method1("set_result", ((kind, value),)),
+        Err(e) => {
+            let err = errors::execution(
+                py,
+                format!(
+                    "the guest's {kind} event could not be read on the host: {}",
+                    escape_controls(&e.to_string())
+                ),
+            );
+            fut.call_method1("set_exception", (err.value(py),))
         }
-        Ready::Item(Err(e)) => fut.call_method1("set_exception", (to_pyerr(py, e).value(py),)),
-        Ready::End => fut.call_method1(
-            "set_exception",
-            (PyStopAsyncIteration::new_err(()).value(py),),
-        ),
     }
     .map(drop)
 }
@@ -220,8 +290,9 @@ impl FlowWake {
     }
 }
 
-/// The events of one flow run: an async iterator of `(kind, json)` pairs, `kind` being
-/// `"vertex"` or `"complete"` (always last). Created by `NativeExecutor.start`.
+/// The events of one flow run: an async iterator of `(kind, value)` pairs, `kind` being
+/// `"vertex"` (the vertex frame, a `dict`) or `"complete"` (the outputs, a `list`; always
+/// last). Created by `NativeExecutor.start`.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct FlowEvents {
     shared: Arc<Shared>,
@@ -261,7 +332,7 @@ impl FlowEvents {
         slf
     }
 
-    /// An awaitable of the next `(kind, json)` pair; raises `StopAsyncIteration` after the
+    /// An awaitable of the next `(kind, value)` pair; raises `StopAsyncIteration` after the
     /// `"complete"` event, and the run's failure as the matching exception.
     fn __anext__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         self.check_process()?;
@@ -336,46 +407,22 @@ impl NativeExecutor {
             .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
         // `lfx run` and container stops end a process with SIGTERM: destroy the flow's guest.
         sigterm::arm(py, rt, process::shutdown_every_surface);
-        let (wake_write, wake_read) = UnixStream::pair()
-            .and_then(|(w, r)| {
-                w.set_nonblocking(true)?;
-                r.set_nonblocking(true)?;
-                Ok((w, r))
-            })
+        let (producer, shared, done) = pipe()
             .map_err(|e| errors::execution(py, format!("cannot create the wake socket: {e}")))?;
-        let (tx, rx) = mpsc::channel::<Item>(CHANNEL);
-        let stop = Arc::new(Notify::new());
-        let stopping = Arc::new(AtomicBool::new(false));
-        let finished = Arc::new(AtomicBool::new(false));
         let executor = executor();
-        let done = Finished {
-            flag: Arc::clone(&finished),
-            wake: wake_write
-                .try_clone()
-                .map_err(|e| errors::execution(py, format!("cannot clone the wake socket: {e}")))?,
-        };
-        let producer = Producer {
-            tx,
-            wake: wake_write,
-            stop: Arc::clone(&stop),
-            stopping: Arc::clone(&stopping),
-        };
         // Driven on a blocking-pool thread by `block_on` (sandbox-core's futures are not
         // provably `Send`), on this process's runtime. Never cancelled from outside: the
         // producer stops itself when asked, so the guest is always closed.
         let driver = rt.handle().clone();
         rt.spawn_blocking(move || {
             let _done = done;
-            driver.block_on(producer.run(executor, request, lfx_version));
+            driver.block_on(async move {
+                let start = executor.start(&request, lfx_version.as_deref());
+                Box::pin(producer.run(start)).await;
+            });
         });
         Ok(FlowEvents {
-            shared: Arc::new(Shared {
-                rx: Mutex::new(rx),
-                wake_read,
-                stop,
-                stopping,
-                finished,
-            }),
+            shared: Arc::new(shared),
             pid: std::process::id(),
             mode,
         })
@@ -432,9 +479,74 @@ impl Drop for Finished {
     }
 }
 
+/// The two ends of one run's event queue, and the guard that marks the run finished.
+fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
+    let (wake_write, wake_read) = UnixStream::pair()?;
+    wake_write.set_nonblocking(true)?;
+    wake_read.set_nonblocking(true)?;
+    let (tx, rx) = mpsc::unbounded_channel::<Queued>();
+    let stop = Arc::new(Notify::new());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let done = Finished {
+        flag: Arc::clone(&finished),
+        wake: wake_write.try_clone()?,
+    };
+    let producer = Producer {
+        tx,
+        room: Arc::new(Semaphore::new(QUEUE_BYTES)),
+        wake: wake_write,
+        stop: Arc::clone(&stop),
+        stopping: Arc::clone(&stopping),
+    };
+    let shared = Shared {
+        rx: Mutex::new(rx),
+        wake_read,
+        stop,
+        stopping,
+        finished,
+    };
+    Ok((producer, shared, done))
+}
+
+/// A started flow run, as the producer drives it: a [`FlowRun`] (tests drive stand-ins).
+trait Run {
+    /// The next event; `Ok(None)` after the last.
+    fn next(&mut self) -> impl Future<Output = Result<Option<Event>, ExecutorError>>;
+    /// Stops the run and destroys its guest.
+    fn close(&mut self) -> impl Future<Output = ()>;
+    /// When the host gives up on the run, whatever the guest does.
+    fn host_deadline(&self) -> Instant;
+}
+
+impl Run for FlowRun {
+    fn next(&mut self) -> impl Future<Output = Result<Option<Event>, ExecutorError>> {
+        FlowRun::next(self)
+    }
+
+    fn close(&mut self) -> impl Future<Output = ()> {
+        FlowRun::close(self)
+    }
+
+    fn host_deadline(&self) -> Instant {
+        FlowRun::host_deadline(self)
+    }
+}
+
+/// How queueing an event went.
+enum Sent {
+    Queued,
+    /// The consumer asked to stop (or is gone).
+    Stopped,
+    /// No room came before the run's host deadline.
+    Late,
+}
+
 /// The runtime side of one flow run. Holds no Python object.
 struct Producer {
-    tx: mpsc::Sender<Item>,
+    tx: mpsc::UnboundedSender<Queued>,
+    /// [`QUEUE_BYTES`] of room, taken by each queued event until the consumer builds it.
+    room: Arc<Semaphore>,
     wake: UnixStream,
     stop: Arc<Notify>,
     stopping: Arc<AtomicBool>,
@@ -450,60 +562,89 @@ impl Producer {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Sends `item` unless the consumer asked to stop first; false when it did (or is gone).
-    async fn send(&self, item: Item) -> bool {
-        let sent = tokio::select! {
-            r = self.tx.send(item) => r.is_ok(),
-            () = self.stop.notified() => false,
+    /// Queues `event` once there is room for it, unless the consumer asks to stop first or
+    /// `deadline` passes.
+    async fn send(&self, event: Event, deadline: Instant) -> Sent {
+        let item = Ok(event);
+        let cost = u32::try_from(cost(&item).min(QUEUE_BYTES)).unwrap_or(u32::MAX);
+        let room = tokio::select! {
+            room = Arc::clone(&self.room).acquire_many_owned(cost) => room.ok(),
+            () = self.stop.notified() => return Sent::Stopped,
+            () = tokio::time::sleep_until(deadline) => return Sent::Late,
         };
+        let sent = self.tx.send(Queued { item, room }).is_ok();
         self.wake();
-        sent && !self.stopped()
+        if sent && !self.stopped() {
+            Sent::Queued
+        } else {
+            Sent::Stopped
+        }
     }
 
-    async fn run(self, executor: Arc<Executor>, request: FlowRequest, lfx: Option<String>) {
+    /// Queues the run's failure, its last item, at once (it takes no room).
+    fn fail(&self, err: ExecutorError) {
+        let _ = self.tx.send(Queued {
+            item: Err(err),
+            room: None,
+        });
+        self.wake();
+    }
+
+    /// Drives the run that `start` starts to its end. A panic anywhere in it is caught and
+    /// reported to the consumer as the run's failure.
+    async fn run<R: Run>(self, start: impl Future<Output = Result<R, ExecutorError>>) {
+        if AssertUnwindSafe(self.drive(start))
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            // Whatever was started was dropped while unwinding: a guest went to the reaper.
+            self.fail(panicked());
+        }
+        // Dropping `self` closes the queue; `Finished` then marks the run over.
+    }
+
+    async fn drive<R: Run>(&self, start: impl Future<Output = Result<R, ExecutorError>>) {
         let started = tokio::select! {
-            r = executor.start(&request, lfx.as_deref()) => Some(r),
+            r = start => Some(r),
             // Dropping the start future hands a created guest to the reaper.
             () = self.stop.notified() => None,
         };
-        match started {
-            None => {}
-            Some(Err(e)) => {
-                self.send(Err(e)).await;
+        let mut run = match started {
+            None => return,
+            Some(Err(e)) => return self.fail(e),
+            Some(Ok(run)) => run,
+        };
+        loop {
+            if self.stopped() {
+                return run.close().await;
             }
-            Some(Ok(mut run)) => loop {
-                if self.stopped() {
+            let step = tokio::select! {
+                s = AssertUnwindSafe(run.next()).catch_unwind() => Some(s),
+                () = self.stop.notified() => None,
+            };
+            let event = match step {
+                None => return run.close().await,
+                Some(Err(_panic)) => {
+                    // Destroy the guest before the consumer hears of it.
                     run.close().await;
-                    break;
+                    return self.fail(panicked());
                 }
-                let step = tokio::select! {
-                    s = run.next() => Some(s),
-                    () = self.stop.notified() => None,
-                };
-                match step {
-                    None => {
-                        run.close().await;
-                        break;
-                    }
-                    Some(Ok(None)) => break,
-                    Some(Ok(Some(ev))) => {
-                        let last = matches!(ev, Event::Complete(_));
-                        if !self.send(Ok(ev)).await {
-                            run.close().await;
-                            break;
-                        }
-                        if last {
-                            break;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        self.send(Err(e)).await;
-                        break;
-                    }
+                Some(Ok(Ok(None))) => return,
+                Some(Ok(Err(e))) => return self.fail(e),
+                Some(Ok(Ok(Some(event)))) => event,
+            };
+            let last = matches!(event, Event::Complete(_));
+            match self.send(event, run.host_deadline()).await {
+                Sent::Queued if last => return,
+                Sent::Queued => {}
+                Sent::Stopped => return run.close().await,
+                Sent::Late => {
+                    run.close().await;
+                    return self.fail(too_slow());
                 }
-            },
+            }
         }
-        // Dropping `self` closes the channel; `Finished` then marks the run over.
     }
 }
 
@@ -556,4 +697,165 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
     };
     logbridge::drain(py);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::atomic::AtomicUsize;
+
+    use langflow_executor::{FrameLimits, Payload};
+
+    use super::*;
+
+    enum Step {
+        Event(Event),
+        Panic,
+    }
+
+    /// A stand-in run: its steps, then nothing (it waits forever, as a silent guest would).
+    struct Scripted {
+        steps: VecDeque<Step>,
+        pulled: Arc<AtomicUsize>,
+        closed: Arc<AtomicBool>,
+        deadline: Instant,
+    }
+
+    impl Run for Scripted {
+        async fn next(&mut self) -> Result<Option<Event>, ExecutorError> {
+            self.pulled.fetch_add(1, Ordering::SeqCst);
+            match self.steps.pop_front() {
+                Some(Step::Event(event)) => Ok(Some(event)),
+                Some(Step::Panic) => panic!("injected: a bug in the executor"),
+                None => std::future::pending().await,
+            }
+        }
+
+        async fn close(&mut self) {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+
+        fn host_deadline(&self) -> Instant {
+            self.deadline
+        }
+    }
+
+    fn vertex(id: &str, pad: usize) -> Event {
+        let json = format!(
+            r#"{{"frame":"vertex","id":"{id}","pad":"{}"}}"#,
+            "x".repeat(pad)
+        );
+        Event::Vertex(Payload::admit(json, &FrameLimits::default()).unwrap())
+    }
+
+    /// Runs `steps` through a real producer (on a thread of its own, as in production) and
+    /// returns the consumer's end once the producer is done, with what the run saw.
+    fn produce(steps: Vec<Step>, budget: Duration) -> (Shared, usize, bool, usize) {
+        let (producer, shared, done) = pipe().unwrap();
+        let room = Arc::clone(&producer.room);
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicBool::new(false));
+        let run = Scripted {
+            steps: steps.into(),
+            pulled: Arc::clone(&pulled),
+            closed: Arc::clone(&closed),
+            deadline: Instant::now() + budget,
+        };
+        let driver = std::thread::spawn(move || {
+            let _done = done;
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(producer.run(async move { Ok(run) }));
+        });
+        driver.join().unwrap();
+        assert!(shared.finished.load(Ordering::SeqCst));
+        (
+            shared,
+            pulled.load(Ordering::SeqCst),
+            closed.load(Ordering::SeqCst),
+            QUEUE_BYTES - room.available_permits(),
+        )
+    }
+
+    /// Everything the consumer can take, in order, as short descriptions.
+    fn drain(shared: &Shared) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Some(ready) = shared.try_take() {
+            match ready {
+                Ready::Item(Queued {
+                    item: Ok(event), ..
+                }) => seen.push(match event {
+                    Event::Vertex(p) => format!("vertex {}", p.value()["id"]),
+                    Event::Complete(_) => "complete".to_owned(),
+                }),
+                Ready::Item(Queued { item: Err(e), .. }) => seen.push(format!("error: {e}")),
+                Ready::End => {
+                    seen.push("end".to_owned());
+                    break;
+                }
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn a_panic_in_the_run_is_an_execution_error_after_the_guest_is_closed() {
+        let (shared, _, closed, _) = produce(
+            vec![Step::Event(vertex("a", 10)), Step::Panic],
+            Duration::from_secs(60),
+        );
+        assert!(closed, "the run (its guest) was closed");
+        let seen = drain(&shared);
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert_eq!(seen[0], "vertex \"a\"");
+        assert!(seen[1].starts_with("error: "), "{seen:?}");
+        assert!(seen[1].contains("internal error"), "{seen:?}");
+        assert!(seen[1].contains("guest destroyed"), "{seen:?}");
+        assert_eq!(seen[2], "end");
+    }
+
+    #[test]
+    fn a_panic_while_starting_is_an_execution_error() {
+        let (producer, shared, done) = pipe().unwrap();
+        std::thread::spawn(move || {
+            let _done = done;
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(producer.run(async {
+                    panic!("injected: a bug while starting");
+                    #[allow(unreachable_code)]
+                    Err::<Scripted, _>(panicked())
+                }));
+        })
+        .join()
+        .unwrap();
+        let seen = drain(&shared);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[0].contains("internal error"), "{seen:?}");
+        assert_eq!(seen[1], "end");
+    }
+
+    #[test]
+    fn a_consumer_that_does_not_read_holds_the_run_to_its_byte_bound_and_deadline() {
+        // Four events of 6 MiB against 16 MiB of room: two fit, the third waits for room
+        // until the run's host deadline, the fourth is never read from the guest.
+        let mb6 = 6 * 1024 * 1024;
+        let steps = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| Step::Event(vertex(id, mb6)))
+            .collect();
+        let (shared, pulled, closed, queued) = produce(steps, Duration::from_millis(300));
+        assert_eq!(pulled, 3, "the run was read while there was room, then not");
+        assert!(closed, "the run (its guest) was closed at the deadline");
+        assert!(queued <= QUEUE_BYTES && queued >= 2 * mb6, "{queued}");
+        let seen = drain(&shared);
+        assert_eq!(seen[..2], ["vertex \"a\"", "vertex \"b\""], "{seen:?}");
+        assert!(seen[2].contains("not read in time"), "{seen:?}");
+        assert!(seen[2].contains(&QUEUE_BYTES.to_string()), "{seen:?}");
+        assert_eq!(seen[3], "end");
+    }
 }

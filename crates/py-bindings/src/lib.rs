@@ -24,6 +24,7 @@ mod component;
 mod errors;
 mod executor;
 mod logbridge;
+mod payload;
 mod process;
 mod results;
 mod runtime;

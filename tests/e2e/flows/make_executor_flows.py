@@ -4,11 +4,16 @@
 - ``slow_flow.json``: Chat Input -> Shout -> Slow (sleeps 2 s) -> Chat Output; the benchmark's
   flow: the first vertices finish long before the last, so live events are measurable.
 - ``stream_flow.json``: Chat Input -> Stream Words (a generator output) -> Chat Output.
+- ``hostile_flow.json``: Chat Input -> Hostile (writes a raw line to the runner's frame stream, as
+  the input says) -> Chat Output.
+- ``bulk_flow.json``: Chat Input -> Bulk (a few hundred KB of text and a table of a few thousand
+  rows) -> Chat Output (the text), and the table -> Rows (its count and last row) -> a second Chat
+  Output.
 
 The components live in ``components/``, one per module: a dumped node embeds its module's
 source, which is what the guest rebuilds.
 
-    .venv/bin/python tests/e2e/flows/make_executor_flows.py
+    .venv/bin/python tests/e2e/flows/make_executor_flows.py [NAME ...]
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "components"))
 
+from bulk_component import BulkComponent  # noqa: E402
+from hostile_component import HostileComponent  # noqa: E402
+from rows_component import RowsComponent  # noqa: E402
 from lfx.components.input_output import ChatInput, ChatOutput  # noqa: E402
 from lfx.graph import Graph  # noqa: E402
 from shout_component import ShoutComponent  # noqa: E402
@@ -27,13 +36,18 @@ from slow_component import SlowComponent  # noqa: E402
 from stream_component import StreamWordsComponent  # noqa: E402
 
 
-def shout() -> Graph:
+def chat_through(make: Any, input_name: str, output_name: str) -> Graph:
+    """Chat Input -> ``make()`` (the message into its ``input_name``) -> Chat Output (its ``output_name``)."""
     chat_in = ChatInput(_id="chat_in")
-    loud = ShoutComponent(_id="shout")
-    loud.set(text=chat_in.message_response)
+    middle = make()
+    middle.set(**{input_name: chat_in.message_response})
     chat_out = ChatOutput(_id="chat_out")
-    chat_out.set(input_value=loud.shout)
+    chat_out.set(input_value=getattr(middle, output_name))
     return Graph(chat_in, chat_out)
+
+
+def shout() -> Graph:
+    return chat_through(lambda: ShoutComponent(_id="shout"), "text", "shout")
 
 
 def slow() -> Graph:
@@ -48,16 +62,34 @@ def slow() -> Graph:
 
 
 def stream() -> Graph:
-    chat_in = ChatInput(_id="chat_in")
-    words = StreamWordsComponent(_id="stream_words")
-    words.set(text=chat_in.message_response)
-    chat_out = ChatOutput(_id="chat_out")
-    chat_out.set(input_value=words.streamed)
-    return Graph(chat_in, chat_out)
+    return chat_through(lambda: StreamWordsComponent(_id="stream_words"), "text", "streamed")
 
+
+def hostile() -> Graph:
+    return chat_through(lambda: HostileComponent(_id="hostile"), "mode", "done")
+
+
+def bulk() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    big = BulkComponent(_id="bulk")
+    big.set(text=chat_in.message_response)
+    text_out = ChatOutput(_id="text_out")
+    text_out.set(input_value=big.long_text)
+    rows = RowsComponent(_id="rows")
+    rows.set(table=big.table)
+    table_out = ChatOutput(_id="table_out")
+    table_out.set(input_value=rows.summary)
+    graph = Graph()
+    for component in (chat_in, big, text_out, rows, table_out):
+        graph.add_component(component)
+    graph.prepare()
+    return graph
+
+
+FLOWS = {"shout": shout, "slow": slow, "stream": stream, "hostile": hostile, "bulk": bulk}
 
 if __name__ == "__main__":
-    for name, build in (("shout", shout), ("slow", slow), ("stream", stream)):
+    for name, build in ((n, FLOWS[n]) for n in (sys.argv[1:] or FLOWS)):
         out = HERE / f"{name}_flow.json"
         dump = build().dump(name=f"CreateOS executor: {name}", description=f"The executor's {name} test flow")
         out.write_text(json.dumps(dump, indent=1, sort_keys=True) + "\n")

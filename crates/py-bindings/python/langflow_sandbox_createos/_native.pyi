@@ -256,7 +256,9 @@ def reap_reused(older_than: str, dry_run: bool = False) -> ReusedReapReport:
 
 @final
 class FlowEvents:
-    """The events of one flow run: ``(kind, json)`` pairs, ``kind`` ``"vertex"`` or ``"complete"``.
+    """The events of one flow run: ``(kind, value)`` pairs, ``kind`` ``"vertex"`` (the vertex
+    frame, a ``dict``) or ``"complete"`` (the run's outputs, a ``list``), built from the JSON the
+    guest sent once it passed the host's bounds.
 
     An async iterator whose awaitables complete on the running asyncio loop. Raises the run's
     failure (``CreateOSUnavailableError``, ``CreateOSExecutionError``, or the flow's own
@@ -264,7 +266,7 @@ class FlowEvents:
     """
 
     def __aiter__(self) -> FlowEvents: ...
-    def __anext__(self) -> Awaitable[tuple[str, str]]: ...
+    def __anext__(self) -> Awaitable[tuple[str, Any]]: ...
     def aclose(self) -> Awaitable[None]:
         """Stop the run; the awaitable completes once its guest is destroyed. Idempotent."""
     @property
