@@ -30,10 +30,31 @@ pub const DEFAULT_USER_AGENT: &str = concat!("createos-rust/", env!("CARGO_PKG_V
 /// Largest `/readyz` body [`Client::readiness`] reads (64 KiB).
 pub const MAX_READINESS_BODY: usize = 64 * 1024;
 
-/// Environment variable holding the API key.
+/// Environment variable holding the API key (the SDK's name; read after
+/// [`ENV_SANDBOX_API_KEY`], see [`api_key_from`]).
 pub const ENV_API_KEY: &str = "CREATEOS_API_KEY";
-/// Alternative environment variable holding the API key (the Langflow plugin's name).
+/// Environment variable holding the API key under the Langflow plugin's name; when it is set
+/// (and not blank) it wins over [`ENV_API_KEY`] (see [`api_key_from`]).
 pub const ENV_SANDBOX_API_KEY: &str = "CREATEOS_SANDBOX_API_KEY";
+
+/// The API key an environment holds and the variable it came from, in the one order every
+/// reader of this workspace uses: [`ENV_SANDBOX_API_KEY`] first, then [`ENV_API_KEY`]; a
+/// blank value counts as unset. The value is not trimmed or checked here.
+///
+/// The more specific name wins, so a process that sets both (a Langflow server whose
+/// environment also serves the SDK) sends the plugin's key from every surface and from
+/// [`ClientBuilder::from_env`] alike.
+pub fn api_key_from(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Option<(SecretString, &'static str)> {
+    [ENV_SANDBOX_API_KEY, ENV_API_KEY]
+        .into_iter()
+        .find_map(|name| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (SecretString::from(v), name))
+        })
+}
 /// Environment variable overriding the base URL.
 pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
 
@@ -127,8 +148,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Fill unset key and base URL from `CREATEOS_API_KEY` (or `CREATEOS_SANDBOX_API_KEY`)
-    /// and `CREATEOS_SANDBOX_BASE_URL`.
+    /// Fill unset key and base URL from the environment: the key from
+    /// `CREATEOS_SANDBOX_API_KEY`, else `CREATEOS_API_KEY` (see [`api_key_from`]), the base URL
+    /// from `CREATEOS_SANDBOX_BASE_URL`.
     #[must_use]
     pub fn from_env(mut self) -> Self {
         self.from_env = true;
@@ -165,11 +187,7 @@ impl ClientBuilder {
         let mut base = self.base_url;
         if self.from_env {
             if key.is_none() {
-                key = [ENV_API_KEY, ENV_SANDBOX_API_KEY]
-                    .iter()
-                    .filter_map(|v| env(v))
-                    .find(|v| !v.trim().is_empty())
-                    .map(SecretString::from);
+                key = api_key_from(env).map(|(k, _)| k);
             }
             if base.is_none() {
                 base = env(ENV_BASE_URL).filter(|v| !v.trim().is_empty());
@@ -324,7 +342,7 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// A client configured from `CREATEOS_API_KEY` (or `CREATEOS_SANDBOX_API_KEY`) and
+    /// A client configured from `CREATEOS_SANDBOX_API_KEY` (else `CREATEOS_API_KEY`) and
     /// `CREATEOS_SANDBOX_BASE_URL`. A missing key is not an error here: calls that need it
     /// fail with [`Error::Auth`] before sending anything.
     pub fn from_env() -> Result<Client> {
@@ -577,7 +595,24 @@ mod tests {
     }
 
     #[test]
-    fn the_plugin_variable_is_accepted_and_the_sdk_one_wins() {
+    fn the_key_order_is_the_plugin_variable_then_the_sdk_one() {
+        use secrecy::ExposeSecret;
+        let key = |pairs: &'static [(&'static str, &'static str)]| {
+            api_key_from(&env_of(pairs)).map(|(k, from)| (k.expose_secret().to_owned(), from))
+        };
+        assert_eq!(
+            key(&[
+                (ENV_API_KEY, "sdk-key-1"),
+                (ENV_SANDBOX_API_KEY, "plugin-key-1")
+            ]),
+            Some(("plugin-key-1".to_owned(), ENV_SANDBOX_API_KEY))
+        );
+        assert_eq!(
+            key(&[(ENV_API_KEY, "sdk-key-1"), (ENV_SANDBOX_API_KEY, "  ")]),
+            Some(("sdk-key-1".to_owned(), ENV_API_KEY)),
+            "a blank plugin variable falls through to the SDK's"
+        );
+        assert_eq!(key(&[]), None);
         let c = Client::builder()
             .from_env()
             .build_with_env(&env_of(&[(ENV_SANDBOX_API_KEY, "k2")]))
@@ -587,10 +622,7 @@ mod tests {
             .from_env()
             .build_with_env(&env_of(&[(ENV_API_KEY, " "), (ENV_SANDBOX_API_KEY, "k2")]))
             .unwrap();
-        assert!(
-            c.has_api_key(),
-            "a blank CREATEOS_API_KEY falls through to the plugin variable"
-        );
+        assert!(c.has_api_key());
         let c = Client::builder()
             .from_env()
             .build_with_env(&env_of(&[]))

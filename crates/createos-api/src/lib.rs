@@ -40,7 +40,8 @@ pub use sandbox::*;
 mod processes;
 pub(crate) mod transport;
 pub use transport::{
-    LineFramer, LineTooLong, MAX_PAGES, MAX_STREAM_LINE, MIN_SECRET_FRAGMENT, redact_url,
+    LineFramer, LineTooLong, MAX_DETAIL_CHARS, MAX_PAGES, MAX_STREAM_LINE, MIN_SECRET_FRAGMENT,
+    REDACTED, Redactor, cap_detail, redact_url,
 };
 mod wire_enum;
 pub use processes::*;

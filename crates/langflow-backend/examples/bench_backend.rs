@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendOptions, LfxPolicy};
 
 const KEY: &str = "bench-key-0123456789";
@@ -114,8 +115,10 @@ fn main() {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let backend = Arc::new(Backend::with_options(BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        ..BackendOptions::default()
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            ..SurfaceOptions::default()
+        },
     }));
     let policy = LfxPolicy {
         timeout_seconds: 120,

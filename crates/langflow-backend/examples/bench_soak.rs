@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendError, BackendOptions, LfxPolicy, RunOutput};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -79,19 +80,21 @@ async fn soak(runs: usize, callers: usize) -> bool {
         budget: Duration::from_secs(10),
     };
     let b = Arc::new(Backend::with_options(BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_secs(2),
-        backoff,
-        host_grace: Duration::from_secs(3),
-        shutdown_timeout: Duration::from_secs(60),
-        reaper: ReaperConfig {
-            backoff: Backoff {
-                budget: Duration::from_secs(120),
-                ..backoff
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout: Duration::from_secs(2),
+            backoff,
+            host_grace: Duration::from_secs(3),
+            shutdown_timeout: Duration::from_secs(60),
+            reaper: ReaperConfig {
+                backoff: Backoff {
+                    budget: Duration::from_secs(120),
+                    ..backoff
+                },
+                lookup_patience: Duration::from_secs(10),
             },
-            lookup_patience: Duration::from_secs(10),
+            ..SurfaceOptions::default()
         },
-        ..BackendOptions::default()
     }));
     let policy = LfxPolicy {
         timeout_seconds: 10,

@@ -4,13 +4,12 @@ use std::fmt;
 
 use sandbox_core::ErrorKind;
 use sandbox_core::egress::EgressPolicy;
-use sandbox_core::settings::{
-    ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_WARM_POOL,
-};
+use sandbox_core::settings::{ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_WARM_POOL};
 use sandbox_core::shapes::select_shape;
 
 use crate::{
-    Backend, ENV_LF_ALLOW_NETWORK, ENV_LF_MEMORY, LfxPolicy, describe_egress, describe_shape,
+    Backend, ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_LF_ALLOW_NETWORK, ENV_LF_MEMORY, LfxPolicy,
+    describe_egress, describe_shape,
 };
 
 /// How a doctor line should be read.
@@ -156,8 +155,11 @@ impl Lines {
 
 pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
     let mut out = Lines(Vec::new());
-    let settings = match backend.settings_for_doctor() {
-        Ok(s) => s,
+    let (settings, accept) = match backend
+        .settings_for_doctor()
+        .and_then(|s| Ok((s, backend.accepts_egress_exceptions()?)))
+    {
+        Ok(read) => read,
         Err(e) => {
             out.push(DoctorLevel::Refused, e.message());
             return finish(out);
@@ -229,7 +231,7 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
     if let Err(e) = policy.validate() {
         out.push(DoctorLevel::Refused, e.message());
     }
-    match policy.egress(settings.accept_egress_exceptions) {
+    match policy.egress(accept) {
         Ok(e) => {
             let level = if e == EgressPolicy::AllowAll {
                 DoctorLevel::Warn
@@ -240,7 +242,7 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
         }
         Err(e) => out.push(DoctorLevel::Refused, e.message()),
     }
-    if !policy.allow_network && !settings.accept_egress_exceptions {
+    if !policy.allow_network && !accept {
         out.push(
             DoctorLevel::Info,
             format!(

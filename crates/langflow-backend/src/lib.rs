@@ -7,36 +7,28 @@
 //! [`LfxPolicy`] and maps [`BackendError`] to lfx's exceptions.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
+use sandbox_core::SandboxError;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{ExecLimits, is_valid_env_name};
-use sandbox_core::lifecycle::{RunSpec, run_python_pooled};
-use sandbox_core::names::BACKEND_PREFIX;
-use sandbox_core::pool::{PoolConfig, WarmPool};
-use sandbox_core::reaper::{Reaper, ReaperConfig};
-use sandbox_core::retry::Backoff;
-use sandbox_core::session::{Account, Session, http_connector};
-use sandbox_core::settings::{
-    ENV_ACCEPT_EGRESS_EXCEPTIONS, SettingNames, Settings, non_blank, parse_bool,
-};
+use sandbox_core::session::Account;
+use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
 use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
-use sandbox_core::{LOG_TARGET, SandboxError};
+use sandbox_core::surface::{Surface, SurfaceKind};
 
 mod doctor;
+pub mod lifecycle;
 mod orphans;
 
 pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
-pub use orphans::{Orphan, SweepReport};
-/// How a run got its guest from the warm pool, and the pool's counters (re-exported).
-pub use sandbox_core::lifecycle::PoolUse;
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
-pub use sandbox_core::lifecycle::Timings;
+pub use lifecycle::Timings;
+use lifecycle::{RunSpec, run_on};
+pub use orphans::{Orphan, SweepReport};
 /// The captured text of a stream and its pieces (re-exported so callers need not depend on
 /// sandbox-core).
 pub use sandbox_core::output::{Piece, Text};
@@ -44,6 +36,10 @@ pub use sandbox_core::output::{Piece, Text};
 pub use sandbox_core::pool::PoolStats;
 /// Builds a control plane from settings (re-exported from sandbox-core's session layer).
 pub use sandbox_core::session::Connector;
+/// How a run got its guest from the warm pool (sandbox-core's, the same for every surface).
+pub use sandbox_core::surface::PoolUse;
+/// The options every surface shares, embedded in [`BackendOptions`] (re-exported).
+pub use sandbox_core::surface::{EnvLookup, SurfaceOptions};
 
 /// What this backend declares to lfx's policy gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +72,9 @@ pub const ENV_LF_MEMORY: &str = "LANGFLOW_SANDBOX_MEMORY_MB";
 pub const ENV_LF_ALLOW_NETWORK: &str = "LANGFLOW_SANDBOX_ALLOW_NETWORK";
 /// lfx's `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`.
 pub const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`: the operator accepts that deny-all
+/// egress still reaches `169.254.0.0/16` (the backend's and the component's opt-in).
+pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS";
 
 /// lfx's default timeout, in seconds.
 pub const LF_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
@@ -243,98 +242,20 @@ impl From<SandboxError> for BackendError {
     }
 }
 
-/// Reads one environment variable.
-pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
-
-/// Knobs for tests, benchmarks and embedders; [`Backend::new`] uses the defaults.
-#[derive(Clone)]
+/// Knobs for tests, benchmarks and embedders; [`Backend::new`] uses the defaults. The backend
+/// has no knob of its own: every one is the surface kit's ([`SurfaceOptions`]: the clocks, the
+/// backoff, the reaper, the session, the warm pool and the fork rule).
+#[derive(Debug, Clone, Default)]
 pub struct BackendOptions {
-    /// Where `CREATEOS_*` settings are read from (default: the process environment, at each
-    /// call).
-    pub env: EnvLookup,
-    /// Timeout of each control call.
-    pub request_timeout: Duration,
-    /// Backoff and total deadline for calls before the program is dispatched.
-    pub backoff: Backoff,
-    /// TERM→KILL grace given to `timeout(1)` in the guest.
-    pub kill_after: Duration,
-    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
-    pub host_grace: Duration,
-    /// Destroy off the critical path (guaranteed by the reaper and flushed by `shutdown`).
-    pub background_destroy: bool,
-    /// Bound on `shutdown()`.
-    pub shutdown_timeout: Duration,
-    /// Reaper behaviour.
-    pub reaper: ReaperConfig,
-    /// How a control plane is built from settings (ignored when `session` is given).
-    pub connector: Connector,
-    /// The process's session to share with other surfaces (one client and one catalog
-    /// fetch per account); `None` builds one from `connector` and `request_timeout`.
-    pub session: Option<Session>,
-    /// Delete paused one-shot guests of earlier processes (orphans) in the background, once
-    /// per process per account, after the account's first credential check.
-    pub orphan_sweep: bool,
-    /// How the warm pool refills and retires guests (its size is
-    /// `CREATEOS_SANDBOX_WARM_POOL`, read at each run).
-    pub pool: PoolConfig,
-    /// Whether this backend may keep a warm pool at all. Off in a forked worker, which often
-    /// ends with `os._exit` and so could never destroy its idle guests.
-    pub pool_allowed: bool,
-}
-
-impl fmt::Debug for BackendOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendOptions")
-            .field("request_timeout", &self.request_timeout)
-            .field("backoff", &self.backoff)
-            .field("kill_after", &self.kill_after)
-            .field("host_grace", &self.host_grace)
-            .field("background_destroy", &self.background_destroy)
-            .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("orphan_sweep", &self.orphan_sweep)
-            .field("pool", &self.pool)
-            .field("pool_allowed", &self.pool_allowed)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for BackendOptions {
-    fn default() -> Self {
-        let limits = ExecLimits::for_seconds(1);
-        Self {
-            env: Arc::new(|k| std::env::var(k).ok()),
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            backoff: Backoff::default(),
-            kill_after: limits.kill_after,
-            host_grace: limits.host_grace,
-            background_destroy: true,
-            shutdown_timeout: Duration::from_secs(20),
-            reaper: ReaperConfig::default(),
-            connector: http_connector(),
-            session: None,
-            orphan_sweep: true,
-            pool: PoolConfig::default(),
-            pool_allowed: true,
-        }
-    }
+    /// What every surface shares.
+    pub surface: SurfaceOptions,
 }
 
 /// The CreateOS sandbox backend. Cheap to construct (no I/O), `Send + Sync`, and meant to be
 /// shared by every concurrent run of a process. Build a fresh one in a child after `fork()`.
+#[derive(Debug)]
 pub struct Backend {
-    opts: BackendOptions,
-    session: Session,
-    reaper: Reaper,
-    pool: WarmPool,
-}
-
-impl fmt::Debug for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backend")
-            .field("reaper", &self.reaper)
-            .field("pool", &self.pool)
-            .finish_non_exhaustive()
-    }
+    surface: Surface,
 }
 
 impl Default for Backend {
@@ -358,69 +279,57 @@ impl Backend {
 
     /// A backend with explicit options.
     pub fn with_options(opts: BackendOptions) -> Self {
-        let session = opts
-            .session
-            .clone()
-            .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
         Self {
-            reaper: Reaper::new(opts.reaper),
-            pool: WarmPool::new(opts.pool),
-            session,
-            opts,
+            surface: Surface::new(SurfaceKind::Backend, opts.surface),
         }
+    }
+
+    /// The surface kit this backend runs on.
+    pub fn surface(&self) -> &Surface {
+        &self.surface
     }
 
     /// Guests currently registered with this backend (live runs plus pending destroys).
     pub fn registered_guests(&self) -> usize {
-        self.reaper.registered()
+        self.surface.registered_guests()
     }
 
     /// Guests registered with this backend that no run owns and the warm pool does not hold
     /// (pending destroys), plus those of runs in flight: what a caller waiting for a run's
     /// guest to be gone compares with its runs in flight.
     pub fn unpooled_guests(&self) -> usize {
-        self.reaper
-            .registered()
-            .saturating_sub(self.pool.stats().held())
+        self.surface.unpooled_guests()
     }
 
     /// The warm pool's counters (size 0 when `CREATEOS_SANDBOX_WARM_POOL` is unset or 0).
     pub fn warm_pool(&self) -> PoolStats {
-        self.pool.stats()
-    }
-
-    /// The pool size this backend uses with `settings`: the setting, or 0 where no pool is
-    /// allowed ([`BackendOptions::pool_allowed`]).
-    fn pool_size(&self, settings: &Settings) -> usize {
-        if self.opts.pool_allowed {
-            settings.warm_pool
-        } else {
-            0
-        }
+        self.surface.pool_stats()
     }
 
     pub(crate) fn pool_allowed(&self) -> bool {
-        self.opts.pool_allowed
+        self.surface.pool_allowed()
     }
 
     fn settings(&self) -> Result<Settings, SandboxError> {
-        let env = self.opts.env.clone();
-        Settings::from_lookup(&move |k| env(k))
+        self.surface.settings()
+    }
+
+    /// The operator's link-local opt-in ([`ENV_ACCEPT_EGRESS_EXCEPTIONS`]).
+    pub(crate) fn accepts_egress_exceptions(&self) -> Result<bool, SandboxError> {
+        read_flag(&|k| self.surface.lookup(k), ENV_ACCEPT_EGRESS_EXCEPTIONS)
     }
 
     fn limits(&self, policy: &LfxPolicy) -> ExecLimits {
-        ExecLimits {
-            budget: Duration::from_secs(u64::from(policy.timeout_seconds)),
-            kill_after: self.opts.kill_after,
-            host_grace: self.opts.host_grace,
-        }
+        self.surface
+            .limits(Duration::from_secs(u64::from(policy.timeout_seconds)))
     }
 
     /// The refusals that need no I/O, in the order an operator would fix them.
     pub(crate) fn plan(&self, policy: &LfxPolicy) -> Result<Plan, SandboxError> {
         let settings = self.settings()?;
+        let accept = self.accepts_egress_exceptions()?;
         policy.validate()?;
-        let egress = policy.egress(settings.accept_egress_exceptions)?;
+        let egress = policy.egress(accept)?;
         settings.require_key()?;
         Ok(Plan {
             settings,
@@ -430,7 +339,7 @@ impl Backend {
     }
 
     fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
-        self.session.account(settings)
+        self.surface.session().account(settings)
     }
 
     /// Runs `code` as a Python program in a fresh CreateOS guest, under `policy`.
@@ -444,45 +353,36 @@ impl Backend {
         policy: &LfxPolicy,
     ) -> Result<RunOutput, BackendError> {
         let plan = self.plan(policy)?;
-        self.pool.set_size(self.pool_size(&plan.settings));
-        let redactor = plan.settings.redactor();
         let envs = env.unwrap_or_default();
         if let Some(bad) = envs.keys().find(|k| !is_valid_env_name(k)) {
             return Err(BackendError::Unavailable(format!(
                 "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
         }
-        let account = self.account(&plan.settings)?;
-        let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
-        cred?;
-        let catalog = catalog?;
-        if self.opts.orphan_sweep {
-            account.start_orphan_sweep(self.sweep_config());
-        }
+        let opened = self.surface.open(&plan.settings).await?;
         let choice = select_shape(
-            &catalog,
+            &opened.catalog,
             policy.memory_mb,
             plan.settings.pinned_shape.as_deref(),
             ENV_LF_MEMORY,
         )?;
         let spec = RunSpec {
-            name_prefix: BACKEND_PREFIX,
             shape: choice.shape.id.clone(),
             rootfs: plan.settings.rootfs.clone(),
             envs,
             egress: plan.egress,
             limits: plan.limits,
             max_output_bytes: plan.settings.max_output_bytes,
-            backoff: self.opts.backoff,
-            background_destroy: self.opts.background_destroy,
+            backoff: self.surface.options().backoff,
+            background_destroy: self.surface.options().background_destroy,
         };
-        let report = run_python_pooled(
-            account.control_plane().clone(),
-            &self.reaper,
-            Some(&self.pool),
+        let cx = self.surface.context(&opened);
+        let report = run_on(
+            &self.surface,
+            &cx,
             &spec,
+            plan.settings.warm_pool,
             Bytes::copy_from_slice(code.as_bytes()),
-            &redactor,
         )
         .await?;
         Ok(RunOutput {
@@ -502,17 +402,7 @@ impl Backend {
     /// pool) within a bounded time, stops background retries and refills, and refuses new
     /// runs. Idempotent.
     pub async fn shutdown(&self) {
-        // The pool's guests go to the reaper first, so the shutdown below destroys them too.
-        self.pool.close();
-        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
-        if r.destroyed + r.failed > 0 {
-            tracing::info!(
-                target: LOG_TARGET,
-                destroyed = r.destroyed,
-                failed = r.failed,
-                "sandbox backend shut down"
-            );
-        }
+        self.surface.shutdown().await;
     }
 
     /// Checks the configuration and the credential and reports the shape and egress a run
@@ -541,7 +431,9 @@ impl Backend {
             Ok(a) => a,
             Err(e) => return (Err(e.clone()), Err(e)),
         };
-        account.preflight(&self.opts.backoff, &redactor).await
+        account
+            .preflight(&self.surface.options().backoff, &redactor)
+            .await
     }
 }
 

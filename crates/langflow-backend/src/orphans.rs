@@ -5,21 +5,13 @@
 //! paused. A process killed before it could destroy its guest (SIGKILL, OOM kill, a host that
 //! lost power) leaves one behind, which auto-pause stops but nobody deletes.
 
+use sandbox_core::orphans::sweep;
 /// What a sweep did, and one orphan (re-exported so callers need not depend on sandbox-core).
 pub use sandbox_core::orphans::{Orphan, SweepReport};
-use sandbox_core::orphans::{SweepConfig, sweep};
 
 use crate::{Backend, BackendError};
 
 impl Backend {
-    /// The sweep's retries follow the backend's backoff.
-    pub(crate) fn sweep_config(&self) -> SweepConfig {
-        SweepConfig {
-            backoff: self.opts.backoff,
-            ..SweepConfig::default()
-        }
-    }
-
     /// Deletes (or with `dry_run`, only lists) this account's orphaned guests: one-shot `lf-`
     /// guests found paused. Reads the `CREATEOS_*` settings like a run. Fails when the key is
     /// missing or the guests cannot be listed; a delete that fails is in
@@ -31,7 +23,7 @@ impl Backend {
         sweep(
             account.control_plane().as_ref(),
             dry_run,
-            &self.sweep_config(),
+            &self.surface().sweep_config(),
         )
         .await
         .map_err(|e| {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendOptions, LfxPolicy};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -13,8 +14,10 @@ async fn doctor_says_plain_http_is_never_proxied() {
     env.insert("CREATEOS_SANDBOX_API_KEY".into(), fake.api_key().into());
     env.insert("CREATEOS_SANDBOX_BASE_URL".into(), fake.url());
     let b = Backend::with_options(BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        ..BackendOptions::default()
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            ..SurfaceOptions::default()
+        },
     });
     let report = tokio::time::timeout(
         std::time::Duration::from_secs(30),

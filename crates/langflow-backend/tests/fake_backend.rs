@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendError, BackendOptions, DoctorLevel, LfxPolicy, RunOutput};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -51,17 +52,19 @@ fn options(env: HashMap<String, String>) -> BackendOptions {
         budget: Duration::from_secs(4),
     };
     BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_secs(1),
-        backoff: quick,
-        kill_after: Duration::from_millis(500),
-        host_grace: Duration::from_millis(1500),
-        shutdown_timeout: Duration::from_secs(5),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout: Duration::from_secs(1),
             backoff: quick,
-            lookup_patience: Duration::from_millis(300),
+            kill_after: Duration::from_millis(500),
+            host_grace: Duration::from_millis(1500),
+            shutdown_timeout: Duration::from_secs(5),
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_millis(300),
+            },
+            ..SurfaceOptions::default()
         },
-        ..BackendOptions::default()
     }
 }
 
@@ -154,7 +157,7 @@ async fn a_create_response_without_egress_is_read_back_and_a_large_program_uploa
 async fn inline_destroy_reports_its_time() {
     let fake = fake_with("").await;
     let mut o = options(env_for(&fake, &[]));
-    o.background_destroy = false;
+    o.surface.background_destroy = false;
     let b = Backend::with_options(o);
     let out = print1(&b).await.unwrap();
     assert!(out.timings.destroy_ms.is_some());
@@ -437,7 +440,7 @@ async fn lost_create_response_is_recovered_by_name() {
 async fn stalled_exec_stream_times_out_with_partial_output_and_destroys() {
     let fake = fake_with("exec_stream=stall-mid").await;
     let mut o = options(env_for(&fake, &[]));
-    o.background_destroy = true;
+    o.surface.background_destroy = true;
     let b = Backend::with_options(o);
     let out = b
         .run(

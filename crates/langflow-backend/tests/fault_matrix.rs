@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use createos_fake::{FakeOptions, FakeServer, Stats};
 use futures::StreamExt;
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendError, BackendOptions, LfxPolicy, RunOutput};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -227,19 +228,21 @@ fn options(url: String) -> BackendOptions {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_secs(2),
-        backoff: quick,
-        kill_after: Duration::from_millis(300),
-        host_grace: Duration::from_millis(1200),
-        shutdown_timeout: Duration::from_secs(5),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout: Duration::from_secs(2),
             backoff: quick,
-            lookup_patience: Duration::from_millis(600),
+            kill_after: Duration::from_millis(300),
+            host_grace: Duration::from_millis(1200),
+            shutdown_timeout: Duration::from_secs(5),
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_millis(600),
+            },
+            // The `list` faults below are meant for the lost-create lookup, not the orphan sweep.
+            orphan_sweep: false,
+            ..SurfaceOptions::default()
         },
-        // The `list` faults below are meant for the lost-create lookup, not the orphan sweep.
-        orphan_sweep: false,
-        ..BackendOptions::default()
     }
 }
 
@@ -527,8 +530,8 @@ async fn shutdown_while_a_slow_create_is_in_flight_and_listing_fails() {
     .await
     .unwrap();
     let mut o = options(fake.url());
-    o.request_timeout = Duration::from_secs(5);
-    o.shutdown_timeout = Duration::from_secs(10);
+    o.surface.request_timeout = Duration::from_secs(5);
+    o.surface.shutdown_timeout = Duration::from_secs(10);
     let b = Arc::new(Backend::with_options(o));
     let runner = {
         let b = b.clone();
@@ -602,14 +605,16 @@ fn budget_options(url: String) -> BackendOptions {
         budget: BUDGET,
     };
     BackendOptions {
-        request_timeout: SLOW_REQUEST,
-        backoff: quick,
-        shutdown_timeout: SHUTDOWN,
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            request_timeout: SLOW_REQUEST,
             backoff: quick,
-            lookup_patience: Duration::from_secs(60),
+            shutdown_timeout: SHUTDOWN,
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_secs(60),
+            },
+            ..options(url).surface
         },
-        ..options(url)
     }
 }
 
@@ -664,8 +669,10 @@ fn budget_cases() -> Vec<BudgetCase> {
 async fn budget_case(c: BudgetCase) -> Option<String> {
     let fake = fake_for(&c.faults).await;
     let b = Backend::with_options(BackendOptions {
-        background_destroy: !c.destroy_in_run,
-        ..budget_options(fake.url())
+        surface: SurfaceOptions {
+            background_destroy: !c.destroy_in_run,
+            ..budget_options(fake.url()).surface
+        },
     });
     let t0 = std::time::Instant::now();
     let res = b.run("print(1)", None, &policy()).await;

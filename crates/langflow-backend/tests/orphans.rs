@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use createos_api::{Client, CreateSandboxRequest, RetryOptions, SandboxStatus};
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{Backend, BackendError, BackendOptions, LfxPolicy};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
@@ -41,16 +42,18 @@ fn options(fake: &FakeServer, request_timeout: Duration, orphan_sweep: bool) -> 
         budget: Duration::from_secs(20),
     };
     BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout,
-        backoff: quick,
-        shutdown_timeout: Duration::from_secs(5),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout,
             backoff: quick,
-            lookup_patience: Duration::from_millis(300),
+            shutdown_timeout: Duration::from_secs(5),
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_millis(300),
+            },
+            orphan_sweep,
+            ..SurfaceOptions::default()
         },
-        orphan_sweep,
-        ..BackendOptions::default()
     }
 }
 

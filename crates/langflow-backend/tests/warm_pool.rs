@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use createos_fake::{FakeOptions, FakeServer};
+use langflow_backend::SurfaceOptions;
 use langflow_backend::{
     Backend, BackendError, BackendOptions, DoctorLevel, LfxPolicy, PoolStats, PoolUse,
 };
@@ -49,22 +50,24 @@ fn options(fake: &FakeServer, pool: Option<&str>) -> BackendOptions {
         budget: Duration::from_secs(4),
     };
     BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_secs(1),
-        backoff: quick,
-        kill_after: Duration::from_millis(500),
-        host_grace: Duration::from_millis(1500),
-        shutdown_timeout: Duration::from_secs(5),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout: Duration::from_secs(1),
             backoff: quick,
-            lookup_patience: Duration::from_millis(300),
+            kill_after: Duration::from_millis(500),
+            host_grace: Duration::from_millis(1500),
+            shutdown_timeout: Duration::from_secs(5),
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_millis(300),
+            },
+            pool: PoolConfig {
+                backoff: quick,
+                max_idle: None,
+            },
+            orphan_sweep: false,
+            ..SurfaceOptions::default()
         },
-        pool: PoolConfig {
-            backoff: quick,
-            max_idle: None,
-        },
-        orphan_sweep: false,
-        ..BackendOptions::default()
     }
 }
 
@@ -201,8 +204,10 @@ async fn a_backend_without_pool_permission_keeps_no_idle_guest() {
     let fake = fake().await;
     // What a forked worker gets: it may end with `os._exit`, so it must hold no idle guest.
     let b = Backend::with_options(BackendOptions {
-        pool_allowed: false,
-        ..options(&fake, Some("4"))
+        surface: SurfaceOptions {
+            pool_allowed: false,
+            ..options(&fake, Some("4")).surface
+        },
     });
     for _ in 0..2 {
         let out = b.run("print(1)", None, &policy()).await.unwrap();

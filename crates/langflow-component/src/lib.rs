@@ -13,7 +13,6 @@
 //! ([`SETTING_NAMES`]).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,15 +20,12 @@ use rand::Rng;
 use sandbox_core::classify::{self, Stage};
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{Command, ExecLimits};
-use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
-use sandbox_core::names::{BACKEND_PREFIX, REUSED_PREFIX, derived_name};
-use sandbox_core::orphans::SweepConfig;
-use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool};
-use sandbox_core::reaper::{Reaper, ReaperConfig};
-use sandbox_core::retry::Backoff;
-use sandbox_core::session::Session;
-use sandbox_core::settings::{ENV_ACCEPT_EGRESS_EXCEPTIONS, SettingNames, Settings, parse_bool};
+use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
+use sandbox_core::names::reused_guest_name;
+use sandbox_core::pool::PoolStats;
+use sandbox_core::settings::{SettingNames, Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Shape, select_shape};
+use sandbox_core::surface::{Acquire, End, StartError, Surface, SurfaceKind, Want};
 use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
@@ -72,6 +68,11 @@ pub mod input {
     /// Shape.
     pub const SHAPE: &str = "Shape (shape)";
 }
+
+/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`: the operator accepts that deny-all
+/// egress still reaches `169.254.0.0/16` (the sandbox backend's opt-in, which this node
+/// honours too).
+pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS";
 
 /// The settings this surface's refusals name: the node's own inputs, and the operator's
 /// link-local opt-in.
@@ -219,72 +220,41 @@ pub struct ComponentOutput {
 /// API key.
 pub type ComponentError = SandboxError;
 
-/// Reads one environment variable.
-pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+/// Reads one environment variable (sandbox-core's, shared by every surface).
+pub use sandbox_core::surface::EnvLookup;
+/// The options every surface shares, embedded in [`ComponentOptions`] (re-exported).
+pub use sandbox_core::surface::SurfaceOptions;
 
-/// Knobs for tests and embedders; `ComponentOptions::default()` is the process environment and a fresh session.
+/// Knobs for tests and embedders; `ComponentOptions::default()` is the process environment and a
+/// fresh session.
 #[derive(Clone)]
 pub struct ComponentOptions {
-    /// Where the `CREATEOS_*` settings are read from (default: the process environment, at
-    /// each call).
-    pub env: EnvLookup,
-    /// The process's session, shared with the other surfaces (one connection pool per
-    /// account, one credential check, one catalog fetch).
-    pub session: Session,
-    /// Backoff and total deadline for the calls before the program is dispatched.
-    pub backoff: Backoff,
-    /// TERM→KILL grace given to `timeout(1)` in the guest.
-    pub kill_after: Duration,
-    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
-    pub host_grace: Duration,
-    /// How hard the reaper tries to destroy fresh guests that a run could not.
-    pub reaper: ReaperConfig,
-    /// Bound on [`SandboxComponent::shutdown`].
-    pub shutdown_timeout: Duration,
-    /// Start the account's background sweep of orphaned one-shot guests (once per process).
-    pub orphan_sweep: bool,
+    /// What every surface shares (the environment lookup, the clocks, the backoff, the reaper,
+    /// the session, the warm pool for reuse-off runs, the fork rule). The component always
+    /// destroys a fresh guest before a run returns, whatever `background_destroy` says.
+    pub surface: SurfaceOptions,
     /// Bounds on the archive of returned files.
     pub archive: ArchiveLimits,
     /// The largest archive downloaded.
     pub max_archive_bytes: u64,
-    /// Whether `CREATEOS_SANDBOX_WARM_POOL` may keep idle guests for reuse-off runs (default
-    /// true). A process that may end with `os._exit` (a forked worker) turns it off.
-    pub pool_allowed: bool,
-    /// How the warm pool refills and retires its guests.
-    pub pool: PoolConfig,
 }
 
 impl fmt::Debug for ComponentOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The env lookup is a closure; the session shows only its account count.
         f.debug_struct("ComponentOptions")
-            .field("session", &self.session)
+            .field("surface", &self.surface)
             .field("archive", &self.archive)
             .field("max_archive_bytes", &self.max_archive_bytes)
-            .field("reaper", &self.reaper)
-            .field("clocks", &(self.kill_after, self.host_grace, self.backoff))
-            .field("pool_allowed", &self.pool_allowed)
-            .field("pool", &self.pool)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 impl Default for ComponentOptions {
     fn default() -> Self {
-        let clocks = ExecLimits::for_seconds(DEFAULT_TIMEOUT_SECONDS);
         Self {
-            env: Arc::new(|k| std::env::var(k).ok()),
-            session: Session::default(),
-            backoff: Backoff::default(),
-            kill_after: clocks.kill_after,
-            host_grace: clocks.host_grace,
-            reaper: ReaperConfig::default(),
-            shutdown_timeout: Duration::from_secs(20),
-            orphan_sweep: true,
+            surface: SurfaceOptions::default(),
             archive: ArchiveLimits::default(),
             max_archive_bytes: MAX_ARCHIVE_BYTES,
-            pool_allowed: true,
-            pool: PoolConfig::default(),
         }
     }
 }
@@ -310,13 +280,12 @@ struct Plan {
 /// every concurrent execution. Fresh guests are registered with its reaper (destroyed on
 /// every path, and at [`SandboxComponent::shutdown`]); kept guests are never destroyed by
 /// it. With `CREATEOS_SANDBOX_WARM_POOL=N`, reuse-off runs take their fresh guest from a warm
-/// pool of its own (sandbox-core's [`WarmPool`], the backend's rules: one run per guest,
+/// pool of its own (sandbox-core's [`sandbox_core::pool::WarmPool`], the backend's rules: one run per guest,
 /// destroyed after it and at shutdown).
 #[derive(Debug)]
 pub struct SandboxComponent {
     opts: ComponentOptions,
-    reaper: Reaper,
-    pool: WarmPool,
+    surface: Surface,
 }
 
 /// Removes one markdown fence around the whole text (```` ```python … ``` ````), as agents
@@ -374,29 +343,32 @@ impl SandboxComponent {
     /// A component with explicit options.
     pub fn with_options(opts: ComponentOptions) -> Self {
         Self {
-            reaper: Reaper::new(opts.reaper),
-            pool: WarmPool::new(opts.pool),
+            surface: Surface::new(SurfaceKind::Component, opts.surface.clone()),
             opts,
         }
+    }
+
+    /// The surface kit this component runs on.
+    pub fn surface(&self) -> &Surface {
+        &self.surface
     }
 
     /// Fresh guests still registered (runs in flight and destroys being retried), not
     /// counting the warm pool's idle guests, which belong to no run.
     pub fn registered_guests(&self) -> usize {
-        self.reaper
-            .registered()
-            .saturating_sub(self.pool.stats().held())
+        self.surface.unpooled_guests()
     }
 
     /// The warm pool's counters (size 0 while `CREATEOS_SANDBOX_WARM_POOL` is unset or 0).
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        self.surface.pool_stats()
     }
 
     /// The refusals that need no I/O, in the order a user would fix them.
     fn plan(&self, inputs: &ComponentInputs) -> Result<Plan, SandboxError> {
-        let env = self.opts.env.clone();
-        let settings = Settings::from_lookup(&move |k| env(k))?;
+        let settings = self.surface.settings()?;
+        let accept_exceptions =
+            read_flag(&|k| self.surface.lookup(k), ENV_ACCEPT_EGRESS_EXCEPTIONS)?;
         if !(1..=MAX_TIMEOUT_SECONDS).contains(&inputs.timeout_seconds) {
             return Err(SandboxError::refused(format!(
                 "{} is {}; set it between 1 and {MAX_TIMEOUT_SECONDS}",
@@ -438,14 +410,12 @@ impl SandboxComponent {
         let egress = if inputs.allow_network {
             EgressPolicy::AllowAll
         } else {
-            EgressPolicy::restricted(&[], settings.accept_egress_exceptions, &SETTING_NAMES)?
+            EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)?
         };
         settings.require_key()?;
-        let limits = ExecLimits {
-            budget: Duration::from_secs(u64::from(inputs.timeout_seconds)),
-            kill_after: self.opts.kill_after,
-            host_grace: self.opts.host_grace,
-        };
+        let limits = self
+            .surface
+            .limits(Duration::from_secs(u64::from(inputs.timeout_seconds)));
         Ok(Plan {
             settings,
             egress,
@@ -464,9 +434,11 @@ impl SandboxComponent {
         shape: &str,
         egress: &EgressPolicy,
     ) -> String {
-        derived_name(
-            REUSED_PREFIX,
-            &[&inputs.flow_id, &inputs.component_id, rootfs, shape],
+        reused_guest_name(
+            &inputs.flow_id,
+            &inputs.component_id,
+            rootfs,
+            shape,
             &egress.fingerprint(),
         )
     }
@@ -481,19 +453,9 @@ impl SandboxComponent {
     pub async fn run(&self, inputs: &ComponentInputs) -> Result<ComponentOutput, ComponentError> {
         let t0 = Instant::now();
         let plan = self.plan(inputs)?;
-        let redactor = plan.settings.redactor();
-        let account = self.opts.session.account(&plan.settings)?;
-        let backoff = self.opts.backoff;
-        let (cred, catalog) = account.preflight(&backoff, &redactor).await;
-        cred?;
-        let catalog = catalog?;
-        if self.opts.orphan_sweep {
-            account.start_orphan_sweep(SweepConfig {
-                backoff,
-                ..SweepConfig::default()
-            });
-        }
-        let shape = choose_shape(&catalog, plan.pinned_shape.as_ref())?;
+        let opened = self.surface.open(&plan.settings).await?;
+        let redactor = opened.redactor.clone();
+        let shape = choose_shape(&opened.catalog, plan.pinned_shape.as_ref())?;
         let spec = GuestSpec {
             shape: shape.id.clone(),
             rootfs: plan.settings.rootfs.clone(),
@@ -501,65 +463,41 @@ impl SandboxComponent {
             egress: plan.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
-        let cx = GuestContext::new(
-            account.control_plane().clone(),
-            self.reaper.clone(),
-            redactor.clone(),
-            backoff,
-        );
-        let deadline = Instant::now() + backoff.budget;
-        self.pool.set_size(if self.opts.pool_allowed {
-            plan.settings.warm_pool
-        } else {
-            0
-        });
-        let pooled = match inputs.reuse {
-            Reuse::Off => self.pool.take(&cx, &spec, BACKEND_PREFIX),
-            Reuse::Flow => None,
+        let cx = self.surface.context(&opened);
+        let deadline = Instant::now() + self.surface.options().backoff.budget;
+        let name = match inputs.reuse {
+            Reuse::Off => None,
+            Reuse::Flow => Some(Self::reused_name(
+                inputs,
+                &spec.rootfs,
+                &spec.shape,
+                &plan.egress,
+            )),
         };
-        let mut pool_use = match (inputs.reuse, &pooled) {
-            (Reuse::Off, Some(_)) => "hit",
-            (Reuse::Off, None) if self.pool.stats().size > 0 => "miss",
-            _ => "off",
+        let req = Acquire {
+            cx: &cx,
+            spec: &spec,
+            want: name.as_deref().map_or(Want::OneShot, Want::Kept),
+            pool_size: plan.settings.warm_pool,
+            deadline,
         };
-        let mut first = None;
-        let mut acquire_ms = ms(t0.elapsed());
-        if let Some(guest) = pooled {
-            let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
-            match ran {
-                // Refused before the program was dispatched (paused behind the pool's back,
-                // a refused upload or exec): nothing ran there; a fresh guest takes the run.
-                Err(e) if e.kind() != ErrorKind::OutcomeUnknown && !self.reaper.is_closed() => {
-                    tracing::warn!(
-                        target: LOG_TARGET,
-                        guest = guest.name(),
-                        error = %redactor.apply(e.message()),
-                        "warm pool: the pooled guest could not take the run (nothing was \
-                         started); destroying it and using a fresh guest"
-                    );
-                    self.pool.note_unusable();
-                    pool_use = "replaced";
-                    let _ = guest.destroy().await;
+        // Refused before the program was dispatched (paused behind the pool's back, a refused
+        // upload or exec): nothing ran on a pooled guest, so the kit gives the run a fresh one.
+        let started = self
+            .surface
+            .acquire(&req, |guest, _| {
+                let plan = &plan;
+                async move {
+                    let ran = self.in_guest(&guest, plan, inputs, deadline).await;
+                    (guest, ran.map_err(StartError::classify))
                 }
-                ran => first = Some((guest, ran)),
-            }
-        }
-        let (guest, ran) = if let Some(done) = first {
-            done
-        } else {
-            let guest = match inputs.reuse {
-                Reuse::Off => Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?,
-                Reuse::Flow => {
-                    let name = Self::reused_name(inputs, &spec.rootfs, &spec.shape, &plan.egress);
-                    Guest::acquire(&cx, &spec, &name, deadline).await?
-                }
-            };
-            acquire_ms = ms(t0.elapsed());
-            let ran = self.in_guest(&guest, &plan, inputs, deadline).await;
-            (guest, ran)
-        };
+            })
+            .await?;
+        let (lease, ran) = (started.lease, started.result);
+        let acquire_ms = ms(lease.acquired_at().saturating_duration_since(t0));
+        let pool_use = lease.pool_use().as_str();
         // A kept guest this run did not create was found by name: reused.
-        let reused_guest = guest.is_kept() && !guest.was_created();
+        let reused_guest = lease.guest().is_kept() && !lease.guest().was_created();
 
         // A kept guest is released alive unless the end of its program was not observed: a
         // host timeout (with or without output), or an exec whose outcome is unknown (no answer,
@@ -567,26 +505,16 @@ impl SandboxComponent {
         // destroying the guest; a shutdown's own "may have run" leaves it for the next process.
         let unobserved = match &ran {
             Ok(r) => r.outcome.host_timed_out,
-            Err(e) => e.kind() == ErrorKind::OutcomeUnknown && !self.reaper.is_closed(),
+            Err(e) => e.kind() == ErrorKind::OutcomeUnknown && !self.surface.reaper().is_closed(),
         };
-        let was_kept = guest.is_kept();
+        let was_kept = lease.guest().is_kept();
         let kept = was_kept && !unobserved;
-        let (sandbox_id, sandbox_name) = (guest.id().to_owned(), guest.name().to_owned());
         let t_end = Instant::now();
-        let destroyed = if kept {
-            guest.release();
-            Ok(())
-        } else {
-            guest.destroy().await.map(drop).inspect_err(|e| {
-                tracing::warn!(
-                    target: LOG_TARGET,
-                    guest = %sandbox_name,
-                    error = %redactor.apply(&e.message),
-                    "guest destroy failed{}",
-                    if was_kept { "" } else { "; the reaper keeps retrying" }
-                );
-            })
-        };
+        let ended = lease
+            .end(if kept { End::Release } else { End::Destroy })
+            .await;
+        let (sandbox_id, sandbox_name) = (ended.id, ended.name);
+        let destroyed = ended.destroy_error.map_or(Ok(()), Err);
         let destroy_ms = if kept { 0 } else { ms(t_end.elapsed()) };
         let ran = ran.map_err(|e| {
             if !was_kept || kept {
@@ -769,7 +697,7 @@ impl SandboxComponent {
             budget: Duration::from_secs(u64::from(ARCHIVE_BUDGET_SECONDS)),
             ..plan.limits
         };
-        let deadline = Instant::now() + self.opts.backoff.budget;
+        let deadline = Instant::now() + self.surface.options().backoff.budget;
         let archived = match guest
             .exec(
                 &Command::shell(script),
@@ -807,7 +735,7 @@ impl SandboxComponent {
         }
         // The download has a budget of its own: the archiving above may have used most of
         // the first one, and the whole transfer must end by its deadline.
-        let deadline = Instant::now() + self.opts.backoff.budget;
+        let deadline = Instant::now() + self.surface.options().backoff.budget;
         let bytes = match guest
             .download(&archive, self.opts.max_archive_bytes, deadline)
             .await
@@ -839,16 +767,7 @@ impl SandboxComponent {
     /// within a bounded time and refuses new runs. Kept guests are left for the next
     /// process. Idempotent.
     pub async fn shutdown(&self) {
-        self.pool.close();
-        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
-        if r.destroyed + r.failed > 0 {
-            tracing::info!(
-                target: LOG_TARGET,
-                destroyed = r.destroyed,
-                failed = r.failed,
-                "sandbox component shut down"
-            );
-        }
+        self.surface.shutdown().await;
     }
 }
 

@@ -8,10 +8,9 @@
 use std::time::{Duration, SystemTime};
 
 use sandbox_core::names::REUSED_PREFIX;
+use sandbox_core::orphans::sweep_reused;
 /// A reused guest the reap examined, and what it did (re-exported from sandbox-core).
 pub use sandbox_core::orphans::{ReusedGuest, ReusedSweep as ReapReport};
-use sandbox_core::orphans::{SweepConfig, sweep_reused};
-use sandbox_core::settings::Settings;
 
 use crate::{ComponentError, SandboxComponent};
 
@@ -51,14 +50,10 @@ impl SandboxComponent {
         older_than: Duration,
         dry_run: bool,
     ) -> Result<ReapReport, ComponentError> {
-        let env = self.opts.env.clone();
-        let settings = Settings::from_lookup(&move |k| env(k))?;
+        let settings = self.surface().settings()?;
         let redactor = settings.redactor();
-        let account = self.opts.session.account(&settings)?;
-        let config = SweepConfig {
-            backoff: self.opts.backoff,
-            ..SweepConfig::default()
-        };
+        let account = self.surface().session().account(&settings)?;
+        let config = self.surface().sweep_config();
         sweep_reused(
             account.control_plane().as_ref(),
             REUSED_PREFIX,

@@ -18,6 +18,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use langflow_component::{
     ArchiveLimits, ComponentInputs, ComponentOptions, ComponentOutput, Reuse, SandboxComponent,
+    SurfaceOptions,
 };
 use sandbox_core::control::{
     AgedGuest, CallError, ControlPlane, CreateGuest, Download, ExecRequest, ExecStream, GuestInfo,
@@ -180,17 +181,20 @@ fn options(fake: &FakeServer, twist: Twist, extra: &[(&str, &str)]) -> Component
         }) as Arc<dyn ControlPlane>)
     });
     ComponentOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        session: Session::new(connector, Duration::from_secs(2)),
-        backoff: quick(),
-        kill_after: Duration::from_millis(200),
-        host_grace: Duration::from_millis(800),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            session: Some(Session::new(connector, Duration::from_secs(2))),
             backoff: quick(),
-            lookup_patience: Duration::from_secs(3),
+            kill_after: Duration::from_millis(200),
+            host_grace: Duration::from_millis(800),
+            reaper: ReaperConfig {
+                backoff: quick(),
+                lookup_patience: Duration::from_secs(3),
+            },
+            shutdown_timeout: Duration::from_secs(5),
+            orphan_sweep: false,
+            ..SurfaceOptions::default()
         },
-        shutdown_timeout: Duration::from_secs(5),
-        orphan_sweep: false,
         ..ComponentOptions::default()
     }
 }
@@ -903,10 +907,9 @@ async fn a_pooled_guest_paused_behind_the_pools_back_is_replaced_not_resumed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forked_workers_component_keeps_no_pool() {
     let fake = fake_with("", 0).await;
-    let c = SandboxComponent::with_options(ComponentOptions {
-        pool_allowed: false,
-        ..options(&fake, Twist::None, &[("CREATEOS_SANDBOX_WARM_POOL", "4")])
-    });
+    let mut opts = options(&fake, Twist::None, &[("CREATEOS_SANDBOX_WARM_POOL", "4")]);
+    opts.surface.pool_allowed = false;
+    let c = SandboxComponent::with_options(opts);
     for _ in 0..2 {
         assert_eq!(run(&c, &inputs("print(1)", Reuse::Off)).await.result, "1");
     }

@@ -23,16 +23,13 @@ use createos_api::{LineFramer, LineTooLong};
 use sandbox_core::classify;
 use sandbox_core::control::ExecFrame;
 use sandbox_core::control::ProcessSpec;
-use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
-use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestContext, GuestSpec};
-use sandbox_core::names::BACKEND_PREFIX;
-use sandbox_core::orphans::SweepConfig;
-use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
-use sandbox_core::reaper::{Reaper, ReaperConfig};
-use sandbox_core::retry::Backoff;
-use sandbox_core::session::{Connector, Session, http_connector};
+use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestSpec};
+use sandbox_core::pool::{PoolStats, Warmer};
 use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
+use sandbox_core::surface::{
+    Acquire, End, Lease, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
+};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
@@ -84,80 +81,40 @@ impl From<SandboxError> for ExecutorError {
     }
 }
 
-/// Reads one environment variable.
-pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+/// Reads one environment variable (sandbox-core's, shared by every surface).
+pub use sandbox_core::surface::EnvLookup;
 
 /// Knobs for tests, benchmarks and embedders; [`Executor::new`] uses the defaults.
 #[derive(Clone)]
 pub struct ExecutorOptions {
-    /// Where settings are read from (default: the process environment, at each run).
-    pub env: EnvLookup,
-    /// Timeout of each control call (ignored when `session` is given).
-    pub request_timeout: Duration,
-    /// Backoff and total deadline for calls before the runner is dispatched.
-    pub backoff: Backoff,
-    /// TERM→KILL grace given to `timeout(1)` in the guest.
-    pub kill_after: Duration,
-    /// Extra time the host waits for the exec beyond `timeout + kill_after`.
-    pub host_grace: Duration,
-    /// Reaper behaviour.
-    pub reaper: ReaperConfig,
-    /// How a control plane is built from settings (ignored when `session` is given).
-    pub connector: Connector,
-    /// The process's session to share with the other surfaces.
-    pub session: Option<Session>,
+    /// What every surface shares (the environment lookup, the clocks, the backoff, the reaper,
+    /// the session, the warm pool, the fork rule). The executor always destroys a run's guest
+    /// before its run ends, whatever `background_destroy` says.
+    pub surface: SurfaceOptions,
     /// The host's bounds on what it parses from the guest (default: the `frames::MAX_*`
     /// constants).
     pub limits: FrameLimits,
-    /// Bound on [`Executor::shutdown`].
-    pub shutdown_timeout: Duration,
-    /// Start the session's background sweep of paused one-shot guests left by dead processes
-    /// (a killed flow run's guest among them) at the first run (default on).
-    pub orphan_sweep: bool,
-    /// How the warm pool refills and retires its guests.
-    pub pool: PoolConfig,
     /// How long a pool guest's preloaded runner may take to import lfx before the guest is
     /// given up (default 120 s).
     pub preload_wait: Duration,
-    /// Whether `CREATEOS_EXECUTOR_WARM_POOL` may keep idle guests (default true). A process that
-    /// may end with `os._exit` (a forked worker) turns it off: idle guests would outlive it.
-    pub pool_allowed: bool,
 }
 
 impl fmt::Debug for ExecutorOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExecutorOptions")
-            .field("request_timeout", &self.request_timeout)
-            .field("backoff", &self.backoff)
-            .field("kill_after", &self.kill_after)
-            .field("host_grace", &self.host_grace)
+            .field("surface", &self.surface)
             .field("limits", &self.limits)
-            .field("orphan_sweep", &self.orphan_sweep)
-            .field("pool", &self.pool)
             .field("preload_wait", &self.preload_wait)
-            .field("pool_allowed", &self.pool_allowed)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 impl Default for ExecutorOptions {
     fn default() -> Self {
-        let limits = ExecLimits::for_seconds(1);
         Self {
-            env: Arc::new(|k| std::env::var(k).ok()),
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            backoff: Backoff::default(),
-            kill_after: limits.kill_after,
-            host_grace: limits.host_grace,
-            reaper: ReaperConfig::default(),
-            connector: http_connector(),
-            session: None,
+            surface: SurfaceOptions::default(),
             limits: FrameLimits::default(),
-            shutdown_timeout: Duration::from_secs(20),
-            orphan_sweep: true,
-            pool: PoolConfig::default(),
             preload_wait: Duration::from_secs(120),
-            pool_allowed: true,
         }
     }
 }
@@ -196,16 +153,13 @@ impl Plan {
 /// run of a process. Build a fresh one in a child after `fork()`.
 pub struct Executor {
     opts: ExecutorOptions,
-    session: Session,
-    reaper: Reaper,
-    pool: WarmPool,
+    surface: Surface,
 }
 
 impl fmt::Debug for Executor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Executor")
-            .field("reaper", &self.reaper)
-            .field("pool", &self.pool)
+            .field("surface", &self.surface)
             .finish_non_exhaustive()
     }
 }
@@ -224,40 +178,37 @@ impl Executor {
 
     /// An executor with explicit options.
     pub fn with_options(opts: ExecutorOptions) -> Self {
-        let session = opts
-            .session
-            .clone()
-            .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
+        let warmer = preloader(opts.preload_wait, opts.surface.kill_after);
         Self {
-            reaper: Reaper::new(opts.reaper),
-            session,
-            pool: WarmPool::with_warmer(opts.pool, preloader(opts.preload_wait, opts.kill_after)),
+            surface: Surface::with_warmer(SurfaceKind::Executor, opts.surface.clone(), warmer),
             opts,
         }
     }
 
+    /// The surface kit this executor runs on.
+    pub fn surface(&self) -> &Surface {
+        &self.surface
+    }
+
     /// The warm pool's counters (size 0 while `CREATEOS_EXECUTOR_WARM_POOL` is unset).
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        self.surface.pool_stats()
     }
 
     /// Guests currently registered with this executor (live runs plus pending destroys).
     pub fn registered_guests(&self) -> usize {
-        self.reaper.registered()
+        self.surface.registered_guests()
     }
 
     /// The refusals that need no I/O, in the order an operator would fix them.
     pub fn plan(&self) -> Result<Plan, ExecutorError> {
-        let env = self.opts.env.clone();
-        let lookup = move |k: &str| env(k);
+        let lookup = |k: &str| self.surface.lookup(k);
         let settings = Settings::from_lookup(&lookup)?;
         let executor = ExecutorSettings::from_lookup(&lookup)?;
         settings.require_key()?;
-        let limits = ExecLimits {
-            budget: Duration::from_secs(u64::from(executor.timeout_seconds)),
-            kill_after: self.opts.kill_after,
-            host_grace: self.opts.host_grace,
-        };
+        let limits = self
+            .surface
+            .limits(Duration::from_secs(u64::from(executor.timeout_seconds)));
         Ok(Plan {
             settings,
             executor,
@@ -276,17 +227,8 @@ impl Executor {
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, ExecutorError> {
         let plan = self.plan()?;
-        let redactor = plan.settings.redactor();
-        let account = self.session.account(&plan.settings)?;
-        let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
-        cred?;
-        let catalog = catalog?;
-        if self.opts.orphan_sweep {
-            account.start_orphan_sweep(SweepConfig {
-                backoff: self.opts.backoff,
-                ..SweepConfig::default()
-            });
-        }
+        let opened = self.surface.open(&plan.settings).await?;
+        let catalog = &opened.catalog;
         if !catalog.iter().any(|s| s.id == plan.executor.shape) {
             let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
             ids.sort_unstable();
@@ -316,48 +258,70 @@ impl Executor {
             egress: plan.executor.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
-        let cx = GuestContext::new(
-            account.control_plane().clone(),
-            self.reaper.clone(),
-            redactor.clone(),
-            self.opts.backoff,
-        );
-        self.pool.set_size(if self.opts.pool_allowed {
-            plan.executor.warm_pool
-        } else {
-            0
-        });
-        if let Some(guest) = self.pool.take(&cx, &spec, BACKEND_PREFIX) {
-            let name = guest.name().to_owned();
-            match self
-                .start_warm(guest, &plan, request, job_bytes.clone(), host_lfx_version)
-                .await
-            {
-                Warm::Running(run) => {
+        let cx = self.surface.context(&opened);
+        let started = Instant::now();
+        let deadline = started + self.surface.options().backoff.budget;
+        let req = Acquire {
+            cx: &cx,
+            spec: &spec,
+            want: Want::OneShot,
+            pool_size: plan.executor.warm_pool,
+            deadline,
+        };
+        let (plan, spec) = (&plan, &spec);
+        let acquired = self
+            .surface
+            .acquire(&req, |guest, origin| {
+                let job = job_bytes.clone();
+                async move {
+                    let run = if origin == Origin::Pooled {
+                        self.start_warm(&guest, plan, request, job, host_lfx_version)
+                            .await
+                    } else {
+                        let at = (started, deadline);
+                        self.start_cold(&guest, plan, spec, request, job, host_lfx_version, at)
+                            .await
+                    };
+                    (guest, run)
+                }
+            })
+            .await?;
+        let lease = acquired.lease;
+        match acquired.result {
+            Ok(mut run) => {
+                if lease.origin() == Origin::Pooled {
                     tracing::info!(
                         target: LOG_TARGET,
-                        guest = %name,
+                        guest = %lease.guest().name(),
                         mode = request.mode().as_str(),
-                        pool = ?self.pool.stats(),
+                        pool = ?self.surface.pool_stats(),
                         "flow run: a warm guest took the flow (preloaded runner)"
                     );
-                    return Ok(*run);
                 }
-                Warm::Failed(e) => return Err(e),
-                Warm::Unusable(why) => {
-                    self.pool.note_unusable();
-                    tracing::info!(
-                        target: LOG_TARGET,
-                        guest = %name,
-                        "warm pool: the pooled guest could not take the flow ({why}); it was \
-                         destroyed and the run uses a fresh guest"
-                    );
-                }
+                run.lease = Some(lease);
+                Ok(run)
+            }
+            Err(e) => {
+                lease.end(End::Destroy).await;
+                Err(e)
             }
         }
-        let started = Instant::now();
-        let deadline = started + self.opts.backoff.budget;
-        let guest = Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?;
+    }
+
+    /// Starts the runner on a guest created for this run: upload the runner and the job ∥ read
+    /// the egress back, then dispatch the runner, all by `deadline` (the create's too: one
+    /// budget from `started`).
+    #[allow(clippy::too_many_arguments)]
+    async fn start_cold(
+        &self,
+        guest: &Guest,
+        plan: &Plan,
+        spec: &GuestSpec,
+        request: &FlowRequest,
+        job_bytes: Bytes,
+        host_lfx_version: Option<&str>,
+        (started, deadline): (Instant, Instant),
+    ) -> Result<FlowRun, StartError<ExecutorError>> {
         tracing::info!(
             target: LOG_TARGET,
             guest = %guest.name(),
@@ -386,28 +350,12 @@ impl Executor {
                 .await
         }
         .await;
-        let exec = match dispatched {
-            Ok(exec) => exec,
-            Err(e) => {
-                destroy(guest, &redactor).await;
-                return Err(e.into());
-            }
-        };
-        Ok(self.flow_run(
-            guest,
-            exec,
-            &plan,
-            request,
-            host_lfx_version,
-            started,
-            false,
-        ))
+        let exec = dispatched.map_err(|e| StartError::Failed(e.into()))?;
+        Ok(self.flow_run(exec, plan, request, host_lfx_version, started, false))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn flow_run(
         &self,
-        guest: Guest,
         exec: ExecRun,
         plan: &Plan,
         request: &FlowRequest,
@@ -417,7 +365,7 @@ impl Executor {
     ) -> FlowRun {
         let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
         FlowRun {
-            guest: Some(guest),
+            lease: None,
             exec: Some(exec),
             framer: LineFramer::new(self.opts.limits.frame_bytes),
             bounds: self.opts.limits,
@@ -448,21 +396,23 @@ impl Executor {
 
     /// Hands the flow to a pooled guest's preloaded runner: upload the job, exec the hand-off,
     /// wait for the runner's hello. Anything that fails before the hello (nothing of the flow
-    /// ran) makes the guest [`Warm::Unusable`]; it is destroyed here.
+    /// ran) is [`StartError::NotStarted`]: the kit destroys the guest and the run goes to a
+    /// fresh one.
     async fn start_warm(
         &self,
-        guest: Guest,
+        guest: &Guest,
         plan: &Plan,
         request: &FlowRequest,
         job_bytes: Bytes,
         host_lfx_version: Option<&str>,
-    ) -> Warm {
-        let redactor = plan.settings.redactor();
+    ) -> Result<FlowRun, StartError<ExecutorError>> {
         let started = Instant::now();
-        let deadline = started + self.opts.backoff.budget;
+        let deadline = started + self.surface.options().backoff.budget;
         if let Err(e) = guest.upload(JOB_PATH, job_bytes, deadline).await {
-            destroy(guest, &redactor).await;
-            return Warm::Unusable(format!("the job upload failed: {}", e.message()));
+            return Err(StartError::NotStarted(ExecutorError::Execution(format!(
+                "the job upload failed: {}",
+                e.message()
+            ))));
         }
         let command = Command::shell(format!(
             "exec python3 -S {HANDOFF_PATH} job {} {JOB_PATH}",
@@ -473,49 +423,34 @@ impl Executor {
             .await
         {
             Ok(exec) => exec,
+            Err(e) if e.kind() == ErrorKind::OutcomeUnknown => {
+                return Err(StartError::Failed(e.into()));
+            }
             Err(e) => {
-                destroy(guest, &redactor).await;
-                if e.kind() == ErrorKind::OutcomeUnknown {
-                    return Warm::Failed(e.into());
-                }
-                return Warm::Unusable(format!("the exec was refused: {}", e.message()));
+                return Err(StartError::NotStarted(ExecutorError::Execution(format!(
+                    "the exec was refused: {}",
+                    e.message()
+                ))));
             }
         };
-        let mut run = self.flow_run(guest, exec, plan, request, host_lfx_version, started, true);
+        let mut run = self.flow_run(exec, plan, request, host_lfx_version, started, true);
         match run.until_hello().await {
-            Ok(true) => Warm::Running(Box::new(run)),
+            Ok(true) => Ok(run),
             Ok(false) => {
                 run.close().await;
-                Warm::Unusable("its preloaded runner was gone".to_owned())
+                Err(StartError::NotStarted(ExecutorError::Execution(
+                    "its preloaded runner was gone".to_owned(),
+                )))
             }
-            Err(e) => Warm::Failed(e),
+            Err(e) => Err(StartError::Failed(e)),
         }
     }
 
     /// Destroys every guest still registered (the warm pool's among them), within a bounded
     /// time, and refuses new runs.
     pub async fn shutdown(&self) {
-        self.pool.close();
-        let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
-        if r.destroyed + r.failed > 0 {
-            tracing::info!(
-                target: LOG_TARGET,
-                destroyed = r.destroyed,
-                failed = r.failed,
-                "flow executor shut down"
-            );
-        }
+        self.surface.shutdown().await;
     }
-}
-
-/// How handing a flow to a pooled guest went.
-enum Warm {
-    /// The preloaded runner took it.
-    Running(Box<FlowRun>),
-    /// It failed in a way a fresh guest would not mend (or the flow may have started).
-    Failed(ExecutorError),
-    /// The guest could not take it and nothing of the flow ran; the guest was destroyed.
-    Unusable(String),
 }
 
 /// The pool's preparation of an executor guest: upload the runner and the hand-off script,
@@ -588,23 +523,13 @@ async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<
     ))
 }
 
-async fn destroy(guest: Guest, redactor: &Redactor) {
-    let name = guest.name().to_owned();
-    if let Err(e) = guest.destroy().await {
-        tracing::warn!(
-            target: LOG_TARGET,
-            guest = %name,
-            error = %redactor.apply(&e.message),
-            "guest destroy failed; the reaper keeps retrying"
-        );
-    }
-}
-
 /// A flow running in its guest. Take its events with [`FlowRun::next`]; end it early with
 /// [`FlowRun::close`] (or drop it: the guest then goes to the reaper, which destroys it).
 #[allow(clippy::struct_excessive_bools)] // independent facts about one run's stream
 pub struct FlowRun {
-    guest: Option<Guest>,
+    /// The run's guest (none while a pooled guest's runner is being handed the flow: the kit
+    /// holds it then).
+    lease: Option<Lease>,
     exec: Option<ExecRun>,
     framer: LineFramer,
     /// The host's bounds on what the guest sends, and what this run's frames used of them.
@@ -641,7 +566,7 @@ pub struct FlowRun {
 impl fmt::Debug for FlowRun {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FlowRun")
-            .field("guest", &self.guest.as_ref().map(Guest::name))
+            .field("guest", &self.guest_name())
             .field("vertices", &self.vertices)
             .field("done", &self.done)
             .finish_non_exhaustive()
@@ -651,7 +576,7 @@ impl fmt::Debug for FlowRun {
 impl FlowRun {
     /// The guest's name (until the run ended).
     pub fn guest_name(&self) -> Option<&str> {
-        self.guest.as_ref().map(Guest::name)
+        self.lease.as_ref().map(|l| l.guest().name())
     }
 
     /// The mode the guest runs.
@@ -773,12 +698,11 @@ impl FlowRun {
     async fn end(&mut self) {
         self.done = true;
         self.exec = None;
-        if let Some(guest) = self.guest.take() {
-            let name = guest.name().to_owned();
-            destroy(guest, &self.redactor).await;
+        if let Some(lease) = self.lease.take() {
+            let ended = lease.end(End::Destroy).await;
             tracing::info!(
                 target: LOG_TARGET,
-                guest = %name,
+                guest = %ended.name,
                 vertices = self.vertices,
                 total_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "flow run finished; guest destroyed"

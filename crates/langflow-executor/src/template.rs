@@ -8,24 +8,21 @@
 
 use std::time::Duration;
 
-use createos_api::{
-    Client, GetTemplateOptions, RetryOptions, TemplateCreateRequest, TemplateLogsOptions,
-    TemplateStatus,
-};
 use futures::StreamExt as _;
 use sandbox_core::classify;
-use sandbox_core::createos::map_error;
-use sandbox_core::names::derived_name;
-use sandbox_core::settings::Settings;
-use secrecy::ExposeSecret as _;
+use sandbox_core::control::{CallError, TemplateInfo, TemplateStatus};
+use sandbox_core::retry::{Backoff, retry_until};
+use sandbox_core::session::Session;
+use tokio::time::Instant;
 
 use crate::run::{EnvLookup, ExecutorError};
 use crate::settings::{ENV_ROOTFS, valid_requirement};
 
 /// The image every template starts from (the CreateOS base with `python3` and GNU `timeout`).
 pub const BASE_IMAGE: &str = "nodeops/sandbox:debian";
-/// Prefix of the template names this package derives.
-pub const NAME_PREFIX: &str = "lf-t-";
+/// Prefix of the template names this package derives (sandbox-core's, where every name format
+/// lives).
+pub const NAME_PREFIX: &str = sandbox_core::names::TEMPLATE_PREFIX;
 /// How long a build may take before the command gives up waiting (the build goes on).
 pub const BUILD_BUDGET: Duration = Duration::from_secs(30 * 60);
 
@@ -84,9 +81,10 @@ pub fn dockerfile(requirements: &[String]) -> String {
     )
 }
 
-/// A stable name for a template of this Dockerfile: the same flow needs build the same name.
+/// A stable name for a template of this Dockerfile: the same flow needs build the same name
+/// ([`sandbox_core::names::template_name`]).
 pub fn template_name(dockerfile: &str) -> String {
-    derived_name(NAME_PREFIX, &[dockerfile], "template")
+    sandbox_core::names::template_name(dockerfile)
 }
 
 /// A template that finished building.
@@ -98,34 +96,58 @@ pub struct Built {
     pub name: String,
 }
 
+/// How the calls of a build are retried: reads and a declined create (429/503), within a
+/// minute each.
+const BUILD_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(500),
+    max: Duration::from_secs(10),
+    budget: Duration::from_secs(60),
+};
+
 /// Builds `dockerfile` as template `name` with the package's settings (key, endpoint) read
-/// through `env`, handing every build log line to `on_line` as it arrives, and waits until the
-/// template is ready. A failed build is an error that quotes the end of its log.
+/// through `env`, on the account's control plane of `session` (the one every surface of the
+/// process shares), handing every build log line to `on_line` as it arrives, and waits until
+/// the template is ready. A failed build is an error that quotes the end of its log.
 pub async fn build(
     env: &EnvLookup,
+    session: &Session,
     name: &str,
     dockerfile: &str,
     mut on_line: impl FnMut(&str),
 ) -> Result<Built, ExecutorError> {
     let lookup = |k: &str| env(k);
-    let settings = Settings::from_lookup(&lookup)?;
-    let key = settings.require_key()?.expose_secret().to_owned();
+    let settings = sandbox_core::settings::Settings::from_lookup(&lookup)?;
     let redactor = settings.redactor();
-    let client = Client::builder()
-        .api_key(key)
-        .base_url(settings.base_url.as_str())
-        .timeout(Duration::from_secs(60))
-        .retry(RetryOptions::default())
-        .build()
-        .map_err(|e| ExecutorError::Unavailable(redactor.apply(&e.to_string())))?;
-    let fail = |op: &str, e: &createos_api::Error| -> ExecutorError {
-        classify::call_failed(op, &map_error(e, &redactor), false, &redactor).into()
+    let account = session.account(&settings)?;
+    let cp = account.control_plane().clone();
+    let fail = |op: &str, e: &CallError| -> ExecutorError {
+        classify::call_failed(op, e, false, &redactor).into()
     };
-    let templates = client.templates();
-    let created = match templates
-        .create(&TemplateCreateRequest::new(name, dockerfile))
-        .await
-    {
+    let read = |id: String| {
+        let cp = cp.clone();
+        async move {
+            let deadline = Instant::now() + BUILD_BACKOFF.budget;
+            retry_until(
+                &BUILD_BACKOFF,
+                deadline,
+                "template read",
+                CallError::is_transient,
+                |_| cp.get_template(id.clone()),
+            )
+            .await
+            .0
+        }
+    };
+    let created = retry_until(
+        &BUILD_BACKOFF,
+        Instant::now() + BUILD_BACKOFF.budget,
+        "template create",
+        CallError::is_declined,
+        |_| cp.create_template(name.to_owned(), dockerfile.to_owned()),
+    )
+    .await
+    .0;
+    let created: TemplateInfo = match created {
         Ok(t) => {
             on_line(&format!(
                 "template {} ({}) accepted; building",
@@ -134,9 +156,8 @@ pub async fn build(
             t
         }
         // The name is taken: a derived name means the same image was asked for before.
-        Err(e) if map_error(&e, &redactor).is_conflict() => {
-            let t = templates
-                .get(name, GetTemplateOptions::default())
+        Err(e) if e.is_conflict() => {
+            let t = read(name.to_owned())
                 .await
                 .map_err(|e| fail("template lookup", &e))?;
             on_line(&format!(
@@ -154,10 +175,7 @@ pub async fn build(
         Err(e) => return Err(fail("template create", &e)),
     };
     let mut tail: Vec<String> = Vec::new();
-    match templates
-        .follow_logs(&created.id, TemplateLogsOptions::default())
-        .await
-    {
+    match cp.follow_template_log(created.id.clone()).await {
         Ok(mut logs) => {
             while let Some(event) = logs.next().await {
                 let Ok(event) = event else { break };
@@ -176,13 +194,12 @@ pub async fn build(
         }
         Err(e) => on_line(&format!(
             "(the build log cannot be followed: {}; waiting for the build)",
-            redactor.cap(&e.to_string())
+            redactor.cap(&e.message)
         )),
     }
-    let deadline = tokio::time::Instant::now() + BUILD_BUDGET;
+    let deadline = Instant::now() + BUILD_BUDGET;
     loop {
-        let t = templates
-            .get(&created.id, GetTemplateOptions::default())
+        let t = read(created.id.clone())
             .await
             .map_err(|e| fail("template status", &e))?;
         match t.status {
@@ -200,7 +217,7 @@ pub async fn build(
                     tail.join(" | ")
                 )));
             }
-            _ if tokio::time::Instant::now() > deadline => {
+            _ if Instant::now() > deadline => {
                 return Err(ExecutorError::Execution(format!(
                     "the template {} ({}) is still {} after {} minutes; check it later with the \
                      templates API and set {ENV_ROOTFS}={} once it is ready",

@@ -13,6 +13,7 @@ use createos_fake::{FakeOptions, FakeServer};
 use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest};
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
+use sandbox_core::surface::SurfaceOptions;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -63,18 +64,21 @@ async fn rig_with(
         budget: Duration::from_secs(4),
     };
     let mut opts = ExecutorOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        request_timeout: Duration::from_secs(2),
-        backoff: quick,
-        kill_after: Duration::from_millis(300),
-        host_grace: Duration::from_millis(1500),
-        reaper: ReaperConfig {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            request_timeout: Duration::from_secs(2),
             backoff: quick,
-            lookup_patience: Duration::from_secs(3),
+            kill_after: Duration::from_millis(300),
+            host_grace: Duration::from_millis(1500),
+            reaper: ReaperConfig {
+                backoff: quick,
+                lookup_patience: Duration::from_secs(3),
+            },
+            shutdown_timeout: Duration::from_secs(5),
+            // Each test's counters are about its own run; one test turns the sweep on.
+            orphan_sweep: false,
+            ..SurfaceOptions::default()
         },
-        shutdown_timeout: Duration::from_secs(5),
-        // Each test's counters are about its own run; one test turns the sweep on.
-        orphan_sweep: false,
         ..ExecutorOptions::default()
     };
     tweak(&mut opts);
@@ -469,13 +473,16 @@ async fn a_template_builds_follows_its_log_and_is_reused() {
         "CREATEOS_SANDBOX_BASE_URL" => Some(url.clone()),
         _ => None,
     });
+    let session = sandbox_core::session::Session::default();
     let reqs = template::requirements(&["pandas".into()], "1.13.0").unwrap();
     let dockerfile = template::dockerfile(&reqs);
     let name = template::template_name(&dockerfile);
     let mut lines = Vec::new();
-    let built = template::build(&env, &name, &dockerfile, |l| lines.push(l.to_owned()))
-        .await
-        .unwrap();
+    let built = template::build(&env, &session, &name, &dockerfile, |l| {
+        lines.push(l.to_owned());
+    })
+    .await
+    .unwrap();
     assert!(built.id.starts_with("tpl_"), "{built:?}");
     assert!(
         lines.iter().any(|l| l.contains("'lfx==1.13.0' 'pandas'")),
@@ -483,16 +490,18 @@ async fn a_template_builds_follows_its_log_and_is_reused() {
     );
     // The same image again: the existing template is used, not rebuilt.
     let mut again = Vec::new();
-    let second = template::build(&env, &name, &dockerfile, |l| again.push(l.to_owned()))
-        .await
-        .unwrap();
+    let second = template::build(&env, &session, &name, &dockerfile, |l| {
+        again.push(l.to_owned());
+    })
+    .await
+    .unwrap();
     assert_eq!(second, built);
     assert!(
         again.iter().any(|l| l.contains("exists already")),
         "{again:?}"
     );
     // A failed build quotes its log.
-    let err = template::build(&env, "lf-t-broken", "FROM x\nRUN false\n", |_| {})
+    let err = template::build(&env, &session, "lf-t-broken", "FROM x\nRUN false\n", |_| {})
         .await
         .unwrap_err();
     assert!(err.to_string().contains("failed"), "{err}");
@@ -517,7 +526,7 @@ async fn a_killed_runs_paused_guest_is_swept_at_the_first_run() {
     use createos_api::{Client, CreateSandboxRequest, RetryOptions};
     // What a SIGKILLed flow run leaves: its one-shot guest, idled out to paused.
     let script = r#"echo '{"frame":"complete","outputs":[]}'"#;
-    let rig = rig_with(script, &[], "", |o| o.orphan_sweep = true).await;
+    let rig = rig_with(script, &[], "", |o| o.surface.orphan_sweep = true).await;
     let client = Client::builder()
         .api_key(secrecy::SecretString::from(KEY))
         .base_url(rig.fake.url())

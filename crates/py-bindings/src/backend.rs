@@ -17,11 +17,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use langflow_backend::{Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy};
+use langflow_backend::{
+    Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, SurfaceOptions,
+};
 use pyo3::prelude::*;
 
 use crate::errors;
-use crate::process::{self, InFlight, PerProcess, SHUTDOWN_BUDGET, State};
+use crate::process::{self, InFlight, Live, PerProcess, SHUTDOWN_BUDGET, State};
 use crate::results::{ReapReport, RunResult};
 use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
@@ -108,7 +110,7 @@ fn refused(text: String) -> DoctorReport {
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct NativeBackend {
     /// The backend of the process that built it.
-    held: PerProcess,
+    held: PerProcess<Arc<Live>>,
 }
 
 #[pymethods]
@@ -139,7 +141,7 @@ impl NativeBackend {
         let policy = policy_from(settings).map_err(|message| errors::unavailable(py, message))?;
         let rt = runtime_or_err(py)?;
         sigterm::arm(py, rt, process::shutdown_every_surface);
-        let live = self.held.current();
+        let live = process::backend_of(&self.held);
         let in_flight = InFlight::new(Arc::clone(&live));
         let outcome = drive(py, rt, move || async move {
             let outcome = in_flight.0.backend.run(&code, env, &policy).await;
@@ -255,7 +257,7 @@ impl NativeBackend {
             Some(Err(message)) => refused(message),
             Some(Ok(policy)) => {
                 let rt = runtime_or_err(py)?;
-                let live = self.held.current();
+                let live = process::backend_of(&self.held);
                 match drive(
                     py,
                     rt,
@@ -300,8 +302,10 @@ pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
     let result = match drive(py, rt, move || async move {
         // This sweep is the whole job: no second one in the background.
         let backend = Backend::with_options(BackendOptions {
-            orphan_sweep: false,
-            ..BackendOptions::default()
+            surface: SurfaceOptions {
+                orphan_sweep: false,
+                ..SurfaceOptions::default()
+            },
         });
         backend.sweep_orphans(dry_run).await
     }) {

@@ -10,19 +10,19 @@
 //! `CreateOSUnavailableError` when nothing ran (a refusal naming the node's input or the
 //! setting), `CreateOSExecutionError` for an infrastructure failure.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use langflow_component::{
     ComponentError, ComponentInputs, ComponentOptions, ComponentOutput, ReapReport, Reuse,
-    SandboxComponent, describe, parse_age,
+    SandboxComponent, SurfaceOptions, describe, parse_age,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors;
-use crate::process;
+use crate::process::{self, PerProcess};
 use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
 
@@ -35,42 +35,25 @@ struct Held {
     running: AtomicUsize,
 }
 
-/// The component of the process that built it (by process id).
-static HELD: Mutex<Option<(u32, Arc<Held>)>> = Mutex::new(None);
+/// The component of the process that built it (see [`PerProcess`]).
+static HELD: PerProcess<Arc<Held>> = PerProcess::new();
 
-/// This process's component, built on first use on the process's session. One inherited
-/// from a parent process is leaked, never dropped (its connections and tasks belong to the
-/// parent's runtime).
+/// This process's component, built on first use on the process's session.
 fn held() -> Arc<Held> {
-    let me = std::process::id();
-    let mut slot = HELD.lock().unwrap_or_else(PoisonError::into_inner);
-    match slot.take() {
-        Some((owner, h)) if owner == me => {
-            *slot = Some((owner, Arc::clone(&h)));
-            return h;
-        }
-        Some(foreign) => std::mem::forget(foreign),
-        None => {}
-    }
-    let fresh = Arc::new(Held {
-        component: SandboxComponent::with_options(ComponentOptions {
-            session: process::session(),
-            // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
-            pool_allowed: !process::forked(),
-            ..ComponentOptions::default()
-        }),
-        running: AtomicUsize::new(0),
-    });
-    *slot = Some((me, Arc::clone(&fresh)));
-    fresh
+    HELD.get_or_init(|| {
+        Arc::new(Held {
+            component: SandboxComponent::with_options(ComponentOptions {
+                surface: process::surface_options(),
+                ..ComponentOptions::default()
+            }),
+            running: AtomicUsize::new(0),
+        })
+    })
 }
 
 /// This process's component if it built one (for shutdown).
 fn existing() -> Option<Arc<Held>> {
-    let slot = HELD.lock().unwrap_or_else(PoisonError::into_inner);
-    slot.as_ref()
-        .filter(|(owner, _)| *owner == std::process::id())
-        .map(|(_, h)| Arc::clone(h))
+    HELD.current()
 }
 
 /// Destroys this process's fresh guests (kept guests stay for the next process).
@@ -278,10 +261,9 @@ impl NativeComponent {
     /// Destroys this process's fresh guests still alive (kept guests stay for the next
     /// process) and forgets the component; a later `run()` builds a fresh one. Idempotent.
     fn shutdown(&self, py: Python<'_>) {
-        let Some(h) = existing() else {
+        let Some(h) = HELD.take() else {
             return;
         };
-        *HELD.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let Some(rt) = runtime::existing() else {
             return;
         };
@@ -382,9 +364,12 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
     let session = process::session();
     let waited = drive(py, rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
-            session,
-            orphan_sweep: false,
-            pool_allowed: false,
+            surface: SurfaceOptions {
+                session: Some(session),
+                orphan_sweep: false,
+                pool_allowed: false,
+                ..SurfaceOptions::default()
+            },
             ..ComponentOptions::default()
         });
         component.reap_reused(older_than, dry_run).await

@@ -93,37 +93,21 @@ fn too_slow() -> ExecutorError {
     ))
 }
 
-/// This process's executor, with the id of the process that built it.
-static EXECUTOR: Mutex<Option<(u32, Arc<Executor>)>> = Mutex::new(None);
+/// This process's executor (see [`process::PerProcess`]).
+static EXECUTOR: process::PerProcess<Arc<Executor>> = process::PerProcess::new();
 
 fn executor() -> Arc<Executor> {
-    let pid = std::process::id();
-    let mut slot = EXECUTOR.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((owner, ex)) = slot.as_ref()
-        && *owner == pid
-    {
-        return Arc::clone(ex);
-    }
-    if let Some(inherited) = slot.take() {
-        // Built by a parent: its connections and tasks belong to the parent's runtime.
-        std::mem::forget(inherited);
-    }
-    let ex = Arc::new(Executor::with_options(ExecutorOptions {
-        session: Some(process::session()),
-        // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
-        pool_allowed: !process::forked(),
-        ..ExecutorOptions::default()
-    }));
-    *slot = Some((pid, Arc::clone(&ex)));
-    ex
+    EXECUTOR.get_or_init(|| {
+        Arc::new(Executor::with_options(ExecutorOptions {
+            surface: process::surface_options(),
+            ..ExecutorOptions::default()
+        }))
+    })
 }
 
 /// This process's executor if it built one.
 fn existing() -> Option<Arc<Executor>> {
-    let slot = EXECUTOR.lock().unwrap_or_else(PoisonError::into_inner);
-    slot.as_ref()
-        .filter(|(owner, _)| *owner == std::process::id())
-        .map(|(_, ex)| Arc::clone(ex))
+    EXECUTOR.current()
 }
 
 /// Destroys the guests of this process's flow runs (SIGTERM's cleanup).
@@ -678,9 +662,11 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
     logbridge::sync_level(py);
     let rt = runtime::get()
         .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
+    // Taken here, with the GIL held (see `process`'s fork rule).
+    let session = process::session();
     let result = match crate::wait::drive(py, rt, move || async move {
         let env: langflow_executor::EnvLookup = Arc::new(|k| std::env::var(k).ok());
-        langflow_executor::template::build(&env, &name, &dockerfile, |line| {
+        langflow_executor::template::build(&env, &session, &name, &dockerfile, |line| {
             // The build log goes to the terminal as it arrives (no Python object involved).
             let mut err = std::io::stderr().lock();
             let _ = writeln!(err, "build: {line}");

@@ -8,8 +8,9 @@
 //! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
 //!   `reap_reused()`;
 //! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
-//! - [`process`]: one backend per process id, so a forked child gets a fresh backend (and
-//!   connection pool) while the parent's is untouched; SIGTERM's shutdown of them all;
+//! - [`process`]: `PerProcess<T>`, every per-process value (runtime, session, backends,
+//!   component, executor) keyed on the process id with the fork rule stated once, so a forked
+//!   child builds its own while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
 //! - [`errors`]: failures raised as the public classes of `langflow_sandbox_createos.exceptions`;
 //! - [`runtime`]: one tokio runtime per process, built lazily and rebuilt after `fork()`;

@@ -1,19 +1,19 @@
-//! Per-process state: which process built which backend, and what a process still owes.
+//! Per-process state: which process built which surface, and what a process still owes.
 //!
-//! A `NativeBackend` object survives `fork()`, but its backend (connection pool, reaper,
-//! guest registry) belongs to the runtime of the process that built it. So the backend is
-//! held together with the id of the process that built it ([`PerProcess`]): a process with
-//! another id builds its own on first use and leaks, never drops, the inherited one (dropping
-//! it would release connections and tasks that belong to the parent's runtime).
+//! **The fork rule of this crate**, for every value held per process ([`PerProcess`]: the
+//! runtime, the session, the backends, the component and the executor). A Python object and a
+//! static survive `fork()`, but what they hold (connection pools, reapers, the runtime's
+//! thread and epoll descriptor) belongs to the process that built it. So each value is held
+//! with the id of the process that built it; a process with another id builds its own on first
+//! use and leaks, never drops, the inherited one (dropping it would release connections, tasks
+//! and threads that belong to the parent's runtime). The slots are locked only to read or swap
+//! a value, on a thread that holds the GIL (never inside a run's future on the driver thread):
+//! `os.fork()` holds the GIL, so no other thread holds a slot at the fork, and a child never
+//! inherits one locked. (SIGTERM's shutdown reads them from the runtime as the process ends.)
 //!
 //! Every backend is also remembered here by process id, so SIGTERM can shut down the current
-//! process's backends without touching any Python object ([`shutdown_all`]).
-//!
-//! Fork rule for this crate's per-process slots (here, the runtime's, the component's and the
-//! executor's): lock them only on a thread that holds the GIL, never inside a run's future on
-//! the driver thread. `os.fork()` holds the GIL, so no other thread can be holding a slot at
-//! the fork, and a child never inherits one locked. (SIGTERM's shutdown reads them from the
-//! runtime, as the process is ending.)
+//! process's backends without touching any Python object ([`shutdown_all`]). Which options a
+//! forked process's surfaces get is sandbox-core's rule (`SurfaceOptions::for_process`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use langflow_backend::{Backend, BackendOptions};
 use sandbox_core::session::Session;
+use sandbox_core::surface::SurfaceOptions;
 
 /// Time allowed for a shutdown to destroy every live guest.
 pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
@@ -42,6 +43,16 @@ pub fn forked() -> bool {
     IMPORTED_BY
         .get()
         .is_some_and(|&origin| origin != std::process::id())
+}
+
+/// The options every surface of this process is built with: the process's session, and the
+/// fork rule applied when this process was forked.
+pub fn surface_options() -> SurfaceOptions {
+    SurfaceOptions {
+        session: Some(session()),
+        ..SurfaceOptions::default()
+    }
+    .for_process(forked())
 }
 
 /// One process's backend and the number of its runs in flight.
@@ -130,32 +141,18 @@ pub async fn shutdown_all() {
 }
 
 /// The session (one control plane and connection pool per account, one credential check and
-/// one shape-catalog fetch) that every surface of this process shares, with the id of the
-/// process that built it.
-static SESSION: Mutex<Option<(u32, Session)>> = Mutex::new(None);
+/// one shape-catalog fetch) that every surface of this process shares.
+static SESSION: PerProcess<Session> = PerProcess::new();
 
-/// This process's session, built on first use. A child after `fork()` builds its own and
-/// leaks the parent's (its connections belong to the parent's runtime).
+/// This process's session, built on first use (a child after `fork()` builds its own).
 pub fn session() -> Session {
-    let pid = std::process::id();
-    let mut slot = SESSION.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((owner, session)) = slot.as_ref()
-        && *owner == pid
-    {
-        return session.clone();
-    }
-    if let Some((_, inherited)) = slot.take() {
-        std::mem::forget(inherited);
-    }
-    let session = Session::default();
-    *slot = Some((pid, session.clone()));
-    session
+    SESSION.get_or_init(Session::default)
 }
 
-/// Whose backend a [`PerProcess`] holds, as seen from the calling process.
+/// Whose value a [`PerProcess`] holds, as seen from the calling process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
-    /// None built yet (or shut down).
+    /// None built yet (or taken out).
     Idle,
     /// Built by this process.
     Active,
@@ -163,14 +160,13 @@ pub enum State {
     Inherited,
 }
 
-type Slot = Option<(u32, Arc<Live>)>;
-
-/// A backend together with the id of the process that built it.
-pub struct PerProcess {
-    slot: Mutex<Slot>,
+/// A value together with the id of the process that built it (see the fork rule in the module
+/// docs). `T` is a cheap handle (an `Arc`, a session, a `&'static`).
+pub struct PerProcess<T> {
+    slot: Mutex<Option<(u32, T)>>,
 }
 
-impl PerProcess {
+impl<T: Clone> PerProcess<T> {
     /// Holds nothing: no thread, no I/O, no environment read.
     pub const fn new() -> Self {
         Self {
@@ -178,50 +174,52 @@ impl PerProcess {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slot> {
+    fn lock(&self) -> MutexGuard<'_, Option<(u32, T)>> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// This process's backend, built on first use (in a new process, too).
-    pub fn current(&self) -> Arc<Live> {
+    /// This process's value, if it built one.
+    pub fn current(&self) -> Option<T> {
+        let pid = std::process::id();
+        self.lock()
+            .as_ref()
+            .filter(|(owner, _)| *owner == pid)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// This process's value, built by `make` on first use (in a new process, too). `make` runs
+    /// without the lock held (it may start a thread); if another thread of this process
+    /// installed a value meanwhile, that one is kept and `make`'s is dropped.
+    pub fn get_or_init(&self, make: impl FnOnce() -> T) -> T {
+        if let Some(v) = self.current() {
+            return v;
+        }
+        let built = make();
         let pid = std::process::id();
         let mut slot = self.lock();
-        if let Some((owner, backend)) = slot.as_ref()
+        if let Some((owner, v)) = slot.as_ref()
             && *owner == pid
         {
-            return Arc::clone(backend);
+            return v.clone();
         }
         forget_foreign(&mut slot);
-        let forked = IMPORTED_BY.get().is_some_and(|&origin| origin != pid);
-        let live = Arc::new(Live {
-            backend: Backend::with_options(BackendOptions {
-                background_destroy: !forked,
-                // Idle pool guests would outlive an `os._exit`: no warm pool in a forked child.
-                pool_allowed: !forked,
-                session: Some(session()),
-                ..BackendOptions::default()
-            }),
-            inflight: AtomicUsize::new(0),
-            forked,
-        });
-        *slot = Some((pid, Arc::clone(&live)));
-        remember(&live);
-        live
+        *slot = Some((pid, built.clone()));
+        built
     }
 
-    /// Takes this process's backend out, if it built one; an inherited one is forgotten.
-    pub fn take(&self) -> Option<Arc<Live>> {
+    /// Takes this process's value out, if it built one; an inherited one is forgotten.
+    pub fn take(&self) -> Option<T> {
         let mut slot = self.lock();
         forget_foreign(&mut slot);
-        slot.take().map(|(_, live)| live)
+        slot.take().map(|(_, v)| v)
     }
 
-    /// Forgets a backend inherited from a parent process; keeps this process's own.
+    /// Forgets a value inherited from a parent process; keeps this process's own.
     pub fn forget_inherited(&self) {
         forget_foreign(&mut self.lock());
     }
 
-    /// Whose backend is held.
+    /// Whose value is held.
     pub fn state(&self) -> State {
         match self.lock().as_ref() {
             None => State::Idle,
@@ -231,14 +229,30 @@ impl PerProcess {
     }
 }
 
-/// Leaks a backend that a parent process built: dropping it here would release connections
-/// and tasks that belong to the parent's runtime.
-fn forget_foreign(slot: &mut Slot) {
+/// Leaks a value that a parent process built: dropping it here would release connections,
+/// tasks and threads that belong to the parent's runtime.
+fn forget_foreign<T>(slot: &mut Option<(u32, T)>) {
     if matches!(slot, Some((owner, _)) if *owner != std::process::id())
         && let Some((_, inherited)) = slot.take()
     {
         std::mem::forget(inherited);
     }
+}
+
+/// This process's backend held by one `NativeBackend`, built on first use (see
+/// [`PerProcess`]), and remembered for SIGTERM's [`shutdown_all`].
+pub fn backend_of(held: &PerProcess<Arc<Live>>) -> Arc<Live> {
+    held.get_or_init(|| {
+        let live = Arc::new(Live {
+            backend: Backend::with_options(BackendOptions {
+                surface: surface_options(),
+            }),
+            inflight: AtomicUsize::new(0),
+            forked: forked(),
+        });
+        remember(&live);
+        live
+    })
 }
 
 #[cfg(test)]
@@ -249,10 +263,11 @@ mod tests {
     fn holds_nothing_until_first_use_then_the_callers_backend() {
         let held = PerProcess::new();
         assert_eq!(held.state(), State::Idle);
-        let first = held.current();
+        assert!(held.current().is_none());
+        let first = backend_of(&held);
         assert_eq!(held.state(), State::Active);
         // The same process gets the same backend back, not a new one.
-        assert!(Arc::ptr_eq(&first, &held.current()));
+        assert!(Arc::ptr_eq(&first, &backend_of(&held)));
         let taken = held.take().expect("this process's backend");
         assert!(Arc::ptr_eq(&first, &taken));
         assert_eq!(held.state(), State::Idle);
@@ -260,13 +275,32 @@ mod tests {
     }
 
     #[test]
+    fn a_value_built_meanwhile_by_another_thread_wins() {
+        let held: PerProcess<Arc<u32>> = PerProcess::new();
+        let first = held.get_or_init(|| Arc::new(1));
+        // A racing builder's value is dropped, the installed one handed out.
+        let again = held.get_or_init(|| Arc::new(2));
+        assert!(Arc::ptr_eq(&first, &again));
+        held.lock().as_mut().expect("built").0 = std::process::id().wrapping_add(1);
+        let inherited = Arc::clone(&first);
+        let own = held.get_or_init(|| Arc::new(3));
+        assert_eq!(*own, 3);
+        // The inherited value was leaked, not dropped: its count still holds the leaked clone.
+        assert_eq!(Arc::strong_count(&inherited), 4);
+    }
+
+    #[test]
     fn an_inherited_backend_is_never_handed_out_and_is_forgotten() {
         let held = PerProcess::new();
-        let parent = held.current();
+        let parent = backend_of(&held);
         // Pretend a parent with another id built it.
         held.lock().as_mut().expect("built").0 = std::process::id().wrapping_add(1);
         assert_eq!(held.state(), State::Inherited);
-        let own = held.current();
+        assert!(
+            held.current().is_none(),
+            "an inherited value is never handed out"
+        );
+        let own = backend_of(&held);
         assert!(!Arc::ptr_eq(&parent, &own));
         assert_eq!(held.state(), State::Active);
         // Forgetting keeps this process's own backend.
@@ -277,9 +311,9 @@ mod tests {
     #[test]
     fn a_child_starts_with_an_empty_warm_pool_of_its_own() {
         let held = PerProcess::new();
-        let parent = held.current();
+        let parent = backend_of(&held);
         held.lock().as_mut().expect("built").0 = std::process::id().wrapping_add(1);
-        let own = held.current();
+        let own = backend_of(&held);
         // The pool lives inside the backend: a child's new backend holds none of the
         // parent's idle guests and has counted nothing yet.
         assert!(!Arc::ptr_eq(&parent, &own));
@@ -293,7 +327,7 @@ mod tests {
     #[test]
     fn in_flight_counts_while_alive() {
         let held = PerProcess::new();
-        let live = held.current();
+        let live = backend_of(&held);
         let run = InFlight::new(Arc::clone(&live));
         assert_eq!(live.inflight.load(Ordering::SeqCst), 1);
         drop(run);

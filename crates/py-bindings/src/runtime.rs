@@ -17,11 +17,12 @@
 
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::{Mutex, PoisonError};
 
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::mpsc;
 use tokio::task::LocalSet;
+
+use crate::process::PerProcess;
 
 /// Work handed to the driver thread: called there, inside the [`LocalSet`].
 type Job = Box<dyn FnOnce() + Send>;
@@ -63,17 +64,8 @@ impl Rt {
     }
 }
 
-/// The runtime of the process that built it, with that process's id.
-static RUNTIME: Mutex<Option<(u32, &'static Rt)>> = Mutex::new(None);
-
-fn current() -> Option<&'static Rt> {
-    let pid = std::process::id();
-    let slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
-    match *slot {
-        Some((owner, rt)) if owner == pid => Some(rt),
-        _ => None,
-    }
-}
+/// The runtime of the process that built it (see [`PerProcess`]).
+static RUNTIME: PerProcess<&'static Rt> = PerProcess::new();
 
 /// Builds a runtime and starts its driver thread.
 fn build() -> std::io::Result<&'static Rt> {
@@ -98,43 +90,29 @@ fn build() -> std::io::Result<&'static Rt> {
 /// Returns this process's runtime, building it (and its driver thread) on first use in this
 /// process.
 ///
-/// The lock is held only to read or swap the slot, never while the thread is spawned, so a
+/// The slot's lock is held only to read or swap it, never while the thread is spawned, so a
 /// `fork()` racing with another thread's first use cannot leave the child waiting on a lock
-/// its owner took with it.
+/// its owner took with it. Two threads racing at first use may each build one; the loser's
+/// never ran anything and stays parked on its empty queue (a leak of one idle thread, once).
 pub fn get() -> std::io::Result<&'static Rt> {
-    if let Some(rt) = current() {
+    if let Some(rt) = RUNTIME.current() {
         return Ok(rt);
     }
     let built = build()?;
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((owner, rt)) = *slot
-        && owner == pid
-    {
-        // Another thread of this process won the race; ours never ran anything and stays
-        // parked on its empty queue (a leak of one idle thread, once, in a race).
-        return Ok(rt);
-    }
     // Whatever was in the slot belonged to a parent process: it is leaked on purpose.
-    *slot = Some((pid, built));
-    Ok(built)
+    Ok(RUNTIME.get_or_init(|| built))
 }
 
 /// Returns this process's runtime if one has been built, without building one.
 pub fn existing() -> Option<&'static Rt> {
-    current()
+    RUNTIME.current()
 }
 
 /// Forgets a runtime inherited from a parent process, so the next use builds a fresh one.
 ///
 /// A runtime built by this process is left alone: runs in flight keep working.
 pub fn forget_inherited() {
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
-    if matches!(*slot, Some((owner, _)) if owner != pid) {
-        // The `&'static Rt` is simply dropped as a reference: the runtime leaks.
-        *slot = None;
-    }
+    RUNTIME.forget_inherited();
 }
 
 #[cfg(test)]

@@ -448,6 +448,54 @@ pub enum ExecFrame {
 /// A stream of exec frames.
 pub type ExecStream = BoxStream<'static, Result<ExecFrame, CallError>>;
 
+/// A template's build status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TemplateStatus {
+    /// Accepted or being built.
+    Building,
+    /// Built: usable as a guest's rootfs.
+    Ready,
+    /// The build failed (its log says why).
+    Failed,
+    /// A status this crate does not know, verbatim.
+    Other(String),
+}
+
+impl fmt::Display for TemplateStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TemplateStatus::Building => "building",
+            TemplateStatus::Ready => "ready",
+            TemplateStatus::Failed => "failed",
+            TemplateStatus::Other(s) => s,
+        })
+    }
+}
+
+/// A template (a custom guest image) as the control plane reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateInfo {
+    /// Its id: usable as a guest's rootfs once ready.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its build status.
+    pub status: TemplateStatus,
+}
+
+/// One line of a template's build log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateLogLine {
+    /// The text, as the build wrote it (not redacted yet).
+    pub line: String,
+    /// The last line of the build; the stream ends after it.
+    pub is_final: bool,
+}
+
+/// A template's build log as it is written.
+pub type TemplateLogStream = BoxStream<'static, Result<TemplateLogLine, CallError>>;
+
 /// The operations a guest lifecycle needs from a control plane.
 pub trait ControlPlane: Send + Sync + 'static {
     /// Checks the credential (`GET /v1/whoami`); returns a short account label for logs.
@@ -536,6 +584,33 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// The default answers a [`CallFailure::Config`] error; only named guests need it.
     fn resume(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         unsupported(&format!("resume guest {id}"))
+    }
+
+    /// Starts building the template `name` from `dockerfile` (`POST /v1/templates`). Never
+    /// retried by the implementation; a name already taken answers 409.
+    ///
+    /// The default answers a [`CallFailure::Config`] error; only the executor's template build
+    /// needs it (as do the two calls below).
+    fn create_template(
+        &self,
+        name: String,
+        dockerfile: String,
+    ) -> BoxFuture<'_, Result<TemplateInfo, CallError>> {
+        let _ = dockerfile;
+        unsupported(&format!("build the template {name:?}"))
+    }
+
+    /// Reads a template by id or name.
+    fn get_template(&self, id_or_name: String) -> BoxFuture<'_, Result<TemplateInfo, CallError>> {
+        unsupported(&format!("read the template {id_or_name:?}"))
+    }
+
+    /// Follows a template's build log until its final line.
+    fn follow_template_log(
+        &self,
+        id: String,
+    ) -> BoxFuture<'_, Result<TemplateLogStream, CallError>> {
+        unsupported(&format!("follow the build log of template {id:?}"))
     }
 
     /// Starts downloading the file at `path` in the guest. `max_bytes` is a hint the

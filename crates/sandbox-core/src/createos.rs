@@ -8,8 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use createos_api::{
     Client, CreateSandboxRequest, DownloadOptions, Error as ApiError, ErrorKind as ApiKind,
-    ExecEvent, ExecOptions, ListSandboxesOptions, ManagedProcessCreateRequest, RequestOptions,
-    RetryOptions, RunCommandRequest, SandboxInfo,
+    ExecEvent, ExecOptions, GetTemplateOptions, ListSandboxesOptions, ManagedProcessCreateRequest,
+    RequestOptions, RetryOptions, RunCommandRequest, SandboxInfo, Template, TemplateCreateRequest,
+    TemplateLogsOptions,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -17,7 +18,8 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
-    ExecStream, GuestInfo, GuestStatus, ProcessSpec, parse_rfc3339,
+    ExecStream, GuestInfo, GuestStatus, ProcessSpec, TemplateInfo, TemplateLogLine,
+    TemplateLogStream, TemplateStatus, parse_rfc3339,
 };
 use crate::error::{Redactor, SandboxError};
 use crate::shapes::Shape;
@@ -130,6 +132,22 @@ fn no_retry() -> RequestOptions {
     RequestOptions {
         disable_retry: true,
         ..RequestOptions::default()
+    }
+}
+
+fn template(t: Template) -> TemplateInfo {
+    let status = match t.status {
+        createos_api::TemplateStatus::Ready => TemplateStatus::Ready,
+        createos_api::TemplateStatus::Failed => TemplateStatus::Failed,
+        createos_api::TemplateStatus::Pending | createos_api::TemplateStatus::Building => {
+            TemplateStatus::Building
+        }
+        other => TemplateStatus::Other(other.to_string()),
+    };
+    TemplateInfo {
+        id: t.id,
+        name: t.name,
+        status,
     }
 }
 
@@ -431,6 +449,64 @@ impl ControlPlane for CreateOsControlPlane {
                     .map(move |c| c.map_err(|e| map_error(&e, &redactor)))
                     .boxed(),
             })
+        }
+        .boxed()
+    }
+
+    fn create_template(
+        &self,
+        name: String,
+        dockerfile: String,
+    ) -> BoxFuture<'_, Result<TemplateInfo, CallError>> {
+        async move {
+            let t = self
+                .client
+                .templates()
+                .with_options(no_retry())
+                .create(&TemplateCreateRequest::new(name, dockerfile))
+                .await
+                .map_err(|e| self.err(&e))?;
+            Ok(template(t))
+        }
+        .boxed()
+    }
+
+    fn get_template(&self, id_or_name: String) -> BoxFuture<'_, Result<TemplateInfo, CallError>> {
+        async move {
+            let t = self
+                .client
+                .templates()
+                .with_options(no_retry())
+                .get(&id_or_name, GetTemplateOptions::default())
+                .await
+                .map_err(|e| self.err(&e))?;
+            Ok(template(t))
+        }
+        .boxed()
+    }
+
+    fn follow_template_log(
+        &self,
+        id: String,
+    ) -> BoxFuture<'_, Result<TemplateLogStream, CallError>> {
+        async move {
+            let events = self
+                .client
+                .templates()
+                .with_options(no_retry())
+                .follow_logs(&id, TemplateLogsOptions::default())
+                .await
+                .map_err(|e| self.err(&e))?;
+            let redactor = self.redactor.clone();
+            Ok(events
+                .map(move |ev| {
+                    ev.map(|ev| TemplateLogLine {
+                        line: ev.line,
+                        is_final: ev.is_final,
+                    })
+                    .map_err(|e| map_error(&e, &redactor))
+                })
+                .boxed())
         }
         .boxed()
     }

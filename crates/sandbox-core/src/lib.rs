@@ -15,7 +15,9 @@
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
 //! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
 //! - [`pool`]: a warm pool of one-shot guests, created and verified ahead of the runs.
-//! - [`lifecycle`]: one run in one fresh guest (the backend's composition of the primitives).
+//! - [`surface`]: the surface kit every surface is built on: shared options, the one acquire
+//!   path (pool, create or acquire by name, the fallback from a pooled guest that refused, the
+//!   fork rule) and the lease that ends a run's guest.
 //! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
@@ -26,7 +28,6 @@ pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod guest;
-pub mod lifecycle;
 pub mod names;
 pub mod orphans;
 pub mod output;
@@ -36,6 +37,7 @@ pub mod retry;
 pub mod session;
 pub mod settings;
 pub mod shapes;
+pub mod surface;
 
 pub use error::{ErrorKind, Redactor, SandboxError};
 

@@ -1,25 +1,72 @@
-//! Guest names. A name is minted before create, so a create whose response was lost can still
+//! Every name this package gives a CreateOS resource, in one place: the prefixes and the
+//! formats. A guest name is minted before create, so a create whose response was lost can still
 //! be found (by listing) and destroyed: CreateOS has no idempotency key.
 //!
 //! Two kinds, told apart by their prefix (the orphan sweep and the reaper rely on it):
 //!
-//! - **one-shot** names, minted at random ([`mint_name`]): [`BACKEND_PREFIX`] and 19 random
-//!   `[a-z0-9]`, for a guest that lives for one run;
-//! - **derived** names ([`derived_name`]), e.g. [`REUSED_PREFIX`] and a digest of what the
-//!   guest is for and of its policy, for a guest that survives runs and that a restarted worker
-//!   finds again. The digest is SHA-256, so it is the same in every process, version and
-//!   machine; a policy change derives a different name.
+//! - **one-shot** names, minted at random ([`mint_name`]): [`ONE_SHOT_PREFIX`] (`lf-`) and 19
+//!   random `[a-z0-9]`, for a guest that lives for one run, whichever surface runs it (the
+//!   backend, the component with Guest Reuse off, the executor; [`is_one_shot_name`]);
+//! - **derived** names ([`derived_name`]): a prefix and a digest of what the resource is for
+//!   and of its policy, for a resource that outlives a run and that a restarted worker finds
+//!   again: the component's kept guests ([`reused_guest_name`], [`REUSED_PREFIX`] `lf-c-`) and
+//!   the executor's templates ([`template_name`], [`TEMPLATE_PREFIX`] `lf-t-`). The digest is
+//!   SHA-256, so it is the same in every process, version and machine; a policy change
+//!   derives a different name.
 
 use rand::Rng;
 use sha2::{Digest, Sha256};
 
 /// Longest sandbox name CreateOS accepts.
 pub const NAME_MAX: usize = 22;
-/// Prefix of every backend guest name.
-pub const BACKEND_PREFIX: &str = "lf-";
+/// Prefix of every one-shot guest name (all three surfaces).
+pub const ONE_SHOT_PREFIX: &str = "lf-";
+/// [`ONE_SHOT_PREFIX`] under its first name (the backend was the first surface to mint one).
+pub const BACKEND_PREFIX: &str = ONE_SHOT_PREFIX;
 
 /// Prefix of the component's reused guests (never one-shot: a second `-`).
 pub const REUSED_PREFIX: &str = "lf-c-";
+
+/// Prefix of the executor's templates (`python -m langflow_sandbox_createos template build`).
+pub const TEMPLATE_PREFIX: &str = "lf-t-";
+
+/// Length of the random part of a one-shot guest name.
+pub const ONE_SHOT_RANDOM_LEN: usize = NAME_MAX - ONE_SHOT_PREFIX.len();
+
+/// Whether `name` is a one-shot guest name: `lf-` and then exactly [`ONE_SHOT_RANDOM_LEN`]
+/// characters of `[a-z0-9]` (so no second `-`).
+pub fn is_one_shot_name(name: &str) -> bool {
+    name.strip_prefix(ONE_SHOT_PREFIX).is_some_and(|rest| {
+        rest.len() == ONE_SHOT_RANDOM_LEN
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// The name of the component's kept guest for one node of one flow under one policy
+/// (Guest Reuse): derived from the flow id, the node id, the image, the shape and the egress
+/// fingerprint, so a change of any of them addresses another guest, and a restarted worker
+/// finds the same one.
+pub fn reused_guest_name(
+    flow_id: &str,
+    node_id: &str,
+    rootfs: &str,
+    shape: &str,
+    egress_fingerprint: &str,
+) -> String {
+    derived_name(
+        REUSED_PREFIX,
+        &[flow_id, node_id, rootfs, shape],
+        egress_fingerprint,
+    )
+}
+
+/// The name of the executor's template built from `dockerfile`: the same image asked for
+/// twice gets the same name.
+pub fn template_name(dockerfile: &str) -> String {
+    derived_name(TEMPLATE_PREFIX, &[dockerfile], "template")
+}
 
 const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 
@@ -70,7 +117,7 @@ pub fn derived_name(prefix: &str, parts: &[&str], policy_fingerprint: &str) -> S
         n /= 36;
     }
     assert!(
-        !crate::orphans::is_one_shot_name(&s),
+        !is_one_shot_name(&s),
         "a derived name must not look like a one-shot name"
     );
     s
@@ -133,7 +180,7 @@ mod tests {
     fn derived_names_are_never_one_shot_names() {
         for i in 0..500 {
             let n = derived_name(REUSED_PREFIX, &[&i.to_string()], "deny-all");
-            assert!(!crate::orphans::is_one_shot_name(&n), "{n}");
+            assert!(!is_one_shot_name(&n), "{n}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! Orphans: guests of one-shot runs whose process died before destroying them.
 //!
-//! A one-shot run (the lfx backend) names its guest [`BACKEND_PREFIX`] followed by exactly
+//! A one-shot run (any surface) names its guest [`ONE_SHOT_PREFIX`] followed by exactly
 //! 19 characters of `[a-z0-9]` ([`crate::names::mint_name`]), and keeps the guest busy from
 //! create to destroy: its program runs under an exec that keeps the guest active, and the
 //! auto-pause backstop is longer than any run's budget plus grace. So a one-shot guest found
@@ -19,22 +19,11 @@ use tokio::time::Instant;
 
 use crate::LOG_TARGET;
 use crate::control::{CallError, CallFailure, ControlPlane, GuestInfo, GuestStatus};
-use crate::names::{BACKEND_PREFIX, NAME_MAX};
+use crate::names::ONE_SHOT_PREFIX;
+/// What a one-shot guest name is (re-exported from [`crate::names`], where every name format
+/// lives).
+pub use crate::names::{ONE_SHOT_RANDOM_LEN, is_one_shot_name};
 use crate::retry::{Backoff, retry_until};
-
-/// Length of the random part of a one-shot guest name.
-pub const ONE_SHOT_RANDOM_LEN: usize = NAME_MAX - BACKEND_PREFIX.len();
-
-/// Whether `name` is the name of a one-shot backend guest: `lf-` and then exactly
-/// [`ONE_SHOT_RANDOM_LEN`] characters of `[a-z0-9]` (so no second `-`).
-pub fn is_one_shot_name(name: &str) -> bool {
-    name.strip_prefix(BACKEND_PREFIX).is_some_and(|rest| {
-        rest.len() == ONE_SHOT_RANDOM_LEN
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    })
-}
 
 /// Whether `guest` is an orphan: a one-shot guest in status `paused`.
 pub fn is_orphan(guest: &GuestInfo) -> bool {
@@ -100,7 +89,7 @@ pub async fn sweep(
 ) -> Result<SweepReport, CallError> {
     let deadline = Instant::now() + config.deadline;
     let guests = listed(config, deadline, || {
-        cp.list_guests(BACKEND_PREFIX.to_owned())
+        cp.list_guests(ONE_SHOT_PREFIX.to_owned())
     })
     .await?;
     let orphans: Vec<Orphan> = guests
@@ -336,7 +325,7 @@ mod tests {
     #[test]
     fn one_shot_names() {
         assert!(is_one_shot_name("lf-0123456789abcdefghi"));
-        assert!(is_one_shot_name(&crate::names::mint_name(BACKEND_PREFIX)));
+        assert!(is_one_shot_name(&crate::names::mint_name(ONE_SHOT_PREFIX)));
         // Reused guests of the component: a second '-', never swept.
         assert!(!is_one_shot_name("lf-c-0123456789abcdefg"));
         assert!(!is_one_shot_name("lf-0123456789abcdefgh")); // 18

@@ -23,7 +23,7 @@
 //!   which is when the control plane's clock restarted, not from when it was pooled; a guest
 //!   whose preparation outlasted the whole limit is destroyed, never pooled. A guest the control
 //!   plane paused anyway is caught by the run's first call to it (409); the run then destroys
-//!   it and uses a fresh guest (see [`crate::lifecycle`]).
+//!   it and uses a fresh guest (see [`crate::surface::Surface::acquire`]).
 //! - **Off the critical path, bounded.** Refills run in one background task per pool on the
 //!   current tokio runtime. Each create is tried once; after a failure the next attempt waits
 //!   for the [`PoolConfig::backoff`] schedule and probes with a single create until one

@@ -3,6 +3,10 @@
 //! Everything is read through a lookup function (`Fn(&str) -> Option<String>`) rather than the
 //! process environment directly, so tests never mutate global state. A bad value fails closed
 //! with an error that names the variable and says what would be accepted.
+//!
+//! Only `CREATEOS_*` settings, shared by every surface, are read here; a surface reads its own
+//! (lfx's `LANGFLOW_SANDBOX_*`, the executor's `CREATEOS_EXECUTOR_*`, the egress opt-in) and
+//! hands this crate the names its refusals quote ([`SettingNames`]).
 
 use std::fmt;
 
@@ -10,18 +14,17 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::error::SandboxError;
 
-/// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling).
-pub const ENV_API_KEY: &str = "CREATEOS_SANDBOX_API_KEY";
+/// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling; the order is
+/// [`createos_api::api_key_from`]'s, shared with the client).
+pub const ENV_API_KEY: &str = createos_api::ENV_SANDBOX_API_KEY;
 /// `CREATEOS_API_KEY`: the credential's fallback spelling (the SDK's).
-pub const ENV_API_KEY_FALLBACK: &str = "CREATEOS_API_KEY";
+pub const ENV_API_KEY_FALLBACK: &str = createos_api::ENV_API_KEY;
 /// `CREATEOS_SANDBOX_BASE_URL`: control-plane endpoint.
 pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
 /// `CREATEOS_SANDBOX_ROOTFS`: guest image.
 pub const ENV_ROOTFS: &str = "CREATEOS_SANDBOX_ROOTFS";
 /// `CREATEOS_SANDBOX_SHAPE`: pin an exact shape (`auto` or unset = choose by memory).
 pub const ENV_SHAPE: &str = "CREATEOS_SANDBOX_SHAPE";
-/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`: opt in to the link-local hole.
-pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS";
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
 pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
@@ -50,7 +53,7 @@ pub struct SettingNames {
     /// How they would ask for unrestricted egress instead (e.g.
     /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=true`).
     pub allow_egress: &'static str,
-    /// The link-local opt-in ([`ENV_ACCEPT_EGRESS_EXCEPTIONS`] unless the surface has its own).
+    /// The variable of the link-local opt-in the surface reads (see [`read_flag`]).
     pub accept_egress_exceptions: &'static str,
     /// The memory floor (e.g. `LANGFLOW_SANDBOX_MEMORY_MB`).
     pub memory: &'static str,
@@ -70,8 +73,6 @@ pub struct Settings {
     pub rootfs: String,
     /// A pinned shape id, or `None` for automatic choice.
     pub pinned_shape: Option<String>,
-    /// The operator accepted that deny-all egress still reaches 169.254.0.0/16.
-    pub accept_egress_exceptions: bool,
     /// Per-stream output cap in bytes.
     pub max_output_bytes: usize,
     /// Warm pool size (0 = off, at most [`crate::pool::MAX_WARM_POOL`]).
@@ -89,7 +90,6 @@ impl fmt::Debug for Settings {
             .field("base_url", &createos_api::redact_url(&self.base_url))
             .field("rootfs", &self.rootfs)
             .field("pinned_shape", &self.pinned_shape)
-            .field("accept_egress_exceptions", &self.accept_egress_exceptions)
             .field("max_output_bytes", &self.max_output_bytes)
             .field("warm_pool", &self.warm_pool)
             .finish()
@@ -101,6 +101,15 @@ pub fn non_blank(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<
     lookup(name)
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// The boolean setting `name` through `lookup`: unset is false, a bad value a refusal naming
+/// `name` (see [`parse_bool`]).
+pub fn read_flag(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<bool, SandboxError> {
+    lookup(name).map_or(Ok(false), |raw| parse_bool(name, &raw))
 }
 
 /// Parses a boolean the way pydantic and most shells spell it.
@@ -170,12 +179,9 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 impl Settings {
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
-        let (api_key, api_key_source) = match non_blank(lookup, ENV_API_KEY) {
-            Some(k) => (Some(k), Some(ENV_API_KEY)),
-            None => match non_blank(lookup, ENV_API_KEY_FALLBACK) {
-                Some(k) => (Some(k), Some(ENV_API_KEY_FALLBACK)),
-                None => (None, None),
-            },
+        let (api_key, api_key_source) = match createos_api::api_key_from(lookup) {
+            Some((k, from)) => (Some(k.expose_secret().trim().to_owned()), Some(from)),
+            None => (None, None),
         };
         if let (Some(k), Some(src)) = (&api_key, api_key_source)
             && (k.len() < 8 || k.chars().any(|c| c.is_control() || c.is_whitespace()))
@@ -211,10 +217,6 @@ impl Settings {
                 )));
             }
         };
-        let accept_egress_exceptions = match lookup(ENV_ACCEPT_EGRESS_EXCEPTIONS) {
-            Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
-            None => false,
-        };
         let max_output_bytes = match non_blank(lookup, ENV_MAX_OUTPUT_BYTES) {
             None => DEFAULT_MAX_OUTPUT_BYTES,
             Some(raw) => match raw.replace('_', "").parse::<usize>() {
@@ -238,7 +240,6 @@ impl Settings {
             base_url,
             rootfs,
             pinned_shape,
-            accept_egress_exceptions,
             max_output_bytes,
             warm_pool,
         })
@@ -261,11 +262,11 @@ impl Settings {
 
     /// A redactor for this key (empty when there is none).
     pub fn redactor(&self) -> crate::error::Redactor {
-        let mut r = crate::error::Redactor::default();
-        if let Some(k) = &self.api_key {
-            r.add(k.expose_secret());
-        }
-        r
+        self.api_key
+            .as_ref()
+            .map_or_else(crate::error::Redactor::default, |k| {
+                crate::error::Redactor::default().with(k)
+            })
     }
 }
 
@@ -290,7 +291,6 @@ mod tests {
         assert_eq!(s.base_url, DEFAULT_BASE_URL);
         assert_eq!(s.rootfs, "devbox:1");
         assert_eq!(s.pinned_shape, None);
-        assert!(!s.accept_egress_exceptions);
         assert_eq!(s.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
         assert_eq!(s.warm_pool, 0);
         let e = s.require_key().unwrap_err();
@@ -319,6 +319,18 @@ mod tests {
     }
 
     #[test]
+    fn flags_read_unset_as_false_and_name_a_bad_value() {
+        let lookup = env(&[("SURFACE_FLAG", "TRUE"), ("BAD_FLAG", "maybe")]);
+        assert!(read_flag(&lookup, "SURFACE_FLAG").unwrap());
+        assert!(!read_flag(&lookup, "UNSET_FLAG").unwrap());
+        let e = read_flag(&lookup, "BAD_FLAG").unwrap_err();
+        assert!(
+            e.kind().is_unavailable() && e.to_string().contains("BAD_FLAG"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn debug_never_shows_the_key() {
         let s = Settings::from_lookup(&env(&[(ENV_API_KEY, "super-secret-key")])).unwrap();
         let d = format!("{s:?}");
@@ -333,7 +345,6 @@ mod tests {
             (ENV_BASE_URL, "not a url"),
             (ENV_ROOTFS, "dev box"),
             (ENV_SHAPE, "s 2"),
-            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "maybe"),
             (ENV_MAX_OUTPUT_BYTES, "lots"),
             (ENV_MAX_OUTPUT_BYTES, "10"),
             (ENV_MAX_OUTPUT_BYTES, "-5"),
@@ -383,14 +394,12 @@ mod tests {
             (ENV_BASE_URL, "http://127.0.0.1:8080/api/"),
             (ENV_ROOTFS, "python:3.12"),
             (ENV_SHAPE, "s-2vcpu-4gb"),
-            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "TRUE"),
             (ENV_MAX_OUTPUT_BYTES, "65536"),
         ]))
         .unwrap();
         assert_eq!(s.base_url, "http://127.0.0.1:8080/api");
         assert_eq!(s.rootfs, "python:3.12");
         assert_eq!(s.pinned_shape.as_deref(), Some("s-2vcpu-4gb"));
-        assert!(s.accept_egress_exceptions);
         assert_eq!(s.max_output_bytes, 65536);
         let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
         assert_eq!(s.pinned_shape, None);

@@ -10,10 +10,8 @@ use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, GuestSpec};
-use sandbox_core::lifecycle::RunSpec;
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::pool::PoolKey;
-use sandbox_core::retry::Backoff;
 use secrecy::SecretString;
 
 const SECRET: &str = "s3cr3t-value-do-not-log-7f1e";
@@ -35,17 +33,6 @@ fn formatted() -> Vec<(&'static str, String)> {
         envs: envs(),
         egress: EgressPolicy::AllowAll,
         auto_pause_after_seconds: 600,
-    };
-    let run = RunSpec {
-        name_prefix: BACKEND_PREFIX,
-        shape: "s-2vcpu-4gb".into(),
-        rootfs: "devbox:1".into(),
-        envs: envs(),
-        egress: EgressPolicy::AllowAll,
-        limits,
-        max_output_bytes: 1024,
-        backoff: Backoff::default(),
-        background_destroy: true,
     };
     let inline = Command::python_inline("/workspace/main.py", program().as_bytes()).unwrap();
     let shell = Command::shell(format!("curl -H 'Authorization: {SECRET}' https://x"));
@@ -89,7 +76,6 @@ fn formatted() -> Vec<(&'static str, String)> {
         out.push((what, format!("{d:#?}")));
     };
     both("GuestSpec", &spec);
-    both("RunSpec", &run);
     both("Command::PythonInline", &inline);
     both("Command::Shell", &shell);
     both("ExecRequest", &exec);

@@ -7,7 +7,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{Map, Value};
 
 use super::idle::{RawMeta, body_chunks};
-use super::secrets::Secrets;
+use super::secrets::Redactor;
 use crate::error::{Error, Result};
 
 /// The longest line a stream of this crate accepts (16 MiB); a longer one fails the stream
@@ -190,7 +190,7 @@ impl LineFramer {
 struct Framer {
     chunks: BoxStream<'static, Result<Bytes>>,
     lines: LineFramer,
-    secrets: Secrets,
+    secrets: Redactor,
     /// A transport error, delivered after the complete lines that preceded it.
     failed: Option<Error>,
 }
@@ -224,7 +224,7 @@ impl Framer {
             Ok(_) => Err(Error::protocol("stream frame is not a JSON object")),
             Err(e) => Err(Error::protocol(format!(
                 "invalid stream frame: {}; line starts with {:?}",
-                self.secrets.scrub(&e.to_string()),
+                self.secrets.apply(&e.to_string()),
                 self.secrets.shorten(json, 200)
             ))),
         }
@@ -263,7 +263,7 @@ pub(crate) fn ndjson_frames(
 /// The framing half of [`ndjson_frames`], over any stream of body chunks.
 fn frames_from_chunks(
     chunks: BoxStream<'static, Result<Bytes>>,
-    secrets: Secrets,
+    secrets: Redactor,
 ) -> BoxStream<'static, Result<Map<String, Value>>> {
     let framer = Framer {
         chunks,
@@ -300,7 +300,7 @@ mod tests {
     use super::*;
 
     fn frames_of(chunks: Vec<Result<Bytes>>) -> Vec<std::result::Result<Value, String>> {
-        let stream = frames_from_chunks(stream::iter(chunks).boxed(), Secrets::default());
+        let stream = frames_from_chunks(stream::iter(chunks).boxed(), Redactor::default());
         futures::executor::block_on(stream.collect::<Vec<_>>())
             .into_iter()
             .map(|r| r.map(Value::Object).map_err(|e| e.to_string()))

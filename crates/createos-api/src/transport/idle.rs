@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use reqwest::Method;
 
-use super::secrets::Secrets;
+use super::secrets::Redactor;
 use super::send::transport_error;
 use crate::error::{Error, Result};
 
@@ -19,7 +19,7 @@ pub(crate) struct RawMeta {
     pub(super) method: Method,
     pub(super) endpoint: String,
     pub(crate) idle_timeout: Duration,
-    pub(super) secrets: Secrets,
+    pub(super) secrets: Redactor,
     /// When a buffered answer to this request must be complete: the request's timeout
     /// after its last progress (the end of a streamed body, else the start). Uploads read
     /// their answer under it, so a trickling answer cannot hold them forever.
@@ -92,7 +92,7 @@ pub(crate) fn body_chunks(resp: reqwest::Response) -> BoxStream<'static, Result<
             method: Method::GET,
             endpoint: resp.url().path().to_owned(),
             idle_timeout: Duration::from_secs(60),
-            secrets: Secrets::default(),
+            secrets: Redactor::default(),
             answer_deadline: tokio::time::Instant::now() + Duration::from_secs(60),
         });
     let inner = resp.bytes_stream();

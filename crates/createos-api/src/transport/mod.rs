@@ -32,8 +32,10 @@ pub use framing::{LineFramer, LineTooLong, MAX_STREAM_LINE};
 pub(crate) use idle::{RawMeta, body_chunks};
 pub use pagination::MAX_PAGES;
 pub(crate) use pagination::paginate;
-pub use secrets::{MIN_SECRET_FRAGMENT, redact_url};
-pub(crate) use secrets::{SENSITIVE_HEADERS, Secrets};
+pub(crate) use secrets::SENSITIVE_HEADERS;
+pub use secrets::{
+    MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail, redact_url,
+};
 pub(crate) use send::{BodyCap, is_loopback_host};
 
 /// Settings shared by a transport and every delegated copy of it.
@@ -54,7 +56,7 @@ pub(crate) struct Shared {
 pub(crate) struct Transport {
     shared: Arc<Shared>,
     credential: Option<SecretString>,
-    secrets: Secrets,
+    secrets: Redactor,
 }
 
 impl std::fmt::Debug for Transport {
@@ -102,8 +104,8 @@ pub(crate) fn seg(s: &str) -> String {
 impl Transport {
     pub(crate) fn new(shared: Shared, credential: Option<SecretString>) -> Transport {
         let secrets = match &credential {
-            Some(c) => Secrets::default().with(c),
-            None => Secrets::default(),
+            Some(c) => Redactor::default().with(c),
+            None => Redactor::default(),
         };
         Transport {
             shared: Arc::new(shared),
@@ -157,7 +159,7 @@ impl Transport {
     }
 
     #[allow(dead_code)] // used by extension modules
-    pub(crate) fn secrets(&self) -> &Secrets {
+    pub(crate) fn secrets(&self) -> &Redactor {
         &self.secrets
     }
 

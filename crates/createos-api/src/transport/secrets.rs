@@ -1,6 +1,8 @@
 //! Secrets and redaction: the credentials a transport must never reveal, the headers that
-//! carry them, and the helpers that keep them (whole or cut) out of every text it shows.
+//! carry them, and the one [`Redactor`] that keeps them (whole or cut) out of every text this
+//! crate, and the crates built on it, show.
 
+use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,7 +20,7 @@ pub(crate) const SENSITIVE_HEADERS: [&str; 7] = [
 ];
 
 /// What a secret is replaced with.
-pub(super) const REDACTED: &str = "[REDACTED]";
+pub const REDACTED: &str = "[REDACTED]";
 
 /// The shortest fragment of a secret that is masked at the edge of a text (4 bytes).
 ///
@@ -27,23 +29,28 @@ pub(super) const REDACTED: &str = "[REDACTED]";
 /// that is a prefix of a secret, and any prefix of a text that is a suffix of a secret, at
 /// least this long, is treated as the secret and replaced. Shorter fragments are left alone:
 /// masking every 1 to 3 byte coincidence would shred ordinary messages, and 3 bytes of a key
-/// give an attacker nothing useful.
+/// give an attacker nothing useful. A secret of this length or shorter is not masked at all
+/// (it would shred every message; such a key is rejected anyway).
 pub const MIN_SECRET_FRAGMENT: usize = 4;
 
+/// Longest text [`Redactor::cap`] keeps, in characters.
+pub const MAX_DETAIL_CHARS: usize = 500;
+
 /// The range of `text` left once a prefix of `secret` at its end and a suffix of `secret`
-/// at its start (each at least [`MIN_SECRET_FRAGMENT`] bytes) are taken away.
-fn edge_fragments(text: &[u8], secret: &[u8]) -> (usize, usize) {
+/// at its start (each at least [`MIN_SECRET_FRAGMENT`] bytes) are taken away. `valid` says
+/// whether a cut at a byte offset is allowed (a char boundary, for text).
+fn edge_fragments(text: &[u8], secret: &[u8], valid: &dyn Fn(usize) -> bool) -> (usize, usize) {
     let longest = secret.len().saturating_sub(1);
     let mut end = text.len();
     for k in (MIN_SECRET_FRAGMENT..=longest.min(text.len())).rev() {
-        if text.ends_with(&secret[..k]) {
+        if text.ends_with(&secret[..k]) && valid(text.len() - k) {
             end = text.len() - k;
             break;
         }
     }
     let mut start = 0;
     for k in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
-        if text[..end].starts_with(&secret[secret.len() - k..]) {
+        if text[..end].starts_with(&secret[secret.len() - k..]) && valid(k) {
             start = k;
             break;
         }
@@ -53,7 +60,7 @@ fn edge_fragments(text: &[u8], secret: &[u8]) -> (usize, usize) {
 
 /// `text` with every whole occurrence of `secret` replaced, then with a fragment of it at
 /// either edge replaced (see [`MIN_SECRET_FRAGMENT`]).
-fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
+fn redact_bytes(text: &[u8], secret: &[u8], valid: &dyn Fn(&[u8], usize) -> bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     if secret.is_empty() || !text.windows(secret.len()).any(|w| w == secret) {
         out.extend_from_slice(text);
@@ -69,10 +76,7 @@ fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
             }
         }
     }
-    if secret.len() <= MIN_SECRET_FRAGMENT {
-        return out;
-    }
-    let (start, end) = edge_fragments(&out, secret);
+    let (start, end) = edge_fragments(&out, secret, &|at| valid(&out, at));
     if start == 0 && end == out.len() {
         return out;
     }
@@ -87,42 +91,160 @@ fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
     masked
 }
 
-/// The secrets a transport must never reveal.
-#[derive(Clone, Default)]
-pub(crate) struct Secrets(Arc<Vec<SecretString>>);
+/// Masks the value following `x-api-key` (any case) and a `:`/`=`/`"` separator, so a header
+/// a server echoed is hidden even when it altered the key's spelling around it.
+fn mask_api_key_headers(text: &str) -> String {
+    const NEEDLE: &str = "x-api-key";
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains(NEEDLE) {
+        return text.to_owned();
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while let Some(pos) = lower[i..].find(NEEDLE) {
+        let start = i + pos + NEEDLE.len();
+        out.push_str(&text[i..start]);
+        // Skip separators: quotes, colon, equals, whitespace.
+        let mut j = start;
+        while j < bytes.len() && matches!(bytes[j], b'"' | b'\'' | b':' | b'=' | b' ' | b'\t') {
+            j += 1;
+        }
+        out.push_str(&text[start..j]);
+        if text[j..].starts_with(REDACTED) {
+            out.push_str(REDACTED);
+            i = j + REDACTED.len();
+            continue;
+        }
+        // The value runs to the next quote, comma, whitespace, brace or bracket.
+        let mut k = j;
+        while k < bytes.len()
+            && !matches!(
+                bytes[k],
+                b'"' | b'\'' | b',' | b' ' | b'\t' | b'\r' | b'\n' | b'}' | b']' | b';'
+            )
+        {
+            k += 1;
+        }
+        if k > j {
+            out.push_str(REDACTED);
+        }
+        i = k;
+    }
+    out.push_str(&text[i..]);
+    out
+}
 
-impl Secrets {
-    pub(super) fn with(&self, s: &SecretString) -> Secrets {
+/// Truncates text to [`MAX_DETAIL_CHARS`] characters (char-boundary safe), trimmed, with `…`
+/// when it was cut. For text that may carry a secret use [`Redactor::cap`], which redacts
+/// before and after the cut.
+pub fn cap_detail(detail: &str) -> String {
+    let detail = detail.trim();
+    match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+        Some((idx, _)) => format!("{}…", &detail[..idx]),
+        None => detail.to_owned(),
+    }
+}
+
+/// Removes secrets from text that may have passed through a server (which can echo request
+/// headers), a third-party error type or a guest: every occurrence of each secret, a fragment
+/// of one at either edge of the text (see [`MIN_SECRET_FRAGMENT`]), and, in text, the value
+/// of any `x-api-key` header-like fragment. The one redaction of this crate and of the crates
+/// built on it.
+///
+/// Cheap to clone (shared). `Debug` shows how many secrets it holds, never one of them.
+#[derive(Clone, Default)]
+pub struct Redactor(Arc<Vec<SecretString>>);
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redactor")
+            .field("secrets", &self.0.len())
+            .finish()
+    }
+}
+
+impl Redactor {
+    /// A redactor for `secret` (see [`Redactor::add`]).
+    pub fn new(secret: &str) -> Self {
+        let mut r = Self::default();
+        r.add(secret);
+        r
+    }
+
+    /// Adds another secret to hide, trimmed. One shorter than [`MIN_SECRET_FRAGMENT`] bytes
+    /// is ignored: redacting a three-letter "key" would shred every message, and such a key
+    /// is rejected anyway.
+    pub fn add(&mut self, secret: &str) {
+        let s = secret.trim();
+        if s.len() < MIN_SECRET_FRAGMENT || self.0.iter().any(|x| x.expose_secret() == s) {
+            return;
+        }
         let mut v: Vec<SecretString> = self.0.iter().cloned().collect();
-        v.push(s.clone());
+        v.push(SecretString::from(s.to_owned()));
         // Longest first, so a secret that contains another is replaced whole.
         v.sort_by_key(|s| std::cmp::Reverse(s.expose_secret().len()));
-        Secrets(Arc::new(v))
+        self.0 = Arc::new(v);
     }
 
-    /// Replace every secret occurrence in `text`, and a fragment of a secret at either edge
-    /// of it (see [`MIN_SECRET_FRAGMENT`]).
-    pub(crate) fn scrub(&self, text: &str) -> String {
-        let bytes = self.scrub_bytes(text.as_bytes(), true);
-        // Whole UTF-8 sequences were replaced by ASCII, and the edge fragments start at the
-        // first byte or end at the last byte of a secret, so the result stays valid UTF-8.
-        String::from_utf8(bytes.to_vec())
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    /// This redactor with `secret` added.
+    #[must_use]
+    pub fn with(&self, secret: &SecretString) -> Self {
+        let mut r = self.clone();
+        r.add(secret.expose_secret());
+        r
     }
 
-    /// Replace every secret occurrence in `bytes`, and a fragment of a secret at either
-    /// edge (a body cut by a cap ends with what may be the start of a key).
-    pub(crate) fn scrub_bytes(&self, bytes: &[u8], _truncated: bool) -> Bytes {
+    /// How many secrets it hides.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when it hides no secret (it still masks `x-api-key` values in text).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `text` with every secret, a fragment of a secret at either edge, and `x-api-key`
+    /// header values replaced by [`REDACTED`].
+    pub fn apply(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for s in self.0.iter() {
+            let bytes = redact_bytes(out.as_bytes(), s.expose_secret().as_bytes(), &|b, at| {
+                std::str::from_utf8(b).is_ok_and(|t| t.is_char_boundary(at))
+            });
+            // Whole UTF-8 sequences were replaced by ASCII at char boundaries, so the result
+            // stays valid UTF-8.
+            out = String::from_utf8(bytes)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        }
+        mask_api_key_headers(&out)
+    }
+
+    /// Bytes with every secret, and a fragment of one at either edge (a body cut by a cap ends
+    /// with what may be the start of a key), replaced.
+    pub fn apply_bytes(&self, bytes: &[u8]) -> Bytes {
         let mut out = bytes.to_vec();
         for s in self.0.iter() {
-            out = redact_bytes(&out, s.expose_secret().as_bytes());
+            out = redact_bytes(&out, s.expose_secret().as_bytes(), &|_, _| true);
         }
         Bytes::from(out)
     }
 
+    /// [`cap_detail`] for text that may hold a secret: redacts, cuts to
+    /// [`MAX_DETAIL_CHARS`], then redacts again, so a secret that straddled the cut leaves no
+    /// fragment at the new edge.
+    pub fn cap(&self, text: &str) -> String {
+        let capped = cap_detail(&self.apply(text));
+        match capped.strip_suffix('…') {
+            Some(cut) => format!("{}…", self.apply(cut)),
+            None => capped,
+        }
+    }
+
     /// At most `max_chars` characters of `text`, redacted before the cut and again after
     /// it, so a secret that straddles the cut leaves no fragment behind.
-    pub(crate) fn shorten(&self, text: &str, max_chars: usize) -> String {
+    pub fn shorten(&self, text: &str, max_chars: usize) -> String {
         let longest = self
             .0
             .iter()
@@ -131,9 +253,9 @@ impl Secrets {
             .unwrap_or(0);
         // Every secret that starts inside the kept part ends inside this window.
         let window: String = text.chars().take(max_chars + longest).collect();
-        let scrubbed = self.scrub(&window);
+        let scrubbed = self.apply(&window);
         let cut: String = scrubbed.chars().take(max_chars).collect();
-        self.scrub(&cut)
+        self.apply(&cut)
     }
 }
 
@@ -170,35 +292,32 @@ mod tests {
 
     #[test]
     fn scrub_replaces_every_secret_and_a_cut_tail() {
-        let s = Secrets::default()
+        let s = Redactor::default()
             .with(&SecretString::from("sekrit-key"))
             .with(&SecretString::from("skp_sb_tok"));
         assert_eq!(
-            s.scrub("a sekrit-key b skp_sb_tok"),
+            s.apply("a sekrit-key b skp_sb_tok"),
             "a [REDACTED] b [REDACTED]"
         );
-        assert_eq!(
-            &s.scrub_bytes(b"xx sekrit-key yy", false)[..],
-            b"xx [REDACTED] yy"
-        );
-        assert_eq!(&s.scrub_bytes(b"xx sekri", true)[..], b"xx [REDACTED]");
+        assert_eq!(&s.apply_bytes(b"xx sekrit-key yy")[..], b"xx [REDACTED] yy");
+        assert_eq!(&s.apply_bytes(b"xx sekri")[..], b"xx [REDACTED]");
         // Fragments of at least MIN_SECRET_FRAGMENT bytes at either edge are masked ...
-        assert_eq!(s.scrub("xx sekr"), "xx [REDACTED]");
-        assert_eq!(s.scrub("it-key yy"), "[REDACTED] yy");
+        assert_eq!(s.apply("xx sekr"), "xx [REDACTED]");
+        assert_eq!(s.apply("it-key yy"), "[REDACTED] yy");
         assert_eq!(
-            s.scrub("b_tok, then sekrit-k"),
+            s.apply("b_tok, then sekrit-k"),
             "[REDACTED], then [REDACTED]"
         );
         // ... shorter ones, and fragments inside the text, are not.
-        assert_eq!(s.scrub("xx sek"), "xx sek");
-        assert_eq!(s.scrub("key yy"), "key yy");
-        assert_eq!(s.scrub("a sekri b"), "a sekri b");
+        assert_eq!(s.apply("xx sek"), "xx sek");
+        assert_eq!(s.apply("key yy"), "key yy");
+        assert_eq!(s.apply("a sekri b"), "a sekri b");
     }
 
     #[test]
     fn shorten_redacts_across_the_cut_at_every_offset() {
         let key = "sk_live_0123456789abcdefXYZ";
-        let s = Secrets::default().with(&SecretString::from(key));
+        let s = Redactor::default().with(&SecretString::from(key));
         for offset in 150..250 {
             let mut text = "a".repeat(offset);
             text.push_str(key);
@@ -237,5 +356,83 @@ mod tests {
             assert_eq!(got, want, "{raw}");
             assert!(!got.contains("secret"), "{raw} -> {got}");
         }
+    }
+
+    #[test]
+    fn redacts_key_everywhere() {
+        let r = Redactor::new("sk-live-123456");
+        let msg = r.apply("bad key sk-live-123456 (sk-live-123456)");
+        assert_eq!(msg, "bad key [REDACTED] ([REDACTED])");
+        // Too short to be a key: never masked (it would shred every message).
+        assert_eq!(Redactor::new("abc").apply("abc abc"), "abc abc");
+        assert!(Redactor::new(" abc ").is_empty());
+    }
+
+    #[test]
+    fn masks_echoed_headers_even_without_known_key() {
+        let r = Redactor::default();
+        let msg = r.apply(r#"{"headers":{"X-Api-Key":"abcdef-secret","accept":"*/*"}}"#);
+        assert!(!msg.contains("abcdef-secret"), "{msg}");
+        assert!(msg.contains("accept"));
+        let msg = r.apply("x-api-key: zzz-secret\r\nhost: a");
+        assert!(!msg.contains("zzz-secret"), "{msg}");
+        assert!(msg.contains("host: a"));
+        let r = Redactor::new("abcdef-secret");
+        let msg = r.apply(r#"{"X-Api-Key":"abcdef-secret"}"#);
+        assert_eq!(msg, r#"{"X-Api-Key":"[REDACTED]"}"#);
+    }
+
+    #[test]
+    fn debug_of_redactor_hides_secrets() {
+        let r = Redactor::new("very-secret-key");
+        assert!(!format!("{r:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn cap_never_leaves_a_fragment_at_the_cut() {
+        let key = "sk-live-0123456789abcdef";
+        let r = Redactor::new(key);
+        for offset in MAX_DETAIL_CHARS - 30..MAX_DETAIL_CHARS + 5 {
+            let text = format!("{}{key}{}", "a".repeat(offset), "b".repeat(300));
+            let capped = r.cap(&text);
+            for i in 0..=key.len() - MIN_SECRET_FRAGMENT {
+                let frag = &key[i..i + MIN_SECRET_FRAGMENT];
+                assert!(
+                    !capped.contains(frag),
+                    "offset {offset}: {frag} in {capped}"
+                );
+            }
+            assert!(capped.chars().count() <= MAX_DETAIL_CHARS + 1 + REDACTED.len());
+        }
+        // A text that arrives already cut through the key is masked at its edge too.
+        let pre_cut = format!("{}{}", "a".repeat(100), &key[..12]);
+        assert_eq!(r.cap(&pre_cut), format!("{}{REDACTED}", "a".repeat(100)));
+        // A partial key inside the text (not masked: it is not at an edge) is not exposed
+        // further by a cut that lands inside it.
+        for n in MIN_SECRET_FRAGMENT..12 {
+            let text = format!(
+                "{}{} tail {}",
+                "a".repeat(MAX_DETAIL_CHARS - n),
+                &key[..12],
+                "z".repeat(50)
+            );
+            let capped = r.cap(&text);
+            assert!(
+                !capped.contains(&key[..MIN_SECRET_FRAGMENT]),
+                "n={n}: {capped}"
+            );
+            assert!(capped.ends_with(&format!("{REDACTED}…")), "n={n}: {capped}");
+        }
+    }
+
+    #[test]
+    fn cap_detail_is_char_safe() {
+        let s = "é".repeat(MAX_DETAIL_CHARS + 10);
+        let c = cap_detail(&s);
+        assert_eq!(c.chars().count(), MAX_DETAIL_CHARS + 1);
+        // A multi-byte text that ends with what looks like a key's first bytes is cut at a
+        // char boundary only.
+        let r = Redactor::new("éàkey-1234");
+        assert_eq!(r.apply("x éàke"), "x [REDACTED]");
     }
 }

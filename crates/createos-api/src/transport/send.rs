@@ -14,7 +14,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::idle::{Progress, RawMeta};
-use super::secrets::{SENSITIVE_HEADERS, Secrets};
+use super::secrets::{Redactor, SENSITIVE_HEADERS};
 use super::{RawBody, Transport};
 use crate::error::{ApiError, Error, MAX_ERROR_BODY, Result};
 use crate::options::RequestOptions;
@@ -129,7 +129,8 @@ impl Transport {
         if !is_public(path) {
             let Some(cred) = &self.credential else {
                 return Err(Error::Auth(
-                    "no API key configured (set CREATEOS_API_KEY or pass one to the builder)"
+                    "no API key configured (set CREATEOS_SANDBOX_API_KEY or CREATEOS_API_KEY, \
+                     or pass one to the builder)"
                         .into(),
                 ));
             };
@@ -231,14 +232,14 @@ impl Transport {
             }
         }
         drop(resp);
-        let body = self.secrets.scrub_bytes(&body, truncated);
+        let body = self.secrets.apply_bytes(&body);
         let (code, message) = envelope_message(&body);
         let mut headers = HeaderMap::new();
         for (name, value) in &raw_headers {
             if SENSITIVE_HEADERS.contains(&name.as_str()) {
                 continue;
             }
-            let scrubbed = value.to_str().map(|s| self.secrets.scrub(s)).ok();
+            let scrubbed = value.to_str().map(|s| self.secrets.apply(s)).ok();
             if let Some(v) = scrubbed.and_then(|s| HeaderValue::from_str(&s).ok()) {
                 headers.append(name.clone(), v);
             }
@@ -253,7 +254,7 @@ impl Transport {
             method: method.clone(),
             endpoint: endpoint.to_owned(),
             code,
-            message: self.secrets.scrub(&message),
+            message: self.secrets.apply(&message),
             request_id,
             retry_after: parse_retry_after(&headers),
             body,
@@ -400,7 +401,7 @@ impl Transport {
         serde_json::from_value(data).map_err(|e| {
             Error::protocol(format!(
                 "cannot decode response of {what}: {}",
-                self.secrets.scrub(&e.to_string())
+                self.secrets.apply(&e.to_string())
             ))
         })
     }
@@ -442,7 +443,7 @@ impl Transport {
                     .and_then(Value::as_str)
                     .filter(|m| !m.is_empty())
                     .unwrap_or("unexpected JSend status");
-                Err(Error::protocol(self.secrets.scrub(msg)))
+                Err(Error::protocol(self.secrets.apply(msg)))
             }
             None => Err(Error::protocol("invalid JSend envelope: missing status")),
         }
@@ -528,7 +529,7 @@ pub(super) fn transport_error(
     endpoint: &str,
     e: reqwest::Error,
     after: Duration,
-    secrets: &Secrets,
+    secrets: &Redactor,
 ) -> Error {
     if e.is_timeout() {
         return Error::Timeout {
@@ -540,7 +541,7 @@ pub(super) fn transport_error(
     Error::Transport {
         method: method.clone(),
         endpoint: endpoint.to_owned(),
-        message: secrets.scrub(&error_chain(&e)),
+        message: secrets.apply(&error_chain(&e)),
         source: Box::new(e.without_url()),
     }
 }

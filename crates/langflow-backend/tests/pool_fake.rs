@@ -14,6 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use createos_fake::{FakeOptions, FakeServer};
 use futures::future::BoxFuture;
+use langflow_backend::PoolUse;
+use langflow_backend::lifecycle::{RunReport, RunSpec, run_python_pooled};
 use sandbox_core::Redactor;
 use sandbox_core::control::{
     CallError, ControlPlane, CreateGuest, Download, ExecRequest, ExecStream, GuestInfo, GuestStatus,
@@ -22,7 +24,6 @@ use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, Guest, GuestContext};
-use sandbox_core::lifecycle::{PoolUse, RunReport, RunSpec, run_python_pooled};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
@@ -87,7 +88,6 @@ fn pool_config(base_ms: u64, max_ms: u64) -> PoolConfig {
 
 fn spec(egress: EgressPolicy) -> RunSpec {
     RunSpec {
-        name_prefix: BACKEND_PREFIX,
         shape: "s-2vcpu-4gb".into(),
         rootfs: "devbox:1".into(),
         envs: BTreeMap::new(),

@@ -16,13 +16,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
+use langflow_backend::lifecycle::{RunReport, RunSpec, run_python};
 use sandbox_core::control::{
     CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
     GuestInfo,
 };
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::ExecLimits;
-use sandbox_core::lifecycle::{RunReport, RunSpec, run_python};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::shapes::Shape;
@@ -262,7 +262,6 @@ fn reaper() -> Reaper {
 
 fn spec() -> RunSpec {
     RunSpec {
-        name_prefix: "lf-",
         shape: "s-2vcpu-4gb".into(),
         rootfs: "devbox:1".into(),
         envs: BTreeMap::new(),
