@@ -472,6 +472,14 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
                 format!("a sandbox named {n:?} already exists"),
             ));
         }
+        let quota = app.max_live.load(std::sync::atomic::Ordering::SeqCst);
+        if quota > 0 && inner.live() >= quota {
+            inner.quota_refusals += 1;
+            return Err(ApiError::error(
+                429,
+                format!("sandbox quota exceeded: the account allows {quota} live sandboxes"),
+            ));
+        }
         let mut sb = new_sandbox(app, &mut inner, shape);
         make_guest_dir(&sb.dir)?;
         sb.name = name;
@@ -505,7 +513,7 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
         }
         let view = sb.to_json();
         inner.sandboxes.push(sb);
-        inner.created += 1;
+        inner.note_created();
         view
     };
     ok(view)
@@ -791,7 +799,7 @@ async fn fork(app: &Arc<App>, req: &mut Req) -> ApiResult {
         sb.desktop = src_desktop;
         let out = (src_dir, sb.dir.clone(), sb.id.clone());
         inner.sandboxes.push(sb);
-        inner.created += 1;
+        inner.note_created();
         out
     };
     let copied = tokio::task::spawn_blocking(move || copy_dir(&src_dir, &new_dir)).await;

@@ -76,6 +76,10 @@ pub struct FakeOptions {
     pub sse: bool,
     /// Where guest directories live (default: a fresh temporary directory removed on shutdown).
     pub state_dir: Option<PathBuf>,
+    /// The account's quota of live sandboxes: a create while this many are live is answered
+    /// 429 (`error`, `Retry-After: 0` like every 429 of the fake), as CreateOS answers an account at its quota (default 0:
+    /// no quota).
+    pub max_live: u64,
 }
 
 impl Default for FakeOptions {
@@ -94,6 +98,7 @@ impl Default for FakeOptions {
             heartbeat: Duration::from_secs(5),
             sse: false,
             state_dir: None,
+            max_live: 0,
         }
     }
 }
@@ -114,6 +119,7 @@ impl std::fmt::Debug for FakeOptions {
             .field("heartbeat", &self.heartbeat)
             .field("sse", &self.sse)
             .field("state_dir", &self.state_dir)
+            .field("max_live", &self.max_live)
             .finish()
     }
 }
@@ -131,6 +137,12 @@ pub struct Stats {
     pub requests: BTreeMap<String, u64>,
     /// The most execs (buffered or streaming) ever in flight at once.
     pub peak_concurrent_execs: u64,
+    /// The most sandboxes ever live at once (see [`Stats::live`]).
+    #[serde(default)]
+    pub peak_live: u64,
+    /// Creates answered 429 because the account was at its quota (`FakeOptions::max_live`).
+    #[serde(default)]
+    pub quota_refusals: u64,
     /// Requests received in absolute form (`GET http://other-host/v1/...`), i.e. sent to
     /// this server as to a plain-HTTP proxy. Each is answered 502 and never served.
     #[serde(default)]
@@ -212,6 +224,7 @@ impl FakeServer {
             request_seq: AtomicU64::new(1),
             execs_now: AtomicU64::new(0),
             peak_execs: AtomicU64::new(0),
+            max_live: AtomicU64::new(opts.max_live),
             shutdown: CancellationToken::new(),
         });
         let serve = tokio::spawn(server::accept_loop(app.clone(), listener));
@@ -253,6 +266,11 @@ impl FakeServer {
         let parsed = Faults::parse(spec)?;
         *self.app.faults() = parsed;
         Ok(())
+    }
+
+    /// Sets the account's quota of live sandboxes (0: none); see [`FakeOptions::max_live`].
+    pub fn set_max_live(&self, max: u64) {
+        self.app.max_live.store(max, Ordering::SeqCst);
     }
 
     /// Moves the injectable clock forward and runs the auto-pause sweep.
@@ -318,6 +336,8 @@ pub(crate) fn stats_of(app: &App) -> Stats {
             .count() as u64,
         requests: inner.requests.clone(),
         peak_concurrent_execs: app.peak_execs.load(Ordering::SeqCst),
+        peak_live: inner.peak_live,
+        quota_refusals: inner.quota_refusals,
         proxied_requests: inner.proxied_requests,
         proxied_with_api_key: inner.proxied_with_api_key,
         connect_requests: inner.connect_requests,

@@ -63,6 +63,9 @@ struct Cli {
     /// Keep guest directories here instead of a temporary directory.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// The account's quota of live sandboxes: creates beyond it are answered 429 (0: none).
+    #[arg(long, default_value_t = 0)]
+    max_live: u64,
 }
 
 #[tokio::main]
@@ -85,6 +88,7 @@ async fn main() {
         heartbeat: Duration::from_millis(cli.heartbeat_ms),
         sse: cli.sse,
         state_dir: cli.state_dir,
+        max_live: cli.max_live,
     };
     // The handlers are installed before the `listening on` line is printed: a caller that
     // reads that line and sends SIGTERM at once still gets a clean stop (guest processes

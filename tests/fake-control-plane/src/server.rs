@@ -549,6 +549,15 @@ async fn control(
             *app.faults() = parsed;
             ok(json!({"faults": spec}))
         }
+        ("PUT" | "POST", "max-live") => {
+            let max = query
+                .iter()
+                .find(|(k, _)| k == "n")
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad_request("n", "a whole number is required"))?;
+            app.max_live.store(max, std::sync::atomic::Ordering::SeqCst);
+            ok(json!({"max_live": max}))
+        }
         ("POST", "clock/advance") => {
             let secs = query
                 .iter()

@@ -284,6 +284,10 @@ pub(crate) struct Inner {
     pub proxied_with_api_key: u64,
     /// `CONNECT` requests (see `Stats::connect_requests`).
     pub connect_requests: u64,
+    /// The most sandboxes live at once (see `Stats::peak_live`).
+    pub peak_live: u64,
+    /// Creates refused for the quota (see `Stats::quota_refusals`).
+    pub quota_refusals: u64,
 }
 
 impl Inner {
@@ -293,6 +297,17 @@ impl Inner {
 
     pub(crate) fn sandbox_mut(&mut self, id: &str) -> Option<&mut Sandbox> {
         self.sandboxes.iter_mut().find(|s| s.id == id)
+    }
+
+    /// Sandboxes for which no DELETE has been accepted yet.
+    pub(crate) fn live(&self) -> u64 {
+        self.sandboxes.iter().filter(|s| s.status.is_live()).count() as u64
+    }
+
+    /// Counts a sandbox just added: the created total and the peak of live ones.
+    pub(crate) fn note_created(&mut self) {
+        self.created += 1;
+        self.peak_live = self.peak_live.max(self.live());
     }
 }
 
@@ -328,6 +343,8 @@ pub(crate) struct App {
     pub request_seq: AtomicU64,
     pub execs_now: AtomicU64,
     pub peak_execs: AtomicU64,
+    /// The account's quota of live sandboxes (0: none).
+    pub max_live: AtomicU64,
     pub shutdown: CancellationToken,
 }
 

@@ -443,3 +443,39 @@ async fn fork_delay_answers_forking_then_running_or_paused() {
         "running"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn peak_live_and_the_account_quota() {
+    let fx = Fx::with(FakeOptions {
+        max_live: 2,
+        ..fast()
+    })
+    .await;
+    let a = fx.create(json!({})).await;
+    let _b = fx.create(json!({})).await;
+    // A third while two are live: the account's quota, 429 with the fake's usual
+    // `Retry-After: 0` (a fault rule `create=429+ra=none` models an answer without one).
+    let over = fx
+        .post("/v1/sandboxes", json!({"shape": "s-1vcpu-256mb"}))
+        .await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert_eq!(over.headers.get("retry-after").unwrap(), "0", "{over:?}");
+    assert!(over.text.contains("quota"), "{over:?}");
+    fx.delete(&format!("/v1/sandboxes/{a}")).await;
+    let _c = fx.create(json!({})).await;
+    let s = fx.stats().await;
+    assert_eq!(
+        (s.created, s.live, s.peak_live, s.quota_refusals),
+        (3, 2, 2, 1)
+    );
+    // The quota is set at run time through the control route (0: none).
+    let set = fx
+        .http
+        .put(fx.control("max-live?n=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status().as_u16(), 200);
+    let _d = fx.create(json!({})).await;
+    assert_eq!(fx.stats().await.peak_live, 3);
+}

@@ -110,6 +110,7 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         heartbeat,
         sse,
         state_dir,
+        max_live,
     } = opts;
     let ms = |d: &Duration| d.as_millis().to_string();
     let mut a: Vec<String> = vec![
@@ -129,6 +130,8 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         ms(fork_delay),
         "--heartbeat-ms".into(),
         ms(heartbeat),
+        "--max-live".into(),
+        max_live.to_string(),
     ];
     if !base_path.is_empty() {
         a.extend(["--base-path".into(), base_path.clone()]);
