@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sandbox_core::SandboxError;
+use sandbox_core::admission::Caps;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{ExecLimits, is_valid_env_name};
 use sandbox_core::session::Account;
@@ -382,6 +383,7 @@ impl Backend {
             &cx,
             &spec,
             plan.settings.warm_pool,
+            Caps::of(&plan.settings),
             Bytes::copy_from_slice(code.as_bytes()),
         )
         .await?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use sandbox_core::admission::Caps;
 use sandbox_core::classify::{self, Stage};
 use sandbox_core::control::ControlPlane;
 use sandbox_core::egress::EgressPolicy;
@@ -20,7 +21,7 @@ use sandbox_core::pool::WarmPool;
 use sandbox_core::reaper::Reaper;
 use sandbox_core::retry::Backoff;
 use sandbox_core::surface::{
-    Acquire, End, Origin, PoolUse, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
+    Acquire, Begin, End, Origin, PoolUse, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
 use sandbox_core::{LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
@@ -159,7 +160,7 @@ pub async fn run_python_pooled(
     let size = pool.stats().size;
     let surface = Surface::with_parts(SurfaceKind::Backend, opts, reaper.clone(), pool);
     let cx = GuestContext::new(cp, reaper.clone(), redactor.clone(), spec.backoff);
-    run_on(&surface, &cx, spec, size, program).await
+    run_on(&surface, &cx, spec, size, Caps::default(), program).await
 }
 
 /// [`run_python`] on `surface`, taking the guest from its warm pool (sized `pool_size`) when
@@ -167,16 +168,17 @@ pub async fn run_python_pooled(
 /// ahead of time, so only the upload and the exec remain), and otherwise creating it. A pooled
 /// guest is one-shot like any other: it is destroyed after this run. If it cannot take the
 /// program before anything was dispatched, the kit destroys it and the run goes on in a fresh
-/// guest, so the pool never fails a run that would have succeeded without it.
+/// guest, so the pool never fails a run that would have succeeded without it. The run is
+/// admitted under `caps` first (the process's cap on live guests; the backend has no flow id).
 pub(crate) async fn run_on(
     surface: &Surface,
     cx: &GuestContext,
     spec: &RunSpec,
     pool_size: usize,
+    caps: Caps,
     program: Bytes,
 ) -> Result<RunReport, SandboxError> {
     let t_start = Instant::now();
-    let deadline = t_start + spec.backoff.budget;
     let guest_spec = spec.guest_spec();
     let path = format!(
         "{WORKSPACE}/main_{:012x}.py",
@@ -187,13 +189,15 @@ pub(crate) async fn run_on(
         spec: &guest_spec,
         want: Want::OneShot,
         pool_size,
-        deadline,
+        caps,
+        flow: None,
+        run_budget: spec.limits.budget,
     };
     let started = surface
-        .acquire(&req, |guest, origin| {
+        .acquire(&req, |guest, begin| {
             let (program, path) = (program.clone(), path.clone());
             async move {
-                let ran = start(&guest, origin, spec, &path, program, deadline).await;
+                let ran = start(&guest, begin, spec, &path, program).await;
                 (guest, ran)
             }
         })
@@ -272,14 +276,14 @@ pub(crate) async fn run_on(
 /// alone: two round trips with the create. Otherwise upload ∥ read back, then exec.
 async fn start(
     guest: &Guest,
-    origin: Origin,
+    begin: Begin,
     spec: &RunSpec,
     path: &str,
     program: Bytes,
-    deadline: Instant,
 ) -> Result<(ExecOutcome, u64), StartError<SandboxError>> {
     let t1 = Instant::now();
-    if origin == Origin::Pooled {
+    let deadline = begin.deadline;
+    if begin.origin == Origin::Pooled {
         if let Some(inline) = Command::python_inline(path.to_owned(), &program) {
             let run = guest
                 .exec(&inline, &spec.limits, &ExecInput::default(), deadline)

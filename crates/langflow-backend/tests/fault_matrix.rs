@@ -169,6 +169,10 @@ fn case(route: &'static str, action: &'static str, mode: Mode) -> Case {
         _ => {
             let want = if is_rejection(action) {
                 Verdict::Unavailable
+            } else if always && route == "create" && action.starts_with("429") {
+                // The account at its quota for good: the run waits for room within its
+                // admission wait, then is refused at capacity (unavailable), nothing ran.
+                Verdict::Unavailable
             } else if always && action != "stall-mid" {
                 Verdict::NotStarted
             } else {

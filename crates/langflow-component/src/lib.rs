@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::Rng;
+use sandbox_core::admission::Caps;
 use sandbox_core::classify::{self, Stage};
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{Command, ExecLimits};
@@ -464,7 +465,6 @@ impl SandboxComponent {
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
         let cx = self.surface.context(&opened);
-        let deadline = Instant::now() + self.surface.options().backoff.budget;
         let name = match inputs.reuse {
             Reuse::Off => None,
             Reuse::Flow => Some(Self::reused_name(
@@ -479,16 +479,18 @@ impl SandboxComponent {
             spec: &spec,
             want: name.as_deref().map_or(Want::OneShot, Want::Kept),
             pool_size: plan.settings.warm_pool,
-            deadline,
+            caps: Caps::of(&plan.settings),
+            flow: Some(&inputs.flow_id),
+            run_budget: plan.limits.budget,
         };
         // Refused before the program was dispatched (paused behind the pool's back, a refused
         // upload or exec): nothing ran on a pooled guest, so the kit gives the run a fresh one.
         let started = self
             .surface
-            .acquire(&req, |guest, _| {
+            .acquire(&req, |guest, begin| {
                 let plan = &plan;
                 async move {
-                    let ran = self.in_guest(&guest, plan, inputs, deadline).await;
+                    let ran = self.in_guest(&guest, plan, inputs, begin.deadline).await;
                     (guest, ran.map_err(StartError::classify))
                 }
             })

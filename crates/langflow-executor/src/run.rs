@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use createos_api::{LineFramer, LineTooLong};
+use sandbox_core::admission::Caps;
 use sandbox_core::classify;
 use sandbox_core::control::ExecFrame;
 use sandbox_core::control::ProcessSpec;
@@ -260,25 +261,26 @@ impl Executor {
         };
         let cx = self.surface.context(&opened);
         let started = Instant::now();
-        let deadline = started + self.surface.options().backoff.budget;
         let req = Acquire {
             cx: &cx,
             spec: &spec,
             want: Want::OneShot,
             pool_size: plan.executor.warm_pool,
-            deadline,
+            caps: Caps::of(&plan.settings),
+            flow: request.flow_id.as_deref(),
+            run_budget: plan.limits.budget,
         };
         let (plan, spec) = (&plan, &spec);
         let acquired = self
             .surface
-            .acquire(&req, |guest, origin| {
+            .acquire(&req, |guest, begin| {
                 let job = job_bytes.clone();
                 async move {
-                    let run = if origin == Origin::Pooled {
+                    let run = if begin.origin == Origin::Pooled {
                         self.start_warm(&guest, plan, request, job, host_lfx_version)
                             .await
                     } else {
-                        let at = (started, deadline);
+                        let at = (started, begin.deadline);
                         self.start_cold(&guest, plan, spec, request, job, host_lfx_version, at)
                             .await
                     };

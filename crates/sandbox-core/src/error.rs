@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | [`ErrorKind::Refused`] | never | `SandboxUnavailableError` |
 //! | [`ErrorKind::Rejected`] | never | `SandboxUnavailableError` |
+//! | [`ErrorKind::AtCapacity`] | waited for, inside the admission wait | `SandboxUnavailableError` |
 //! | [`ErrorKind::Transient`] | before dispatch, inside a deadline | `SandboxExecutionError` |
 //! | [`ErrorKind::OutcomeUnknown`] | never (the code may have run) | `SandboxExecutionError` |
 
@@ -24,13 +25,20 @@ pub enum ErrorKind {
     Transient,
     /// A failure *after* the program was dispatched: the code may have run.
     OutcomeUnknown,
+    /// Nothing ran because the process (`CREATEOS_MAX_LIVE_GUESTS`), the flow
+    /// (`CREATEOS_MAX_LIVE_GUESTS_PER_FLOW`) or the CreateOS account (its quota, 429 on create)
+    /// had no room for another guest within the run's admission wait.
+    AtCapacity,
 }
 
 impl ErrorKind {
     /// True for the kinds that mean "this sandbox cannot be used as configured" (fail closed),
     /// which lfx spells `SandboxUnavailableError`.
     pub fn is_unavailable(self) -> bool {
-        matches!(self, ErrorKind::Refused | ErrorKind::Rejected)
+        matches!(
+            self,
+            ErrorKind::Refused | ErrorKind::Rejected | ErrorKind::AtCapacity
+        )
     }
 }
 
@@ -41,6 +49,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Rejected => "rejected",
             ErrorKind::Transient => "transient",
             ErrorKind::OutcomeUnknown => "outcome unknown",
+            ErrorKind::AtCapacity => "at capacity",
         })
     }
 }
@@ -117,6 +126,7 @@ mod tests {
     fn unavailable_kinds() {
         assert!(ErrorKind::Refused.is_unavailable());
         assert!(ErrorKind::Rejected.is_unavailable());
+        assert!(ErrorKind::AtCapacity.is_unavailable());
         assert!(!ErrorKind::Transient.is_unavailable());
         assert!(!ErrorKind::OutcomeUnknown.is_unavailable());
     }

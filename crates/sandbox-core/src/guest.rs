@@ -27,6 +27,7 @@ use futures::stream::BoxStream;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
+use crate::admission::{GuestSlot, Ticket};
 use crate::classify::{self, Stage};
 use crate::control::{
     CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
@@ -38,7 +39,8 @@ use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use crate::names::{is_valid_name, mint_name};
 use crate::output::{Captured, TailBuffer};
 use crate::reaper::{GuestGuard, Reaper};
-use crate::retry::{Backoff, clipped, retry_until, worth_retrying};
+use crate::retry::{Backoff, attempt_floor, clipped, retry_until, worth_retrying};
+use crate::settings::ENV_ADMISSION_WAIT;
 
 /// What a guest is created with. `Debug` shows the environment's names, never its values.
 #[derive(Clone, PartialEq, Eq)]
@@ -95,6 +97,8 @@ pub struct GuestContext {
     /// Backoff for calls that are safe to repeat.
     pub backoff: Backoff,
     requests: Arc<AtomicU32>,
+    /// The run's admission, when it has one (see [`GuestContext::with_ticket`]).
+    ticket: Option<Ticket>,
 }
 
 impl std::fmt::Debug for GuestContext {
@@ -121,7 +125,23 @@ impl GuestContext {
             redactor,
             backoff,
             requests: Arc::new(AtomicU32::new(0)),
+            ticket: None,
         }
+    }
+
+    /// The same context (sharing its request count) for a run admitted with `ticket`: a create
+    /// through it waits for another guest slot when one whose outcome is unknown keeps its
+    /// own, and a create declined for the account's quota (429) keeps trying until the
+    /// ticket's wait ends (see [`Guest::create_admitted`]).
+    #[must_use]
+    pub fn with_ticket(mut self, ticket: Ticket) -> Self {
+        self.ticket = Some(ticket);
+        self
+    }
+
+    /// The run's admission, if any.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        self.ticket.as_ref()
     }
 
     /// Control-plane requests made through this context so far.
@@ -184,6 +204,8 @@ pub struct Guest {
     /// When the request of the last call that restarts the guest's idle clock was sent (see
     /// [`Guest::last_accepted`]).
     last_accepted: std::sync::Mutex<Instant>,
+    /// How long its create waited for the account's quota (declined with 429).
+    quota_waited: Duration,
 }
 
 impl std::fmt::Debug for Guest {
@@ -347,6 +369,7 @@ impl Guest {
             created,
             confirmed_egress: None,
             last_accepted: std::sync::Mutex::new(accepted),
+            quota_waited: Duration::ZERO,
         }
     }
 
@@ -364,30 +387,62 @@ impl Guest {
         prefix: &str,
         deadline: Instant,
     ) -> Result<Guest, SandboxError> {
-        Self::create_within(cx, spec, prefix, deadline, true).await
+        Self::create_within(cx, spec, prefix, deadline, true, None).await
+    }
+
+    /// [`Guest::create`] of an admitted run's guest, holding `slot` (its place under the
+    /// process's cap, see [`crate::admission`]) for as long as the guest may exist: the slot
+    /// goes with the guest's reaper registration and is given back once the guest is gone. A
+    /// retry after a create whose outcome is unknown takes another slot through the context's
+    /// [`Ticket`] (the first guest may exist and keeps its own). A create the control plane
+    /// declines with 429 (the account is at its quota, or rate-limited) keeps trying past
+    /// `deadline` until the ticket's wait ends ([`Guest::quota_waited`] says how long it
+    /// waited), and is then refused as [`ErrorKind::AtCapacity`].
+    pub async fn create_admitted(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        prefix: &str,
+        deadline: Instant,
+        slot: GuestSlot,
+    ) -> Result<Guest, SandboxError> {
+        Self::create_within(cx, spec, prefix, deadline, true, Some(slot)).await
     }
 
     /// [`Guest::create`] with a single attempt, bounded by `deadline` (the warm pool's: its own
-    /// backoff spaces the next attempt).
+    /// backoff spaces the next attempt), holding `slot` when given.
     pub(crate) async fn create_once(
         cx: &GuestContext,
         spec: &GuestSpec,
         prefix: &str,
         deadline: Instant,
+        slot: Option<GuestSlot>,
     ) -> Result<Guest, SandboxError> {
-        Self::create_within(cx, spec, prefix, deadline, false).await
+        Self::create_within(cx, spec, prefix, deadline, false, slot).await
     }
 
+    #[allow(clippy::too_many_lines)] // one loop: each attempt and what its failure means
     async fn create_within(
         cx: &GuestContext,
         spec: &GuestSpec,
         prefix: &str,
         deadline: Instant,
         retry: bool,
+        mut slot: Option<GuestSlot>,
     ) -> Result<Guest, SandboxError> {
         let mut attempt = 0u32;
         let started = Instant::now();
+        let admitted = slot.is_some();
+        // A 429 moves the end of the attempts to the end of the run's admission wait.
+        let quota_until = cx.ticket.as_ref().map(Ticket::until).filter(|_| admitted);
+        let mut until = deadline;
+        let mut quota_waited = Duration::ZERO;
         loop {
+            if admitted && slot.is_none() {
+                // The previous attempt's guest may exist and keeps its slot.
+                if let Some(ticket) = &cx.ticket {
+                    slot = Some(ticket.guest_slot(Some(until)).await?);
+                }
+            }
             let name = mint_name(prefix);
             let Some(mut guard) = cx
                 .reaper
@@ -399,19 +454,25 @@ impl Guest {
                 }
                 return Err(no_new_guests());
             };
+            if let Some(s) = slot.take() {
+                guard.hold_slot(s);
+            }
             cx.count();
             let sent = Instant::now();
-            match clipped(deadline, "create", cx.cp.create(spec.create_request(&name))).await {
+            match clipped(until, "create", cx.cp.create(spec.create_request(&name))).await {
                 Ok(info) => {
                     guard.set_id(&info.id);
                     let hold = Hold::OneShot(guard);
-                    let guest = Self::handle(cx, &name, &info.id, hold, true, sent);
-                    return guest.created_as(spec, info, deadline).await;
+                    let mut guest = Self::handle(cx, &name, &info.id, hold, true, sent);
+                    guest.quota_waited = quota_waited;
+                    return guest.created_as(spec, info, until).await;
                 }
                 Err(e) => {
                     let retryable = e.is_transient();
                     if e.is_declined() || !retryable {
-                        // The server answered and did not take the request on.
+                        // The server answered and did not take the request on: its slot is
+                        // this run's again.
+                        slot = guard.take_slot();
                         guard.disarm_not_created();
                     } else {
                         // Outcome unknown (no answer, or none before the budget ran out): the
@@ -425,14 +486,24 @@ impl Guest {
                         );
                         drop(guard);
                     }
-                    let delay = cx.backoff.delay_after(attempt, e.retry_after);
+                    let mut delay = cx.backoff.delay_after(attempt, e.retry_after);
                     attempt += 1;
-                    if !retry
-                        || !retryable
-                        || cx.closed()
-                        || !worth_retrying(delay, started, deadline)
+                    let quota = e.failure == CallFailure::Status(429);
+                    if let Some(q) = quota_until.filter(|_| quota) {
+                        // The account's quota: wait for room inside the run's admission wait,
+                        // the last attempt no later than its floor before the end.
+                        until = until.max(q);
+                        let floor = attempt_floor(until.saturating_duration_since(started));
+                        let room = until.saturating_duration_since(Instant::now() + floor);
+                        delay = delay.min(room);
+                    }
+                    if !retry || !retryable || cx.closed() || !worth_retrying(delay, started, until)
                     {
-                        return Err(cx.before_dispatch("create", &e));
+                        let err = cx.before_dispatch("create", &e);
+                        if quota && quota_until.is_some() && !cx.closed() {
+                            return Err(quota_exhausted(&err, started.elapsed()));
+                        }
+                        return Err(err);
                     }
                     tracing::info!(
                         target: LOG_TARGET,
@@ -442,6 +513,9 @@ impl Guest {
                         "retrying create with a fresh name"
                     );
                     tokio::time::sleep(delay).await;
+                    if quota {
+                        quota_waited += delay;
+                    }
                 }
             }
         }
@@ -514,12 +588,29 @@ impl Guest {
     /// egress and declared environment keys back and refuses on drift (leaving it as it is);
     /// otherwise creates it. A create answered 409 (another task or process created it
     /// first) or whose response was lost is followed by another lookup that adopts the guest.
-    /// Everything happens before `deadline`. The guest is kept: see [`Guest::release`].
+    /// Everything happens before `deadline`, except that a create the control plane declines
+    /// with 429 (the account's quota) keeps trying until the end of the context's admission
+    /// wait, when it has a [`Ticket`] (as [`Guest::create_admitted`] does). The guest is kept:
+    /// see [`Guest::release`].
     pub async fn acquire(
         cx: &GuestContext,
         spec: &GuestSpec,
         name: &str,
         deadline: Instant,
+    ) -> Result<Guest, SandboxError> {
+        let mut quota_waited = Duration::ZERO;
+        let mut guest = Self::acquire_within(cx, spec, name, deadline, &mut quota_waited).await?;
+        guest.quota_waited = quota_waited;
+        Ok(guest)
+    }
+
+    #[allow(clippy::too_many_lines)] // one loop: each round and what its outcome means
+    async fn acquire_within(
+        cx: &GuestContext,
+        spec: &GuestSpec,
+        name: &str,
+        mut deadline: Instant,
+        quota_waited: &mut Duration,
     ) -> Result<Guest, SandboxError> {
         if !is_valid_name(name) {
             return Err(SandboxError::refused(format!(
@@ -607,11 +698,30 @@ impl Guest {
                             wait_reason = Some("its create answered nothing usable");
                         }
                         Err(e) if e.is_declined() => {
-                            let delay = cx.backoff.delay_after(round, e.retry_after);
+                            let mut delay = cx.backoff.delay_after(round, e.retry_after);
+                            let quota = e.failure == CallFailure::Status(429);
+                            let quota_until =
+                                cx.ticket.as_ref().map(Ticket::until).filter(|_| quota);
+                            if let Some(q) = quota_until {
+                                // The account's quota: wait for room inside the admission wait.
+                                deadline = deadline.max(q);
+                                let window = deadline.saturating_duration_since(started);
+                                let room = deadline.saturating_duration_since(
+                                    Instant::now() + attempt_floor(window),
+                                );
+                                delay = delay.min(room);
+                            }
                             if cx.closed() || !worth_retrying(delay, started, deadline) {
-                                return Err(cx.before_dispatch("create", &e));
+                                let err = cx.before_dispatch("create", &e);
+                                if quota_until.is_some() && !cx.closed() {
+                                    return Err(quota_exhausted(&err, started.elapsed()));
+                                }
+                                return Err(err);
                             }
                             tokio::time::sleep(delay).await;
+                            if quota {
+                                *quota_waited += delay;
+                            }
                         }
                         Err(e) => return Err(cx.before_dispatch("create", &e)),
                     }
@@ -818,6 +928,13 @@ impl Guest {
     /// false for a guest that [`Guest::acquire`] found by name (and adopted).
     pub fn was_created(&self) -> bool {
         self.created
+    }
+
+    /// How long this guest's create waited for the account's quota (a create declined with 429
+    /// under [`Guest::create_admitted`]): admission time, which the run's later steps are not
+    /// charged for.
+    pub fn quota_waited(&self) -> Duration {
+        self.quota_waited
     }
 
     /// True for a guest that survives runs (acquired by name).
@@ -1239,6 +1356,21 @@ impl Guest {
             guard.release_to_reaper();
         }
     }
+}
+
+/// The refusal of a create the control plane kept declining with 429 (the account's quota of
+/// live sandboxes, or its rate limit) for the whole of the run's admission wait.
+fn quota_exhausted(err: &SandboxError, waited: Duration) -> SandboxError {
+    SandboxError::new(
+        ErrorKind::AtCapacity,
+        format!(
+            "{} The CreateOS account had no room for another guest (429, its quota or rate \
+             limit) for {:.1}s, the run's admission wait ({ENV_ADMISSION_WAIT}, cut to the \
+             run's own budget); nothing ran",
+            err.message(),
+            waited.as_secs_f64()
+        ),
+    )
 }
 
 /// The refusal once shutdown began.

@@ -10,7 +10,8 @@
 //! - [`guest`]: the guest handle and the primitives every surface composes (create, acquire
 //!   by name, upload, egress read-back, exec stream, capture, download, destroy or release).
 //! - [`session`]: the per-account client cache, credential check and shape catalog shared by
-//!   every surface of a process.
+//!   every surface of a process, and its [`admission`] control (caps on live guests, fair
+//!   waits).
 //! - [`classify`]: the one classification (and wording) of failed control-plane calls.
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
 //! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
@@ -21,6 +22,7 @@
 //! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
+pub mod admission;
 pub mod classify;
 pub mod control;
 pub mod createos;

@@ -44,6 +44,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
+use crate::admission::{Admission, Reclaim};
 use crate::control::ControlPlane;
 use crate::egress::EgressPolicy;
 use crate::guest::{Guest, GuestContext, GuestSpec};
@@ -156,6 +157,10 @@ pub struct PoolStats {
     pub discarded: u64,
     /// Refill attempts that failed (create or read-back).
     pub refill_failures: u64,
+    /// Refills held back because the process was at its cap on live guests or a run was
+    /// waiting for a slot (`CREATEOS_MAX_LIVE_GUESTS`: a refill never takes a slot a run needs),
+    /// and pooled guests given up to a waiting run.
+    pub held_back: u64,
 }
 
 impl PoolStats {
@@ -204,6 +209,9 @@ struct Shared {
     misses: AtomicU64,
     discarded: AtomicU64,
     refill_failures: AtomicU64,
+    held_back: AtomicU64,
+    /// The process's admission control, once attached: every pooled guest holds a slot.
+    admission: Mutex<Option<(Admission, Arc<Reclaim>)>>,
 }
 
 impl Drop for Shared {
@@ -257,6 +265,8 @@ impl WarmPool {
                 misses: AtomicU64::new(0),
                 discarded: AtomicU64::new(0),
                 refill_failures: AtomicU64::new(0),
+                held_back: AtomicU64::new(0),
+                admission: Mutex::new(None),
             }),
         }
     }
@@ -276,7 +286,50 @@ impl WarmPool {
             misses: self.inner.misses.load(Ordering::Relaxed),
             discarded: self.inner.discarded.load(Ordering::Relaxed),
             refill_failures: self.inner.refill_failures.load(Ordering::Relaxed),
+            held_back: self.inner.held_back.load(Ordering::Relaxed),
         }
+    }
+
+    /// Puts the pool under `admission` (the process's caps on live guests): each refill first
+    /// takes a guest slot, only when one is free and no run waits for one, and the pooled guest
+    /// holds it (a run that takes the guest takes the slot with it); a run that has to wait for
+    /// a slot makes the pool give up its oldest idle guest. Once; later calls are ignored.
+    pub fn attach(&self, admission: &Admission) {
+        let mut held = self
+            .inner
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if held.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let reclaim: Arc<Reclaim> = Arc::new(move || {
+            weak.upgrade()
+                .is_some_and(|inner| WarmPool { inner }.give_up_one())
+        });
+        admission.reclaim_with(&reclaim);
+        *held = Some((admission.clone(), reclaim));
+    }
+
+    fn admission(&self) -> Option<Admission> {
+        self.inner
+            .admission
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(a, _)| a.clone())
+    }
+
+    /// Gives up the oldest ready guest (destroyed by the reaper, its slot given back once it is
+    /// gone) for a run waiting for a slot; false when none is ready.
+    fn give_up_one(&self) -> bool {
+        let Some(r) = self.lock().ready.pop_front() else {
+            return false;
+        };
+        self.inner.held_back.fetch_add(1, Ordering::Relaxed);
+        self.discard([r]);
+        true
     }
 
     /// True after [`WarmPool::close`].
@@ -525,14 +578,18 @@ fn plan_pass(pool: &WarmPool) -> Option<Pass> {
 async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
     let config = pool.inner.config;
     let warmer = pool.inner.warmer.as_ref();
-    let results =
-        futures::future::join_all((0..batch).map(|_| prepare(want, config.backoff, warmer))).await;
+    let admission = pool.admission();
+    let results = futures::future::join_all(
+        (0..batch).map(|_| prepare(want, config.backoff, warmer, admission.as_ref())),
+    )
+    .await;
     let max_idle = config.max_idle.unwrap_or_else(|| {
         Duration::from_secs(u64::from(want.spec.auto_pause_after_seconds))
             .saturating_sub(IDLE_MARGIN)
     });
     let mut unwanted = Vec::new();
     let mut failed = 0u32;
+    let mut no_slot = 0u64;
     // The longest `Retry-After` the control plane asked for: the next attempt waits at least
     // that long (a declining server is not probed sooner than it said).
     let mut retry_after: Option<Duration> = None;
@@ -541,7 +598,8 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
         st.filling = st.filling.saturating_sub(batch);
         for r in results {
             match r {
-                Err(ra) => {
+                Err(Refill::NoSlot) => no_slot += 1,
+                Err(Refill::Failed(ra)) => {
                     failed += 1;
                     retry_after = retry_after.max(ra);
                 }
@@ -551,7 +609,13 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
                     // was ready: the retirement is measured from there.
                     let retire_at = guest.last_accepted() + max_idle;
                     let ready = Ready { guest, retire_at };
-                    if st.closed || st.generation != generation || st.ready.len() >= st.size {
+                    let needed = admission.as_ref().is_some_and(Admission::has_waiters);
+                    if st.closed
+                        || st.generation != generation
+                        || st.ready.len() >= st.size
+                        || needed
+                    {
+                        // (`needed`: a run waits for a slot; this guest's goes to it.)
                         unwanted.push(ready);
                     } else if retire_at <= Instant::now() {
                         // Its preparation outlasted its idle limit: the control plane may
@@ -578,10 +642,17 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
             let attempt = st.failures;
             st.failures = st.failures.saturating_add(1);
             st.retry_at = Some(Instant::now() + config.backoff.delay_after(attempt, retry_after));
+        } else if no_slot > 0 {
+            // At the cap: look again after the backoff's first step, without counting a
+            // failure (the control plane did nothing wrong).
+            st.retry_at = Some(Instant::now() + config.backoff.base);
         } else {
             st.failures = 0;
             st.retry_at = None;
         }
+    }
+    if no_slot > 0 {
+        pool.inner.held_back.fetch_add(no_slot, Ordering::Relaxed);
     }
     if failed > 0 {
         pool.inner
@@ -591,19 +662,32 @@ async fn refill(pool: &WarmPool, want: &Want, batch: usize, generation: u64) {
     pool.discard(unwanted);
 }
 
-/// One pool guest: a single create attempt, then the egress read-back, then the warmer. A
-/// guest that fails the read-back or the warmer is destroyed here. `Err` on any failure
-/// (logged), with the server's `Retry-After` if the create was declined with one.
+/// Why one pool guest was not prepared.
+enum Refill {
+    /// No guest slot was free (or a run waited for one): nothing was sent.
+    NoSlot,
+    /// A failure (logged), with the server's `Retry-After` if the create was declined with one.
+    Failed(Option<Duration>),
+}
+
+/// One pool guest: a guest slot when the pool is under admission control (only one that is free
+/// with nobody waiting), a single create attempt, then the egress read-back, then the warmer. A
+/// guest that fails the read-back or the warmer is destroyed here.
 async fn prepare(
     want: &Want,
     backoff: Backoff,
     warmer: Option<&Warmer>,
-) -> Result<Guest, Option<Duration>> {
+    admission: Option<&Admission>,
+) -> Result<Guest, Refill> {
     let cx = &want.cx;
+    let slot = match admission {
+        Some(a) => Some(a.try_guest_slot().ok_or(Refill::NoSlot)?),
+        None => None,
+    };
     // Exactly one create attempt (the pool's backoff spaces the next); it and the read-back
     // end within the backoff budget.
     let deadline = Instant::now() + backoff.budget;
-    let guest = match Guest::create_once(cx, &want.spec, &want.key.prefix, deadline).await {
+    let guest = match Guest::create_once(cx, &want.spec, &want.key.prefix, deadline, slot).await {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(
@@ -611,7 +695,7 @@ async fn prepare(
                 error = %e,
                 "warm pool: create failed; runs create their own guests meanwhile"
             );
-            return Err(e.retry_after());
+            return Err(Refill::Failed(e.retry_after()));
         }
     };
     match guest.verify_egress(&want.spec.egress, deadline).await {
@@ -624,7 +708,7 @@ async fn prepare(
                 "warm pool: guest failed its egress read-back; destroyed, not used"
             );
             let _ = guest.destroy().await;
-            return Err(None);
+            return Err(Refill::Failed(None));
         }
     }
     let Some(warm) = warmer else {
@@ -644,7 +728,7 @@ async fn prepare(
                 );
             }
             let _ = guest.destroy().await;
-            Err(None)
+            Err(Refill::Failed(None))
         }
     }
 }

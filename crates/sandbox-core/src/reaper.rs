@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
+use crate::admission::GuestSlot;
 use crate::control::{CallError, ControlPlane};
 use crate::error::Redactor;
 use crate::retry::{Backoff, clipped};
@@ -83,6 +84,9 @@ struct Entry {
     abandoned_at: Option<Instant>,
     /// A destroy of this guest is in flight; everyone else waits for it.
     busy: bool,
+    /// The guest's place under the process's cap, given back when the entry goes (the guest is
+    /// gone, or was never created).
+    slot: Option<GuestSlot>,
 }
 
 struct Inner {
@@ -223,6 +227,7 @@ impl Reaper {
                 redactor,
                 abandoned_at: None,
                 busy: false,
+                slot: None,
             },
         );
         // A shutdown that began between the check and the insert may have missed this slot:
@@ -250,7 +255,10 @@ impl Reaper {
     }
 
     fn forget(&self, slot: u64) {
-        self.lock().remove(&slot);
+        // The entry (and the admission slot it holds) is dropped after the lock is released:
+        // giving the slot back may wake a waiting run.
+        let gone = self.lock().remove(&slot);
+        drop(gone);
     }
 
     fn claim(&self, slot: u64) -> Claim {
@@ -536,6 +544,22 @@ impl GuestGuard {
     /// The guest's id, once create answered.
     pub fn id(&self) -> Option<&str> {
         self.id.as_deref()
+    }
+
+    /// Hands the guest's admission slot to its registration: it is given back once the guest
+    /// is gone, whoever destroys it.
+    pub fn hold_slot(&mut self, slot: GuestSlot) {
+        if let Some(e) = self.reaper.lock().get_mut(&self.slot) {
+            e.slot = Some(slot);
+        }
+    }
+
+    /// Takes the admission slot back (a create that was certainly not taken on reuses it).
+    pub fn take_slot(&mut self) -> Option<GuestSlot> {
+        self.reaper
+            .lock()
+            .get_mut(&self.slot)
+            .and_then(|e| e.slot.take())
     }
 
     /// Records the id create returned.

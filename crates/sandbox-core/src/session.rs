@@ -3,8 +3,9 @@
 //! and the account's one background orphan sweep.
 //!
 //! An account is a (key, base URL) pair; the key is held only as a SHA-256 digest in the
-//! cache's key. A child process after `fork()` builds its own session (connection pools are
-//! per process).
+//! cache's key. The session also holds the process's [`Admission`] (the caps on live guests).
+//! A child process after `fork()` builds its own session (connection pools and counts are per
+//! process).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use crate::LOG_TARGET;
+use crate::admission::Admission;
 use crate::classify;
 use crate::control::{CallError, ControlPlane};
 use crate::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
@@ -185,6 +187,7 @@ struct Inner {
     connector: Connector,
     request_timeout: Duration,
     accounts: Mutex<Accounts>,
+    admission: Admission,
 }
 
 impl std::fmt::Debug for Session {
@@ -192,6 +195,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("request_timeout", &self.inner.request_timeout)
             .field("accounts", &self.lock().len())
+            .field("admission", &self.inner.admission)
             .finish_non_exhaustive()
     }
 }
@@ -211,8 +215,15 @@ impl Session {
                 connector,
                 request_timeout,
                 accounts: Mutex::new(HashMap::new()),
+                admission: Admission::new(),
             }),
         }
+    }
+
+    /// The process's admission control, shared by every surface and warm pool on this session
+    /// (see [`crate::admission`]).
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Accounts> {

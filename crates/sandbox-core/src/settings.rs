@@ -9,6 +9,7 @@
 //! hands this crate the names its refusals quote ([`SettingNames`]).
 
 use std::fmt;
+use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 
@@ -30,6 +31,21 @@ pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
 /// `CREATEOS_SANDBOX_WARM_POOL`: guests kept created, verified and idle for the next run.
 pub const ENV_WARM_POOL: &str = "CREATEOS_SANDBOX_WARM_POOL";
+
+/// `CREATEOS_MAX_LIVE_GUESTS`: the most guests a process keeps live at once, all surfaces and
+/// warm pools included (unset: unlimited). See [`crate::admission`].
+pub const ENV_MAX_LIVE_GUESTS: &str = "CREATEOS_MAX_LIVE_GUESTS";
+/// `CREATEOS_MAX_LIVE_GUESTS_PER_FLOW`: the most runs of one flow (by flow id) holding a guest
+/// at once, for the component and the executor (unset: unlimited).
+pub const ENV_MAX_LIVE_GUESTS_PER_FLOW: &str = "CREATEOS_MAX_LIVE_GUESTS_PER_FLOW";
+/// `CREATEOS_ADMISSION_WAIT_SECONDS`: how long a run over a cap waits for a slot before it is
+/// refused (default 30; never beyond the run's own budget).
+pub const ENV_ADMISSION_WAIT: &str = "CREATEOS_ADMISSION_WAIT_SECONDS";
+/// The default of [`ENV_ADMISSION_WAIT`].
+pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_secs(30);
+/// The largest cap and the longest wait accepted.
+const MAX_CAP: usize = 100_000;
+const MAX_ADMISSION_WAIT_SECONDS: f64 = 3600.0;
 
 /// The public control plane.
 pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
@@ -77,6 +93,12 @@ pub struct Settings {
     pub max_output_bytes: usize,
     /// Warm pool size (0 = off, at most [`crate::pool::MAX_WARM_POOL`]).
     pub warm_pool: usize,
+    /// [`ENV_MAX_LIVE_GUESTS`] (`None`: unlimited).
+    pub max_live_guests: Option<usize>,
+    /// [`ENV_MAX_LIVE_GUESTS_PER_FLOW`] (`None`: unlimited).
+    pub max_live_guests_per_flow: Option<usize>,
+    /// [`ENV_ADMISSION_WAIT`].
+    pub admission_wait: Duration,
 }
 
 impl fmt::Debug for Settings {
@@ -92,6 +114,9 @@ impl fmt::Debug for Settings {
             .field("pinned_shape", &self.pinned_shape)
             .field("max_output_bytes", &self.max_output_bytes)
             .field("warm_pool", &self.warm_pool)
+            .field("max_live_guests", &self.max_live_guests)
+            .field("max_live_guests_per_flow", &self.max_live_guests_per_flow)
+            .field("admission_wait", &self.admission_wait)
             .finish()
     }
 }
@@ -169,6 +194,29 @@ pub fn parse_pool_size(var: &str, raw: &str, max: usize) -> Result<usize, Sandbo
     }
 }
 
+/// Parses the cap `raw` of the setting `var`: a whole number from 1 to 100000 (unset, not 0,
+/// means unlimited); the refusal names `var`.
+pub fn parse_cap(var: &str, raw: &str) -> Result<usize, SandboxError> {
+    match raw.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_CAP).contains(&n) => Ok(n),
+        _ => Err(SandboxError::refused(format!(
+            "{var}={raw:?} is not a number of guests from 1 to {MAX_CAP}; set it to the most \
+             this process may keep live at once (e.g. 16), or unset it for no cap"
+        ))),
+    }
+}
+
+/// Parses [`ENV_ADMISSION_WAIT`]: seconds from 0 to 3600, fractions allowed.
+pub fn parse_admission_wait(raw: &str) -> Result<Duration, SandboxError> {
+    match raw.trim().parse::<f64>() {
+        Ok(s) if (0.0..=MAX_ADMISSION_WAIT_SECONDS).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(SandboxError::refused(format!(
+            "{ENV_ADMISSION_WAIT}={raw:?} is not a number of seconds from 0 to 3600; set how \
+             long a run over a cap waits for a slot (default 30), or 0 to refuse at once"
+        ))),
+    }
+}
+
 fn valid_token(s: &str, extra: &[char]) -> bool {
     !s.is_empty()
         && s.len() <= 200
@@ -234,6 +282,17 @@ impl Settings {
             None => 0,
             Some(raw) => parse_warm_pool(&raw)?,
         };
+        let cap = |var: &str| {
+            non_blank(lookup, var)
+                .map(|raw| parse_cap(var, &raw))
+                .transpose()
+        };
+        let max_live_guests = cap(ENV_MAX_LIVE_GUESTS)?;
+        let max_live_guests_per_flow = cap(ENV_MAX_LIVE_GUESTS_PER_FLOW)?;
+        let admission_wait = non_blank(lookup, ENV_ADMISSION_WAIT)
+            .map(|raw| parse_admission_wait(&raw))
+            .transpose()?
+            .unwrap_or(DEFAULT_ADMISSION_WAIT);
         Ok(Self {
             api_key: api_key.map(SecretString::from),
             api_key_source,
@@ -242,6 +301,9 @@ impl Settings {
             pinned_shape,
             max_output_bytes,
             warm_pool,
+            max_live_guests,
+            max_live_guests_per_flow,
+            admission_wait,
         })
     }
 
@@ -293,6 +355,9 @@ mod tests {
         assert_eq!(s.pinned_shape, None);
         assert_eq!(s.max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES);
         assert_eq!(s.warm_pool, 0);
+        assert_eq!(s.max_live_guests, None);
+        assert_eq!(s.max_live_guests_per_flow, None);
+        assert_eq!(s.admission_wait, Duration::from_secs(30));
         let e = s.require_key().unwrap_err();
         assert!(e.kind().is_unavailable());
         assert!(e.to_string().contains(ENV_API_KEY));
@@ -354,6 +419,13 @@ mod tests {
             (ENV_WARM_POOL, "65"),
             (ENV_WARM_POOL, "1e3"),
             (ENV_WARM_POOL, "18446744073709551616"),
+            (ENV_MAX_LIVE_GUESTS, "0"),
+            (ENV_MAX_LIVE_GUESTS, "-1"),
+            (ENV_MAX_LIVE_GUESTS, "lots"),
+            (ENV_MAX_LIVE_GUESTS_PER_FLOW, "100001"),
+            (ENV_ADMISSION_WAIT, "-1"),
+            (ENV_ADMISSION_WAIT, "soon"),
+            (ENV_ADMISSION_WAIT, "3601"),
         ];
         for (k, v) in cases {
             let e = Settings::from_lookup(&env(&[(k, v)])).unwrap_err();
@@ -403,6 +475,21 @@ mod tests {
         assert_eq!(s.max_output_bytes, 65536);
         let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
         assert_eq!(s.pinned_shape, None);
+    }
+
+    #[test]
+    fn admission_caps_and_wait() {
+        let s = Settings::from_lookup(&env(&[
+            (ENV_MAX_LIVE_GUESTS, " 16 "),
+            (ENV_MAX_LIVE_GUESTS_PER_FLOW, "2"),
+            (ENV_ADMISSION_WAIT, "0.5"),
+        ]))
+        .unwrap();
+        assert_eq!(s.max_live_guests, Some(16));
+        assert_eq!(s.max_live_guests_per_flow, Some(2));
+        assert_eq!(s.admission_wait, Duration::from_millis(500));
+        let s = Settings::from_lookup(&env(&[(ENV_ADMISSION_WAIT, "0")])).unwrap();
+        assert_eq!(s.admission_wait, Duration::ZERO);
     }
 
     #[test]

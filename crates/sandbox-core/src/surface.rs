@@ -7,14 +7,18 @@
 //! - [`Surface`]: one surface instance's session, reaper and warm pool, its kind
 //!   ([`SurfaceKind`]), and the steps every run takes before its guest exists (settings,
 //!   credential and catalog, the orphan sweep: [`Surface::open`]);
-//! - [`Surface::acquire`]: the one acquire call. It takes a guest from the warm pool, or
-//!   creates a one-shot guest, or acquires a kept guest by its derived name; hands it to the
-//!   surface's own first step (a closure that starts the program); and owns the fallback when
-//!   a pooled guest refuses before anything was dispatched (it is destroyed, counted, and the
-//!   step runs again on a fresh guest). It reports one [`PoolUse`] for every surface;
+//! - [`Surface::acquire`]: the one acquire call. It admits the run (the process's and the
+//!   flow's caps on live guests, a fair wait for a slot: [`crate::admission`]), takes a guest
+//!   from the warm pool, or creates a one-shot guest, or acquires a kept guest by its derived
+//!   name; hands it to the surface's own first step (a closure that starts the program); and
+//!   owns the fallback when a pooled guest refuses before anything was dispatched (it is
+//!   destroyed, counted, and the step runs again on a fresh guest). It reports one [`PoolUse`]
+//!   for every surface;
 //! - [`Lease`]: the guest of one run until [`Lease::end`] destroys or releases it (dropping a
 //!   lease does what dropping the guest does: a one-shot guest goes to the reaper, a kept one
-//!   is left alive).
+//!   is left alive), with the run's admission slots: a one-shot guest's slot goes with its
+//!   reaper registration (given back once the guest is gone, whoever destroys it), a kept
+//!   guest's and the flow's are the lease's.
 //!
 //! **The fork rule**, once for every surface ([`SurfaceOptions::for_process`]): a process
 //! forked from the one that imported the package commonly ends with `os._exit`, which skips
@@ -29,6 +33,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
+use crate::admission::{Caps, FlowSlot, GuestSlot, Ticket};
 use crate::control::CallError;
 use crate::createos::DEFAULT_REQUEST_TIMEOUT;
 use crate::error::{Redactor, SandboxError};
@@ -220,6 +225,17 @@ impl PoolUse {
     }
 }
 
+/// What a run's first step is told about its guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Begin {
+    /// Where the guest came from.
+    pub origin: Origin,
+    /// The calls before the program is dispatched end by then: the run's budget, counted from
+    /// when it was admitted (time its create waited for the account's quota is admission time,
+    /// not charged).
+    pub deadline: Instant,
+}
+
 /// Where the guest handed to a run's first step came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -286,8 +302,13 @@ pub struct Acquire<'a> {
     /// The warm pool size the surface's setting asks for (0 = off); the kit applies
     /// [`SurfaceOptions::pool_allowed`].
     pub pool_size: usize,
-    /// Creates and acquires end by then.
-    pub deadline: Instant,
+    /// The caps the run read ([`Caps::of`] its settings).
+    pub caps: Caps,
+    /// The flow the run belongs to, for the per-flow cap (`None` or empty: none, as for the
+    /// lfx backend, which is handed no flow id).
+    pub flow: Option<&'a str>,
+    /// The run's own budget (its program's timeout): its admission wait never exceeds it.
+    pub run_budget: Duration,
 }
 
 /// A started run: its guest's [`Lease`] and what the first step returned.
@@ -306,6 +327,13 @@ pub struct Lease {
     origin: Origin,
     create_time: Duration,
     acquired_at: Instant,
+    /// A kept guest's place under the process's cap (a one-shot guest's travels with its reaper
+    /// registration). Declared after `guest`, so a dropped lease lets the guest go first.
+    guest_slot: Option<GuestSlot>,
+    /// The run's place under its flow's cap.
+    flow_slot: Option<FlowSlot>,
+    /// How long the run waited for admission (slots and the account's quota).
+    admission_wait: Duration,
 }
 
 impl fmt::Debug for Lease {
@@ -342,19 +370,16 @@ pub struct Ended {
 }
 
 impl Lease {
-    fn new(
-        guest: Guest,
-        pool: PoolUse,
-        origin: Origin,
-        create_time: Duration,
-        acquired_at: Instant,
-    ) -> Self {
+    fn new(guest: Guest, pool: PoolUse, origin: Origin, create_time: Duration) -> Self {
         Self {
             guest,
             pool,
             origin,
             create_time,
-            acquired_at,
+            acquired_at: Instant::now(),
+            guest_slot: None,
+            flow_slot: None,
+            admission_wait: Duration::ZERO,
         }
     }
 
@@ -383,10 +408,21 @@ impl Lease {
         self.acquired_at
     }
 
+    /// How long the run waited for admission: for a slot under the process's or its flow's
+    /// cap, and for the account's quota.
+    pub fn admission_wait(&self) -> Duration {
+        self.admission_wait
+    }
+
     /// Destroys or releases the guest (see [`End`]). A destroy that fails is logged; a one-shot
     /// guest then stays with the reaper, which keeps trying.
     pub async fn end(self, how: End) -> Ended {
-        let guest = self.guest;
+        let Lease {
+            guest,
+            guest_slot,
+            flow_slot,
+            ..
+        } = self;
         let (name, id) = (guest.name().to_owned(), guest.id().to_owned());
         let mut ended = Ended {
             name,
@@ -414,6 +450,9 @@ impl Lease {
                 }
             }
         }
+        // A kept guest released alive gives its slot back (see `crate::admission`); one whose
+        // destroy failed may live on, but nothing of this process uses it any more.
+        drop((guest_slot, flow_slot));
         ended
     }
 }
@@ -476,6 +515,7 @@ impl Surface {
             .session
             .clone()
             .unwrap_or_else(|| Session::new(opts.connector.clone(), opts.request_timeout));
+        pool.attach(session.admission());
         Self {
             kind,
             opts,
@@ -594,8 +634,15 @@ impl Surface {
         )
     }
 
-    /// The one acquire path: gets the run's guest and hands it to `start`, the surface's first
-    /// step on it (upload, dispatch...), which returns the guest with its result.
+    /// The one acquire path: admits the run, gets its guest and hands it to `start`, the
+    /// surface's first step on it (upload, dispatch...), which returns the guest with its
+    /// result.
+    ///
+    /// Admission ([`crate::admission`]): a run of a flow first takes a slot under the flow's
+    /// cap; a run that needs a new guest (a pool miss, a kept guest) takes a slot under the
+    /// process's cap, waiting in line for either up to the caps' wait, cut to
+    /// `req.run_budget`, and is refused as [`crate::ErrorKind::AtCapacity`] when that runs
+    /// out (nothing ran). A pooled guest already holds its slot and brings it along.
     ///
     /// A one-shot run takes a guest from the warm pool when it holds one for this policy
     /// (after sizing the pool to `req.pool_size`, or 0 where no pool is allowed), and
@@ -603,7 +650,8 @@ impl Surface {
     /// derived name. When `start` reports [`StartError::NotStarted`] on a pooled guest (and
     /// shutdown has not begun), the guest is destroyed (counted as unusable by the pool), the
     /// run gets a fresh guest and `start` runs once more: the pool never fails a run that
-    /// would have succeeded without it.
+    /// would have succeeded without it. The calls before dispatch share the options' backoff
+    /// budget, counted from when the run was admitted ([`Begin::deadline`]).
     ///
     /// `Err` only when no guest could be had (nothing ran). Otherwise the lease and the
     /// step's result: the caller ends the lease on every path (or drops it).
@@ -614,10 +662,21 @@ impl Surface {
     ) -> Result<Started<T, E>, E>
     where
         E: From<SandboxError> + fmt::Display,
-        F: FnMut(Guest, Origin) -> Fut,
+        F: FnMut(Guest, Begin) -> Fut,
         Fut: Future<Output = (Guest, Result<T, StartError<E>>)>,
     {
-        let cx = req.cx;
+        let t_admit = Instant::now();
+        let ticket = Ticket::new(
+            self.session.admission().clone(),
+            req.caps,
+            t_admit + req.caps.wait.min(req.run_budget),
+        );
+        let cx = req.cx.clone().with_ticket(ticket.clone());
+        let budget = self.opts.backoff.budget;
+        let flow_slot = match req.flow.filter(|f| !f.is_empty()) {
+            Some(flow) => Some(ticket.flow_slot(flow).await?),
+            None => None,
+        };
         let one_shot = matches!(req.want, Want::OneShot);
         self.pool.set_size(if self.opts.pool_allowed {
             req.pool_size
@@ -629,12 +688,18 @@ impl Surface {
         } else {
             PoolUse::Off
         };
+        let mut flow_slot = flow_slot;
         if one_shot
             && pool_use == PoolUse::Miss
-            && let Some(guest) = self.pool.take(cx, req.spec, ONE_SHOT_PREFIX)
+            && let Some(guest) = self.pool.take(&cx, req.spec, ONE_SHOT_PREFIX)
         {
+            let waited = t_admit.elapsed();
             let acquired_at = Instant::now();
-            let (guest, result) = start(guest, Origin::Pooled).await;
+            let begin = Begin {
+                origin: Origin::Pooled,
+                deadline: acquired_at + budget,
+            };
+            let (guest, result) = start(guest, begin).await;
             match result {
                 Err(StartError::NotStarted(e)) if !self.reaper.is_closed() => {
                     tracing::warn!(
@@ -654,35 +719,47 @@ impl Surface {
                     }
                 }
                 result => {
+                    let mut lease = Lease::new(guest, PoolUse::Hit, Origin::Pooled, Duration::ZERO);
+                    lease.acquired_at = acquired_at;
+                    lease.flow_slot = flow_slot.take();
+                    lease.admission_wait = waited;
                     return Ok(Started {
-                        lease: Lease::new(
-                            guest,
-                            PoolUse::Hit,
-                            Origin::Pooled,
-                            Duration::ZERO,
-                            acquired_at,
-                        ),
+                        lease,
                         result: result.map_err(StartError::into_inner),
                     });
                 }
             }
         }
+        let slot = ticket.guest_slot(None).await?;
         let t0 = Instant::now();
-        let (guest, origin) = match req.want {
+        let deadline = t0 + budget;
+        let (guest, origin, kept_slot) = match req.want {
             Want::OneShot => (
-                Guest::create(cx, req.spec, ONE_SHOT_PREFIX, req.deadline).await?,
+                Guest::create_admitted(&cx, req.spec, ONE_SHOT_PREFIX, deadline, slot).await?,
                 Origin::Created,
+                None,
             ),
             Want::Kept(name) => (
-                Guest::acquire(cx, req.spec, name, req.deadline).await?,
+                Guest::acquire(&cx, req.spec, name, deadline).await?,
                 Origin::Kept,
+                Some(slot),
             ),
         };
         let create_time = t0.elapsed();
+        let quota_waited = guest.quota_waited();
         let acquired_at = Instant::now();
-        let (guest, result) = start(guest, origin).await;
+        let begin = Begin {
+            origin,
+            deadline: deadline + quota_waited,
+        };
+        let (guest, result) = start(guest, begin).await;
+        let mut lease = Lease::new(guest, pool_use, origin, create_time);
+        lease.acquired_at = acquired_at;
+        lease.guest_slot = kept_slot;
+        lease.flow_slot = flow_slot;
+        lease.admission_wait = t0.saturating_duration_since(t_admit) + quota_waited;
         Ok(Started {
-            lease: Lease::new(guest, pool_use, origin, create_time, acquired_at),
+            lease,
             result: result.map_err(StartError::into_inner),
         })
     }

@@ -1,0 +1,707 @@
+//! Admission control: how many guests a process keeps live at once, in all and per flow.
+//!
+//! One [`Admission`] per [`crate::session::Session`], so every surface of a process and every
+//! warm pool shares it (a forked child builds its own session, so its counts are its own):
+//!
+//! - **A slot per live guest** ([`GuestSlot`]), under `CREATEOS_MAX_LIVE_GUESTS` (unset:
+//!   unlimited, still counted). A one-shot guest's slot is taken before its create is sent and
+//!   travels with the guest's reaper registration, so it is given back only once the guest is
+//!   known to be gone (destroyed, or never created), whoever destroys it: the run, the reaper,
+//!   shutdown. A pooled guest holds its slot while it is pooled, and handing it to a run hands
+//!   the slot over with it. A kept guest (the component's Guest Reuse) counts while a run uses
+//!   it: its slot is the run's, given back when the run releases the guest (a kept guest idle
+//!   between runs costs little: auto-pause pauses it) or once it is destroyed.
+//! - **A slot per run of a flow** ([`FlowSlot`]), under `CREATEOS_MAX_LIVE_GUESTS_PER_FLOW`,
+//!   keyed by the flow id, for the component and the executor (the lfx backend is handed no
+//!   flow id, so only the process-wide cap applies to it).
+//! - **Waiting is fair**: a run over a cap queues, first come first served, until a slot frees
+//!   or its wait runs out (`CREATEOS_ADMISSION_WAIT_SECONDS`, default 30, never beyond the
+//!   run's own budget); it is then refused as unavailable, nothing having run, by
+//!   [`at_capacity`]'s message (the cap, the live count, the setting). A waiting run that is
+//!   cancelled leaves the queue at once (its place goes to the next).
+//! - **Pool refills never take a slot a waiting run needs**: they only try
+//!   ([`Admission::try_guest_slot`]), which fails while anyone waits; and a run that has to
+//!   wait asks the registered pools to give up one idle guest ([`Admission::reclaim_with`]).
+//!
+//! Cheap: one short mutex section per slot taken or given back.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::error::{ErrorKind, SandboxError};
+use crate::settings::{ENV_ADMISSION_WAIT, ENV_MAX_LIVE_GUESTS, ENV_MAX_LIVE_GUESTS_PER_FLOW};
+
+/// The caps and the wait of one run, read from its settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Guests live in this process at once (`None`: unlimited).
+    pub max_live: Option<usize>,
+    /// Runs of one flow holding a guest at once (`None`: unlimited).
+    pub max_live_per_flow: Option<usize>,
+    /// The longest a run waits for a slot (before its own budget cuts it shorter).
+    pub wait: Duration,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            max_live: None,
+            max_live_per_flow: None,
+            wait: crate::settings::DEFAULT_ADMISSION_WAIT,
+        }
+    }
+}
+
+impl Caps {
+    /// The caps of `settings`.
+    pub fn of(settings: &crate::settings::Settings) -> Self {
+        Self {
+            max_live: settings.max_live_guests,
+            max_live_per_flow: settings.max_live_guests_per_flow,
+            wait: settings.admission_wait,
+        }
+    }
+}
+
+/// A place in a queue.
+struct Waiter {
+    id: u64,
+    grant: oneshot::Sender<()>,
+}
+
+/// One counted resource (the process's guests, or one flow's runs) and its queue.
+#[derive(Default)]
+struct Pool {
+    live: usize,
+    cap: Option<usize>,
+    queue: VecDeque<Waiter>,
+}
+
+impl Pool {
+    fn has_room(&self) -> bool {
+        self.cap.is_none_or(|cap| self.live < cap)
+    }
+
+    /// Gives a freed place to the waiters, first come first served, while there is room.
+    fn grant(&mut self) {
+        while self.has_room() {
+            let Some(w) = self.queue.pop_front() else {
+                return;
+            };
+            // A waiter whose run was dropped is gone from the queue already (see `Wait`); a
+            // failed send cannot happen under the lock, but if it did the place stays free.
+            if w.grant.send(()).is_ok() {
+                self.live += 1;
+            }
+        }
+    }
+
+    /// Takes a place now if there is room and nobody waits.
+    fn take_now(&mut self) -> bool {
+        if self.queue.is_empty() && self.has_room() {
+            self.live += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn enqueue(&mut self, id: u64) -> oneshot::Receiver<()> {
+        let (grant, rx) = oneshot::channel();
+        self.queue.push_back(Waiter { id, grant });
+        rx
+    }
+
+    /// Removes waiter `id`; false when it was not queued any more (it was granted).
+    fn dequeue(&mut self, id: u64) -> bool {
+        match self.queue.iter().position(|w| w.id == id) {
+            Some(at) => {
+                self.queue.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn give_back(&mut self) {
+        self.live = self.live.saturating_sub(1);
+        self.grant();
+    }
+}
+
+#[derive(Default)]
+struct State {
+    guests: Pool,
+    flows: HashMap<String, Pool>,
+    next_id: u64,
+    waits: u64,
+    refusals: u64,
+}
+
+/// A warm pool's way of giving up one idle guest for a waiting run: true when it did.
+pub type Reclaim = dyn Fn() -> bool + Send + Sync;
+
+struct Inner {
+    state: Mutex<State>,
+    /// The pools that can give up an idle guest for a waiting run.
+    reclaimers: Mutex<Vec<Weak<Reclaim>>>,
+}
+
+/// What an [`Admission`] holds right now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// Guests counted live (runs' guests, pooled guests, guests being destroyed).
+    pub live: usize,
+    /// The process-wide cap last read (`None`: unlimited).
+    pub cap: Option<usize>,
+    /// Runs waiting for a guest slot.
+    pub waiting: usize,
+    /// Runs waiting for a slot of their flow.
+    pub waiting_per_flow: usize,
+    /// Flows with a run holding a slot, and how many each.
+    pub flows: Vec<(String, usize)>,
+    /// Runs that had to wait, so far.
+    pub waits: u64,
+    /// Runs refused at capacity, so far.
+    pub refusals: u64,
+}
+
+/// The process's admission control (see the module docs). Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Admission {
+    inner: Arc<Inner>,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("Admission")
+            .field("live", &st.guests.live)
+            .field("cap", &st.guests.cap)
+            .field("waiting", &st.guests.queue.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which queue a wait is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope<'a> {
+    Guests,
+    Flow(&'a str),
+}
+
+/// A run's wait in one queue; dropping it (the run was cancelled, or its wait ran out) takes
+/// it out of the queue, or gives back the place it was granted meanwhile.
+struct Wait<'a> {
+    adm: &'a Admission,
+    scope: Scope<'a>,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut st = self.adm.lock();
+        let Some(pool) = st.pool_mut(self.scope) else {
+            return;
+        };
+        if !pool.dequeue(self.id) {
+            // Granted between the end of the wait and now: the place was counted for us.
+            pool.give_back();
+        }
+        st.tidy(self.scope);
+    }
+}
+
+impl State {
+    fn pool_mut(&mut self, scope: Scope<'_>) -> Option<&mut Pool> {
+        match scope {
+            Scope::Guests => Some(&mut self.guests),
+            Scope::Flow(flow) => self.flows.get_mut(flow),
+        }
+    }
+
+    /// Forgets a flow nobody holds or waits for.
+    fn tidy(&mut self, scope: Scope<'_>) {
+        if let Scope::Flow(flow) = scope
+            && self
+                .flows
+                .get(flow)
+                .is_some_and(|p| p.live == 0 && p.queue.is_empty())
+        {
+            self.flows.remove(flow);
+        }
+    }
+}
+
+impl Admission {
+    /// No guest counted, no cap yet (each run sets the caps it read).
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                reclaimers: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What it holds now.
+    pub fn stats(&self) -> AdmissionStats {
+        let st = self.lock();
+        let mut flows: Vec<(String, usize)> = st
+            .flows
+            .iter()
+            .filter(|(_, p)| p.live > 0)
+            .map(|(k, p)| (k.clone(), p.live))
+            .collect();
+        flows.sort();
+        AdmissionStats {
+            live: st.guests.live,
+            cap: st.guests.cap,
+            waiting: st.guests.queue.len(),
+            waiting_per_flow: st.flows.values().map(|p| p.queue.len()).sum(),
+            flows,
+            waits: st.waits,
+            refusals: st.refusals,
+        }
+    }
+
+    /// Registers a pool's way of giving up one idle guest (true when it did). Held weakly:
+    /// a dropped pool is forgotten.
+    pub fn reclaim_with(&self, reclaim: &Arc<Reclaim>) {
+        let mut list = self
+            .inner
+            .reclaimers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(reclaim));
+    }
+
+    /// Asks the registered pools, in turn, to give up one idle guest.
+    fn reclaim_one(&self) {
+        let list: Vec<Arc<Reclaim>> = self
+            .inner
+            .reclaimers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for reclaim in list {
+            if reclaim() {
+                return;
+            }
+        }
+    }
+
+    /// A guest slot now, for a warm pool's refill: only when there is room and no run waits
+    /// (a refill never takes a slot a waiting run needs). Uses the cap the last run read.
+    pub fn try_guest_slot(&self) -> Option<GuestSlot> {
+        self.lock()
+            .guests
+            .take_now()
+            .then(|| GuestSlot { adm: self.clone() })
+    }
+
+    /// Whether any run waits for a guest slot.
+    pub fn has_waiters(&self) -> bool {
+        !self.lock().guests.queue.is_empty()
+    }
+
+    /// A guest slot under `caps`, waiting in line until `until` if the process is at its cap.
+    /// A run that has to wait first asks the warm pools to give up an idle guest.
+    pub async fn guest_slot(&self, caps: Caps, until: Instant) -> Result<GuestSlot, SandboxError> {
+        self.wait_in(Scope::Guests, caps.max_live, caps, until)
+            .await?;
+        Ok(GuestSlot { adm: self.clone() })
+    }
+
+    /// A slot of `flow` under `caps`, waiting in line until `until` if the flow is at its cap.
+    pub async fn flow_slot(
+        &self,
+        flow: &str,
+        caps: Caps,
+        until: Instant,
+    ) -> Result<FlowSlot, SandboxError> {
+        self.wait_in(Scope::Flow(flow), caps.max_live_per_flow, caps, until)
+            .await?;
+        Ok(FlowSlot {
+            adm: self.clone(),
+            flow: flow.to_owned(),
+        })
+    }
+
+    async fn wait_in(
+        &self,
+        scope: Scope<'_>,
+        cap: Option<usize>,
+        caps: Caps,
+        until: Instant,
+    ) -> Result<(), SandboxError> {
+        let (mut rx, id) = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let pool = match scope {
+                Scope::Guests => &mut st.guests,
+                Scope::Flow(flow) => st.flows.entry(flow.to_owned()).or_default(),
+            };
+            // The cap last read wins: a changed setting applies from the next run on, and a
+            // raised cap lets the waiters in at once.
+            pool.cap = cap;
+            pool.grant();
+            if pool.take_now() {
+                return Ok(());
+            }
+            st.waits += 1;
+            st.next_id += 1;
+            (pool.enqueue(st.next_id), st.next_id)
+        };
+        let mut wait = Wait {
+            adm: self,
+            scope,
+            id,
+            done: false,
+        };
+        if scope == Scope::Guests {
+            self.reclaim_one();
+        }
+        let started = Instant::now();
+        // The receiver outlives the timeout: a place granted at the last moment is then ours
+        // (counted), never lost.
+        if let Ok(Ok(())) = tokio::time::timeout_at(until, &mut rx).await {
+            wait.done = true;
+            return Ok(());
+        }
+        // Out of time: leave the queue (or keep a place granted in the meantime).
+        let mut st = self.lock();
+        let granted = st.pool_mut(scope).is_some_and(|p| !p.dequeue(id));
+        wait.done = true;
+        if granted {
+            return Ok(());
+        }
+        st.refusals += 1;
+        let live = st.pool_mut(scope).map_or(0, |p| p.live);
+        st.tidy(scope);
+        drop(st);
+        Err(at_capacity(
+            scope,
+            cap.unwrap_or(live),
+            live,
+            started.elapsed(),
+            caps,
+        ))
+    }
+
+    fn give_back(&self, scope: Scope<'_>) {
+        let mut st = self.lock();
+        if let Some(pool) = st.pool_mut(scope) {
+            pool.give_back();
+        }
+        st.tidy(scope);
+    }
+}
+
+/// The refusal of a run that waited for a slot in vain: it names the cap, the live count, the
+/// setting, and that nothing ran.
+fn at_capacity(
+    scope: Scope<'_>,
+    cap: usize,
+    live: usize,
+    waited: Duration,
+    caps: Caps,
+) -> SandboxError {
+    let what = match scope {
+        Scope::Guests => {
+            format!("{live} guest(s) are live in this process, the cap {ENV_MAX_LIVE_GUESTS}={cap}")
+        }
+        Scope::Flow(flow) => format!(
+            "flow {flow:?} has {live} run(s) holding a guest, the cap \
+             {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
+        ),
+    };
+    let setting = match scope {
+        Scope::Guests => ENV_MAX_LIVE_GUESTS,
+        Scope::Flow(_) => ENV_MAX_LIVE_GUESTS_PER_FLOW,
+    };
+    SandboxError::new(
+        ErrorKind::AtCapacity,
+        format!(
+            "the CreateOS sandbox is at capacity: {what}. The run waited {:.1}s for a slot \
+             ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing ran; raise \
+             {setting} or retry later",
+            waited.as_secs_f64(),
+            caps.wait.as_secs_f64()
+        ),
+    )
+}
+
+/// One run's admission: the process's [`Admission`], the caps the run read, and until when it
+/// may wait (its admission wait, cut to its own budget). Also bounds how long a create declined
+/// for the account's quota (429) keeps trying ([`crate::guest::Guest::create_admitted`]).
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    admission: Admission,
+    caps: Caps,
+    until: Instant,
+}
+
+impl Ticket {
+    /// A run's ticket: it may wait until `until`.
+    pub fn new(admission: Admission, caps: Caps, until: Instant) -> Self {
+        Self {
+            admission,
+            caps,
+            until,
+        }
+    }
+
+    /// Until when the run may wait.
+    pub fn until(&self) -> Instant {
+        self.until
+    }
+
+    /// A guest slot, waiting in line until [`Ticket::until`] (or `deadline`, if sooner).
+    pub async fn guest_slot(&self, deadline: Option<Instant>) -> Result<GuestSlot, SandboxError> {
+        let until = deadline.map_or(self.until, |d| d.min(self.until));
+        self.admission.guest_slot(self.caps, until).await
+    }
+
+    /// A slot of `flow`, waiting in line until [`Ticket::until`].
+    pub async fn flow_slot(&self, flow: &str) -> Result<FlowSlot, SandboxError> {
+        self.admission.flow_slot(flow, self.caps, self.until).await
+    }
+}
+
+/// One live guest's place under the process-wide cap. Dropping it gives the place back (to
+/// the first waiting run).
+pub struct GuestSlot {
+    adm: Admission,
+}
+
+impl fmt::Debug for GuestSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuestSlot").finish_non_exhaustive()
+    }
+}
+
+impl Drop for GuestSlot {
+    fn drop(&mut self) {
+        self.adm.give_back(Scope::Guests);
+    }
+}
+
+/// One run's place under its flow's cap. Dropping it gives the place back.
+pub struct FlowSlot {
+    adm: Admission,
+    flow: String,
+}
+
+impl fmt::Debug for FlowSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowSlot")
+            .field("flow", &self.flow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for FlowSlot {
+    fn drop(&mut self) {
+        self.adm.give_back(Scope::Flow(&self.flow));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn caps(max: usize) -> Caps {
+        Caps {
+            max_live: Some(max),
+            max_live_per_flow: Some(max),
+            wait: Duration::from_secs(30),
+        }
+    }
+
+    fn soon(ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms)
+    }
+
+    #[tokio::test]
+    async fn unlimited_counts_but_never_waits() {
+        let a = Admission::new();
+        let slots: Vec<GuestSlot> =
+            futures::future::join_all((0..100).map(|_| a.guest_slot(Caps::default(), soon(0))))
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+        assert_eq!(a.stats().live, 100);
+        drop(slots);
+        assert_eq!(a.stats().live, 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_are_served_first_come_first_served() {
+        let a = Admission::new();
+        let first = a.guest_slot(caps(1), soon(10)).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..5 {
+            let (a, order) = (a.clone(), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                let slot = a.guest_slot(caps(1), soon(60_000)).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(slot);
+            }));
+            // Each one queued before the next arrives.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(a.stats().waiting, 5);
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(a.stats().live, 0);
+        assert_eq!(a.stats().waits, 5);
+    }
+
+    #[tokio::test]
+    async fn a_wait_that_runs_out_is_refused_naming_cap_count_and_setting() {
+        let a = Admission::new();
+        let held = a.guest_slot(caps(2), soon(0)).await.unwrap();
+        let held2 = a.guest_slot(caps(2), soon(0)).await.unwrap();
+        let e = a.guest_slot(caps(2), soon(500)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AtCapacity);
+        assert!(e.kind().is_unavailable());
+        let text = e.to_string();
+        for want in [
+            "at capacity",
+            "2 guest(s) are live",
+            "CREATEOS_MAX_LIVE_GUESTS=2",
+            "CREATEOS_ADMISSION_WAIT_SECONDS",
+            "nothing ran",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        let s = a.stats();
+        assert_eq!((s.live, s.waiting, s.refusals), (2, 0, 1));
+        drop((held, held2));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_frees_its_place() {
+        let a = Admission::new();
+        let held = a.guest_slot(caps(1), soon(0)).await.unwrap();
+        let a2 = a.clone();
+        let cancelled = tokio::spawn(async move { a2.guest_slot(caps(1), soon(60_000)).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let a3 = a.clone();
+        let next = tokio::spawn(async move { a3.guest_slot(caps(1), soon(60_000)).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(a.stats().waiting, 2);
+        cancelled.abort();
+        let _ = cancelled.await;
+        assert_eq!(a.stats().waiting, 1, "the cancelled run left the queue");
+        drop(held);
+        let got = next.await.unwrap().unwrap();
+        assert_eq!(a.stats().live, 1);
+        drop(got);
+        assert_eq!(a.stats().live, 0);
+    }
+
+    #[tokio::test]
+    async fn refills_never_take_a_slot_a_waiting_run_needs() {
+        let a = Admission::new();
+        let held = a.guest_slot(caps(2), soon(0)).await.unwrap();
+        let pool_slot = a.try_guest_slot().expect("room and nobody waits");
+        assert!(a.try_guest_slot().is_none(), "at the cap");
+        let a2 = a.clone();
+        let waiter = tokio::spawn(async move { a2.guest_slot(caps(2), soon(60_000)).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(pool_slot);
+        // The freed place went to the waiting run, not to a refill.
+        let got = waiter.await.unwrap().unwrap();
+        assert!(a.try_guest_slot().is_none());
+        drop((held, got));
+        assert!(a.try_guest_slot().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_run_asks_the_pools_for_an_idle_guest() {
+        let a = Admission::new();
+        let pooled = Arc::new(Mutex::new(Some(a.try_guest_slot().unwrap())));
+        let asked = Arc::new(AtomicUsize::new(0));
+        let reclaim: Arc<Reclaim> = {
+            let (pooled, asked) = (Arc::clone(&pooled), Arc::clone(&asked));
+            Arc::new(move || {
+                asked.fetch_add(1, Ordering::SeqCst);
+                pooled.lock().unwrap().take().is_some()
+            })
+        };
+        a.reclaim_with(&reclaim);
+        let got = a.guest_slot(caps(1), soon(1000)).await.unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        assert_eq!(a.stats().live, 1);
+        drop(got);
+    }
+
+    #[tokio::test]
+    async fn flows_are_capped_each_on_its_own() {
+        let a = Admission::new();
+        let f1 = a.flow_slot("flow-a", caps(1), soon(0)).await.unwrap();
+        let other = a.flow_slot("flow-b", caps(1), soon(0)).await.unwrap();
+        let e = a.flow_slot("flow-a", caps(1), soon(100)).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("\"flow-a\"") && text.contains("CREATEOS_MAX_LIVE_GUESTS_PER_FLOW=1"),
+            "{text}"
+        );
+        assert_eq!(
+            a.stats().flows,
+            vec![("flow-a".into(), 1), ("flow-b".into(), 1)]
+        );
+        drop((f1, other));
+        assert!(a.stats().flows.is_empty());
+        assert!(a.flow_slot("flow-a", caps(1), soon(0)).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_raised_cap_lets_the_waiters_in() {
+        let a = Admission::new();
+        let held = a.guest_slot(caps(1), soon(0)).await.unwrap();
+        let a2 = a.clone();
+        let waiter = tokio::spawn(async move { a2.guest_slot(caps(1), soon(60_000)).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let more = a.guest_slot(caps(3), soon(0)).await.unwrap();
+        let served = waiter.await.unwrap().expect("the waiter went first");
+        assert_eq!(a.stats().live, 3);
+        drop((held, more, served));
+    }
+}
