@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IPv4 ranges never connected to: (network, prefix length, why).
 const V4_FORBIDDEN: &[(Ipv4Addr, u8, &str)] = &[
-    (Ipv4Addr::new(255, 255, 255, 255), 32, "broadcast"),
-    (Ipv4Addr::new(0, 0, 0, 0), 8, "this-network (0.0.0.0/8)"),
+    (Ipv4Addr::BROADCAST, 32, "broadcast"),
+    (Ipv4Addr::UNSPECIFIED, 8, "this-network (0.0.0.0/8)"),
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private (10.0.0.0/8)"),
     (
         Ipv4Addr::new(100, 64, 0, 0),
@@ -72,7 +72,7 @@ const V6_FORBIDDEN: &[(Ipv6Addr, u8, &str)] = &[
     (Ipv6Addr::UNSPECIFIED, 128, "unspecified (::)"),
     (Ipv6Addr::LOCALHOST, 128, "loopback (::1)"),
     (
-        Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0),
+        Ipv6Addr::UNSPECIFIED,
         96,
         "IPv4-compatible (deprecated, ::/96)",
     ),

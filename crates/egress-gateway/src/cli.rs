@@ -16,7 +16,7 @@ use crate::token::{SECRET_ENV, Secret};
 
 /// Filtering egress gateway for CreateOS guests: an HTTP forward proxy that admits only the
 /// host names the caller's signed credential lists. The shared secret is read from
-/// CREATEOS_GATEWAY_SECRET (at least 32 bytes) and never printed.
+/// `CREATEOS_GATEWAY_SECRET` (at least 32 bytes) and never printed.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "egress-gateway", version)]
 pub struct Args {
@@ -40,7 +40,7 @@ pub struct Args {
     /// Seconds a connection may stay open at most.
     #[arg(long, default_value_t = 3600, value_name = "SECONDS")]
     pub max_connection_lifetime: u64,
-    /// Seconds a client has to send its request head, then its TLS ClientHello.
+    /// Seconds a client has to send its request head, then its TLS `ClientHello`.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub handshake_timeout: u64,
     /// Seconds resolving a name and connecting to it may take.

@@ -1,4 +1,4 @@
-//! A filtering egress gateway for CreateOS guests: "let this code reach PyPI and nothing else".
+//! A filtering egress gateway for CreateOS guests: "let this code reach `PyPI` and nothing else".
 //!
 //! CreateOS enforces egress rules made of addresses (`IP:port`, CIDR) and accepts, but does not
 //! enforce, host names. This crate turns a list of host names into something that holds: the

@@ -230,16 +230,16 @@ impl Drop for ConnCtx {
                     target: "egress_gateway::connection",
                     $level,
                     peer = %self.peer,
-                    guest,
-                    kind,
-                    host,
+                    guest = %guest,
+                    kind = %kind,
+                    host = %host,
                     port = %port,
                     upstream = %upstream,
                     bytes_up = up,
                     bytes_down = down,
                     duration_ms,
-                    verdict,
-                    reason,
+                    verdict = %verdict,
+                    reason = %reason,
                     "connection"
                 )
             };
