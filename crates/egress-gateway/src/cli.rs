@@ -81,13 +81,20 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 }
 
 impl Args {
-    /// Parses a command line (`argv[0]` is the program name).
-    pub fn parse_from_args<I, T>(argv: I) -> Result<Self, clap::Error>
+    /// Parses the arguments that follow the program name; `bin_name` is how usage and help
+    /// messages name the program (`egress-gateway`, or the Python module's command).
+    pub fn parse_args<I, T>(bin_name: &str, args: I) -> Result<Self, clap::Error>
     where
         I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
+        T: Into<std::ffi::OsString>,
     {
-        Self::try_parse_from(argv)
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let command_line = std::iter::once(std::ffi::OsString::from(bin_name))
+            .chain(args.into_iter().map(Into::into));
+        let matches = Self::command()
+            .bin_name(bin_name.to_owned())
+            .try_get_matches_from(command_line)?;
+        Self::from_arg_matches(&matches)
     }
 
     /// The gateway configuration these options describe, with `secret`.
@@ -194,19 +201,21 @@ mod tests {
 
     #[test]
     fn options_become_the_configuration() {
-        let args = Args::parse_from_args([
+        let args = Args::parse_args(
             "egress-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--max-connections-per-credential",
-            "3",
-            "--max-bytes-per-credential",
-            "1M",
-            "--idle-timeout",
-            "5",
-            "--test-only-resolve",
-            "Pkg.Test.=11.0.0.1,2a00::1",
-        ])
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--max-connections-per-credential",
+                "3",
+                "--max-bytes-per-credential",
+                "1M",
+                "--idle-timeout",
+                "5",
+                "--test-only-resolve",
+                "Pkg.Test.=11.0.0.1,2a00::1",
+            ],
+        )
         .unwrap();
         let secret = Secret::new(vec![7; 32]).unwrap();
         let config = args.config(secret).unwrap();
@@ -219,21 +228,26 @@ mod tests {
         };
         assert_eq!(map["pkg.test"].len(), 2);
         // No flag, no test resolver.
-        let plain = Args::parse_from_args(["egress-gateway", "--listen", "127.0.0.1:0"]).unwrap();
+        let plain = Args::parse_args("egress-gateway", ["--listen", "127.0.0.1:0"]).unwrap();
         assert!(
             !plain
                 .config(Secret::new(vec![7; 32]).unwrap())
                 .unwrap()
                 .uses_test_only_resolver()
         );
-        let bad = Args::parse_from_args([
+        let bad = Args::parse_args(
             "egress-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--test-only-resolve",
-            "pkg.test",
-        ])
+            ["--listen", "127.0.0.1:0", "--test-only-resolve", "pkg.test"],
+        )
         .unwrap();
+        // Usage and help name the program as the caller says.
+        let help = Args::parse_args("python -m langflow_sandbox_createos gateway", ["--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            help.contains("Usage: python -m langflow_sandbox_createos gateway"),
+            "{help}"
+        );
         assert!(bad.config(Secret::new(vec![7; 32]).unwrap()).is_err());
     }
 

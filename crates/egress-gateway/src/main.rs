@@ -7,7 +7,7 @@ use egress_gateway::cli::{Args, init_logging, run};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
-    let args = match Args::parse_from_args(std::env::args_os()) {
+    let args = match Args::parse_args("egress-gateway", std::env::args_os().skip(1)) {
         Ok(args) => args,
         Err(err) => {
             let _ = err.print();
