@@ -48,6 +48,10 @@ const REALM: &str = "Basic realm=\"createos-egress-gateway\"";
 pub const REASON_HEADER: &str = "x-egress-gateway-reason";
 /// A fatal TLS `access_denied` alert, sent on a tunnel whose `ClientHello` is refused.
 const TLS_ACCESS_DENIED: [u8; 7] = [21, 3, 3, 0, 2, 2, 49];
+/// Copy buffer of a tunnel, client to upstream (uploads are small: requests, hellos).
+const UP_BUFFER: usize = 16 * 1024;
+/// Copy buffer of a tunnel, upstream to client (downloads: wheels, archives).
+const DOWN_BUFFER: usize = 64 * 1024;
 /// The most addresses of one name tried in turn.
 const MAX_ADDRESSES_TRIED: usize = 4;
 
@@ -758,8 +762,8 @@ impl AsyncWrite for Metered {
 async fn read_hello<R: AsyncRead + Unpin>(
     client: &mut R,
 ) -> Result<(Vec<u8>, Option<String>), &'static str> {
+    use bytes::BufMut as _;
     let mut buf = Vec::with_capacity(2048);
-    let mut chunk = [0_u8; 4096];
     loop {
         match parse_client_hello(&buf) {
             Ok(Some(hello)) => return Ok((buf, hello.server_name)),
@@ -770,10 +774,11 @@ async fn read_hello<R: AsyncRead + Unpin>(
                 return Err("bad_client_hello");
             }
         }
-        let room = (MAX_HELLO_BYTES - buf.len()).min(chunk.len());
-        match client.read(&mut chunk[..room]).await {
+        // Never more than the bound in total (the parser refuses at the bound).
+        let room = MAX_HELLO_BYTES - buf.len();
+        match client.read_buf(&mut (&mut buf).limit(room)).await {
             Ok(0) | Err(_) => return Err("client_gone"),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => {}
         }
     }
 }
@@ -823,7 +828,9 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
     let deadline = tokio::time::Instant::from_std(ctx.started + cfg.max_connection_lifetime);
     let copied = async {
         upstream.write_all(&hello).await?;
-        tokio::io::copy_bidirectional(&mut client, &mut upstream).await
+        drop(hello);
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, UP_BUFFER, DOWN_BUFFER)
+            .await
     };
     tokio::select! {
         result = copied => ctx.end(if result.is_ok() { "closed" } else { "stream_error" }),

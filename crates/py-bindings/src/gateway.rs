@@ -64,7 +64,9 @@ pub fn gateway_main(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
                 break Ok(2);
             }
             Err(RecvTimeoutError::Disconnected) => {
-                break Err(PyRuntimeError::new_err("the egress gateway stopped unexpectedly"));
+                break Err(PyRuntimeError::new_err(
+                    "the egress gateway stopped unexpectedly",
+                ));
             }
             Err(RecvTimeoutError::Timeout) => {
                 if let Err(signal) = py.check_signals() {
