@@ -280,33 +280,41 @@ mod tests {
         }
     }
 
+    /// Asserts `list`'s decision for each `(host, port, expected)`.
+    fn decides(list: &Allowlist, cases: &[(&str, u16, Decision)]) {
+        for (host, port, want) in cases {
+            assert_eq!(list.decide(host, *port), *want, "{host}:{port}");
+        }
+    }
+
     #[test]
     fn exact_names_match_only_themselves_on_the_web_ports() {
-        let l = list(&["pypi.org"]);
-        assert_eq!(l.decide("pypi.org", 443), Decision::Allowed);
-        assert_eq!(l.decide("pypi.org", 80), Decision::Allowed);
-        assert_eq!(l.decide("pypi.org", 22), Decision::PortNotAllowed);
-        assert_eq!(l.decide("evil.pypi.org", 443), Decision::HostNotAllowed);
-        assert_eq!(
-            l.decide("pypi.org.evil.example", 443),
-            Decision::HostNotAllowed
+        use Decision::{Allowed, HostNotAllowed, PortNotAllowed};
+        decides(
+            &list(&["pypi.org"]),
+            &[
+                ("pypi.org", 443, Allowed),
+                ("pypi.org", 80, Allowed),
+                ("pypi.org", 22, PortNotAllowed),
+                ("evil.pypi.org", 443, HostNotAllowed),
+                ("pypi.org.evil.example", 443, HostNotAllowed),
+                ("xpypi.org", 443, HostNotAllowed),
+            ],
         );
-        assert_eq!(l.decide("xpypi.org", 443), Decision::HostNotAllowed);
     }
 
     #[test]
     fn wildcards_match_names_below_the_suffix_only() {
-        let l = list(&["*.PythonHosted.org."]);
-        assert_eq!(l.decide("files.pythonhosted.org", 443), Decision::Allowed);
-        assert_eq!(l.decide("a.b.pythonhosted.org", 443), Decision::Allowed);
-        assert_eq!(l.decide("pythonhosted.org", 443), Decision::HostNotAllowed);
-        assert_eq!(
-            l.decide("evilpythonhosted.org", 443),
-            Decision::HostNotAllowed
-        );
-        assert_eq!(
-            l.decide("pythonhosted.org.evil.example", 443),
-            Decision::HostNotAllowed
+        use Decision::{Allowed, HostNotAllowed};
+        decides(
+            &list(&["*.PythonHosted.org."]),
+            &[
+                ("files.pythonhosted.org", 443, Allowed),
+                ("a.b.pythonhosted.org", 443, Allowed),
+                ("pythonhosted.org", 443, HostNotAllowed),
+                ("evilpythonhosted.org", 443, HostNotAllowed),
+                ("pythonhosted.org.evil.example", 443, HostNotAllowed),
+            ],
         );
         for bad in [
             "*",
@@ -322,11 +330,16 @@ mod tests {
 
     #[test]
     fn an_explicit_port_replaces_the_web_ports() {
-        let l = list(&["api.example.com:8443", "*.svc.example.com:9000"]);
-        assert_eq!(l.decide("api.example.com", 8443), Decision::Allowed);
-        assert_eq!(l.decide("api.example.com", 443), Decision::PortNotAllowed);
-        assert_eq!(l.decide("x.svc.example.com", 9000), Decision::Allowed);
-        assert_eq!(l.decide("x.svc.example.com", 80), Decision::PortNotAllowed);
+        use Decision::{Allowed, PortNotAllowed};
+        decides(
+            &list(&["api.example.com:8443", "*.svc.example.com:9000"]),
+            &[
+                ("api.example.com", 8443, Allowed),
+                ("api.example.com", 443, PortNotAllowed),
+                ("x.svc.example.com", 9000, Allowed),
+                ("x.svc.example.com", 80, PortNotAllowed),
+            ],
+        );
         for bad in [
             "a.example:0",
             "a.example:65536",

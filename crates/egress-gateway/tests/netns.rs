@@ -27,6 +27,13 @@ for url in sys.argv[1:]:
         print(url, "ERR", e)
 "#;
 
+/// curl in guest `id`, trusting the test CA: `(exit code, stdout, stderr)`.
+async fn curl(guests: &Guests, id: &str, args: &[&str]) -> (i64, String, String) {
+    let mut all = vec!["-sS", "--max-time", "20", "--cacert", "/workspace/ca.pem"];
+    all.extend_from_slice(args);
+    guests.exec(id, "curl", &all).await
+}
+
 fn python_has_pip() -> bool {
     std::process::Command::new("python3")
         .args(["-m", "pip", "--version"])
@@ -59,32 +66,13 @@ async fn a_guest_reaches_allowed_names_through_the_gateway_and_nothing_else() {
     let open = guests.create(&net, &[], &[]).await;
 
     // curl: the allowed name over HTTPS and plain HTTP, through the gateway.
-    let (rc, out, err) = guests
-        .exec(
-            &guest,
-            "curl",
-            &[
-                "-sS",
-                "--max-time",
-                "20",
-                "--cacert",
-                "/workspace/ca.pem",
-                "https://pkg.test/hello",
-            ],
-        )
-        .await;
+    let (rc, out, err) = curl(&guests, &guest, &["https://pkg.test/hello"]).await;
     assert_eq!(
         (rc, out.as_str()),
         (0, "hello from pkg.test over https"),
         "{err}"
     );
-    let (rc, out, err) = guests
-        .exec(
-            &guest,
-            "curl",
-            &["-sS", "--max-time", "20", "http://pkg.test/headers"],
-        )
-        .await;
+    let (rc, out, err) = curl(&guests, &guest, &["http://pkg.test/headers"]).await;
     assert_eq!(rc, 0, "{err}");
     // Forwarded plain HTTP carries neither the token nor proxy-only headers upstream.
     assert_eq!(
@@ -92,20 +80,7 @@ async fn a_guest_reaches_allowed_names_through_the_gateway_and_nothing_else() {
         "host: pkg.test\nproxy-authorization: absent\nproxy-connection: absent\n"
     );
     // An unlisted name is refused by the gateway, with its reason.
-    let (rc, _, err) = guests
-        .exec(
-            &guest,
-            "curl",
-            &[
-                "-sS",
-                "--max-time",
-                "20",
-                "--cacert",
-                "/workspace/ca.pem",
-                "https://api.test/hello",
-            ],
-        )
-        .await;
+    let (rc, _, err) = curl(&guests, &guest, &["https://api.test/hello"]).await;
     assert_ne!(rc, 0);
     assert!(err.contains("403"), "{err}");
 
@@ -135,20 +110,17 @@ async fn a_guest_reaches_allowed_names_through_the_gateway_and_nothing_else() {
     // A program that ignores the proxy settings reaches nothing: the firewall drops it. The
     // same command from the guest without rules gets through, so the drop is the firewall's.
     let direct = [
-        "-sS",
         "--noproxy",
         "*",
         "--connect-timeout",
         "2",
-        "--cacert",
-        "/workspace/ca.pem",
         "--resolve",
         "pkg.test:443:11.0.0.1",
         "https://pkg.test/hello",
     ];
-    let (rc, _, err) = guests.exec(&guest, "curl", &direct).await;
+    let (rc, _, err) = curl(&guests, &guest, &direct).await;
     assert_eq!(rc, 28, "expected a connect timeout (dropped), got: {err}");
-    let (rc, out, err) = guests.exec(&open, "curl", &direct).await;
+    let (rc, out, err) = curl(&guests, &open, &direct).await;
     assert_eq!(
         (rc, out.as_str()),
         (0, "hello from pkg.test over https"),

@@ -78,13 +78,21 @@ fn hub() -> Hub {
     }
 }
 
-async fn enforcing(hub: &Hub) -> Fx {
-    Fx::with(FakeOptions {
+/// The hub and an enforcing fake linked to it; `None`, after saying why, when this machine
+/// cannot run the enforcing mode.
+async fn setup() -> Option<(Hub, Fx)> {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: the enforcing mode cannot run here: {why}");
+        return None;
+    }
+    let hub = hub();
+    let fx = Fx::with(FakeOptions {
         enforce_egress: true,
         egress_uplink_netns: Some(hub.ns.name().to_owned()),
         ..fast()
     })
-    .await
+    .await;
+    Some((hub, fx))
 }
 
 /// Runs the prober in guest `id` and returns target → outcome.
@@ -113,12 +121,9 @@ fn guest_namespaces(pid: u32) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn address_rules_are_enforced_and_the_holes_stay_open() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: the enforcing mode cannot run here: {why}");
+    let Some((_hub, fx)) = setup().await else {
         return;
-    }
-    let hub = hub();
-    let fx = enforcing(&hub).await;
+    };
     let targets = [
         "11.0.0.1:443",
         "11.0.0.1:80",
@@ -211,12 +216,9 @@ async fn address_rules_are_enforced_and_the_holes_stay_open() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_guest_has_a_real_address_and_its_namespace_goes_with_it() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: the enforcing mode cannot run here: {why}");
+    let Some((_hub, fx)) = setup().await else {
         return;
-    }
-    let hub = hub();
-    let fx = enforcing(&hub).await;
+    };
     let pid = fx.bin.child.id();
     assert_eq!(guest_namespaces(pid), 0);
     let a = fx.create(json!({"egress": ["11.0.0.1:443"]})).await;
