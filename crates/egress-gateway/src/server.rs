@@ -423,6 +423,8 @@ struct Admitted {
     host: String,
     port: u16,
     cred: Arc<CredState>,
+    /// The credential's expiry: an open connection ends with it.
+    expires_at: SystemTime,
 }
 
 /// The host and port a request asks for, with the host normalised.
@@ -577,6 +579,7 @@ async fn admit(
         host,
         port,
         cred: state,
+        expires_at: cred.expires_at,
     })
 }
 
@@ -825,18 +828,46 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
         cred: adm.cred,
         limit: cfg.max_bytes_per_credential,
     };
-    let deadline = tokio::time::Instant::from_std(ctx.started + cfg.max_connection_lifetime);
     let copied = async {
-        upstream.write_all(&hello).await?;
-        drop(hello);
-        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, UP_BUFFER, DOWN_BUFFER)
+        let result = async {
+            upstream.write_all(&hello).await?;
+            drop(hello);
+            tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut upstream,
+                UP_BUFFER,
+                DOWN_BUFFER,
+            )
             .await
+        }
+        .await;
+        if result.is_ok() {
+            "closed"
+        } else {
+            "stream_error"
+        }
     };
-    tokio::select! {
-        result = copied => ctx.end(if result.is_ok() { "closed" } else { "stream_error" }),
-        () = idle(&ctx, cfg.idle_timeout) => ctx.end("idle_timeout"),
-        () = tokio::time::sleep_until(deadline) => ctx.end("lifetime"),
-    }
+    bounded(&ctx, cfg, adm.expires_at, copied).await;
+}
+
+/// Runs `work` (which says how it ended) until it ends, nothing moves for the idle timeout,
+/// the connection reaches its maximum lifetime, or its credential expires; notes which.
+async fn bounded<F>(ctx: &ConnCtx, cfg: &GatewayConfig, expires_at: SystemTime, work: F)
+where
+    F: Future<Output = &'static str>,
+{
+    let lifetime = tokio::time::Instant::from_std(ctx.started + cfg.max_connection_lifetime);
+    let left = expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let expiry = tokio::time::Instant::now() + left;
+    let reason = tokio::select! {
+        reason = work => reason,
+        () = idle(ctx, cfg.idle_timeout) => "idle_timeout",
+        () = tokio::time::sleep_until(lifetime) => "lifetime",
+        () = tokio::time::sleep_until(expiry) => "token_expired",
+    };
+    ctx.end(reason);
 }
 
 /// Headers that belong to one hop and are never passed on, `Proxy-Authorization` (the token)
@@ -870,7 +901,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Forwards one plain-HTTP request over the admitted connection and streams the answer back.
 async fn forward(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     ctx: &Arc<ConnCtx>,
     req: Request<Incoming>,
     adm: Admitted,
@@ -888,17 +919,16 @@ async fn forward(
         .await
         .map_err(|e| upstream_error(format!("upstream handshake failed: {e}")))?;
     {
-        let ctx = Arc::clone(ctx);
-        let (idle_limit, deadline) = (
-            cfg.idle_timeout,
-            tokio::time::Instant::from_std(ctx.started + cfg.max_connection_lifetime),
-        );
+        let (shared, ctx, expires_at) = (Arc::clone(shared), Arc::clone(ctx), adm.expires_at);
         tokio::spawn(async move {
-            tokio::select! {
-                result = conn => if result.is_err() { ctx.end("upstream_error") },
-                () = idle(&ctx, idle_limit) => ctx.end("idle_timeout"),
-                () = tokio::time::sleep_until(deadline) => ctx.end("lifetime"),
-            }
+            let ended = async {
+                if conn.await.is_ok() {
+                    "closed"
+                } else {
+                    "upstream_error"
+                }
+            };
+            bounded(&ctx, &shared.config, expires_at, ended).await;
         });
     }
     let (mut parts, body) = req.into_parts();

@@ -342,6 +342,28 @@ async fn missing_expired_altered_or_foreign_credentials_are_refused() {
     );
     let (head, _) = connect(&net, &gw, "pkg.test:443", Some(&basic(&good))).await;
     assert_eq!(head.status, 200, "{head:?}");
+    // A tunnel does not outlive its token: it is closed when the token expires.
+    let short = egress_gateway::mint_until(
+        &secret,
+        "run-3-short",
+        &["pkg.test"],
+        SystemTime::now() + Duration::from_secs(2),
+    )
+    .expect("mint");
+    let (head, stream) = connect(&net, &gw, "pkg.test:443", Some(&basic(&short))).await;
+    assert_eq!(head.status, 200, "{head:?}");
+    let mut tunnel = net
+        .tls()
+        .connect(name("pkg.test"), stream)
+        .await
+        .expect("TLS");
+    assert!(read_all(&mut tunnel).await.is_empty());
+    gw.wait_record(&[
+        "guest=run-3-short",
+        "verdict=allowed",
+        "reason=token_expired",
+    ])
+    .await;
     // An oversized request head is refused before anything else.
     let mut stream = net.connect_from_hub(gw.addr);
     let huge = format!(
