@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tokio::net::TcpListener;
+use tracing_subscriber::filter::LevelFilter;
 
 use crate::config::GatewayConfig;
 use crate::server::serve_until;
@@ -129,17 +130,26 @@ impl Args {
     }
 }
 
-/// Sends the gateway's records (one per connection) to stderr as `key=value` lines, at the
-/// level `CREATEOS_GATEWAY_LOG` names (a tracing filter, default `info`). Does nothing if the
-/// process already has a subscriber.
+/// Sends the gateway's records (one per connection) to stderr as `key=value` lines, from the
+/// level `CREATEOS_GATEWAY_LOG` names up (`error`, `warn`, `info` (default), `debug`, `trace`
+/// or `off`). Does nothing if the process already has a subscriber.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CREATEOS_GATEWAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let wanted = std::env::var("CREATEOS_GATEWAY_LOG").ok();
+    let level = wanted
+        .as_deref()
+        .map_or(Ok(LevelFilter::INFO), str::parse::<LevelFilter>);
+    let installed = tracing_subscriber::fmt()
+        .with_max_level(*level.as_ref().unwrap_or(&LevelFilter::INFO))
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .try_init();
+        .try_init()
+        .is_ok();
+    if installed && level.is_err() {
+        tracing::warn!(
+            target: "egress_gateway",
+            "CREATEOS_GATEWAY_LOG is not a level (error, warn, info, debug, trace, off): logging at info"
+        );
+    }
 }
 
 /// Reads the secret, binds, prints `listening on ADDR:PORT` and serves until `shutdown`.
