@@ -8,6 +8,7 @@
 //! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
 //!   `reap_reused()`;
 //! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
+//! - [`gateway`]: `gateway_main()`, the egress gateway behind `python -m ... gateway`;
 //! - [`process`]: one backend per process id, so a forked child gets a fresh backend (and
 //!   connection pool) while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
@@ -23,6 +24,7 @@ mod backend;
 mod component;
 mod errors;
 mod executor;
+mod gateway;
 mod logbridge;
 mod payload;
 mod process;
@@ -59,5 +61,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<component::ReusedReapReport>()?;
     m.add_function(wrap_pyfunction!(component::describe_component, m)?)?;
     m.add_function(wrap_pyfunction!(component::reap_reused, m)?)?;
+    m.add_function(wrap_pyfunction!(gateway::gateway_main, m)?)?;
     Ok(())
 }

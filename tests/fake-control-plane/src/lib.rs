@@ -16,11 +16,13 @@
 //! ```
 
 mod desktop;
+mod egress;
 mod exec;
 mod extra;
 mod faults;
 mod handlers;
 mod jsend;
+pub mod netns;
 mod procs;
 mod server;
 mod state;
@@ -76,6 +78,13 @@ pub struct FakeOptions {
     pub sse: bool,
     /// Where guest directories live (default: a fresh temporary directory removed on shutdown).
     pub state_dir: Option<PathBuf>,
+    /// Enforce each guest's egress rules as CreateOS does: its commands run in a network
+    /// namespace of their own whose firewall allows only its address rules (see the crate
+    /// README). Needs root, `ip` and `nft`; starting fails with the reason otherwise.
+    pub enforce_egress: bool,
+    /// With `enforce_egress`: the network namespace guests are linked to (default: the fake's
+    /// own). Tests put their "internet" and gateway behind such a namespace.
+    pub egress_uplink_netns: Option<String>,
 }
 
 impl Default for FakeOptions {
@@ -94,6 +103,8 @@ impl Default for FakeOptions {
             heartbeat: Duration::from_secs(5),
             sse: false,
             state_dir: None,
+            enforce_egress: false,
+            egress_uplink_netns: None,
         }
     }
 }
@@ -114,6 +125,8 @@ impl std::fmt::Debug for FakeOptions {
             .field("heartbeat", &self.heartbeat)
             .field("sse", &self.sse)
             .field("state_dir", &self.state_dir)
+            .field("enforce_egress", &self.enforce_egress)
+            .field("egress_uplink_netns", &self.egress_uplink_netns)
             .finish()
     }
 }
@@ -171,6 +184,15 @@ impl FakeServer {
     pub async fn start_on(opts: FakeOptions, port: u16) -> std::io::Result<FakeServer> {
         let faults = Faults::parse(&opts.faults)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let enforcer = if opts.enforce_egress {
+            let uplink = opts.egress_uplink_netns.clone();
+            let made = tokio::task::spawn_blocking(move || egress::Enforcer::new(uplink))
+                .await
+                .map_err(std::io::Error::other)?;
+            Some(made.map_err(|e| std::io::Error::new(std::io::ErrorKind::Unsupported, e))?)
+        } else {
+            None
+        };
         let (temp, state_root) = if let Some(d) = &opts.state_dir {
             std::fs::create_dir_all(d)?;
             (None, d.clone())
@@ -213,6 +235,7 @@ impl FakeServer {
             execs_now: AtomicU64::new(0),
             peak_execs: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
+            enforcer,
         });
         let serve = tokio::spawn(server::accept_loop(app.clone(), listener));
         let sweep_app = app.clone();
@@ -285,6 +308,7 @@ impl FakeServer {
     pub async fn shutdown(mut self) {
         self.app.shutdown.cancel();
         self.app.kill_everything();
+        self.app.drop_networks();
         for t in self.tasks.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
@@ -300,6 +324,7 @@ impl Drop for FakeServer {
     fn drop(&mut self) {
         self.app.shutdown.cancel();
         self.app.kill_everything();
+        self.app.drop_networks();
         for t in &self.tasks {
             t.abort();
         }

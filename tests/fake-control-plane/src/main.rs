@@ -63,6 +63,13 @@ struct Cli {
     /// Keep guest directories here instead of a temporary directory.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Enforce egress rules as CreateOS does: each guest runs in its own network namespace
+    /// whose nftables firewall allows only its address rules. Needs root, `ip` and `nft`.
+    #[arg(long)]
+    enforce_egress: bool,
+    /// With --enforce-egress: link guests to this network namespace instead of the fake's own.
+    #[arg(long, requires = "enforce_egress", value_name = "NAME")]
+    egress_uplink_netns: Option<String>,
 }
 
 #[tokio::main]
@@ -85,6 +92,8 @@ async fn main() {
         heartbeat: Duration::from_millis(cli.heartbeat_ms),
         sse: cli.sse,
         state_dir: cli.state_dir,
+        enforce_egress: cli.enforce_egress,
+        egress_uplink_netns: cli.egress_uplink_netns,
     };
     // The handlers are installed before the `listening on` line is printed: a caller that
     // reads that line and sends SIGTERM at once still gets a clean stop (guest processes

@@ -129,6 +129,8 @@ pub(crate) struct Sandbox {
     pub desktop: Option<crate::desktop::Desktop>,
     /// Bumped on every state change so delayed transitions can tell they are stale.
     pub epoch: u64,
+    /// The guest's network namespace and firewall (enforcing mode only); deleted with it.
+    pub net: Option<crate::egress::GuestNet>,
 }
 
 impl Sandbox {
@@ -181,6 +183,11 @@ impl Sandbox {
             o.insert("auto_pause_after_seconds".into(), json!(s));
         }
         v
+    }
+
+    /// The network namespace guest commands run in (enforcing mode).
+    pub(crate) fn netns(&self) -> Option<String> {
+        self.net.as_ref().map(|n| n.name().to_owned())
     }
 
     /// Sends `sig` to every process group of this guest (errors ignored).
@@ -329,6 +336,8 @@ pub(crate) struct App {
     pub execs_now: AtomicU64,
     pub peak_execs: AtomicU64,
     pub shutdown: CancellationToken,
+    /// The enforcing mode (`--enforce-egress`): guest networks and their firewalls.
+    pub enforcer: Option<crate::egress::Enforcer>,
 }
 
 impl App {
@@ -365,6 +374,17 @@ impl App {
             sb.signal_all(Signal::SIGCONT);
             sb.signal_all(Signal::SIGKILL);
         }
+    }
+
+    /// Deletes every guest's network namespace (at shutdown), outside the state lock.
+    pub(crate) fn drop_networks(&self) {
+        let nets: Vec<_> = self
+            .lock()
+            .sandboxes
+            .iter_mut()
+            .filter_map(|sb| sb.net.take())
+            .collect();
+        drop(nets);
     }
 
     /// Pauses every running guest whose last activity is older than its auto-pause window.

@@ -31,6 +31,7 @@ __all__ = [
     "FlowWake",
     "template_plan",
     "template_build",
+    "gateway_main",
 ]
 
 __version__: str
@@ -307,4 +308,13 @@ def template_build(name: str, dockerfile: str) -> str:
 
     Blocks with the GIL released; Ctrl-C interrupts. Raises ``CreateOSUnavailableError``
     (missing or rejected key) or ``CreateOSExecutionError`` (the build failed).
+    """
+
+def gateway_main(argv: list[str]) -> int:
+    """Run the egress gateway with the command-line arguments ``argv`` (those after ``gateway``).
+
+    Blocks with the GIL released until a signal handler raises (Ctrl-C: ``KeyboardInterrupt``,
+    which propagates after the gateway stops accepting) or the gateway fails to start. Returns the
+    exit status: 0 after ``--help`` or ``--version``, 2 for a usage or start-up error (printed to
+    stderr). The shared secret comes from ``CREATEOS_GATEWAY_SECRET`` and is never printed.
     """

@@ -110,6 +110,8 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         heartbeat,
         sse,
         state_dir,
+        enforce_egress,
+        egress_uplink_netns,
     } = opts;
     let ms = |d: &Duration| d.as_millis().to_string();
     let mut a: Vec<String> = vec![
@@ -145,6 +147,12 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
     }
     if let Some(d) = state_dir {
         a.extend(["--state-dir".into(), d.to_string_lossy().into_owned()]);
+    }
+    if *enforce_egress {
+        a.push("--enforce-egress".into());
+    }
+    if let Some(ns) = egress_uplink_netns {
+        a.extend(["--egress-uplink-netns".into(), ns.clone()]);
     }
     a
 }
