@@ -297,26 +297,21 @@ def _pe(data: bytes) -> NativeBinary:
         for i in range(count):
             (name_rva,) = struct.unpack_from("<I", data, off(names_rva) + 4 * i)
             out.exports.add(_cstr(data, off(name_rva)))
-    if len(dirs) > 1 and dirs[1][0]:  # import directory
-        pos = off(dirs[1][0])
+    # The import directory, and delay-load imports (loaded on first use, still needed): per
+    # directory, its descriptor size, which of the descriptor's first five fields names the DLL,
+    # and which hold the table of names (the first non-zero one).
+    for index, size, name_at, tables in ((1, 20, 3, (0, 4)), (13, 32, 1, (4,))):
+        if len(dirs) <= index or not dirs[index][0]:
+            continue
+        pos = off(dirs[index][0])
         while True:
-            lookup, _ts, _fwd, name_rva, iat = struct.unpack_from("<IIIII", data, pos)
-            if name_rva == 0:
+            fields = struct.unpack_from("<IIIII", data, pos)
+            if fields[name_at] == 0:
                 break
-            dll = _cstr(data, off(name_rva))
+            dll = _cstr(data, off(fields[name_at]))
             out.libraries.append(dll)
-            thunks(dll, lookup or iat)
-            pos += 20
-    if len(dirs) > 13 and dirs[13][0]:  # delay-load imports: loaded on first use, still needed
-        pos = off(dirs[13][0])
-        while True:
-            _attrs, name_rva, _module, _iat, int_rva = struct.unpack_from("<IIIII", data, pos)
-            if name_rva == 0:
-                break
-            dll = _cstr(data, off(name_rva))
-            out.libraries.append(dll)
-            thunks(dll, int_rva)
-            pos += 32
+            thunks(dll, next((fields[i] for i in tables if fields[i]), 0))
+            pos += size
     return out
 
 

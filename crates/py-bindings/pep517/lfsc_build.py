@@ -8,11 +8,12 @@ Every hook is maturin's otherwise.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import maturin
@@ -54,47 +55,23 @@ def _require_rust() -> None:
         raise SystemExit(1)
 
 
-def get_requires_for_build_wheel(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    _require_rust()
-    return maturin.get_requires_for_build_wheel(config_settings)
+def _checked(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """maturin's `hook`, run only once Rust is known to be there."""
+
+    @functools.wraps(hook)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _require_rust()
+        return hook(*args, **kwargs)
+
+    return run
 
 
-def get_requires_for_build_editable(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    _require_rust()
-    return maturin.get_requires_for_build_wheel(config_settings)
-
-
-def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: Mapping[str, Any] | None = None) -> str:
-    _require_rust()
-    return maturin.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
-prepare_metadata_for_build_editable = prepare_metadata_for_build_wheel
-
-
-def build_wheel(
-    wheel_directory: str,
-    config_settings: Mapping[str, Any] | None = None,
-    metadata_directory: str | None = None,
-) -> str:
-    _require_rust()
-    return maturin.build_wheel(wheel_directory, config_settings, metadata_directory)
-
-
-def build_editable(
-    wheel_directory: str,
-    config_settings: Mapping[str, Any] | None = None,
-    metadata_directory: str | None = None,
-) -> str:
-    _require_rust()
-    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)
-
-
-def get_requires_for_build_sdist(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    _require_rust()
-    return maturin.get_requires_for_build_sdist(config_settings)
-
-
-def build_sdist(sdist_directory: str, config_settings: Mapping[str, Any] | None = None) -> str:
-    _require_rust()
-    return maturin.build_sdist(sdist_directory, config_settings)
+# Every PEP 517 hook (and the optional ones pip uses) is maturin's, behind the check.
+get_requires_for_build_wheel = _checked(maturin.get_requires_for_build_wheel)
+get_requires_for_build_editable = _checked(maturin.get_requires_for_build_wheel)
+get_requires_for_build_sdist = _checked(maturin.get_requires_for_build_sdist)
+prepare_metadata_for_build_wheel = _checked(maturin.prepare_metadata_for_build_wheel)
+prepare_metadata_for_build_editable = _checked(maturin.prepare_metadata_for_build_wheel)
+build_wheel = _checked(maturin.build_wheel)
+build_editable = _checked(maturin.build_editable)
+build_sdist = _checked(maturin.build_sdist)
