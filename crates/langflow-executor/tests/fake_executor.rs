@@ -665,6 +665,7 @@ async fn run_to_end(
     loop {
         match run.next().await? {
             Some(Event::Vertex(v)) => vertices.push(v.value()),
+            Some(Event::Message(m)) => panic!("no message expected: {}", m.value()),
             Some(Event::Complete(outputs)) => {
                 assert_eq!(run.next().await?, None);
                 return Ok((vertices, outputs.value()));
