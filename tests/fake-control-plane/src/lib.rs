@@ -76,6 +76,10 @@ pub struct FakeOptions {
     pub sse: bool,
     /// Where guest directories live (default: a fresh temporary directory removed on shutdown).
     pub state_dir: Option<PathBuf>,
+    /// Append every API request (route, method, path, query and body, never a header) to this
+    /// file as a JSON line, so a test can prove what a client did or did not send (default
+    /// none).
+    pub request_log: Option<PathBuf>,
 }
 
 impl Default for FakeOptions {
@@ -94,6 +98,7 @@ impl Default for FakeOptions {
             heartbeat: Duration::from_secs(5),
             sse: false,
             state_dir: None,
+            request_log: None,
         }
     }
 }
@@ -114,6 +119,7 @@ impl std::fmt::Debug for FakeOptions {
             .field("heartbeat", &self.heartbeat)
             .field("sse", &self.sse)
             .field("state_dir", &self.state_dir)
+            .field("request_log", &self.request_log)
             .finish()
     }
 }
@@ -181,6 +187,15 @@ impl FakeServer {
             let p = t.path().to_path_buf();
             (Some(t), p)
         };
+        let request_log = match &opts.request_log {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
+        };
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let mut base = opts.base_path.trim().trim_end_matches('/').to_owned();
@@ -213,6 +228,7 @@ impl FakeServer {
             execs_now: AtomicU64::new(0),
             peak_execs: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
+            request_log,
         });
         let serve = tokio::spawn(server::accept_loop(app.clone(), listener));
         let sweep_app = app.clone();

@@ -63,6 +63,10 @@ struct Cli {
     /// Keep guest directories here instead of a temporary directory.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Append every API request (route, method, path, query, body; no header) to this file as
+    /// a JSON line.
+    #[arg(long)]
+    request_log: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -85,6 +89,7 @@ async fn main() {
         heartbeat: Duration::from_millis(cli.heartbeat_ms),
         sse: cli.sse,
         state_dir: cli.state_dir,
+        request_log: cli.request_log,
     };
     // The handlers are installed before the `listening on` line is printed: a caller that
     // reads that line and sends SIGTERM at once still gets a clean stop (guest processes

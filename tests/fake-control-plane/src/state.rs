@@ -329,6 +329,8 @@ pub(crate) struct App {
     pub execs_now: AtomicU64,
     pub peak_execs: AtomicU64,
     pub shutdown: CancellationToken,
+    /// `--request-log`: every API request is appended here as a JSON line.
+    pub request_log: Option<Mutex<std::fs::File>>,
 }
 
 impl App {

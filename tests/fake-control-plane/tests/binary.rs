@@ -335,3 +335,51 @@ async fn state_dir_flag_keeps_guest_directories_there() {
     assert!(status.is_some_and(|s| s.success()));
     assert!(dir.is_dir(), "a --state-dir is not removed at exit");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_log_flag_records_routes_and_bodies_but_no_header() {
+    let state = tempfile::tempdir().unwrap();
+    let log = state.path().join("requests.jsonl");
+    let mut bin = start(&["--request-log", &log.to_string_lossy()]);
+    let http = client();
+    let created: Value = http
+        .post(format!("{}/v1/sandboxes", bin.url))
+        .header("X-Api-Key", "bin-key")
+        .json(&json!({"shape": "s-1vcpu-256mb", "envs": {"A": "in-the-create-body"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["data"]["id"].as_str().unwrap().to_owned();
+    let up = http
+        .put(format!("{}/v1/sandboxes/{id}/files", bin.url))
+        .query(&[("path", "/workspace/job.json")])
+        .header("X-Api-Key", "bin-key")
+        .body("uploaded bytes")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status().as_u16(), 200);
+    let status = tokio::task::spawn_blocking(move || {
+        let st = bin.terminate();
+        drop(bin);
+        st
+    })
+    .await
+    .unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("bin-key"), "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let create = lines.iter().find(|l| l["route"] == "create").unwrap();
+    assert_eq!(create["method"], "POST");
+    assert!(create["body"].as_str().unwrap().contains("in-the-create-body"));
+    let upload = lines.iter().find(|l| l["route"] == "upload").unwrap();
+    assert_eq!(upload["body"], "uploaded bytes");
+    assert_eq!(upload["query"], json!([["path", "/workspace/job.json"]]));
+}

@@ -110,6 +110,7 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         heartbeat,
         sse,
         state_dir,
+        request_log,
     } = opts;
     let ms = |d: &Duration| d.as_millis().to_string();
     let mut a: Vec<String> = vec![
@@ -145,6 +146,9 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
     }
     if let Some(d) = state_dir {
         a.extend(["--state-dir".into(), d.to_string_lossy().into_owned()]);
+    }
+    if let Some(f) = request_log {
+        a.extend(["--request-log".into(), f.to_string_lossy().into_owned()]);
     }
     a
 }
