@@ -268,13 +268,13 @@ def _install_host_context(graph: Any, job: dict[str, Any]) -> None:
     graph.persist_messages = bool(job.get("persist_messages", True))
     if job.get("end_user_id"):
         graph.end_user_id = job["end_user_id"]
-    _track_components()
     _bridge_variables(job.get("variables") or {})
     memory = job.get("memory")
     if memory is not None:
         # The host runs inside Langflow (it has a message store): its history and messages
         # are bridged, and what needs its database of flows fails naming the component.
         _bridge_memory(graph, memory)
+        _track_components()
         _refuse_flow_database()
 
 
