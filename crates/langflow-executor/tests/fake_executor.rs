@@ -1210,8 +1210,18 @@ async fn message_frames_past_the_run_bound_are_refused_naming_it() {
     let message = r#"{"frame":"message","op":"store","id":"m","message":{"text":"x"}}"#;
     let lines = vec![message.to_owned(); 1001];
     let (_dir, rig, events, err) = hostile_run(&lines).await;
-    assert_eq!(events.len(), 1000, "every message within the bound was handed on");
-    assert_refused(&rig, &err, "MAX_RUN_MESSAGES", "more than 1000 message frames").await;
+    assert_eq!(
+        events.len(),
+        1000,
+        "every message within the bound was handed on"
+    );
+    assert_refused(
+        &rig,
+        &err,
+        "MAX_RUN_MESSAGES",
+        "more than 1000 message frames",
+    )
+    .await;
 }
 
 const CREDENTIAL: &str = "sk-flow-credential-6e21b0c4";
@@ -1221,13 +1231,13 @@ const CREDENTIAL: &str = "sk-flow-credential-6e21b0c4";
 fn request_with_variables() -> FlowRequest {
     FlowRequest::from_json(
         &json!({"flow": {"data": {"nodes": [], "edges": []}}, "inputs": [{"input_value": "hi"}],
-                "options": {"_use_arun_legacy": true, "session_id": "s-42"},
-                "session_id": "s-42",
-                "variables": {
-                    "llm": {"params": {"api_key": CREDENTIAL}},
-                    "broken": {"error": {"type": "VariableNotFoundError", "base": "ValueError",
-                                         "message": "MISSING_VAR variable not found."}}
-                }})
+        "options": {"_use_arun_legacy": true, "session_id": "s-42"},
+        "session_id": "s-42",
+        "variables": {
+            "llm": {"params": {"api_key": CREDENTIAL}},
+            "broken": {"error": {"type": "VariableNotFoundError", "base": "ValueError",
+                                 "message": "MISSING_VAR variable not found."}}
+        }})
         .to_string(),
     )
     .unwrap()
@@ -1260,7 +1270,11 @@ exit 1"#
         .await
         .unwrap();
     let err = run.next().await.unwrap_err();
-    let ExecutorError::Flow { error_type, message } = &err else {
+    let ExecutorError::Flow {
+        error_type,
+        message,
+    } = &err
+    else {
         panic!("{err:?}")
     };
     assert_eq!(error_type.as_deref(), Some("ValueError"));
@@ -1347,7 +1361,10 @@ async fn a_file_above_the_bound_is_refused_before_any_guest_is_created() {
         panic!("{err:?}")
     };
     assert!(msg.contains("MAX_FILE_BYTES=67108864"), "{msg}");
-    assert!(msg.contains(r#""big.pdf""#) && msg.contains("Nothing was created"), "{msg}");
+    assert!(
+        msg.contains(r#""big.pdf""#) && msg.contains("Nothing was created"),
+        "{msg}"
+    );
     let stats = rig.fake.stats();
     assert_eq!(stats.created, 0);
     assert!(stats.requests.is_empty(), "{:?}", stats.requests);

@@ -233,7 +233,9 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
             "query": query,
             "body": String::from_utf8_lossy(pre_body.as_deref().unwrap_or_default()),
         });
-        let mut file = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut file = log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let _ = writeln!(file, "{line}");
     }
     if !app.latency.is_zero() {

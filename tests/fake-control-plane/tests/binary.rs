@@ -378,7 +378,12 @@ async fn request_log_flag_records_routes_and_bodies_but_no_header() {
         .collect();
     let create = lines.iter().find(|l| l["route"] == "create").unwrap();
     assert_eq!(create["method"], "POST");
-    assert!(create["body"].as_str().unwrap().contains("in-the-create-body"));
+    assert!(
+        create["body"]
+            .as_str()
+            .unwrap()
+            .contains("in-the-create-body")
+    );
     let upload = lines.iter().find(|l| l["route"] == "upload").unwrap();
     assert_eq!(upload["body"], "uploaded bytes");
     assert_eq!(upload["query"], json!([["path", "/workspace/job.json"]]));

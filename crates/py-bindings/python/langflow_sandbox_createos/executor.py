@@ -42,10 +42,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 from lfx.execution.executor import Executor
@@ -309,6 +310,20 @@ class _Unbridged(Exception):  # noqa: N818 - raised as CreateOSUnavailableError
     """A component needs something of the host the executor cannot send to the guest."""
 
 
+def _lfx(module: str) -> Any:
+    """An lfx module, untyped: its graph and component APIs are only partly annotated."""
+    return importlib.import_module(module)
+
+
+def _vertices(graph: Any) -> list[Any]:
+    return list(getattr(graph, "vertices", None) or [])
+
+
+def _item(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a ``dict``, else None."""
+    return cast("dict[str, Any]", obj).get(key) if isinstance(obj, dict) else None
+
+
 def _builtin_base(exc: BaseException) -> str:
     """The first built-in exception class of ``exc``'s type (what the guest can rebuild)."""
     import builtins
@@ -332,21 +347,20 @@ def _stand_in(vertex: Any, graph: Any) -> Any:
     """What lfx's ``CustomComponent.get_variable`` reads of a component, without the component:
     its class name (as the flow names it), the graph, and the user the build runs for. The
     flow's own code is never evaluated on the host."""
-    from lfx.custom.custom_component.custom_component import CustomComponent
-    from lfx.interface.initialize.loading import _component_class_name  # pyright: ignore[reportPrivateUsage]
+    custom: Any = _lfx("lfx.custom.custom_component.custom_component")
+    loading: Any = _lfx("lfx.interface.initialize.loading")
 
-    user_id = getattr(graph, "user_id", None)
-    cls = type(
-        _component_class_name(vertex),
+    def user_id(self: Any) -> Any:
+        return self._user_id or graph.user_id  # noqa: SLF001
+
+    cls: Any = type(
+        str(loading._component_class_name(vertex)),  # noqa: SLF001 - the class name lfx instantiates
         (),
-        {
-            "get_variable": CustomComponent.get_variable,
-            "user_id": property(lambda self: self._user_id or graph.user_id),  # noqa: SLF001
-        },
+        {"get_variable": custom.CustomComponent.get_variable, "user_id": property(user_id)},
     )
     component = cls()
     component.graph = graph
-    component._user_id = user_id  # noqa: SLF001 - what instantiate_class gives a component
+    component._user_id = getattr(graph, "user_id", None)  # noqa: SLF001 - what instantiate_class gives it
     component._vertex = vertex  # noqa: SLF001
     return component
 
@@ -357,17 +371,17 @@ async def _variables(graph: Any, fallback_to_env_vars: bool) -> dict[str, Any]:
     it (Langflow's variable service inside a server, the environment under lfx's rules
     otherwise). A resolution that raises is sent as its error, for the guest to raise when the
     vertex builds, as in-process."""
-    from lfx.interface.initialize import loading
+    loading: Any = _lfx("lfx.interface.initialize.loading")
 
     resolved: dict[str, Any] = {}
-    for vertex in getattr(graph, "vertices", None) or []:
-        fields = list(getattr(vertex, "load_from_db_fields", None) or [])
+    for vertex in _vertices(graph):
+        fields: list[Any] = list(getattr(vertex, "load_from_db_fields", None) or [])
         if not fields:
             continue
-        params = loading.get_params(dict(vertex.params))
+        params: dict[str, Any] = loading.get_params(dict(vertex.params))
         before = dict(params)
         try:
-            after = await loading.update_params_with_load_from_db_fields(
+            after: dict[str, Any] = await loading.update_params_with_load_from_db_fields(
                 _stand_in(vertex, graph), params, fields, fallback_to_env_vars=fallback_to_env_vars
             )
             changed = {k: _jsonable(v) for k, v in after.items() if k not in before or v is not before[k]}
@@ -379,10 +393,10 @@ async def _variables(graph: Any, fallback_to_env_vars: bool) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _message_scope(graph: Any) -> Iterator[tuple[Any, Any]]:
+def _message_scope(graph: Any) -> Generator[tuple[Any, Any], None, None]:
     """The flow and message owner a component of ``graph`` stores and reads messages under, bound
     as lfx binds them around each component's build; yields ``(flow_id, owner_id)``."""
-    from lfx.memory import flow_context as fc
+    fc: Any = _lfx("lfx.memory.flow_context")
 
     flow_id = getattr(graph, "flow_id", None)
     owner = fc.resolve_message_owner_id(graph)
@@ -418,18 +432,18 @@ async def _history(graph: Any, session_id: str | None, limit: int) -> dict[str, 
         return None
     if not session_id:
         return {"history": []}
-    import lfx.memory
-    from lfx.memory.flow_context import coerce_flow_id
+    memory: Any = _lfx("lfx.memory")
+    fc: Any = _lfx("lfx.memory.flow_context")
 
     with _message_scope(graph) as (flow_id, owner):
-        messages = await lfx.memory.aget_messages(
-            session_id=session_id, flow_id=coerce_flow_id(flow_id), user_id=owner, order="DESC", limit=limit
+        messages: list[Any] = await memory.aget_messages(
+            session_id=session_id, flow_id=fc.coerce_flow_id(flow_id), user_id=owner, order="DESC", limit=limit
         )
     return {"history": [json.loads(m.model_dump_json()) for m in messages]}
 
 
 def _is_file_field(field: Any) -> bool:
-    return isinstance(field, dict) and (field.get("type") == "file" or field.get("_input_type") == "FileInput")
+    return _item(field, "type") == "file" or _item(field, "_input_type") == "FileInput"
 
 
 def _storage_root() -> str | None:
@@ -458,16 +472,20 @@ def _files(graph: Any) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, 
     back: dict[str, str] = {}
     root: str | None = None
     looked = False
-    for vertex in getattr(graph, "vertices", None) or []:
-        template = ((getattr(vertex, "data", None) or {}).get("node") or {}).get("template") or {}
+    for vertex in _vertices(graph):
+        template: dict[str, Any] = _item(_item(getattr(vertex, "data", None), "node"), "template") or {}
         for name, field in template.items():
-            value = vertex.params.get(name) if _is_file_field(field) else None
-            paths = [value] if isinstance(value, str) else value
-            if not paths or not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+            value: Any = vertex.params.get(name) if _is_file_field(field) else None
+            paths: Any = [value] if isinstance(value, str) else value
+            if not paths or not isinstance(paths, list):
+                continue
+            paths = cast("list[Any]", paths)
+            if not all(isinstance(p, str) and p for p in paths):
                 continue
             if not looked:
                 root, looked = _storage_root(), True
-            component = _safe(getattr(vertex, "display_name", None) or vertex.id) or "a component"
+            vertex_id = str(vertex.id)
+            component = _safe(getattr(vertex, "display_name", None) or vertex_id) or "a component"
             if root == "s3":
                 raise _Unbridged(
                     f"{component}: its file input reads from Langflow's S3 file storage, which the CreateOS "
@@ -486,7 +504,7 @@ def _files(graph: Any) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, 
                 uploads.append({"host_path": real, "guest_path": guest, "component": component})
                 back[guest] = path
                 items.append({"upload": guest, "key": key})
-            params.setdefault(str(vertex.id), {})[name] = items if isinstance(value, list) else items[0]
+            params.setdefault(vertex_id, {})[name] = items if isinstance(value, list) else items[0]
     return uploads, params, back
 
 
@@ -529,23 +547,23 @@ class _MessageSink:
         if not isinstance(body, dict):
             raise TypeError("a message frame without a message object")
         body = {k: v for k, v in cast("dict[str, Any]", body).items() if k not in ("id", "flow_id", "user_id")}
-        files = body.pop("files", None)
-        message = Message.model_validate(body)
+        files: Any = body.pop("files", None)
+        message: Any = Message.model_validate(body)
         if files is not None:
             # Only the uploads sent to the guest map back to host files; anything else the guest
             # names is a guest path, unopened and not stored.
-            kept = [self.files_back[f] for f in (files if isinstance(files, list) else []) if f in self.files_back]
-            message.files = kept
+            named: list[Any] = cast("list[Any]", files) if isinstance(files, list) else []
+            message.files = [self.files_back[f] for f in named if isinstance(f, str) and f in self.files_back]
         return message
 
     async def apply(self, frame: dict[str, Any]) -> None:
-        import lfx.memory
+        memory: Any = _lfx("lfx.memory")
 
         op, guest_id = frame.get("op"), str(frame.get("id"))
         with _message_scope(self.graph) as (flow_id, owner):
             if op == "store":
                 run_id = getattr(self.graph, "_run_id", None)
-                stored = await lfx.memory.astore_message(
+                stored: list[Any] = await memory.astore_message(
                     self._build(frame.get("message")),
                     flow_id=_text(flow_id),
                     run_id=_text(run_id or None),
@@ -559,13 +577,13 @@ class _MessageSink:
             if op == "update" and host_id:
                 message = self._build(frame.get("message"))
                 message.id = host_id
-                await lfx.memory.aupdate_messages(message)
+                await memory.aupdate_messages(message)
             elif op == "delete" and host_id:
-                await lfx.memory.delete_message(host_id)
+                await memory.delete_message(host_id)
                 self.ids.pop(guest_id, None)
             elif op == "delete_session":
                 session_id, context_id = frame.get("session_id"), frame.get("context_id")
-                await lfx.memory.adelete_messages(
+                await memory.adelete_messages(
                     session_id=_text(session_id), context_id=_text(context_id), flow_id=flow_id, user_id=owner
                 )
 
