@@ -9,8 +9,9 @@
 //! builds nothing, before any of it is materialised: its nesting depth and its count of JSON
 //! values (an object tagged `__lfx__`, which the host rebuilds as an lfx object, counts
 //! [`TAGGED_VALUE_WEIGHT`] more). A frame over a bound is [`Line::Refused`], naming the bound; the run's totals are
-//! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`]). An admitted
-//! vertex or terminal frame is handed on as its raw bytes ([`Payload`]), not as a parsed tree.
+//! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`],
+//! [`FrameLimits::run_messages`]). An admitted vertex, message or terminal frame is handed on as
+//! its raw bytes ([`Payload`]), not as a parsed tree.
 //!
 //! A malformed line is reported and skipped, a log line longer than [`MAX_LOG_LINE`] is cut,
 //! and guest text that goes into a log record or an error message is passed through
@@ -637,6 +638,26 @@ mod tests {
             br#"{"frame":"vertex","id":"#,
             br#"{"frame":"vertex","id":"a"} trailing"#,
             br#"{"frame":"vertex","frame":"vertex","id":"a"}"#,
+        ] {
+            assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn message_frames_need_a_known_op_and_an_id() {
+        for op in MESSAGE_OPS {
+            let line = format!(r#"{{"frame":"message","op":"{op}","id":"g-1","message":{{}}}}"#);
+            let Line::Frame(RunnerFrame::Message(m), _) = parse(line.as_bytes()) else {
+                panic!("{line}")
+            };
+            assert_eq!(m.as_bytes(), line.as_bytes());
+        }
+        for bad in [
+            &br#"{"frame":"message","id":"g-1"}"#[..],
+            br#"{"frame":"message","op":"drop_table","id":"g-1"}"#,
+            br#"{"frame":"message","op":"store"}"#,
+            br#"{"frame":"message","op":"store","id":1}"#,
+            br#"{"frame":"message","op":1,"id":"g"}"#,
         ] {
             assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
         }
