@@ -169,6 +169,9 @@ pub enum Event {
     /// `component_display_name`, `valid`, `result`: a serialized `ResultData`), as the guest
     /// sent it once it passed the host's bounds.
     Vertex(Payload),
+    /// The flow stored, updated or deleted a chat message: the runner's message frame (`op`,
+    /// `id`, `message`), for the caller's message store, in the order the flow wrote it.
+    Message(Payload),
     /// The run finished: the serialized `list[RunOutputs]` (empty for a streaming run). Always
     /// the last event; the guest is destroyed before it is returned.
     Complete(Payload),
@@ -276,6 +279,12 @@ impl Executor {
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, ExecutorError> {
         let plan = self.plan()?;
+        // Uploaded files are measured and read before anything is sent: over a bound, the run
+        // is refused before any guest exists.
+        let files = request
+            .read_files()
+            .await
+            .map_err(|why| ExecutorError::Unavailable(escape_controls(&why).into_owned()))?;
         let redactor = plan.settings.redactor();
         let account = self.session.account(&plan.settings)?;
         let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
@@ -330,7 +339,14 @@ impl Executor {
         if let Some(guest) = self.pool.take(&cx, &spec, BACKEND_PREFIX) {
             let name = guest.name().to_owned();
             match self
-                .start_warm(guest, &plan, request, job_bytes.clone(), host_lfx_version)
+                .start_warm(
+                    guest,
+                    &plan,
+                    request,
+                    job_bytes.clone(),
+                    &files,
+                    host_lfx_version,
+                )
                 .await
             {
                 Warm::Running(run) => {
@@ -368,14 +384,16 @@ impl Executor {
             "flow run: guest created"
         );
         let dispatched = async {
-            let (runner, job, egress) = tokio::join!(
+            let (runner, job, uploads, egress) = tokio::join!(
                 guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
                 guest.upload(JOB_PATH, job_bytes, deadline),
+                upload_files(&guest, &files, deadline),
                 guest.verify_egress(&spec.egress, deadline),
             );
             egress?;
             runner?;
             job?;
+            uploads?;
             guest
                 .exec(
                     &Command::python(RUNNER_PATH),
@@ -416,6 +434,11 @@ impl Executor {
         preloaded: bool,
     ) -> FlowRun {
         let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
+        // The values of the flow's variables are masked like the key in what the guest prints.
+        let mut redactor = plan.settings.redactor();
+        for secret in request.secrets() {
+            redactor.add(secret);
+        }
         FlowRun {
             guest: Some(guest),
             exec: Some(exec),
@@ -439,7 +462,8 @@ impl Executor {
             host_lfx: host_lfx_version.map(str::to_owned),
             install: plan.executor.install_lfx,
             mode: request.mode(),
-            redactor: plan.settings.redactor(),
+            redactor,
+            messages: 0,
             preloaded,
             hello: false,
             not_handed_over: false,
@@ -455,12 +479,17 @@ impl Executor {
         plan: &Plan,
         request: &FlowRequest,
         job_bytes: Bytes,
+        files: &[(String, Bytes)],
         host_lfx_version: Option<&str>,
     ) -> Warm {
         let redactor = plan.settings.redactor();
         let started = Instant::now();
         let deadline = started + self.opts.backoff.budget;
-        if let Err(e) = guest.upload(JOB_PATH, job_bytes, deadline).await {
+        let (job, uploads) = tokio::join!(
+            guest.upload(JOB_PATH, job_bytes, deadline),
+            upload_files(&guest, files, deadline),
+        );
+        if let Err(e) = job.and(uploads) {
             destroy(guest, &redactor).await;
             return Warm::Unusable(format!("the job upload failed: {}", e.message()));
         }
@@ -588,6 +617,21 @@ async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<
     ))
 }
 
+/// Writes the run's uploaded files in the guest (at their guest paths), all at once.
+async fn upload_files(
+    guest: &Guest,
+    files: &[(String, Bytes)],
+    deadline: Instant,
+) -> Result<(), SandboxError> {
+    futures::future::try_join_all(
+        files
+            .iter()
+            .map(|(path, data)| guest.upload(path, data.clone(), deadline)),
+    )
+    .await
+    .map(drop)
+}
+
 async fn destroy(guest: Guest, redactor: &Redactor) {
     let name = guest.name().to_owned();
     if let Err(e) = guest.destroy().await {
@@ -629,7 +673,11 @@ pub struct FlowRun {
     host_lfx: Option<String>,
     install: bool,
     mode: Mode,
+    /// The API key and the values of the flow's variables, masked in everything the host logs
+    /// or raises from the guest's output.
     redactor: Redactor,
+    /// Message frames read so far (bounded by [`FrameLimits::run_messages`]).
+    messages: u64,
     /// The run went to a pooled guest's preloaded runner through the hand-off.
     preloaded: bool,
     /// The runner's hello frame arrived (from then on the flow may have run).
@@ -827,6 +875,7 @@ impl FlowRun {
                 Line::Log(text) => self.log(&text),
                 Line::Refused(bound) => return Err(self.refuse(bound).await),
                 Line::Malformed(why) => {
+                    let why = self.redactor.apply(&why);
                     self.malformed += 1;
                     tracing::warn!(
                         target: LOG_TARGET,
@@ -876,6 +925,13 @@ impl FlowRun {
             RunnerFrame::Vertex(v) => {
                 self.vertices += 1;
                 self.pending.push_back(Event::Vertex(v));
+            }
+            RunnerFrame::Message(m) => {
+                self.messages += 1;
+                if self.messages > self.bounds.run_messages {
+                    return Err(self.refuse(Bound::RunMessages).await);
+                }
+                self.pending.push_back(Event::Message(m));
             }
             RunnerFrame::Complete(outputs) => {
                 self.pending.push_back(Event::Complete(outputs));

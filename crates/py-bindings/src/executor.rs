@@ -73,7 +73,7 @@ enum Ready {
 fn cost(item: &Item) -> usize {
     ITEM_OVERHEAD
         + match item {
-            Ok(Event::Vertex(p) | Event::Complete(p)) => p.len(),
+            Ok(Event::Vertex(p) | Event::Message(p) | Event::Complete(p)) => p.len(),
             Err(e) => e.to_string().len(),
         }
 }
@@ -229,6 +229,7 @@ fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, ready: Ready) -> PyResult<()>
     };
     let (kind, json) = match item {
         Ok(Event::Vertex(json)) => ("vertex", json),
+        Ok(Event::Message(json)) => ("message", json),
         Ok(Event::Complete(json)) => ("complete", json),
         Err(e) => {
             return fut
@@ -303,8 +304,9 @@ impl FlowWake {
 }
 
 /// The events of one flow run: an async iterator of `(kind, value)` pairs, `kind` being
-/// `"vertex"` (the vertex frame, a `dict`) or `"complete"` (the outputs, a `list`; always
-/// last). Created by `NativeExecutor.start`.
+/// `"vertex"` (the vertex frame, a `dict`), `"message"` (a chat message the flow stored,
+/// updated or deleted: the message frame, a `dict`) or `"complete"` (the outputs, a `list`;
+/// always last). Created by `NativeExecutor.start`.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct FlowEvents {
     shared: Arc<Shared>,
@@ -397,6 +399,11 @@ impl NativeExecutor {
     fn new() -> Self {
         Self {}
     }
+
+    /// The most chat-history messages of the run's session a run sends to its guest (the
+    /// glue reads one more, so a cut is noticed).
+    #[classattr]
+    const HISTORY_MESSAGES: usize = langflow_executor::job::MAX_HISTORY_MESSAGES;
 
     /// Starts a flow run and returns its events at once; the guest is created by the run's
     /// producer. `request` is the JSON request document (`flow`, `inputs`, `options`, ...);
@@ -825,6 +832,7 @@ mod tests {
                     item: Ok(event), ..
                 }) => seen.push(match event {
                     Event::Vertex(p) => format!("vertex {}", p.value()["id"]),
+                    Event::Message(p) => format!("message {}", p.value()["id"]),
                     Event::Complete(_) => "complete".to_owned(),
                 }),
                 Ready::Item(Queued { item: Err(e), .. }) => seen.push(format!("error: {e}")),

@@ -85,6 +85,10 @@ pub struct FakeOptions {
     /// With `enforce_egress`: the network namespace guests are linked to (default: the fake's
     /// own). Tests put their "internet" and gateway behind such a namespace.
     pub egress_uplink_netns: Option<String>,
+    /// Append every API request (route, method, path, query and body, never a header) to this
+    /// file as a JSON line, so a test can prove what a client did or did not send (default
+    /// none).
+    pub request_log: Option<PathBuf>,
 }
 
 impl Default for FakeOptions {
@@ -105,6 +109,7 @@ impl Default for FakeOptions {
             state_dir: None,
             enforce_egress: false,
             egress_uplink_netns: None,
+            request_log: None,
         }
     }
 }
@@ -127,6 +132,7 @@ impl std::fmt::Debug for FakeOptions {
             .field("state_dir", &self.state_dir)
             .field("enforce_egress", &self.enforce_egress)
             .field("egress_uplink_netns", &self.egress_uplink_netns)
+            .field("request_log", &self.request_log)
             .finish()
     }
 }
@@ -203,6 +209,15 @@ impl FakeServer {
             let p = t.path().to_path_buf();
             (Some(t), p)
         };
+        let request_log = match &opts.request_log {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
+        };
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let mut base = opts.base_path.trim().trim_end_matches('/').to_owned();
@@ -236,6 +251,7 @@ impl FakeServer {
             peak_execs: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
             enforcer,
+            request_log,
         });
         let serve = tokio::spawn(server::accept_loop(app.clone(), listener));
         let sweep_app = app.clone();

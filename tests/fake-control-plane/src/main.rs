@@ -70,6 +70,10 @@ struct Cli {
     /// With --enforce-egress: link guests to this network namespace instead of the fake's own.
     #[arg(long, requires = "enforce_egress", value_name = "NAME")]
     egress_uplink_netns: Option<String>,
+    /// Append every API request (route, method, path, query, body; no header) to this file as
+    /// a JSON line.
+    #[arg(long)]
+    request_log: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -94,6 +98,7 @@ async fn main() {
         state_dir: cli.state_dir,
         enforce_egress: cli.enforce_egress,
         egress_uplink_netns: cli.egress_uplink_netns,
+        request_log: cli.request_log,
     };
     // The handlers are installed before the `listening on` line is printed: a caller that
     // reads that line and sends SIGTERM at once still gets a clean stop (guest processes

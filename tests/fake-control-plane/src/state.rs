@@ -338,6 +338,8 @@ pub(crate) struct App {
     pub shutdown: CancellationToken,
     /// The enforcing mode (`--enforce-egress`): guest networks and their firewalls.
     pub enforcer: Option<crate::egress::Enforcer>,
+    /// `--request-log`: every API request is appended here as a JSON line.
+    pub request_log: Option<Mutex<std::fs::File>>,
 }
 
 impl App {

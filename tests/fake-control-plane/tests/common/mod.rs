@@ -112,6 +112,7 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         state_dir,
         enforce_egress,
         egress_uplink_netns,
+        request_log,
     } = opts;
     let ms = |d: &Duration| d.as_millis().to_string();
     let mut a: Vec<String> = vec![
@@ -153,6 +154,9 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
     }
     if let Some(ns) = egress_uplink_netns {
         a.extend(["--egress-uplink-netns".into(), ns.clone()]);
+    }
+    if let Some(f) = request_log {
+        a.extend(["--request-log".into(), f.to_string_lossy().into_owned()]);
     }
     a
 }
