@@ -4,6 +4,7 @@
 //! guest `PATH`), so each test decides exactly what the "runner" writes and when; one test runs
 //! the real embedded runner under a `python3` that has no lfx.
 
+use futures::StreamExt as _;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -868,8 +869,10 @@ async fn faults_on_a_warm_run_give_the_right_verdict_and_leave_no_guest() {
         ("exec_stream=stall", Want::MayHaveRun),
         ("upload=stall", Want::NotStarted),
     ];
+    // The guest clock (5 s) ends the stalled cases; it is long enough for the cold first run of
+    // several rigs at once on a loaded 2-core machine, and at most four rigs run together.
     let runs = cases.iter().map(|(faults, want)| async move {
-        let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")], "").await;
+        let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "5")], "").await;
         let request = nodes_request(&json!([{"id": "a"}]));
         run_to_end(&rig.executor, &request).await.unwrap();
         until_ready(&rig.executor, 1).await;
@@ -889,7 +892,10 @@ async fn faults_on_a_warm_run_give_the_right_verdict_and_leave_no_guest() {
         rig.executor.shutdown().await;
         assert_eq!(settled(&rig.fake).await.live, 0, "{faults}");
     });
-    futures::future::join_all(runs).await;
+    futures::stream::iter(runs)
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
