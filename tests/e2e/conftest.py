@@ -126,12 +126,15 @@ class Fake:
                 self.proc.wait(timeout=10)
 
 
-def start_fake(*, key: str = FAKE_KEY, latency_ms: int = 0, faults: str = "") -> Fake:
-    """Start the fake on a free port and wait for its ``listening on`` line (bounded)."""
+def start_fake(*, key: str = FAKE_KEY, latency_ms: int = 0, faults: str = "", request_log: Path | None = None) -> Fake:
+    """Start the fake on a free port and wait for its ``listening on`` line (bounded).
+    ``request_log``: the fake appends every API request there (route, path, query, body)."""
     guest_path = str(Path(sys.executable).parent)  # the guest's python3 is this venv's
     cmd = [str(fake_binary()), "--port", "0", "--guest-path", guest_path, "--latency-ms", str(latency_ms)]
     if faults:
         cmd += ["--faults", faults]
+    if request_log is not None:
+        cmd += ["--request-log", str(request_log)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
     env["CREATEOS_FAKE_API_KEY"] = key  # not on the command line, where `ps` would show it
     proc = subprocess.Popen(

@@ -546,3 +546,222 @@ def test_a_large_legitimate_payload_is_not_refused(clean_fake: Fake) -> None:
     assert out["outputs"]["text_out"] == bulk["text"]
     assert out["outputs"]["table_out"] == "3000 rows, the last: item 2999"
     assert clean_fake.wait_settled()["live"] == 0
+
+
+# --- What the host resolves: variables, chat history and messages, uploaded files ------------
+
+SECRET = E2E / "flows" / "secret_flow.json"
+HISTORY = E2E / "flows" / "history_flow.json"
+FILE = E2E / "flows" / "file_flow.json"
+#: The credential the secret flow's variable resolves to (from the host's environment: bare lfx).
+CREDENTIAL = "sk-e2e-credential-4b7d19c2e8"
+FLOW_ID = "5b0a1a52-34c1-4f73-9a53-0c1c2e9f6a11"
+USER_ID = "0f6f7f5e-1c2d-4a4b-8e9f-2b3c4d5e6f70"
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> Any:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def test_a_credential_variable_reaches_the_guest_only_in_the_job(clean_fake: Fake) -> None:
+    # Bare lfx resolves the variable from the host's environment; the guest's environment does
+    # not have it (the fake's guests inherit the fake's, started without it).
+    local = arun({**in_process_env(clean_fake), "EXEC_TEST_CREDENTIAL": CREDENTIAL}, SECRET, "probe")
+    logged = "import logging, sys\nlogging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n" + ARUN
+    script = logged.replace("sys.argv[1]", repr(str(SECRET))).replace("sys.argv[2]", repr("probe"))
+    proc = run_python(script, {**executor_env(clean_fake), "EXEC_TEST_CREDENTIAL": CREDENTIAL}, timeout=180)
+    remote = _result(proc)
+    assert remote == local
+    text = remote["rows"][0]["text"]
+    assert text.startswith("probe: key sha256:") and text.endswith("(28 chars); no job file"), text
+    # What the guest printed reached the host's log with the value masked; the value itself
+    # appears nowhere in what the host process wrote.
+    assert "guest: secret probe got the key [REDACTED]" in proc.stderr, proc.stderr[-3000:]
+    assert CREDENTIAL not in proc.stdout + proc.stderr
+    assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_a_variable_that_cannot_be_resolved_behaves_as_in_process(clean_fake: Fake) -> None:
+    # Bare lfx: a variable that is neither in a database nor in the environment is None.
+    local = arun(in_process_env(clean_fake), SECRET, "probe")
+    remote = arun(executor_env(clean_fake), SECRET, "probe")
+    assert local["rows"][0]["text"] == "probe: no key; no job file"
+    assert remote == local
+
+
+# The host's message store, as Langflow's database is inside a server (bare lfx has none):
+# lfx.memory dispatches to it, and the glue finds a store to read history from and write to.
+STORE = """
+import asyncio, json, logging, sys, uuid
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import lfx.memory
+import lfx.utils.langflow_utils
+from lfx.graph import Graph
+from lfx.schema.message import Message
+
+class Store:
+    def __init__(self):
+        self.rows = []
+
+    async def astore_message(self, message, flow_id=None, run_id=None, user_id=None):
+        from lfx.memory.flow_context import get_current_flow_id, should_persist_messages
+        if not should_persist_messages():
+            return [message]
+        row = Message.model_validate_json(message.model_dump_json())
+        row.id, row.flow_id = str(uuid.uuid4()), str(flow_id)
+        self.rows.append({"row": row, "owner": str(user_id), "scope": str(get_current_flow_id())})
+        return [row]
+
+    async def aupdate_messages(self, messages):
+        return messages if isinstance(messages, list) else [messages]
+
+    async def aget_messages(self, session_id=None, flow_id=None, user_id=None, order="DESC", limit=None, **_):
+        rows = [r["row"] for r in self.rows if r["row"].session_id == session_id and r["owner"] == str(user_id)]
+        rows.sort(key=lambda r: r.timestamp, reverse=order == "DESC")
+        return rows[:limit] if limit else rows
+
+store = Store()
+lfx.memory._impl = lambda: store
+lfx.utils.langflow_utils.has_langflow_db_backend = lambda: True
+
+async def run(text, session):
+    graph = Graph.from_payload(json.load(open(FLOW)), flow_id=FLOW_ID, user_id=USER_ID)
+    outputs = await graph.arun([{"input_value": text}], session_id=session)
+    return [r.results["message"].text for run in outputs for r in run.outputs]
+
+async def main():
+    for i in range(PRELOAD):
+        store.rows.append({"owner": USER_ID, "scope": FLOW_ID, "row": Message(
+            text=f"old {i}", sender="User", sender_name="User", session_id="s-big", flow_id=FLOW_ID,
+            timestamp=f"2024-01-01 00:{i // 60:02d}:{i % 60:02d}.000000 UTC")})
+    answers = [await run(text, SESSION) for text in TEXTS]
+    stored = [{"sender": r["row"].sender, "sender_name": r["row"].sender_name, "session_id": r["row"].session_id,
+               "text": r["row"].text, "owner": r["owner"], "scope": r["scope"]}
+              for r in store.rows[PRELOAD:]]
+    print("RESULT " + json.dumps({"answers": answers, "stored": stored}))
+
+asyncio.run(main())
+"""
+
+
+def run_with_store(env: dict[str, str], texts: list[str], session: str, preload: int = 0) -> tuple[Any, str]:
+    script = (
+        STORE.replace("FLOW_ID", repr(FLOW_ID))
+        .replace("USER_ID", repr(USER_ID))
+        .replace("FLOW)", repr(str(HISTORY)) + ")")
+        .replace("PRELOAD", str(preload))
+        .replace("SESSION", repr(session))
+        .replace("TEXTS", repr(texts))
+    )
+    proc = run_python(script, env, timeout=300)
+    return _result(proc), proc.stderr
+
+
+def test_messages_are_stored_on_the_host_and_the_history_reads_them_as_in_process(clean_fake: Fake) -> None:
+    local, _ = run_with_store(in_process_env(clean_fake), ["first", "second"], "s-1")
+    assert clean_fake.stats()["created"] == 0
+    remote, _ = run_with_store(executor_env(clean_fake), ["first", "second"], "s-1")
+    # The second run of the session reads the first run's two messages and its own input.
+    assert local["answers"] == [
+        ["1 messages: User:first"],
+        ["3 messages: User:first | Machine:1 messages: User:first | User:second"],
+    ], local
+    assert remote == local
+    # Every message the flow stored went to the host's store, in the flow's scope, with the
+    # session, sender and text of the in-process ones.
+    assert [(m["sender"], m["session_id"], m["scope"], m["owner"]) for m in remote["stored"]] == [
+        ("User", "s-1", FLOW_ID, USER_ID),
+        ("Machine", "s-1", FLOW_ID, USER_ID),
+    ] * 2
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 2
+
+
+def test_history_above_the_bound_is_cut_to_the_newest_with_a_note(clean_fake: Fake) -> None:
+    from langflow_sandbox_createos import _native
+
+    bound = _native.NativeExecutor.HISTORY_MESSAGES
+    remote, stderr = run_with_store(executor_env(clean_fake), ["now"], "s-big", preload=bound + 100)
+    answer = remote["answers"][0][0]
+    # The guest saw the newest `bound` messages of the session and the run's own input.
+    assert answer.startswith(f"{bound + 1} messages: User:old 100 | User:old 101 | "), answer[:200]
+    assert answer.endswith(f"User:old {bound + 99} | User:now"), answer[-200:]
+    assert "MAX_HISTORY_MESSAGES=500" in stderr and "was cut" in stderr, stderr[-3000:]
+    assert "guest: note: the chat history of session \"s-big\" was cut" in stderr, stderr[-3000:]
+
+
+# A host with a local file storage (Langflow's, inside a server; bare lfx registers none): the
+# File component's storage key resolves to a file under the configuration directory.
+FILE_RUN = """
+import asyncio, json, sys
+from pathlib import Path
+from lfx.services.deps import get_settings_service
+from lfx.services.manager import get_service_manager
+from lfx.services.schema import ServiceType
+from lfx.graph import Graph
+
+class Storage:
+    name = "storage_service"
+
+    def __init__(self):
+        self.data_dir = Path(get_settings_service().settings.config_dir)
+
+    def resolve_component_path(self, key):
+        return str(self.data_dir / key)
+
+get_service_manager().register_service_class(ServiceType.STORAGE_SERVICE, Storage)
+
+async def main():
+    flow = json.load(open(FLOW))
+    for node in flow["data"]["nodes"]:
+        field = node["data"]["node"]["template"].get("path")
+        if field:
+            field["value"], field["file_path"] = [NAME], [KEY]
+    graph = Graph.from_payload(flow, flow_id=FLOW_ID, user_id=USER_ID)
+    try:
+        outputs = await graph.arun([{"input_value": ""}])
+    except Exception as exc:
+        print("RESULT " + json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        return
+    print("RESULT " + json.dumps({"texts": [r.results["message"].text for run in outputs for r in run.outputs]}))
+
+asyncio.run(main())
+"""
+
+
+def run_file_flow(env: dict[str, str], config: Path, name: str) -> Any:
+    script = (
+        FILE_RUN.replace("FLOW)", repr(str(FILE)) + ")")
+        .replace("NAME", repr(name))
+        .replace("KEY", repr(f"{USER_ID}/{name}"))
+        .replace("FLOW_ID", repr(FLOW_ID))
+        .replace("USER_ID", repr(USER_ID))
+    )
+    return _result(run_python(script, {**env, "LANGFLOW_CONFIG_DIR": str(config)}, timeout=300))
+
+
+def test_an_uploaded_file_is_sent_to_the_guest_and_read_as_in_process(clean_fake: Fake, tmp_path: Path) -> None:
+    (tmp_path / USER_ID).mkdir()
+    (tmp_path / USER_ID / "notes.txt").write_text("the uploaded notes: 42 apples\n")
+    local = run_file_flow(in_process_env(clean_fake), tmp_path, "notes.txt")
+    assert local == {"texts": ["the uploaded notes: 42 apples\n"]}, local
+    remote = run_file_flow(executor_env(clean_fake), tmp_path, "notes.txt")
+    assert remote == local
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1
+    # The runner, the job and the file.
+    assert stats["requests"]["upload"] == 3, stats
+
+
+def test_a_file_above_the_bound_is_refused_before_any_guest_is_created(clean_fake: Fake, tmp_path: Path) -> None:
+    (tmp_path / USER_ID).mkdir()
+    with (tmp_path / USER_ID / "huge.txt").open("wb") as f:
+        f.truncate(64 * 1024 * 1024 + 1)
+    remote = run_file_flow(executor_env(clean_fake), tmp_path, "huge.txt")
+    assert remote["error"] == "CreateOSUnavailableError", remote
+    assert "MAX_FILE_BYTES=67108864" in remote["message"] and '"huge.txt"' in remote["message"], remote
+    assert "Nothing was created" in remote["message"], remote
+    stats = clean_fake.stats()
+    assert stats["created"] == 0 and stats["requests"].get("create", 0) == 0, stats

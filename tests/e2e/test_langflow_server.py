@@ -3,7 +3,10 @@
 What a Langflow operator sees, end to end: the server lists the CreateOS Sandbox component in
 ``/api/v1/all``, runs a flow that uses it through ``/api/v1/run``, runs a flow through the
 whole-flow executor (``LANGFLOW_EXECUTOR_KIND=createos``) through ``/api/v1/run``, and its UI,
-loaded in headless Chromium, finds "CreateOS Sandbox" in the component search.
+loaded in headless Chromium, finds "CreateOS Sandbox" in the component search. Flows that need
+the server (a credential stored as a global variable, the session's chat history, an uploaded
+file) give the executor server's answers and stored messages the in-process server's, and the
+credential's value shows up nowhere it should not.
 
 It needs a second virtual environment with ``langflow==1.13.0`` and the wheel (2 GB; Langflow
 pulls in every provider bundle), named by ``LANGFLOW_SERVER_VENV``, and Debian's ``chromium``
@@ -54,19 +57,43 @@ class Server:
     api_key: str = ""
 
     def call(self, method: str, path: str, body: Any = None, *, api_key: bool = False, timeout: float = 120) -> Any:
+        status, answer = self.request(method, path, body, api_key=api_key, timeout=timeout)
+        if status >= 400:
+            pytest.fail(f"{method} {path} -> HTTP {status}: {answer}\nserver log tail:\n{self.tail()}")
+        return answer
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        api_key: bool = False,
+        timeout: float = 120,
+        files: tuple[str, bytes] | None = None,
+    ) -> tuple[int, Any]:
+        """The status and the JSON answer (or the text of an error); ``files`` is one file sent
+        as a multipart form field ``file``."""
         headers = {"Content-Type": "application/json"}
+        data = None if body is None else json.dumps(body).encode()
+        if files is not None:
+            boundary = "slow-suite-boundary-7f3a"
+            name, content = files
+            data = (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                "Content-Type: text/plain\r\n\r\n"
+            ).encode() + content + f"\r\n--{boundary}--\r\n".encode()
+            headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
         if api_key:
             headers["x-api-key"] = self.api_key
         elif self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback
-                return json.loads(response.read() or b"null")
+                return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[-2000:]
-            pytest.fail(f"{method} {path} -> HTTP {err.code}: {detail}\nserver log tail:\n{self.tail()}")
+            return err.code, err.read().decode(errors="replace")[-4000:]
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
@@ -91,6 +118,12 @@ def start_server(env: dict[str, str], workdir: Path) -> Server:
         "LANGFLOW_AUTO_LOGIN": "true",
         "DO_NOT_TRACK": "true",
         "LANGFLOW_WORKERS": "1",
+        # Each server its own database (by default it lives in the langflow package's
+        # directory, shared by every server of the venv and kept from one run to the next).
+        "LANGFLOW_SAVE_DB_IN_CONFIG_DIR": "true",
+        # A variable that is not stored fails the run (rather than falling back to the server's
+        # environment), so both servers show how that failure reads.
+        "LANGFLOW_FALLBACK_TO_ENV_VAR": "false",
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -144,18 +177,19 @@ def run_flow(server: Server, flow_id: str, text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def slow_fake() -> Iterator[Fake]:
-    server = start_fake()
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="lf-slow-") as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="module")
+def slow_fake(workdir: Path) -> Iterator[Fake]:
+    # Every request the fake receives is logged, bodies included, to show where values went.
+    server = start_fake(request_log=workdir / "fake-requests.jsonl")
     try:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def workdir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="lf-slow-") as d:
-        yield Path(d)
 
 
 @pytest.fixture(scope="module")
@@ -262,3 +296,158 @@ def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
     assert remote == local
     stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
+
+
+# --- Flows that need the server: a credential, the chat history, an uploaded file ----------
+
+SECRET = E2E / "flows" / "secret_flow.json"
+HISTORY = E2E / "flows" / "history_flow.json"
+FILE = E2E / "flows" / "file_flow.json"
+#: A credential as Langflow stores an LLM API key: a global variable of type Credential.
+CREDENTIAL = "sk-slow-suite-credential-e3a91f07c2"
+
+
+def upload_dump(server: Server, dump: dict[str, Any], name: str) -> str:
+    return str(server.call("POST", "/api/v1/flows/", {"name": name, "data": dump["data"]})["id"])
+
+
+def run_session(server: Server, flow_id: str, text: str, session: str) -> tuple[int, Any]:
+    """``/api/v1/run`` with a chat input in ``session``: the status and the chat texts (or the
+    error's text)."""
+    status, answer = server.request(
+        "POST",
+        f"/api/v1/run/{flow_id}",
+        {"input_value": text, "input_type": "chat", "output_type": "chat", "session_id": session},
+        api_key=True,
+        timeout=240,
+    )
+    if status >= 400:
+        return status, answer
+    texts = []
+    for run in answer.get("outputs", []):
+        for output in run.get("outputs", []) or []:
+            message = ((output or {}).get("results") or {}).get("message") or {}
+            texts.append(str(message.get("text", "")))
+    return status, texts
+
+
+def stored_messages(server: Server, flow_id: str) -> list[tuple[str, str, str, str]]:
+    """The flow's messages as ``/api/v1/monitor/messages`` lists them, oldest first."""
+    messages = server.call("GET", f"/api/v1/monitor/messages?flow_id={flow_id}")
+    ordered = sorted(messages, key=lambda m: m["timestamp"])
+    return [(m["sender"], m["sender_name"], m["session_id"], m["text"]) for m in ordered]
+
+
+def both(plain: Server, executor: Server, fake: Fake, run: Any) -> tuple[Any, Any]:
+    """``run(server)`` in-process, then through the executor: the first creates no guest, the
+    second one guest per run (``runs`` in its answer), none live after."""
+    fake.reset()
+    local = run(plain)
+    assert fake.stats()["created"] == 0
+    remote = run(executor)
+    stats = fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= remote["runs"], timeout=30)
+    assert stats["created"] == remote["runs"] == stats["destroyed"], stats
+    return local, remote
+
+
+def with_variable(dump: dict[str, Any], name: str) -> dict[str, Any]:
+    """The secret flow with its credential field loading the global variable ``name``."""
+    dump = json.loads(json.dumps(dump))
+    for node in dump["data"]["nodes"]:
+        field = node["data"]["node"]["template"].get("api_key")
+        if field:
+            field["value"] = name
+    return dump
+
+
+def test_a_credential_variable_reaches_the_guest_and_its_value_goes_nowhere_else(
+    plain_server: Server, executor_server: Server, slow_fake: Fake, workdir: Path
+) -> None:
+    dump = json.loads(SECRET.read_text())
+    for server in (plain_server, executor_server):
+        server.call("POST", "/api/v1/variables/", {"name": "EXEC_TEST_CREDENTIAL", "value": CREDENTIAL,
+                                                    "type": "Credential", "default_fields": []})
+
+    def run(server: Server) -> dict[str, Any]:
+        flow_id = upload_dump(server, dump, f"slow: secret {server.url}")
+        status, texts = run_session(server, flow_id, "probe", "slow-secret")
+        assert status == 200, texts
+        return {"texts": texts, "messages": stored_messages(server, flow_id), "runs": 1}
+
+    local, remote = both(plain_server, executor_server, slow_fake, run)
+    assert remote == local
+    assert local["texts"][0].startswith("probe: key sha256:") and "(35 chars)" in local["texts"][0], local
+    # The value: in the job's upload, and nowhere else the executor server or the fake wrote.
+    requests = [json.loads(line) for line in (workdir / "fake-requests.jsonl").read_text().splitlines()]
+    carrying = [(r["route"], r["query"]) for r in requests if CREDENTIAL in r["body"]]
+    assert carrying == [("upload", [["path", "/workspace/lfx_job.json"]])], carrying
+    assert all(CREDENTIAL not in json.dumps(r["query"]) + r["path"] for r in requests)
+    server_log = executor_server.log.read_text(errors="replace")
+    assert CREDENTIAL not in server_log
+    # What the flow printed in its guest was relayed to the server's log, the value masked (the
+    # log's console wraps lines, so the two halves are looked for apart).
+    assert "guest: secret probe got the key" in server_log and "[REDACTED]" in server_log
+    assert CREDENTIAL not in json.dumps(slow_fake.stats())
+    assert CREDENTIAL not in "".join(slow_fake.output)
+    for table in ("messages", "transactions"):
+        status, rows = executor_server.request("GET", f"/api/v1/monitor/{table}")
+        assert CREDENTIAL not in json.dumps(rows), table
+    # Langflow's database stores the credential encrypted: never in the clear.
+    for db in (workdir / "executor" / "config").glob("*.db*"):
+        assert CREDENTIAL.encode() not in db.read_bytes(), db
+
+
+def test_a_variable_that_cannot_be_resolved_fails_as_in_process(
+    plain_server: Server, executor_server: Server, slow_fake: Fake
+) -> None:
+    dump = with_variable(json.loads(SECRET.read_text()), "EXEC_TEST_NOT_STORED")
+
+    def run(server: Server) -> dict[str, Any]:
+        flow_id = upload_dump(server, dump, f"slow: missing variable {server.url}")
+        status, answer = run_session(server, flow_id, "probe", "slow-missing")
+        return {"status": status, "answer": answer, "runs": 1}
+
+    local, remote = both(plain_server, executor_server, slow_fake, run)
+    assert local["status"] >= 400 and "EXEC_TEST_NOT_STORED variable not found" in str(local["answer"]), local
+    assert remote == local
+
+
+def test_the_second_run_of_a_session_reads_the_first_from_the_history(
+    plain_server: Server, executor_server: Server, slow_fake: Fake
+) -> None:
+    dump = json.loads(HISTORY.read_text())
+
+    def run(server: Server) -> dict[str, Any]:
+        flow_id = upload_dump(server, dump, f"slow: history {server.url}")
+        answers = [run_session(server, flow_id, text, "slow-history") for text in ("first", "second")]
+        return {"answers": answers, "messages": stored_messages(server, flow_id), "runs": 2}
+
+    local, remote = both(plain_server, executor_server, slow_fake, run)
+    assert local["answers"] == [
+        (200, ["1 messages: User:first"]),
+        (200, ["3 messages: User:first | Machine:1 messages: User:first | User:second"]),
+    ], local
+    assert [m[0] for m in local["messages"]] == ["User", "Machine"] * 2, local
+    assert remote == local
+
+
+def test_an_uploaded_file_is_read_by_the_file_component_as_in_process(
+    plain_server: Server, executor_server: Server, slow_fake: Fake
+) -> None:
+    content = b"slow suite notes: 17 pears\n"
+
+    def run(server: Server) -> dict[str, Any]:
+        status, uploaded = server.request("POST", "/api/v2/files", files=("notes.txt", content))
+        assert status == 201, uploaded
+        dump = json.loads(FILE.read_text())
+        for node in dump["data"]["nodes"]:
+            field = node["data"]["node"]["template"].get("path")
+            if field:
+                field["value"], field["file_path"] = [uploaded["name"]], [uploaded["path"]]
+        flow_id = upload_dump(server, dump, f"slow: file {server.url}")
+        answer = run_session(server, flow_id, "", "slow-file")
+        return {"answer": answer, "messages": stored_messages(server, flow_id), "runs": 1}
+
+    local, remote = both(plain_server, executor_server, slow_fake, run)
+    assert local["answer"] == (200, ["slow suite notes: 17 pears\n"]), local
+    assert remote == local

@@ -8,11 +8,19 @@ the host turns into log lines. Frames, in order:
 
 - ``{"frame": "hello", ...}`` once lfx is importable (versions, for the host's log);
 - ``{"frame": "vertex", ...}`` each time a vertex finishes, flushed at once (live);
+- ``{"frame": "message", "op": ..., "id": ..., "message": ...}`` each time the flow stores,
+  updates or deletes a chat message (the host stores it in its own message store);
 - ``{"frame": "complete", "outputs": [...]}`` at the end, with the run's ``RunOutputs``
   harvested exactly as ``Graph._run`` does (legacy mode), or ``[]`` (stream mode, as the
   in-process streaming path);
 - ``{"frame": "error", "kind": ..., "message": ...}`` instead of ``complete`` when the run
   cannot finish (``missing_lfx``: lfx is not installed; ``flow``: the flow raised).
+
+What the host resolved in its own process travels in the job, and the runner puts it where lfx
+reads it in-process (``_install_host_context``): the values of fields that load from global
+variables, the run's chat session, the session's history (served, with the messages the run
+stores, by a stand-in for lfx's message store), and the uploaded files the flow's file inputs
+read. The job file is deleted once read: it holds the variables' values.
 
 Values that are lfx objects are tagged ``{"__lfx__": "Message" | "Data" | "DataFrame", "v": ...}``
 so the host rebuilds them as the same types. This file speaks the protocol of the host crate it
@@ -22,12 +30,15 @@ is embedded in (``PROTOCOL``); both are versioned together.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
+import uuid
 from typing import Any
 
 PROTOCOL = 1
@@ -41,6 +52,7 @@ MAX_VERTEX_RESULT_VALUES = 200_000
 TAGGED_VALUE_WEIGHT = 32
 
 _frames: Any = None
+_emit_lock = threading.Lock()
 
 
 def _take_stdout() -> None:
@@ -54,8 +66,9 @@ def _take_stdout() -> None:
 
 def emit(frame: dict[str, Any]) -> None:
     line = json.dumps(frame, default=_fallback, separators=(",", ":"))
-    _frames.write(line + "\n")
-    _frames.flush()
+    with _emit_lock:  # flow code may store messages from worker threads
+        _frames.write(line + "\n")
+        _frames.flush()
 
 
 def _fallback(value: Any) -> Any:
@@ -239,15 +252,462 @@ async def _run_stream(graph: Any, options: dict[str, Any]) -> list[Any]:
     return []
 
 
+# --- What the host resolved for the run, where lfx reads it in-process -------------------------
+
+#: The display name of the component being built (for errors about what is not bridged).
+_component: contextvars.ContextVar[str | None] = contextvars.ContextVar("lfsc_component", default=None)
+
+
+def _install_host_context(graph: Any, job: dict[str, Any]) -> None:
+    """Puts what the host resolved where lfx reads it while the flow runs (the uploaded files
+    are placed before the graph is built: ``_place_files``)."""
+    if job.get("session_id"):
+        graph.session_id = job["session_id"]
+    if job.get("run_id"):
+        graph.set_run_id(job["run_id"])
+    graph.persist_messages = bool(job.get("persist_messages", True))
+    if job.get("end_user_id"):
+        graph.end_user_id = job["end_user_id"]
+    _bridge_variables(job.get("variables") or {})
+    memory = job.get("memory")
+    if memory is not None:
+        # The host runs inside Langflow (it has a message store): its history and messages
+        # are bridged, and what needs its database of flows fails naming the component.
+        _bridge_memory(graph, memory)
+        _track_components()
+        _refuse_flow_database()
+
+
+def _track_components() -> None:
+    from lfx.interface.initialize import loading
+
+    original = loading.get_instance_results
+
+    async def tracking(custom_component: Any, custom_params: dict, vertex: Any, **kwargs: Any) -> Any:
+        token = _component.set(str(getattr(vertex, "display_name", None) or getattr(vertex, "id", "")))
+        try:
+            return await original(custom_component, custom_params, vertex, **kwargs)
+        finally:
+            _component.reset(token)
+
+    loading.get_instance_results = tracking
+
+
+def _host_error(error: dict[str, Any]) -> Exception:
+    """The exception the host's resolution raised, rebuilt with its type name and message."""
+    import builtins
+
+    base = getattr(builtins, str(error.get("base") or ""), None)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = RuntimeError
+    name = str(error.get("type") or base.__name__)
+    cls = base if name == base.__name__ else type(name, (base,), {})
+    return cls(str(error.get("message") or ""))
+
+
+def _bridge_variables(variables: dict[str, Any]) -> None:
+    """Fields that load from global variables get the values the host resolved (lfx's own
+    resolution, run on the host), vertex by vertex, when the vertex builds, as in-process; a
+    resolution that raised on the host raises the same error at that moment."""
+    if not variables:
+        return
+    from lfx.interface.initialize import loading
+
+    original = loading.update_params_with_load_from_db_fields
+
+    async def from_host(custom_component: Any, params: dict, load_from_db_fields: Any, **kwargs: Any) -> dict:
+        entry = variables.get(getattr(getattr(custom_component, "_vertex", None), "id", None))
+        if not isinstance(entry, dict):
+            return await original(custom_component, params, load_from_db_fields, **kwargs)
+        if entry.get("error"):
+            raise _host_error(entry["error"])
+        for key in entry.get("drop") or []:
+            params.pop(key, None)
+        params.update(entry.get("params") or {})
+        return params
+
+    loading.update_params_with_load_from_db_fields = from_host
+
+
+#: Where each uploaded file was put in the guest's storage, and the upload it came as (a message
+#: that names the file names the upload, which the host maps back to its own file).
+_file_uploads: dict[str, str] = {}
+
+
+def _place_upload(item: Any) -> Any:
+    """An uploaded file moved to its key in the guest's file storage (the host resolved the same
+    key in Langflow's storage), as the path a file input gets; any other value as it is."""
+    if not isinstance(item, dict):
+        return item
+    from pathlib import Path, PurePosixPath
+
+    from lfx.services.deps import get_settings_service
+
+    upload, key = str(item.get("upload") or ""), PurePosixPath(str(item.get("key") or ""))
+    if not upload or key.is_absolute() or not key.parts or ".." in key.parts:
+        msg = f"the host sent an uploaded file with a bad storage key: {key}"
+        raise ValueError(msg)
+    import shutil
+
+    target = Path(get_settings_service().settings.config_dir).joinpath(*key.parts)
+    # Uploads are written under /workspace, where this runner is (read it from here).
+    local = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.path.relpath(upload, "/workspace"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(local, target)
+    _file_uploads[str(target)] = upload
+    return str(target)
+
+
+def _place_files(flow: dict[str, Any], files: dict[str, Any]) -> None:
+    """File inputs read the uploaded files the host wrote into this guest, at the paths the
+    guest's own storage gives their keys (so lfx's file-access checks hold as on the host): the
+    flow's file fields name them before the graph is built, as the host's storage resolved them."""
+    if not files:
+        return
+    data = flow.get("data") if isinstance(flow.get("data"), dict) else flow
+    for node in data.get("nodes") or []:
+        fields = files.get(node.get("id")) if isinstance(node, dict) else None
+        if not fields:
+            continue
+        template = ((node.get("data") or {}).get("node") or {}).get("template") or {}
+        for field, value in fields.items():
+            if isinstance(template.get(field), dict):
+                placed = [_place_upload(v) for v in value] if isinstance(value, list) else _place_upload(value)
+                template[field]["file_path"] = placed
+
+
+_FLOW_DATABASE = (
+    "list_flows",
+    "list_flows_by_flow_folder",
+    "list_flows_by_folder_id",
+    "list_a2a_agents_by_flow_folder",
+    "get_flow_by_id_or_name",
+    "load_flow",
+)
+
+
+def _refuse_flow_database() -> None:
+    """What reads Langflow's database of flows (Run Flow, Sub Flow, flows as tools) fails
+    naming the component, instead of finding no flows."""
+    import lfx.helpers
+    import lfx.helpers.flow
+
+    def refusal(name: str) -> Any:
+        async def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError(
+                f"{_component.get() or 'a component'}: {name}() needs Langflow's database of flows, "
+                "which a flow run by the CreateOS executor (LANGFLOW_EXECUTOR_KIND=createos) cannot "
+                "reach from its guest; run this flow in-process"
+            )
+
+        return refuse
+
+    for name in _FLOW_DATABASE:
+        for module in (lfx.helpers, lfx.helpers.flow):
+            if hasattr(module, name):
+                setattr(module, name, refusal(name))
+
+
+#: The fields lfx's message store orders by.
+_ORDER_FIELDS = frozenset({"timestamp", "sender", "sender_name", "session_id", "text"})
+
+
+class _Record:
+    """A message in the guest's stand-in store, with the flow and owner it is stored under."""
+
+    def __init__(self, body: dict[str, Any], flow: Any, owner: Any) -> None:
+        self.body = body
+        self.flow = flow
+        self.owner = owner
+
+    def message(self) -> Any:
+        return _rebuild_message(self.body)
+
+    def get(self, key: str) -> Any:
+        return self.body.get(key)
+
+
+def _rebuild_message(body: dict[str, Any]) -> Any:
+    from lfx.schema.message import Message
+
+    files = body.get("files")
+    message = Message.model_validate({**body, "files": []})
+    if files:
+        message.files = list(files)
+    return message
+
+
+def _dump(message: Any, **kwargs: Any) -> dict[str, Any]:
+    body = json.loads(message.model_dump_json(**kwargs))
+    if isinstance(body.get("files"), list):
+        body["files"] = [_file_uploads.get(f, f) if isinstance(f, str) else f for f in body["files"]]
+    return body
+
+
+class _MemoryBridge:
+    """lfx's message store in the guest (``lfx.memory`` dispatches here): it serves the
+    session's history the host sent together with the messages stored during the run, with
+    the scoping, filters and order of Langflow's store, and sends every write to the host,
+    which stores it in Langflow's database."""
+
+    def __init__(self, graph: Any, history: list[dict[str, Any]], note: str | None) -> None:
+        from lfx.memory.flow_context import coerce_flow_id, resolve_message_owner_id
+
+        # The host read the history for this flow and this run's message owner.
+        flow, owner = coerce_flow_id(graph.flow_id), resolve_message_owner_id(graph)
+        self.records: list[_Record] = [_Record(body, flow, owner) for body in history]
+        self.note = note
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+
+    # Scoping: Langflow's ``_message_scope``, ``_write_message_scope`` and
+    # ``_bound_message_scope``, over the same flow-context variables.
+    @staticmethod
+    def _scope(flow_id: Any, user_id: Any) -> tuple[Any, Any]:
+        from lfx.memory.flow_context import (
+            coerce_flow_id,
+            get_current_flow_id,
+            get_current_message_executor_id,
+            get_current_message_owner_id,
+            has_current_flow_scope,
+        )
+
+        requested_flow = coerce_flow_id(flow_id)
+        requested_owner = coerce_flow_id(user_id)
+        if has_current_flow_scope():
+            graph_flow = coerce_flow_id(get_current_flow_id())
+            graph_owner = get_current_message_owner_id()
+            if graph_flow is None or graph_owner is None:
+                return None, None
+            legacy_executor = get_current_message_executor_id()
+            owner_matches = (
+                user_id is None
+                or requested_owner == graph_owner
+                or (requested_owner is not None and requested_owner == legacy_executor)
+            )
+            if (flow_id is not None and requested_flow != graph_flow) or not owner_matches:
+                return None, None
+            return graph_flow, graph_owner
+        return requested_flow, requested_owner
+
+    def _write_scope(self, flow_id: Any, user_id: Any) -> tuple[Any, Any]:
+        from lfx.memory.flow_context import coerce_flow_id, has_current_flow_scope
+
+        if not has_current_flow_scope():
+            return coerce_flow_id(flow_id), coerce_flow_id(user_id)
+        flow, owner = self._scope(flow_id, user_id)
+        if flow is None or owner is None:
+            msg = "A valid matching flow and message owner are required to store chat history."
+            raise ValueError(msg)
+        return flow, owner
+
+    def _bound_scope(self) -> tuple[Any, Any] | None:
+        from lfx.memory.flow_context import has_current_flow_scope
+
+        if not has_current_flow_scope():
+            return None
+        flow, owner = self._scope(None, None)
+        if flow is None or owner is None:
+            msg = "A valid flow and message owner are required for graph message operations."
+            raise ValueError(msg)
+        return flow, owner
+
+    def _find(self, message_id: Any, scope: tuple[Any, Any] | None) -> _Record | None:
+        for record in self.records:
+            if str(record.get("id")) == str(message_id) and (
+                scope is None or (record.flow, record.owner) == scope
+            ):
+                return record
+        return None
+
+    async def aget_messages(
+        self,
+        sender: str | None = None,
+        sender_name: str | None = None,
+        session_id: Any = None,
+        context_id: str | None = None,
+        order_by: str | None = "timestamp",
+        order: str | None = "DESC",
+        flow_id: Any = None,
+        limit: int | None = None,
+        user_id: Any = None,
+    ) -> list[Any]:
+        flow, owner = self._scope(flow_id, user_id)
+        if flow is None or owner is None:
+            return []
+        rows = [
+            r
+            for r in self.records
+            if not r.get("error")
+            and r.flow == flow
+            and r.owner == owner
+            and (not sender or r.get("sender") == sender)
+            and (not sender_name or r.get("sender_name") == sender_name)
+            and (not session_id or str(r.get("session_id")) == str(session_id))
+            and (not context_id or str(r.get("context_id")) == str(context_id))
+        ]
+        if order_by:
+            if order_by not in _ORDER_FIELDS:
+                msg = f"Invalid order_by field: {order_by}"
+                raise ValueError(msg)
+            rows.sort(key=lambda r: str(r.get(order_by) or ""), reverse=order == "DESC")
+        if limit:
+            rows = rows[:limit]
+        return [r.message() for r in rows]
+
+    async def aadd_messages(
+        self, messages: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None
+    ) -> list[Any]:
+        if not isinstance(messages, list):
+            messages = [messages]
+        for message in messages:
+            if type(message).__name__ not in ("Message", "ErrorMessage"):
+                types = ", ".join(str(type(m)) for m in messages)
+                msg = f"The messages must be instances of Message. Found: {types}"
+                raise ValueError(msg)
+        flow, owner = self._write_scope(flow_id, user_id)
+        stored = []
+        for message in messages:
+            no_content = (
+                message.data.get("text") is None and message.text_stream is None and not message.content_blocks
+            )
+            if no_content or not message.sender or not message.sender_name:
+                msg = "The message does not have the required fields (text, sender, sender_name)."
+                raise ValueError(msg)
+            body = _dump(message)
+            body["id"] = str(uuid.uuid4())
+            body["flow_id"] = str(flow) if flow else body.get("flow_id")
+            if run_id or body.get("run_id"):
+                body["run_id"] = str(run_id or body.get("run_id"))
+            if not isinstance(body.get("text"), str):
+                body["text"] = ""
+            self.records.append(_Record(body, flow, owner))
+            emit({"frame": "message", "op": "store", "id": body["id"], "message": body})
+            stored.append(_rebuild_message(body))
+        return stored
+
+    async def aadd_messagetables(self, messages: Any, *_args: Any) -> list[Any]:
+        return await self.aadd_messages(messages)
+
+    async def astore_message(
+        self, message: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None
+    ) -> list[Any]:
+        from lfx.memory.flow_context import has_current_flow_scope, should_persist_messages
+
+        if not message:
+            return []
+        if not should_persist_messages():
+            return [message]
+        if not message.session_id or not message.sender or not message.sender_name:
+            msg = (
+                f"All of session_id, sender, and sender_name must be provided. Session ID: {message.session_id},"
+                f" Sender: {message.sender}, Sender Name: {message.sender_name}"
+            )
+            raise ValueError(msg)
+        flow, owner = self._write_scope(flow_id, user_id)
+        if getattr(message, "id", None):
+            in_graph = has_current_flow_scope()
+            original = self._find(message.id, None) if in_graph else None
+            copy_from_child = (
+                original is not None
+                and original.flow is not None
+                and original.flow != flow
+                and original.owner == owner
+            )
+            if not copy_from_child:
+                try:
+                    return await self.aupdate_messages([message])
+                except ValueError:
+                    if in_graph:
+                        raise
+        return await self.aadd_messages([message], flow_id=flow, run_id=run_id, user_id=owner)
+
+    async def aupdate_messages(self, messages: Any) -> list[Any]:
+        if not isinstance(messages, list):
+            messages = [messages]
+        scope = self._bound_scope()
+        updated = []
+        for message in messages:
+            record = self._find(getattr(message, "id", None), scope)
+            if record is None:
+                msg = f"Message with id {getattr(message, 'id', None)} not found"
+                raise ValueError(msg)
+            updates = _dump(message, exclude_unset=True, exclude_none=True)
+            if scope is not None:
+                if self._scope(updates.get("flow_id"), updates.get("user_id")) != scope:
+                    msg = "Message scope does not match the executing graph."
+                    raise ValueError(msg)
+                updates.pop("flow_id", None)
+                updates.pop("user_id", None)
+            updates.pop("id", None)
+            record.body = {**record.body, **updates}
+            emit({"frame": "message", "op": "update", "id": str(record.get("id")), "message": updates})
+            updated.append(record.message())
+        return updated
+
+    async def delete_message(self, id_: Any) -> None:
+        from lfx.memory.flow_context import should_persist_messages
+
+        if not should_persist_messages():
+            return
+        record = self._find(id_, self._bound_scope())
+        if record is not None:
+            self.records.remove(record)
+            emit({"frame": "message", "op": "delete", "id": str(id_)})
+
+    async def adelete_messages(
+        self, session_id: str | None = None, context_id: str | None = None, *, flow_id: Any = None, user_id: Any = None
+    ) -> None:
+        if not session_id and not context_id:
+            msg = "Either session_id or context_id must be provided to delete messages."
+            raise ValueError(msg)
+        flow, owner = self._scope(flow_id, user_id)
+        if flow is None or owner is None:
+            msg = "A valid flow and message owner are required to delete chat history."
+            raise ValueError(msg)
+        key, value = ("context_id", context_id) if context_id else ("session_id", session_id)
+        self.records = [
+            r for r in self.records if not (str(r.get(key)) == str(value) and r.flow == flow and r.owner == owner)
+        ]
+        emit({"frame": "message", "op": "delete_session", "id": "", key: str(value)})
+
+    # The deprecated synchronous spellings.
+    def _sync(self, coro: Any) -> Any:
+        from lfx.utils.async_helpers import run_until_complete
+
+        return run_until_complete(coro)
+
+    def get_messages(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._sync(self.aget_messages(*args, **kwargs))
+
+    def store_message(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._sync(self.astore_message(*args, **kwargs))
+
+    def add_messages(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._sync(self.aadd_messages(*args, **kwargs))
+
+    def delete_messages(self, *args: Any, **kwargs: Any) -> None:
+        return self._sync(self.adelete_messages(*args, **kwargs))
+
+
+def _bridge_memory(graph: Any, memory: dict[str, Any]) -> None:
+    import lfx.memory
+
+    bridge = _MemoryBridge(graph, list(memory.get("history") or []), memory.get("note"))
+    lfx.memory._impl = lambda: bridge  # noqa: SLF001 - lfx.memory dispatches through it at each call
+
+
 async def _main(job: dict[str, Any]) -> int:
     from lfx.graph import Graph
 
+    _place_files(job["flow"], job.get("files") or {})
     graph = Graph.from_payload(
         job["flow"],
         flow_id=job.get("flow_id"),
         flow_name=job.get("flow_name"),
         user_id=job.get("user_id"),
     )
+    _install_host_context(graph, job)
     options = job.get("options") or {}
     if job.get("mode") == "legacy":
         outputs = await _run_legacy(graph, job, options)
@@ -272,6 +732,11 @@ def _read_job(job_path: str) -> dict[str, Any] | None:
     """The job document, or None after reporting a protocol mismatch."""
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
+    # It holds the values of the flow's variables: gone before any flow code runs.
+    try:
+        os.unlink(job_path)
+    except OSError:
+        pass
     if job.get("protocol") != PROTOCOL:
         emit({"frame": "error", "kind": "protocol", "message": f"runner speaks protocol {PROTOCOL}"})
         return None

@@ -9,8 +9,9 @@
 //! builds nothing, before any of it is materialised: its nesting depth and its count of JSON
 //! values (an object tagged `__lfx__`, which the host rebuilds as an lfx object, counts
 //! [`TAGGED_VALUE_WEIGHT`] more). A frame over a bound is [`Line::Refused`], naming the bound; the run's totals are
-//! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`]). An admitted
-//! vertex or terminal frame is handed on as its raw bytes ([`Payload`]), not as a parsed tree.
+//! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`],
+//! [`FrameLimits::run_messages`]). An admitted vertex, message or terminal frame is handed on as
+//! its raw bytes ([`Payload`]), not as a parsed tree.
 //!
 //! A malformed line is reported and skipped, a log line longer than [`MAX_LOG_LINE`] is cut,
 //! and guest text that goes into a log record or an error message is passed through
@@ -43,6 +44,9 @@ pub const MAX_RUN_BYTES: u64 = 64 * 1024 * 1024;
 /// The most JSON values accepted in one run, all frames together (counted as for
 /// [`MAX_FRAME_VALUES`]).
 pub const MAX_RUN_VALUES: u64 = 1_000_000;
+/// The most message frames accepted in one run: each one is a write to the host's message
+/// store (a chat of a few turns stores a handful).
+pub const MAX_RUN_MESSAGES: u64 = 1000;
 /// The longest flow error message kept from an error frame, in bytes; the rest is cut.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 /// The longest short field kept from a frame (versions, the frame kind, an exception type).
@@ -63,6 +67,8 @@ pub struct FrameLimits {
     pub run_bytes: u64,
     /// [`MAX_RUN_VALUES`]: the most JSON values in a run.
     pub run_values: u64,
+    /// [`MAX_RUN_MESSAGES`]: the most message frames in a run.
+    pub run_messages: u64,
 }
 
 impl Default for FrameLimits {
@@ -73,6 +79,7 @@ impl Default for FrameLimits {
             frame_values: MAX_FRAME_VALUES,
             run_bytes: MAX_RUN_BYTES,
             run_values: MAX_RUN_VALUES,
+            run_messages: MAX_RUN_MESSAGES,
         }
     }
 }
@@ -90,6 +97,8 @@ pub enum Bound {
     RunBytes,
     /// [`MAX_RUN_VALUES`].
     RunValues,
+    /// [`MAX_RUN_MESSAGES`].
+    RunMessages,
 }
 
 impl Bound {
@@ -101,6 +110,7 @@ impl Bound {
             Bound::FrameValues => "MAX_FRAME_VALUES",
             Bound::RunBytes => "MAX_RUN_BYTES",
             Bound::RunValues => "MAX_RUN_VALUES",
+            Bound::RunMessages => "MAX_RUN_MESSAGES",
         }
     }
 
@@ -124,6 +134,10 @@ impl Bound {
             Bound::RunValues => format!(
                 "frames of more than {} JSON values in all in one run",
                 limits.run_values
+            ),
+            Bound::RunMessages => format!(
+                "more than {} message frames (chat messages to store) in one run",
+                limits.run_messages
             ),
         }
     }
@@ -184,6 +198,9 @@ pub enum RunnerFrame {
     },
     /// A vertex finished (the whole frame object).
     Vertex(Payload),
+    /// A chat message the flow stored, updated or deleted (the whole frame object: `op`, the
+    /// guest's message `id`, and the `message`), for the host's message store.
+    Message(Payload),
     /// The run finished: the serialized `RunOutputs` (empty in stream mode).
     Complete(Payload),
     /// The run could not finish.
@@ -388,6 +405,15 @@ struct Head<'a> {
     lfx: Option<&'a RawValue>,
     #[serde(borrow)]
     python: Option<&'a RawValue>,
+    #[serde(borrow)]
+    op: Option<&'a RawValue>,
+}
+
+/// What a message frame asks of the host's message store.
+pub const MESSAGE_OPS: &[&str] = &["store", "update", "delete", "delete_session"];
+
+fn is_text(raw: &RawValue) -> bool {
+    raw.get().starts_with('"')
 }
 
 /// A string field's text, if it is a string.
@@ -431,12 +457,18 @@ pub fn parse_line(line: &Bytes, limits: &FrameLimits) -> Line {
             lfx: field(head.lfx).unwrap_or_default(),
             python: field(head.python).unwrap_or_default(),
         },
-        "vertex" if head.id.is_some_and(|id| id.get().starts_with('"')) => {
-            RunnerFrame::Vertex(Payload {
-                json: trimmed.clone(),
-            })
-        }
+        "vertex" if head.id.is_some_and(is_text) => RunnerFrame::Vertex(Payload {
+            json: trimmed.clone(),
+        }),
         "vertex" => return malformed("a vertex frame without an id"),
+        "message" => match text(head.op).as_deref() {
+            Some(op) if MESSAGE_OPS.contains(&op) && head.id.is_some_and(is_text) => {
+                RunnerFrame::Message(Payload {
+                    json: trimmed.clone(),
+                })
+            }
+            _ => return malformed("a message frame without a known op and a message id"),
+        },
         "complete" => match head.outputs {
             Some(outputs) if outputs.get().starts_with('[') => RunnerFrame::Complete(Payload {
                 json: trimmed.slice_ref(outputs.get().as_bytes()),
@@ -606,6 +638,26 @@ mod tests {
             br#"{"frame":"vertex","id":"#,
             br#"{"frame":"vertex","id":"a"} trailing"#,
             br#"{"frame":"vertex","frame":"vertex","id":"a"}"#,
+        ] {
+            assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn message_frames_need_a_known_op_and_an_id() {
+        for op in MESSAGE_OPS {
+            let line = format!(r#"{{"frame":"message","op":"{op}","id":"g-1","message":{{}}}}"#);
+            let Line::Frame(RunnerFrame::Message(m), _) = parse(line.as_bytes()) else {
+                panic!("{line}")
+            };
+            assert_eq!(m.as_bytes(), line.as_bytes());
+        }
+        for bad in [
+            &br#"{"frame":"message","id":"g-1"}"#[..],
+            br#"{"frame":"message","op":"drop_table","id":"g-1"}"#,
+            br#"{"frame":"message","op":"store"}"#,
+            br#"{"frame":"message","op":"store","id":1}"#,
+            br#"{"frame":"message","op":1,"id":"g"}"#,
         ] {
             assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
         }

@@ -1,15 +1,35 @@
 //! What one flow run sends to the guest: the job document the runner reads.
 //!
 //! The caller (the Python glue) hands over a request: the flow's `Graph.dump`, the seam's
-//! `inputs`, and the `runtime_options` it could convert to JSON (plus the names of those it
-//! could not). This module decides what crosses the boundary: which mode the guest runs
-//! (`Graph.arun`'s legacy passthrough or the streaming path), where the inputs live, and which
-//! options are forwarded or dropped.
+//! `inputs`, the `runtime_options` it could convert to JSON (plus the names of those it could
+//! not), and what the host resolved for the flow in its own process: the field values that
+//! load from global variables, the session's chat history, and the uploaded files the flow's
+//! file inputs read. This module decides what crosses the boundary: which mode the guest runs
+//! (`Graph.arun`'s legacy passthrough or the streaming path), where the inputs live, which
+//! options are forwarded or dropped, and how much history and how many file bytes travel
+//! ([`MAX_HISTORY_MESSAGES`], [`MAX_HISTORY_BYTES`], [`MAX_FILES`], [`MAX_FILE_BYTES`]).
+//!
+//! Resolved variable values travel only in the job (an uploaded file the runner deletes once
+//! read), never in the guest's create request; [`FlowRequest::secrets`] lists them so the host
+//! masks them in everything it logs or raises from the guest's output.
+
+use std::path::PathBuf;
 
 use sandbox_core::LOG_TARGET;
 use serde_json::{Map, Value, json};
 
 use crate::runner::PROTOCOL;
+
+/// The most chat-history messages of the run's session sent to the guest (the newest).
+pub const MAX_HISTORY_MESSAGES: usize = 500;
+/// The most bytes of chat history (serialized messages) sent to the guest.
+pub const MAX_HISTORY_BYTES: usize = 4 * 1024 * 1024;
+/// The most uploaded files a run sends to its guest.
+pub const MAX_FILES: usize = 32;
+/// The most bytes of uploaded files a run sends to its guest, all files together.
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Where uploaded files are written in the guest (each under a directory of its own).
+pub const FILES_DIR: &str = "/workspace/lfx_files/";
 
 /// How the guest runs the flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,14 +53,35 @@ impl Mode {
 }
 
 /// Options that belong to the host process and cannot cross into the guest.
-pub const HOST_ONLY_OPTIONS: &[&str] = &["event_manager", "session_id", "open_flow_span"];
+pub const HOST_ONLY_OPTIONS: &[&str] = &["event_manager", "open_flow_span"];
 /// The legacy flag (reserved `_` keys are otherwise never forwarded).
 pub const LEGACY_FLAG: &str = "_use_arun_legacy";
 /// The tag of an lfx `InputValueRequest` converted to JSON.
 pub const INPUT_VALUE_REQUEST: &str = "InputValueRequest";
 
+/// The session's chat history as the host read it from its message store.
+#[derive(Clone, PartialEq, Default)]
+pub struct History {
+    /// Serialized `Message`s, newest first.
+    pub messages: Vec<Value>,
+    /// The store had more than `messages` (the host asked for one more than it sends).
+    pub more: bool,
+}
+
+/// An uploaded file a flow's file input reads, to be written in the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    /// The file on the host (inside Langflow's storage).
+    pub host_path: PathBuf,
+    /// Where the guest reads it: under [`FILES_DIR`].
+    pub guest_path: String,
+    /// The component that reads it (for messages).
+    pub component: String,
+}
+
 /// A run request, as the glue converted it. `Debug` shows ids, names and counts, never the
-/// flow, the inputs or option values (a flow's component fields and inputs may carry keys).
+/// flow, the inputs, option values, variable values or history (a flow's component fields,
+/// inputs and variables may carry keys).
 #[derive(Clone, PartialEq)]
 pub struct FlowRequest {
     /// `Graph.dump()` of the flow.
@@ -57,6 +98,25 @@ pub struct FlowRequest {
     pub options: Map<String, Value>,
     /// The names of the options that were not (dropped with a debug log).
     pub unserializable: Vec<String>,
+    /// The run's chat session (the graph's `session_id`).
+    pub session_id: Option<String>,
+    /// The graph's run id.
+    pub run_id: Option<String>,
+    /// The serving plane's end user, when the run has one.
+    pub end_user_id: Option<String>,
+    /// Whether the run's messages persist (the graph's `persist_messages`).
+    pub persist_messages: bool,
+    /// What the host resolved for the fields that load from global variables, per vertex id:
+    /// `{"params": {field: value}, "drop": [field]}`, or `{"error": {"type", "base",
+    /// "message"}}` when the resolution raised (the guest raises it when the vertex builds).
+    pub variables: Map<String, Value>,
+    /// The session's chat history, or `None` when the host has no message store (the guest
+    /// then keeps lfx's own, as the host does).
+    pub memory: Option<History>,
+    /// The uploaded files the flow's file inputs read.
+    pub files: Vec<HostFile>,
+    /// The guest's values of those file inputs, per vertex id: `{field: path or [paths]}`.
+    pub file_params: Map<String, Value>,
 }
 
 impl std::fmt::Debug for FlowRequest {
@@ -74,13 +134,23 @@ impl std::fmt::Debug for FlowRequest {
             .field("inputs", &self.inputs.len())
             .field("options", &self.options.keys().collect::<Vec<_>>())
             .field("unserializable", &self.unserializable)
+            .field("session_id", &self.session_id)
+            .field("run_id", &self.run_id)
+            .field("end_user_id", &self.end_user_id)
+            .field("persist_messages", &self.persist_messages)
+            .field("variables", &self.variables.len())
+            .field("history", &self.memory.as_ref().map(|h| h.messages.len()))
+            .field("files", &self.files.len())
+            .field("file_params", &self.file_params.len())
             .finish()
     }
 }
 
 impl FlowRequest {
     /// Parses the request document the glue sends: `{"flow", "flow_id"?, "flow_name"?,
-    /// "user_id"?, "inputs"?, "options"?, "unserializable"?}`.
+    /// "user_id"?, "inputs"?, "options"?, "unserializable"?, "session_id"?, "run_id"?,
+    /// "end_user_id"?, "persist_messages"?, "variables"?, "memory"?: {"history": [newest
+    /// first], "more"}, "files"?: [{"host_path", "guest_path", "component"}], "file_params"?}`.
     pub fn from_json(text: &str) -> Result<Self, String> {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         let Value::Object(mut o) = v else {
@@ -114,6 +184,37 @@ impl FlowRequest {
                 .collect(),
             _ => Vec::new(),
         };
+        let session_id = text_field(&mut o, "session_id");
+        let run_id = text_field(&mut o, "run_id");
+        let end_user_id = text_field(&mut o, "end_user_id");
+        let persist_messages = !matches!(o.remove("persist_messages"), Some(Value::Bool(false)));
+        let object = |o: &mut Map<String, Value>, k: &str| match o.remove(k) {
+            None | Some(Value::Null) => Ok(Map::new()),
+            Some(Value::Object(m)) => Ok(m),
+            Some(_) => Err(format!("`{k}` is not an object")),
+        };
+        let variables = object(&mut o, "variables")?;
+        let file_params = object(&mut o, "file_params")?;
+        let memory = match o.remove("memory") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(mut m)) => Some(History {
+                messages: match m.remove("history") {
+                    Some(Value::Array(a)) => a,
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(_) => return Err("`memory.history` is not a list".to_owned()),
+                },
+                more: matches!(m.get("more"), Some(Value::Bool(true))),
+            }),
+            Some(_) => return Err("`memory` is not an object".to_owned()),
+        };
+        let files = match o.remove("files") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .into_iter()
+                .map(|f| host_file(&f))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("`files` is not a list".to_owned()),
+        };
         Ok(Self {
             flow,
             flow_id,
@@ -122,7 +223,124 @@ impl FlowRequest {
             inputs,
             options,
             unserializable,
+            session_id,
+            run_id,
+            end_user_id,
+            persist_messages,
+            variables,
+            memory,
+            files,
+            file_params,
         })
+    }
+
+    /// The values the host resolved for fields that load from global variables (credentials
+    /// among them), to be masked in whatever the host logs or raises from the guest's output.
+    pub fn secrets(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut stack: Vec<&Value> = self
+            .variables
+            .values()
+            .filter_map(|v| v.get("params"))
+            .collect();
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::String(s) => out.push(s.as_str()),
+                Value::Array(a) => stack.extend(a),
+                Value::Object(m) => stack.extend(m.values()),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The chat history the guest gets, oldest first, and the note saying what was left out
+    /// (the newest [`MAX_HISTORY_MESSAGES`] messages within [`MAX_HISTORY_BYTES`] are kept).
+    pub fn history_window(&self) -> Option<(Vec<Value>, Option<String>)> {
+        let history = self.memory.as_ref()?;
+        let mut kept = Vec::new();
+        let mut bytes = 0usize;
+        for message in &history.messages {
+            let size = serde_json::to_string(message).map_or(usize::MAX, |t| t.len());
+            if kept.len() == MAX_HISTORY_MESSAGES || bytes.saturating_add(size) > MAX_HISTORY_BYTES
+            {
+                break;
+            }
+            bytes += size;
+            kept.push(message.clone());
+        }
+        let cut = kept.len() < history.messages.len() || history.more;
+        kept.reverse();
+        let note = cut.then(|| {
+            format!(
+                "the chat history of session {:?} was cut: only its newest {} messages ({} \
+                 bytes) were sent to the guest (the executor sends at most \
+                 MAX_HISTORY_MESSAGES={MAX_HISTORY_MESSAGES} messages and \
+                 MAX_HISTORY_BYTES={MAX_HISTORY_BYTES} bytes of history); a component that \
+                 reads older messages does not see them",
+                self.session_id.as_deref().unwrap_or(""),
+                kept.len(),
+                bytes
+            )
+        });
+        Some((kept, note))
+    }
+
+    /// Checks the uploaded files against [`MAX_FILES`] and [`MAX_FILE_BYTES`] and reads them.
+    /// A refusal (over a bound, not a regular file, unreadable) says which file and why;
+    /// nothing has been sent anywhere when it happens.
+    pub async fn read_files(&self) -> Result<Vec<(String, bytes::Bytes)>, String> {
+        use tokio::io::AsyncReadExt as _;
+        let fix = "upload fewer or smaller files for this flow, or run it in-process (unset \
+                   LANGFLOW_EXECUTOR_KIND)";
+        if self.files.len() > MAX_FILES {
+            return Err(format!(
+                "the flow's file inputs read {} uploaded files; the executor sends at most \
+                 MAX_FILES={MAX_FILES} to a guest. Nothing was created: {fix}",
+                self.files.len()
+            ));
+        }
+        let mut total = 0u64;
+        let mut sized = Vec::with_capacity(self.files.len());
+        for f in &self.files {
+            let meta = tokio::fs::metadata(&f.host_path)
+                .await
+                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+            if !meta.is_file() {
+                return Err(format!(
+                    "{}: {} is not a regular file",
+                    f.component,
+                    describe(f)
+                ));
+            }
+            total = total.saturating_add(meta.len());
+            if total > MAX_FILE_BYTES {
+                return Err(format!(
+                    "{}: the flow's uploaded files come to more than {MAX_FILE_BYTES} bytes \
+                     with {} ({} bytes); the executor sends at most \
+                     MAX_FILE_BYTES={MAX_FILE_BYTES} bytes of files to a guest. Nothing was \
+                     created: {fix}",
+                    f.component,
+                    describe(f),
+                    meta.len()
+                ));
+            }
+            sized.push((f, meta.len()));
+        }
+        let mut out = Vec::with_capacity(sized.len());
+        for (f, size) in sized {
+            let file = tokio::fs::File::open(&f.host_path)
+                .await
+                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+            let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+            // A file that grew since it was measured is read no further than its size.
+            file.take(size)
+                .read_to_end(&mut data)
+                .await
+                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+            out.push((f.guest_path.clone(), bytes::Bytes::from(data)));
+        }
+        Ok(out)
     }
 
     /// The mode the caller asked for: the legacy passthrough when `_use_arun_legacy` is set.
@@ -195,6 +413,12 @@ impl FlowRequest {
                 options.remove("initial_inputs");
             }
         }
+        let memory = self.history_window().map(|(history, note)| {
+            if let Some(note) = &note {
+                tracing::warn!(target: LOG_TARGET, "{note}");
+            }
+            json!({"history": history, "note": note})
+        });
         json!({
             "protocol": PROTOCOL,
             "mode": mode.as_str(),
@@ -202,11 +426,48 @@ impl FlowRequest {
             "flow_id": self.flow_id,
             "flow_name": self.flow_name,
             "user_id": self.user_id,
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "end_user_id": self.end_user_id,
+            "persist_messages": self.persist_messages,
             "inputs": inputs,
             "options": options,
             "install": install,
+            "variables": self.variables,
+            "memory": memory,
+            "files": self.file_params,
         })
     }
+}
+
+/// A file of the request: its guest path must stay under [`FILES_DIR`].
+fn host_file(v: &Value) -> Result<HostFile, String> {
+    let field = |k: &str| v.get(k).and_then(Value::as_str);
+    let (Some(host), Some(guest)) = (field("host_path"), field("guest_path")) else {
+        return Err("a file without `host_path` and `guest_path`".to_owned());
+    };
+    let rest = guest.strip_prefix(FILES_DIR).unwrap_or("");
+    let safe = !rest.is_empty()
+        && rest
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+        && !rest.contains(['\\', '\0']);
+    if !safe {
+        return Err(format!(
+            "a file's guest path is not a plain path under {FILES_DIR}"
+        ));
+    }
+    Ok(HostFile {
+        host_path: PathBuf::from(host),
+        guest_path: guest.to_owned(),
+        component: field("component").unwrap_or("a file input").to_owned(),
+    })
+}
+
+/// A file as a refusal names it: its name, not its host path.
+fn describe(f: &HostFile) -> String {
+    let name = f.guest_path.rsplit('/').next().unwrap_or_default();
+    format!("the uploaded file {name:?}")
 }
 
 #[cfg(test)]
@@ -257,12 +518,9 @@ mod tests {
         let opts = job["options"].as_object().unwrap();
         assert_eq!(opts["outputs"], json!(["chat_out"]));
         assert_eq!(opts["fallback_to_env_vars"], json!(true));
-        for gone in [
-            "_use_arun_legacy",
-            "session_id",
-            "event_manager",
-            "callbacks",
-        ] {
+        // The chat session reaches the guest (Graph._arun_legacy sets it on the graph).
+        assert_eq!(opts["session_id"], json!("s1"));
+        for gone in ["_use_arun_legacy", "event_manager", "callbacks"] {
             assert!(!opts.contains_key(gone), "{gone}");
         }
         assert_eq!(job["protocol"], json!(PROTOCOL));
@@ -301,6 +559,170 @@ mod tests {
         assert_eq!(job["install"], json!(["lfx==1.13.0"]));
     }
 
+    #[allow(clippy::needless_pass_by_value)]
+    fn with(extra: Value) -> FlowRequest {
+        let mut doc = json!({"flow": {"data": {"nodes": [], "edges": []}}});
+        doc.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        FlowRequest::from_json(&doc.to_string()).unwrap()
+    }
+
+    fn message(i: usize, pad: usize) -> Value {
+        json!({"text": format!("m{i} {}", "x".repeat(pad)), "sender": "User", "session_id": "s"})
+    }
+
+    #[test]
+    fn the_run_context_and_resolved_values_travel_in_the_job() {
+        let secret = "sk-variable-secret-51c9";
+        let r = with(json!({
+            "session_id": "s-7", "run_id": "r-1", "end_user_id": null,
+            "persist_messages": false,
+            "variables": {
+                "A": {"params": {"api_key": secret, "table": [{"k": "tbl-secret-93"}]}},
+                "B": {"error": {"type": "VariableNotFoundError", "base": "ValueError",
+                                "message": "MISSING variable not found."}}
+            },
+            "file_params": {"F": {"path": ["/workspace/lfx_files/0/a.txt"]}},
+        }));
+        let job = r.job(&[]);
+        assert_eq!(job["session_id"], "s-7");
+        assert_eq!(job["run_id"], "r-1");
+        assert_eq!(job["persist_messages"], false);
+        assert_eq!(job["variables"]["A"]["params"]["api_key"], secret);
+        assert_eq!(job["variables"]["B"]["error"]["base"], "ValueError");
+        assert_eq!(job["files"]["F"]["path"][0], "/workspace/lfx_files/0/a.txt");
+        // No message store on the host: the guest keeps lfx's own.
+        assert!(job["memory"].is_null());
+        let mut secrets = r.secrets();
+        secrets.sort_unstable();
+        assert_eq!(secrets, [secret, "tbl-secret-93"]);
+        for text in [format!("{r:?}"), format!("{r:#?}")] {
+            assert!(
+                !text.contains(secret) && !text.contains("tbl-secret"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn history_within_the_bounds_is_sent_whole_oldest_first() {
+        let newest_first: Vec<Value> = (0..3).rev().map(|i| message(i, 10)).collect();
+        let r =
+            with(json!({"session_id": "s", "memory": {"history": newest_first, "more": false}}));
+        let job = r.job(&[]);
+        let texts: Vec<&str> = job["memory"]["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts.len(), 3);
+        assert!(
+            texts[0].starts_with("m0 ") && texts[2].starts_with("m2 "),
+            "{texts:?}"
+        );
+        assert!(job["memory"]["note"].is_null());
+    }
+
+    #[test]
+    fn history_above_the_bounds_is_cut_to_the_newest_with_a_note() {
+        // More messages than the bound: the newest MAX_HISTORY_MESSAGES are kept.
+        let n = MAX_HISTORY_MESSAGES + 20;
+        let newest_first: Vec<Value> = (0..n).rev().map(|i| message(i, 0)).collect();
+        let r = with(json!({"session_id": "s-9", "memory": {"history": newest_first}}));
+        let (kept, note) = r.history_window().unwrap();
+        assert_eq!(kept.len(), MAX_HISTORY_MESSAGES);
+        assert_eq!(kept[0]["text"], format!("m{} ", n - MAX_HISTORY_MESSAGES));
+        assert_eq!(kept.last().unwrap()["text"], format!("m{} ", n - 1));
+        let note = note.unwrap();
+        assert!(
+            note.contains("MAX_HISTORY_MESSAGES=500") && note.contains("\"s-9\""),
+            "{note}"
+        );
+        assert_eq!(r.job(&[])["memory"]["note"], json!(note));
+
+        // More bytes than the bound: fewer, newest messages.
+        let pad = MAX_HISTORY_BYTES / 10;
+        let newest_first: Vec<Value> = (0..20).rev().map(|i| message(i, pad)).collect();
+        let r = with(json!({"memory": {"history": newest_first}}));
+        let (kept, note) = r.history_window().unwrap();
+        assert_eq!(kept.len(), 9, "nine of about a tenth of the bound each");
+        assert!(
+            kept.last().unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("m19 ")
+        );
+        assert!(note.unwrap().contains("MAX_HISTORY_BYTES"));
+
+        // The store said it had more than the host asked for: still a note.
+        let r = with(json!({"memory": {"history": [message(1, 0)], "more": true}}));
+        let (kept, note) = r.history_window().unwrap();
+        assert_eq!(kept.len(), 1);
+        assert!(note.is_some());
+    }
+
+    #[tokio::test]
+    async fn files_over_the_bounds_are_refused_before_anything_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small.txt");
+        std::fs::write(&small, b"hello").unwrap();
+        let big = dir.path().join("big.bin");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES)
+            .unwrap();
+        let file = |host: &std::path::Path, i: usize, name: &str| {
+            json!({"host_path": host, "guest_path": format!("{FILES_DIR}{i}/{name}"),
+                   "component": "File"})
+        };
+        let r = with(json!({"files": [file(&small, 0, "small.txt")]}));
+        let read = r.read_files().await.unwrap();
+        assert_eq!(
+            read,
+            [(
+                format!("{FILES_DIR}0/small.txt"),
+                bytes::Bytes::from_static(b"hello")
+            )]
+        );
+
+        let r = with(json!({"files": [file(&small, 0, "small.txt"), file(&big, 1, "big.bin")]}));
+        let err = r.read_files().await.unwrap_err();
+        assert!(
+            err.contains("MAX_FILE_BYTES=67108864") && err.contains("\"big.bin\""),
+            "{err}"
+        );
+        assert!(
+            err.starts_with("File: ") && !err.contains(dir.path().to_str().unwrap()),
+            "{err}"
+        );
+
+        let many: Vec<Value> = (0..=MAX_FILES).map(|i| file(&small, i, "s.txt")).collect();
+        let err = with(json!({"files": many})).read_files().await.unwrap_err();
+        assert!(err.contains("MAX_FILES=32"), "{err}");
+
+        let err = with(json!({"files": [file(dir.path(), 0, "d")]}))
+            .read_files()
+            .await;
+        assert!(err.unwrap_err().contains("not a regular file"));
+    }
+
+    #[test]
+    fn guest_file_paths_stay_under_the_files_directory() {
+        for bad in [
+            "/workspace/lfx_job.json",
+            "/workspace/lfx_files/",
+            "/workspace/lfx_files/../lfx_runner.py",
+            "/workspace/lfx_files/0//x",
+            "/workspace/lfx_files/./x",
+            "relative/x",
+        ] {
+            let doc = json!({"flow": {}, "files": [{"host_path": "/x", "guest_path": bad}]});
+            assert!(FlowRequest::from_json(&doc.to_string()).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn bad_requests_are_refused() {
         for bad in [
@@ -308,6 +730,9 @@ mod tests {
             "{}",
             r#"{"flow": 1}"#,
             r#"{"flow": {}, "inputs": 3}"#,
+            r#"{"flow": {}, "variables": []}"#,
+            r#"{"flow": {}, "memory": {"history": 1}}"#,
+            r#"{"flow": {}, "files": {}}"#,
             "nope",
         ] {
             assert!(FlowRequest::from_json(bad).is_err(), "{bad}");

@@ -8,6 +8,9 @@
 //! vertex the moment its frame arrives ([`frames`]: the host's own bounds on everything the
 //! guest sends, checked before anything is built; log lines for everything that is not a frame) and ends with the run's outputs; the guest is destroyed on completion,
 //! on an error, and when the consumer stops early ([`FlowRun::close`], or dropping the run).
+//! What the host resolved for the flow (variable values, the chat session and its history,
+//! uploaded files) travels in the job and the uploads ([`job`]); the chat messages the flow
+//! stores come back as [`Event::Message`], for the caller's message store.
 //! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
 //! what a flow's guest image needs and bakes it as a CreateOS template.
 

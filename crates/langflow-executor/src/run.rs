@@ -127,6 +127,9 @@ pub enum Event {
     /// `component_display_name`, `valid`, `result`: a serialized `ResultData`), as the guest
     /// sent it once it passed the host's bounds.
     Vertex(Payload),
+    /// The flow stored, updated or deleted a chat message: the runner's message frame (`op`,
+    /// `id`, `message`), for the caller's message store, in the order the flow wrote it.
+    Message(Payload),
     /// The run finished: the serialized `list[RunOutputs]` (empty for a streaming run). Always
     /// the last event; the guest is destroyed before it is returned.
     Complete(Payload),
@@ -228,6 +231,12 @@ impl Executor {
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, ExecutorError> {
         let plan = self.plan()?;
+        // Uploaded files are measured and read before anything is sent: over a bound, the run
+        // is refused before any guest exists.
+        let files = request
+            .read_files()
+            .await
+            .map_err(|why| ExecutorError::Unavailable(escape_controls(&why).into_owned()))?;
         let opened = self.surface.open(&plan.settings).await?;
         let catalog = &opened.catalog;
         if !catalog.iter().any(|s| s.id == plan.executor.shape) {
@@ -270,17 +279,18 @@ impl Executor {
             flow: request.flow_id.as_deref(),
             run_budget: plan.limits.budget,
         };
-        let (plan, spec) = (&plan, &spec);
+        let (plan, spec, files) = (&plan, &spec, &files[..]);
         let acquired = self
             .surface
             .acquire(&req, |guest, begin| {
                 let job = job_bytes.clone();
                 async move {
                     let run = if begin.origin == Origin::Pooled {
-                        self.start_warm(&guest, plan, request, job, host_lfx_version)
+                        self.start_warm(&guest, plan, request, job, files, host_lfx_version)
                             .await
                     } else {
                         let at = (started, begin.deadline);
+                        let job = (job, files);
                         self.start_cold(&guest, plan, spec, request, job, host_lfx_version, at)
                             .await
                     };
@@ -310,9 +320,9 @@ impl Executor {
         }
     }
 
-    /// Starts the runner on a guest created for this run: upload the runner and the job ∥ read
-    /// the egress back, then dispatch the runner, all by `deadline` (the create's too: one
-    /// budget from `started`).
+    /// Starts the runner on a guest created for this run: upload the runner, the job and the
+    /// run's files ∥ read the egress back, then dispatch the runner, all by `deadline` (the
+    /// create's too: one budget from `started`).
     #[allow(clippy::too_many_arguments)]
     async fn start_cold(
         &self,
@@ -320,7 +330,7 @@ impl Executor {
         plan: &Plan,
         spec: &GuestSpec,
         request: &FlowRequest,
-        job_bytes: Bytes,
+        (job_bytes, files): (Bytes, &[(String, Bytes)]),
         host_lfx_version: Option<&str>,
         (started, deadline): (Instant, Instant),
     ) -> Result<FlowRun, StartError<ExecutorError>> {
@@ -334,14 +344,16 @@ impl Executor {
             "flow run: guest created"
         );
         let dispatched = async {
-            let (runner, job, egress) = tokio::join!(
+            let (runner, job, uploads, egress) = tokio::join!(
                 guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
                 guest.upload(JOB_PATH, job_bytes, deadline),
+                upload_files(guest, files, deadline),
                 guest.verify_egress(&spec.egress, deadline),
             );
             egress?;
             runner?;
             job?;
+            uploads?;
             guest
                 .exec(
                     &Command::python(RUNNER_PATH),
@@ -366,6 +378,11 @@ impl Executor {
         preloaded: bool,
     ) -> FlowRun {
         let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
+        // The values of the flow's variables are masked like the key in what the guest prints.
+        let mut redactor = plan.settings.redactor();
+        for secret in request.secrets() {
+            redactor.add(secret);
+        }
         FlowRun {
             lease: None,
             exec: Some(exec),
@@ -389,7 +406,8 @@ impl Executor {
             host_lfx: host_lfx_version.map(str::to_owned),
             install: plan.executor.install_lfx,
             mode: request.mode(),
-            redactor: plan.settings.redactor(),
+            redactor,
+            messages: 0,
             preloaded,
             hello: false,
             not_handed_over: false,
@@ -406,11 +424,16 @@ impl Executor {
         plan: &Plan,
         request: &FlowRequest,
         job_bytes: Bytes,
+        files: &[(String, Bytes)],
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, StartError<ExecutorError>> {
         let started = Instant::now();
         let deadline = started + self.surface.options().backoff.budget;
-        if let Err(e) = guest.upload(JOB_PATH, job_bytes, deadline).await {
+        let (job, uploads) = tokio::join!(
+            guest.upload(JOB_PATH, job_bytes, deadline),
+            upload_files(guest, files, deadline),
+        );
+        if let Err(e) = job.and(uploads) {
             return Err(StartError::NotStarted(ExecutorError::Execution(format!(
                 "the job upload failed: {}",
                 e.message()
@@ -525,6 +548,21 @@ async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<
     ))
 }
 
+/// Writes the run's uploaded files in the guest (at their guest paths), all at once.
+async fn upload_files(
+    guest: &Guest,
+    files: &[(String, Bytes)],
+    deadline: Instant,
+) -> Result<(), SandboxError> {
+    futures::future::try_join_all(
+        files
+            .iter()
+            .map(|(path, data)| guest.upload(path, data.clone(), deadline)),
+    )
+    .await
+    .map(drop)
+}
+
 /// A flow running in its guest. Take its events with [`FlowRun::next`]; end it early with
 /// [`FlowRun::close`] (or drop it: the guest then goes to the reaper, which destroys it).
 #[allow(clippy::struct_excessive_bools)] // independent facts about one run's stream
@@ -556,7 +594,11 @@ pub struct FlowRun {
     host_lfx: Option<String>,
     install: bool,
     mode: Mode,
+    /// The API key and the values of the flow's variables, masked in everything the host logs
+    /// or raises from the guest's output.
     redactor: Redactor,
+    /// Message frames read so far (bounded by [`FrameLimits::run_messages`]).
+    messages: u64,
     /// The run went to a pooled guest's preloaded runner through the hand-off.
     preloaded: bool,
     /// The runner's hello frame arrived (from then on the flow may have run).
@@ -753,6 +795,7 @@ impl FlowRun {
                 Line::Log(text) => self.log(&text),
                 Line::Refused(bound) => return Err(self.refuse(bound).await),
                 Line::Malformed(why) => {
+                    let why = self.redactor.apply(&why);
                     self.malformed += 1;
                     tracing::warn!(
                         target: LOG_TARGET,
@@ -802,6 +845,13 @@ impl FlowRun {
             RunnerFrame::Vertex(v) => {
                 self.vertices += 1;
                 self.pending.push_back(Event::Vertex(v));
+            }
+            RunnerFrame::Message(m) => {
+                self.messages += 1;
+                if self.messages > self.bounds.run_messages {
+                    return Err(self.refuse(Bound::RunMessages).await);
+                }
+                self.pending.push_back(Event::Message(m));
             }
             RunnerFrame::Complete(outputs) => {
                 self.pending.push_back(Event::Complete(outputs));

@@ -4,6 +4,7 @@
 //! guest `PATH`), so each test decides exactly what the "runner" writes and when; one test runs
 //! the real embedded runner under a `python3` that has no lfx.
 
+use futures::StreamExt as _;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -36,6 +37,16 @@ async fn rig_with(
     faults: &str,
     tweak: impl FnOnce(&mut ExecutorOptions),
 ) -> Rig {
+    rig_full(script, extra_env, faults, None, tweak).await
+}
+
+async fn rig_full(
+    script: &str,
+    extra_env: &[(&str, &str)],
+    faults: &str,
+    request_log: Option<&Path>,
+    tweak: impl FnOnce(&mut ExecutorOptions),
+) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     write_stub(dir.path(), script);
     let fake = FakeServer::start(FakeOptions {
@@ -43,6 +54,7 @@ async fn rig_with(
         guest_path: vec![dir.path().to_path_buf()],
         faults: faults.to_owned(),
         heartbeat: Duration::from_millis(200),
+        request_log: request_log.map(Path::to_path_buf),
         ..FakeOptions::default()
     })
     .await
@@ -676,6 +688,7 @@ async fn run_to_end(
     loop {
         match run.next().await? {
             Some(Event::Vertex(v)) => vertices.push(v.value()),
+            Some(Event::Message(m)) => panic!("no message expected: {}", m.value()),
             Some(Event::Complete(outputs)) => {
                 assert_eq!(run.next().await?, None);
                 return Ok((vertices, outputs.value()));
@@ -867,8 +880,10 @@ async fn faults_on_a_warm_run_give_the_right_verdict_and_leave_no_guest() {
         ("exec_stream=stall", Want::MayHaveRun),
         ("upload=stall", Want::NotStarted),
     ];
+    // The guest clock (5 s) ends the stalled cases; it is long enough for the cold first run of
+    // several rigs at once on a loaded 2-core machine, and at most four rigs run together.
     let runs = cases.iter().map(|(faults, want)| async move {
-        let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")], "").await;
+        let (_lfx, rig) = warm_rig(&[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "5")], "").await;
         let request = nodes_request(&json!([{"id": "a"}]));
         run_to_end(&rig.executor, &request).await.unwrap();
         until_ready(&rig.executor, 1).await;
@@ -888,7 +903,10 @@ async fn faults_on_a_warm_run_give_the_right_verdict_and_leave_no_guest() {
         rig.executor.shutdown().await;
         assert_eq!(settled(&rig.fake).await.live, 0, "{faults}");
     });
-    futures::future::join_all(runs).await;
+    futures::stream::iter(runs)
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1161,4 +1179,210 @@ exit 1";
     let err = run.next().await.unwrap_err();
     assert_escaped(&err.to_string(), &["\\x1b[1mboom\\x07"]);
     assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+// --- What the host resolves for the flow: variables, messages, history, files ----------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_frames_arrive_in_order_between_the_vertices() {
+    let script = format!(
+        r#"{RUNNER_CHECK}
+echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+echo '{{"frame":"vertex","id":"chat_in","seq":1}}'
+echo '{{"frame":"message","op":"store","id":"g-1","message":{{"text":"hi","sender":"User"}}}}'
+echo '{{"frame":"message","op":"update","id":"g-1","message":{{"text":"hi!"}}}}'
+echo '{{"frame":"message","op":"bogus","id":"g-2","message":{{}}}}'
+echo '{{"frame":"vertex","id":"chat_out","seq":2}}'
+echo '{{"frame":"complete","outputs":[]}}'"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let mut run = rig.executor.start(&request(true), None).await.unwrap();
+    let mut seen = Vec::new();
+    while let Some(event) = run.next().await.unwrap() {
+        seen.push(match event {
+            Event::Vertex(v) => format!("vertex {}", v.value()["id"]),
+            Event::Message(m) => {
+                let m = m.value();
+                format!("{} {} {}", m["op"], m["id"], m["message"]["text"])
+            }
+            Event::Complete(_) => "complete".to_owned(),
+        });
+    }
+    // The message with an unknown op is a malformed line, skipped.
+    assert_eq!(
+        seen,
+        [
+            r#"vertex "chat_in""#,
+            r#""store" "g-1" "hi""#,
+            r#""update" "g-1" "hi!""#,
+            r#"vertex "chat_out""#,
+            "complete"
+        ]
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_frames_past_the_run_bound_are_refused_naming_it() {
+    let message = r#"{"frame":"message","op":"store","id":"m","message":{"text":"x"}}"#;
+    let lines = vec![message.to_owned(); 1001];
+    let (_dir, rig, events, err) = hostile_run(&lines).await;
+    assert_eq!(
+        events.len(),
+        1000,
+        "every message within the bound was handed on"
+    );
+    assert_refused(
+        &rig,
+        &err,
+        "MAX_RUN_MESSAGES",
+        "more than 1000 message frames",
+    )
+    .await;
+}
+
+const CREDENTIAL: &str = "sk-flow-credential-6e21b0c4";
+
+/// A request whose flow has a resolved credential, a table cell from a variable and a field
+/// whose resolution failed on the host.
+fn request_with_variables() -> FlowRequest {
+    FlowRequest::from_json(
+        &json!({"flow": {"data": {"nodes": [], "edges": []}}, "inputs": [{"input_value": "hi"}],
+        "options": {"_use_arun_legacy": true, "session_id": "s-42"},
+        "session_id": "s-42",
+        "variables": {
+            "llm": {"params": {"api_key": CREDENTIAL}},
+            "broken": {"error": {"type": "VariableNotFoundError", "base": "ValueError",
+                                 "message": "MISSING_VAR variable not found."}}
+        }})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn variable_values_travel_only_in_the_job_and_are_masked_in_what_the_guest_prints() {
+    // The guest says whether the job it was given has the value and whether its environment
+    // does, prints the value, and fails with it in the message.
+    let script = format!(
+        r#"{RUNNER_CHECK}
+job="$(dirname "$2")/lfx_job.json"
+grep -q '"api_key":"{CREDENTIAL}"' "$job" && echo 'the job has the credential' >&2
+grep -q '"base":"ValueError"' "$job" && echo 'the job has the failed resolution' >&2
+grep -q '"session_id":"s-42"' "$job" && echo 'the job has the session' >&2
+env | grep -q '{CREDENTIAL}' && echo 'the environment has the credential' >&2
+echo 'the flow printed {CREDENTIAL} here' >&2
+sleep 1
+printf '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}\n'
+printf '{{"frame":"error","kind":"flow","type":"ValueError","message":"bad key {CREDENTIAL}"}}\n'
+exit 1"#
+    );
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("requests.jsonl");
+    let rig = rig_full(&script, &[], "", Some(&log), |_| {}).await;
+    let (logs, _guard) = capture();
+    let mut run = rig
+        .executor
+        .start(&request_with_variables(), None)
+        .await
+        .unwrap();
+    let err = run.next().await.unwrap_err();
+    let ExecutorError::Flow {
+        error_type,
+        message,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(error_type.as_deref(), Some("ValueError"));
+    assert_eq!(message, "bad key [REDACTED]");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    let records = logs.0.lock().unwrap().join("\n");
+    for said in [
+        "guest: the job has the credential",
+        "guest: the job has the failed resolution",
+        "guest: the job has the session",
+        "guest: the flow printed [REDACTED] here",
+    ] {
+        assert!(records.contains(said), "{said} missing from {records}");
+    }
+    assert!(!records.contains("the environment has"), "{records}");
+    assert!(!records.contains(CREDENTIAL), "{records}");
+    // The control plane saw the value in the job's upload and nowhere else.
+    let requests = std::fs::read_to_string(&log).unwrap();
+    let carrying: Vec<String> = requests
+        .lines()
+        .filter(|l| l.contains(CREDENTIAL))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            format!("{} {}", v["route"], v["query"])
+        })
+        .collect();
+    assert_eq!(
+        carrying,
+        [r#""upload" [["path","/workspace/lfx_job.json"]]"#]
+    );
+    assert!(requests.contains(r#""route":"create""#));
+}
+
+fn request_with_files(files: &[(&Path, &str)]) -> FlowRequest {
+    let files: Vec<serde_json::Value> = files
+        .iter()
+        .enumerate()
+        .map(|(i, (host, name))| {
+            json!({"host_path": host, "guest_path": format!("/workspace/lfx_files/{i}/{name}"),
+                   "component": "File"})
+        })
+        .collect();
+    FlowRequest::from_json(
+        &json!({"flow": {"data": {"nodes": [], "edges": []}}, "inputs": [],
+                "options": {"_use_arun_legacy": true}, "files": files})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uploaded_files_are_written_where_the_guest_reads_them() {
+    let host = tempfile::tempdir().unwrap();
+    let notes = host.path().join("notes.txt");
+    std::fs::write(&notes, "42 apples").unwrap();
+    let script = format!(
+        r#"{RUNNER_CHECK}
+printf '{{"frame":"vertex","id":"%s"}}\n' "$(cat "$(dirname "$2")/lfx_files/0/notes.txt")"
+echo '{{"frame":"complete","outputs":[]}}'"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let (vertices, _) = run_to_end(&rig.executor, &request_with_files(&[(&notes, "notes.txt")]))
+        .await
+        .unwrap();
+    assert_eq!(vertices[0]["id"], "42 apples");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_above_the_bound_is_refused_before_any_guest_is_created() {
+    let host = tempfile::tempdir().unwrap();
+    let big = host.path().join("big.pdf");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(64 * 1024 * 1024 + 1)
+        .unwrap();
+    let rig = start_rig("exit 9", &[], "").await;
+    let err = rig
+        .executor
+        .start(&request_with_files(&[(&big, "big.pdf")]), None)
+        .await
+        .unwrap_err();
+    let ExecutorError::Unavailable(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(msg.contains("MAX_FILE_BYTES=67108864"), "{msg}");
+    assert!(
+        msg.contains(r#""big.pdf""#) && msg.contains("Nothing was created"),
+        "{msg}"
+    );
+    let stats = rig.fake.stats();
+    assert_eq!(stats.created, 0);
+    assert!(stats.requests.is_empty(), "{:?}", stats.requests);
 }

@@ -21,9 +21,14 @@
 
 use std::future::Future;
 use std::io::{Read as _, Write as _};
+#[cfg(unix)]
 use std::os::fd::AsRawFd as _;
+#[cfg(unix)]
 use std::os::unix::net::UnixStream;
 use std::panic::AssertUnwindSafe;
+// Only named on other platforms, where `wake_pair` refuses (see there).
+#[cfg(not(unix))]
+use std::net::TcpStream as UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -68,7 +73,7 @@ enum Ready {
 fn cost(item: &Item) -> usize {
     ITEM_OVERHEAD
         + match item {
-            Ok(Event::Vertex(p) | Event::Complete(p)) => p.len(),
+            Ok(Event::Vertex(p) | Event::Message(p) | Event::Complete(p)) => p.len(),
             Err(e) => e.to_string().len(),
         }
 }
@@ -147,8 +152,15 @@ struct Shared {
 }
 
 impl Shared {
+    #[cfg(unix)]
     fn fd(&self) -> i32 {
         self.wake_read.as_raw_fd()
+    }
+
+    #[cfg(not(unix))]
+    fn fd(&self) -> u64 {
+        use std::os::windows::io::AsRawSocket as _;
+        self.wake_read.as_raw_socket()
     }
 
     /// The next item or the end, if either is there yet.
@@ -201,6 +213,7 @@ fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, ready: Ready) -> PyResult<()>
     };
     let (kind, json) = match item {
         Ok(Event::Vertex(json)) => ("vertex", json),
+        Ok(Event::Message(json)) => ("message", json),
         Ok(Event::Complete(json)) => ("complete", json),
         Err(e) => {
             return fut
@@ -275,8 +288,9 @@ impl FlowWake {
 }
 
 /// The events of one flow run: an async iterator of `(kind, value)` pairs, `kind` being
-/// `"vertex"` (the vertex frame, a `dict`) or `"complete"` (the outputs, a `list`; always
-/// last). Created by `NativeExecutor.start`.
+/// `"vertex"` (the vertex frame, a `dict`), `"message"` (a chat message the flow stored,
+/// updated or deleted: the message frame, a `dict`) or `"complete"` (the outputs, a `list`;
+/// always last). Created by `NativeExecutor.start`.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct FlowEvents {
     shared: Arc<Shared>,
@@ -370,6 +384,11 @@ impl NativeExecutor {
         Self {}
     }
 
+    /// The most chat-history messages of the run's session a run sends to its guest (the
+    /// glue reads one more, so a cut is noticed).
+    #[classattr]
+    const HISTORY_MESSAGES: usize = langflow_executor::job::MAX_HISTORY_MESSAGES;
+
     /// Starts a flow run and returns its events at once; the guest is created by the run's
     /// producer. `request` is the JSON request document (`flow`, `inputs`, `options`, ...);
     /// `lfx_version` the host's lfx version. A malformed request raises
@@ -391,8 +410,13 @@ impl NativeExecutor {
             .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
         // `lfx run` and container stops end a process with SIGTERM: destroy the flow's guest.
         sigterm::arm(py, rt, process::shutdown_every_surface);
-        let (producer, shared, done) = pipe()
-            .map_err(|e| errors::execution(py, format!("cannot create the wake socket: {e}")))?;
+        let (producer, shared, done) = pipe().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::Unsupported {
+                errors::unavailable(py, e.to_string())
+            } else {
+                errors::execution(py, format!("cannot create the wake socket: {e}"))
+            }
+        })?;
         let executor = executor();
         // Driven on a blocking-pool thread by `block_on` (sandbox-core's futures are not
         // provably `Send`), on this process's runtime. Never cancelled from outside: the
@@ -449,6 +473,26 @@ impl NativeExecutor {
     }
 }
 
+/// The socket pair a run wakes its consumer through: the read end is what the asyncio loop
+/// waits on (`loop.add_reader`).
+#[cfg(unix)]
+fn wake_pair() -> std::io::Result<(UnixStream, UnixStream)> {
+    UnixStream::pair()
+}
+
+/// Windows: refused. `loop.add_reader` does not exist on Windows' default event loop (the
+/// proactor), so the executor cannot wait for events without a thread per run there.
+#[cfg(not(unix))]
+fn wake_pair() -> std::io::Result<(UnixStream, UnixStream)> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "the CreateOS flow executor (LANGFLOW_EXECUTOR_KIND=createos) is not available on \
+         Windows: it waits with the asyncio loop's add_reader, which Windows' default event loop \
+         lacks. Unset LANGFLOW_EXECUTOR_KIND to run flows in-process, or run Langflow on Linux \
+         or macOS; the CreateOS sandbox backend and component work on Windows",
+    ))
+}
+
 /// Marks a run finished when its producer is done, even by a panic: set after the channel
 /// closed, then one last wake.
 struct Finished {
@@ -465,7 +509,7 @@ impl Drop for Finished {
 
 /// The two ends of one run's event queue, and the guard that marks the run finished.
 fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
-    let (wake_write, wake_read) = UnixStream::pair()?;
+    let (wake_write, wake_read) = wake_pair()?;
     wake_write.set_nonblocking(true)?;
     wake_read.set_nonblocking(true)?;
     let (tx, rx) = mpsc::unbounded_channel::<Queued>();
@@ -774,6 +818,7 @@ mod tests {
                     item: Ok(event), ..
                 }) => seen.push(match event {
                     Event::Vertex(p) => format!("vertex {}", p.value()["id"]),
+                    Event::Message(p) => format!("message {}", p.value()["id"]),
                     Event::Complete(_) => "complete".to_owned(),
                 }),
                 Ready::Item(Queued { item: Err(e), .. }) => seen.push(format!("error: {e}")),

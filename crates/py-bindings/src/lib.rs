@@ -8,6 +8,7 @@
 //! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
 //!   `reap_reused()`;
 //! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
+//! - [`gateway`]: `gateway_main()`, the egress gateway behind `python -m ... gateway`;
 //! - [`process`]: `PerProcess<T>`, every per-process value (runtime, session, backends,
 //!   component, executor) keyed on the process id with the fork rule stated once, so a forked
 //!   child builds its own while the parent's is untouched; SIGTERM's shutdown of them all;
@@ -24,6 +25,7 @@ mod backend;
 mod component;
 mod errors;
 mod executor;
+mod gateway;
 mod logbridge;
 mod payload;
 mod process;
@@ -60,5 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<component::ReusedReapReport>()?;
     m.add_function(wrap_pyfunction!(component::describe_component, m)?)?;
     m.add_function(wrap_pyfunction!(component::reap_reused, m)?)?;
+    m.add_function(wrap_pyfunction!(gateway::gateway_main, m)?)?;
     Ok(())
 }

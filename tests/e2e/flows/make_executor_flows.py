@@ -9,6 +9,12 @@
 - ``bulk_flow.json``: Chat Input -> Bulk (a few hundred KB of text and a table of a few thousand
   rows) -> Chat Output (the text), and the table -> Rows (its count and last row) -> a second Chat
   Output.
+- ``secret_flow.json``: Chat Input -> Secret Probe (a secret input that loads from the global
+  variable ``EXEC_TEST_CREDENTIAL``; it answers with a digest of the value) -> Chat Output.
+- ``history_flow.json``: Chat Input -> History Probe (reads the session's history through
+  ``lfx.memory.aget_messages``) -> Chat Output.
+- ``file_flow.json``: File (lfx's File component; the test points its path at an upload) -> Chat
+  Output.
 
 The components live in ``components/``, one per module: a dumped node embeds its module's
 source, which is what the guest rebuilds.
@@ -27,9 +33,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "components"))
 
 from bulk_component import BulkComponent  # noqa: E402
+from history_component import HistoryProbeComponent  # noqa: E402
 from hostile_component import HostileComponent  # noqa: E402
-from rows_component import RowsComponent  # noqa: E402
+from lfx.components.files_and_knowledge.file import FileComponent  # noqa: E402
 from lfx.components.input_output import ChatInput, ChatOutput  # noqa: E402
+from rows_component import RowsComponent  # noqa: E402
+from secret_component import SecretProbeComponent  # noqa: E402
 from lfx.graph import Graph  # noqa: E402
 from shout_component import ShoutComponent  # noqa: E402
 from slow_component import SlowComponent  # noqa: E402
@@ -86,7 +95,31 @@ def bulk() -> Graph:
     return graph
 
 
-FLOWS = {"shout": shout, "slow": slow, "stream": stream, "hostile": hostile, "bulk": bulk}
+def secret() -> Graph:
+    return chat_through(lambda: SecretProbeComponent(_id="secret"), "text", "answer")
+
+
+def history() -> Graph:
+    return chat_through(lambda: HistoryProbeComponent(_id="history"), "message", "history")
+
+
+def file() -> Graph:
+    reader = FileComponent(_id="file")
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=reader.load_files_message)
+    return Graph(reader, chat_out)
+
+
+FLOWS = {
+    "shout": shout,
+    "slow": slow,
+    "stream": stream,
+    "hostile": hostile,
+    "bulk": bulk,
+    "secret": secret,
+    "history": history,
+    "file": file,
+}
 
 if __name__ == "__main__":
     for name, build in ((n, FLOWS[n]) for n in (sys.argv[1:] or FLOWS)):

@@ -74,6 +74,46 @@ pub(crate) struct Spec {
     pub stdin: Option<Vec<u8>>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// The guest's network namespace (enforcing mode): the command runs inside it.
+    pub netns: Option<String>,
+}
+
+/// The message of a command that cannot start because it is not found.
+fn not_found(cmd: &str) -> String {
+    format!("exec: {cmd:?}: executable file not found in $PATH")
+}
+
+/// The command for `spec` with its environment `env`: the program itself, or, in the enforcing
+/// mode, `ip netns exec NS` followed by the program found on the guest's `PATH` (found here, so
+/// a missing program still fails to start instead of running `ip` that then fails).
+pub(crate) fn guest_command(
+    app: &App,
+    dir: &Path,
+    spec: &Spec,
+    env: &[(OsString, OsString)],
+) -> Result<Command, String> {
+    let cmd = map_guest_text(&spec.cmd, dir);
+    let (Some(ns), Some(enforcer)) = (&spec.netns, &app.enforcer) else {
+        return Ok(Command::new(&cmd));
+    };
+    let program = if cmd.contains('/') {
+        Some(std::path::PathBuf::from(&cmd)).filter(|p| p.is_file())
+    } else {
+        let path = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone());
+        path.and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(&cmd))
+                .find(|p| p.is_file())
+        })
+    };
+    let program = program.ok_or_else(|| not_found(&spec.cmd))?;
+    let mut command = Command::new(enforcer.ip_program());
+    command.args(["netns", "exec", ns]).arg(program);
+    Ok(command)
 }
 
 /// Output produced by a running command.
@@ -99,17 +139,17 @@ pub(crate) fn spawn(
     spec: &Spec,
     keep_stdin: bool,
 ) -> Result<Running, String> {
-    let cmd = map_guest_text(&spec.cmd, dir);
     let cwd = match &spec.cwd {
         Some(c) if !c.is_empty() => std::path::PathBuf::from(map_guest_text(c, dir)),
         _ => dir.join("workspace"),
     };
-    let mut command = Command::new(&cmd);
+    let env = guest_env(app, dir, &spec.env);
+    let mut command = guest_command(app, dir, spec, &env)?;
     command
         .args(spec.args.iter().map(|a| map_guest_text(a, dir)))
         .current_dir(&cwd)
         .env_clear()
-        .envs(guest_env(app, dir, &spec.env))
+        .envs(env)
         .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -120,7 +160,7 @@ pub(crate) fn spawn(
         });
     let mut child = command.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            format!("exec: {:?}: executable file not found in $PATH", spec.cmd)
+            not_found(&spec.cmd)
         } else {
             format!("exec: {:?}: {e}", spec.cmd)
         }

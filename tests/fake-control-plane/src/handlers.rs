@@ -379,7 +379,26 @@ fn new_sandbox(app: &App, inner: &mut Inner, shape: (&str, u64, u64, u64, u64)) 
         processes: BTreeMap::new(),
         desktop: None,
         epoch: 0,
+        net: None,
     }
+}
+
+/// In the enforcing mode, a new guest network whose firewall holds `rules` (created off the
+/// async threads: it runs `ip` and `nft`).
+async fn guest_net(
+    app: &Arc<App>,
+    rules: &[String],
+) -> Result<Option<crate::egress::GuestNet>, ApiError> {
+    if app.enforcer.is_none() {
+        return Ok(None);
+    }
+    let (app, rules) = (app.clone(), rules.to_vec());
+    let made = tokio::task::spawn_blocking(move || {
+        app.enforcer.as_ref().map(|e| e.attach(&rules)).transpose()
+    })
+    .await
+    .map_err(|e| ApiError::error(500, format!("could not create the guest network: {e}")))?;
+    made.map_err(|e| ApiError::error(500, format!("could not create the guest network: {e}")))
 }
 
 async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
@@ -448,6 +467,7 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
             })?,
         Some(_) => return Err(ApiError::bad_request("disks", "must be a list")),
     };
+    let net = guest_net(app, &egress).await?;
     let view = {
         let mut inner = app.lock();
         let rootfs = resolve_rootfs(&inner, &rootfs_req)?;
@@ -494,6 +514,10 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
         sb.auto_pause = auto_pause;
         sb.networks = networks;
         sb.mounts = mounts;
+        if let Some(net) = net {
+            sb.ip = net.addr().to_string();
+            sb.net = Some(net);
+        }
         if !app.create_delay.is_zero() {
             sb.status = Status::Creating;
             sb.running_at = None;
@@ -627,15 +651,18 @@ fn schedule_destroy(app: &Arc<App>, id: String, epoch: u64) {
 
 /// Completes a destroy: the directory is removed, then the guest is `destroyed`.
 pub(crate) fn finish_destroy(app: &App, id: &str, epoch: u64) {
-    let dir = {
-        let inner = app.lock();
-        let Some(sb) = inner.sandbox(id) else { return };
+    let (dir, net) = {
+        let mut inner = app.lock();
+        let Some(sb) = inner.sandbox_mut(id) else {
+            return;
+        };
         if sb.status != Status::Destroying || sb.epoch != epoch {
             return;
         }
         sb.signal_all(Signal::SIGKILL);
-        sb.dir.clone()
+        (sb.dir.clone(), sb.net.take())
     };
+    drop(net);
     let _ = std::fs::remove_dir_all(dir);
     let mut inner = app.lock();
     let Some(sb) = inner.sandbox_mut(id) else {
@@ -803,7 +830,21 @@ async fn fork(app: &Arc<App>, req: &mut Req) -> ApiResult {
         out
     };
     let copied = tokio::task::spawn_blocking(move || copy_dir(&src_dir, &new_dir)).await;
+    let rules = with_sandbox_mut(app, &id, |sb| Ok(sb.egress.clone()))?;
+    let net = guest_net(app, &rules).await;
     let view = with_sandbox_mut(app, &id, |sb| {
+        let net_failed = match net {
+            Ok(Some(net)) => {
+                sb.ip = net.addr().to_string();
+                sb.net = Some(net);
+                false
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        };
+        if net_failed && sb.status == Status::Forking {
+            sb.status = Status::Error;
+        }
         if sb.status == Status::Forking {
             if matches!(copied, Ok(Ok(()))) && !app.fork_delay.is_zero() {
                 schedule_transition(
@@ -907,6 +948,11 @@ async fn egress_put(app: &Arc<App>, req: &mut Req) -> ApiResult {
     }
     let rules = opt_str_list(&body, "egress")?.unwrap_or_default();
     let view = with_sandbox_mut(app, req.sid(), |sb| {
+        if let Some(net) = &sb.net {
+            net.apply(&rules).map_err(|e| {
+                ApiError::error(500, format!("could not apply the egress rules: {e}"))
+            })?;
+        }
         sb.egress = rules;
         Ok(json!({"id": sb.id, "egress": sb.egress}))
     })?;
@@ -981,11 +1027,11 @@ async fn exec_route(app: &Arc<App>, req: &mut Req) -> ApiResult {
     let stdin = opt_str(&body, "stdin")?.filter(|s| !s.is_empty());
     let env = opt_str_map(&body, "env")?;
     let now = app.now();
-    let (dir, env) = with_sandbox_mut(app, req.sid(), |sb| {
+    let (dir, env, netns) = with_sandbox_mut(app, req.sid(), |sb| {
         require_running(sb)?;
         let env = merge_env(sb, env)?;
         sb.last_activity = now;
-        Ok((sb.dir.clone(), env))
+        Ok((sb.dir.clone(), env, sb.netns()))
     })?;
     let count = app.exec_started();
     let spec = Spec {
@@ -994,6 +1040,7 @@ async fn exec_route(app: &Arc<App>, req: &mut Req) -> ApiResult {
         stdin: stdin.map(String::into_bytes),
         env,
         cwd: None,
+        netns,
     };
     let spawned = exec::spawn(app, &dir, &spec, false);
     if let Ok(r) = &spawned {

@@ -16,11 +16,13 @@
 //! ```
 
 mod desktop;
+mod egress;
 mod exec;
 mod extra;
 mod faults;
 mod handlers;
 mod jsend;
+pub mod netns;
 mod procs;
 mod server;
 mod state;
@@ -80,6 +82,17 @@ pub struct FakeOptions {
     /// 429 (`error`, `Retry-After: 0` like every 429 of the fake), as CreateOS answers an account at its quota (default 0:
     /// no quota).
     pub max_live: u64,
+    /// Enforce each guest's egress rules as CreateOS does: its commands run in a network
+    /// namespace of their own whose firewall allows only its address rules (see the crate
+    /// README). Needs root, `ip` and `nft`; starting fails with the reason otherwise.
+    pub enforce_egress: bool,
+    /// With `enforce_egress`: the network namespace guests are linked to (default: the fake's
+    /// own). Tests put their "internet" and gateway behind such a namespace.
+    pub egress_uplink_netns: Option<String>,
+    /// Append every API request (route, method, path, query and body, never a header) to this
+    /// file as a JSON line, so a test can prove what a client did or did not send (default
+    /// none).
+    pub request_log: Option<PathBuf>,
 }
 
 impl Default for FakeOptions {
@@ -99,6 +112,9 @@ impl Default for FakeOptions {
             sse: false,
             state_dir: None,
             max_live: 0,
+            enforce_egress: false,
+            egress_uplink_netns: None,
+            request_log: None,
         }
     }
 }
@@ -120,6 +136,9 @@ impl std::fmt::Debug for FakeOptions {
             .field("sse", &self.sse)
             .field("state_dir", &self.state_dir)
             .field("max_live", &self.max_live)
+            .field("enforce_egress", &self.enforce_egress)
+            .field("egress_uplink_netns", &self.egress_uplink_netns)
+            .field("request_log", &self.request_log)
             .finish()
     }
 }
@@ -183,6 +202,15 @@ impl FakeServer {
     pub async fn start_on(opts: FakeOptions, port: u16) -> std::io::Result<FakeServer> {
         let faults = Faults::parse(&opts.faults)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let enforcer = if opts.enforce_egress {
+            let uplink = opts.egress_uplink_netns.clone();
+            let made = tokio::task::spawn_blocking(move || egress::Enforcer::new(uplink))
+                .await
+                .map_err(std::io::Error::other)?;
+            Some(made.map_err(|e| std::io::Error::new(std::io::ErrorKind::Unsupported, e))?)
+        } else {
+            None
+        };
         let (temp, state_root) = if let Some(d) = &opts.state_dir {
             std::fs::create_dir_all(d)?;
             (None, d.clone())
@@ -192,6 +220,15 @@ impl FakeServer {
                 .tempdir()?;
             let p = t.path().to_path_buf();
             (Some(t), p)
+        };
+        let request_log = match &opts.request_log {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
         };
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
@@ -226,6 +263,8 @@ impl FakeServer {
             peak_execs: AtomicU64::new(0),
             max_live: AtomicU64::new(opts.max_live),
             shutdown: CancellationToken::new(),
+            enforcer,
+            request_log,
         });
         let serve = tokio::spawn(server::accept_loop(app.clone(), listener));
         let sweep_app = app.clone();
@@ -303,6 +342,7 @@ impl FakeServer {
     pub async fn shutdown(mut self) {
         self.app.shutdown.cancel();
         self.app.kill_everything();
+        self.app.drop_networks();
         for t in self.tasks.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
@@ -318,6 +358,7 @@ impl Drop for FakeServer {
     fn drop(&mut self) {
         self.app.shutdown.cancel();
         self.app.kill_everything();
+        self.app.drop_networks();
         for t in &self.tasks {
             t.abort();
         }

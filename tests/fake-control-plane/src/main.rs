@@ -66,6 +66,17 @@ struct Cli {
     /// The account's quota of live sandboxes: creates beyond it are answered 429 (0: none).
     #[arg(long, default_value_t = 0)]
     max_live: u64,
+    /// Enforce egress rules as CreateOS does: each guest runs in its own network namespace
+    /// whose nftables firewall allows only its address rules. Needs root, `ip` and `nft`.
+    #[arg(long)]
+    enforce_egress: bool,
+    /// With --enforce-egress: link guests to this network namespace instead of the fake's own.
+    #[arg(long, requires = "enforce_egress", value_name = "NAME")]
+    egress_uplink_netns: Option<String>,
+    /// Append every API request (route, method, path, query, body; no header) to this file as
+    /// a JSON line.
+    #[arg(long)]
+    request_log: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -89,6 +100,9 @@ async fn main() {
         sse: cli.sse,
         state_dir: cli.state_dir,
         max_live: cli.max_live,
+        enforce_egress: cli.enforce_egress,
+        egress_uplink_netns: cli.egress_uplink_netns,
+        request_log: cli.request_log,
     };
     // The handlers are installed before the `listening on` line is printed: a caller that
     // reads that line and sends SIGTERM at once still gets a clean stop (guest processes

@@ -264,13 +264,13 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
         ));
     }
     let env = opt_str_map(&body, "env")?;
-    let (dir, env) = {
+    let (dir, env, netns) = {
         let inner = app.lock();
         let sb = inner
             .sandbox(req.sid())
             .ok_or_else(|| ApiError::not_found("sandbox not found"))?;
         require_running(sb)?;
-        (sb.dir.clone(), merge_env(sb, env)?)
+        (sb.dir.clone(), merge_env(sb, env)?, sb.netns())
     };
     let spec = Spec {
         cmd: cmd.clone(),
@@ -278,6 +278,7 @@ async fn create(app: &Arc<App>, req: &mut Req) -> ApiResult {
         stdin: None,
         env,
         cwd: cwd.clone(),
+        netns,
     };
     let (pid, rx, writer, child) = match pty {
         None => {
@@ -361,7 +362,8 @@ fn spawn_pty(
     let mut env = exec::guest_env(app, dir, &spec.env);
     env.push(("TERM".into(), "xterm".into()));
     let child = {
-        let mut command = tokio::process::Command::new(map_guest_text(&spec.cmd, dir));
+        let mut command = exec::guest_command(app, dir, spec, &env)
+            .map_err(|e| ApiError::bad_request("cmd", e))?;
         command
             .args(spec.args.iter().map(|a| map_guest_text(a, dir)))
             .current_dir(cwd)

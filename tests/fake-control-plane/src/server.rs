@@ -1,6 +1,7 @@
 //! The accept loop, request classification, auth, latency, faults and control routes.
 
 use std::convert::Infallible;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -214,6 +215,28 @@ async fn route(app: &Arc<App>, kill: &CancellationToken, req: Request<Body>) -> 
     {
         let mut inner = app.lock();
         *inner.requests.entry(name.to_owned()).or_default() += 1;
+    }
+    if let Some(log) = &app.request_log {
+        if pre_body.is_none() {
+            let Ok(bytes) =
+                axum::body::to_bytes(body.take().unwrap_or_else(Body::empty), usize::MAX).await
+            else {
+                return ApiError::bad_request("body", "could not read the request body")
+                    .into_response();
+            };
+            pre_body = Some(bytes);
+        }
+        let line = json!({
+            "route": name,
+            "method": parts.method.as_str(),
+            "path": raw_path,
+            "query": query,
+            "body": String::from_utf8_lossy(pre_body.as_deref().unwrap_or_default()),
+        });
+        let mut file = log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = writeln!(file, "{line}");
     }
     if !app.latency.is_zero() {
         tokio::time::sleep(app.latency).await;

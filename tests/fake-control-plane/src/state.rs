@@ -129,6 +129,8 @@ pub(crate) struct Sandbox {
     pub desktop: Option<crate::desktop::Desktop>,
     /// Bumped on every state change so delayed transitions can tell they are stale.
     pub epoch: u64,
+    /// The guest's network namespace and firewall (enforcing mode only); deleted with it.
+    pub net: Option<crate::egress::GuestNet>,
 }
 
 impl Sandbox {
@@ -181,6 +183,11 @@ impl Sandbox {
             o.insert("auto_pause_after_seconds".into(), json!(s));
         }
         v
+    }
+
+    /// The network namespace guest commands run in (enforcing mode).
+    pub(crate) fn netns(&self) -> Option<String> {
+        self.net.as_ref().map(|n| n.name().to_owned())
     }
 
     /// Sends `sig` to every process group of this guest (errors ignored).
@@ -346,6 +353,10 @@ pub(crate) struct App {
     /// The account's quota of live sandboxes (0: none).
     pub max_live: AtomicU64,
     pub shutdown: CancellationToken,
+    /// The enforcing mode (`--enforce-egress`): guest networks and their firewalls.
+    pub enforcer: Option<crate::egress::Enforcer>,
+    /// `--request-log`: every API request is appended here as a JSON line.
+    pub request_log: Option<Mutex<std::fs::File>>,
 }
 
 impl App {
@@ -382,6 +393,17 @@ impl App {
             sb.signal_all(Signal::SIGCONT);
             sb.signal_all(Signal::SIGKILL);
         }
+    }
+
+    /// Deletes every guest's network namespace (at shutdown), outside the state lock.
+    pub(crate) fn drop_networks(&self) {
+        let nets: Vec<_> = self
+            .lock()
+            .sandboxes
+            .iter_mut()
+            .filter_map(|sb| sb.net.take())
+            .collect();
+        drop(nets);
     }
 
     /// Pauses every running guest whose last activity is older than its auto-pause window.

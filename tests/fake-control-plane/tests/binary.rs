@@ -15,6 +15,46 @@ fn start(args: &[&str]) -> Bin {
     Bin::spawn(&all)
 }
 
+/// Creates a guest with `body` and returns its id.
+async fn create(http: &reqwest::Client, url: &str, body: &Value) -> String {
+    let created: Value = http
+        .post(format!("{url}/v1/sandboxes"))
+        .header("X-Api-Key", "bin-key")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["data"]["id"].as_str().unwrap().to_owned()
+}
+
+/// Uploads `data` to `path` in the guest `id`; asserts it was accepted.
+async fn upload(http: &reqwest::Client, url: &str, id: &str, path: &str, data: &'static str) {
+    let up = http
+        .put(format!("{url}/v1/sandboxes/{id}/files"))
+        .query(&[("path", path)])
+        .header("X-Api-Key", "bin-key")
+        .body(data)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status().as_u16(), 200);
+}
+
+/// Stops the binary with SIGTERM; asserts it exited cleanly.
+async fn terminate(mut bin: Bin) {
+    let status = tokio::task::spawn_blocking(move || {
+        let st = bin.terminate();
+        drop(bin);
+        st
+    })
+    .await
+    .unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn binary_serves_python_exec_and_cleans_up_on_sigterm() {
     let mut bin = start(&["--faults", "whoami=503#1", "--latency-ms", "1"]);
@@ -279,42 +319,15 @@ async fn state_dir_flag_keeps_guest_directories_there() {
     let state = tempfile::tempdir().unwrap();
     let dir = state.path().join("guests");
     let dir_s = dir.to_string_lossy().into_owned();
-    let mut bin = start(&["--state-dir", &dir_s, "--destroy-delay-ms", "50"]);
+    let bin = start(&["--state-dir", &dir_s, "--destroy-delay-ms", "50"]);
     let http = client();
-    let created: Value = http
-        .post(format!("{}/v1/sandboxes", bin.url))
-        .header("X-Api-Key", "bin-key")
-        .json(&json!({"shape": "s-1vcpu-256mb"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["data"]["id"].as_str().unwrap().to_owned();
-    let up = http
-        .put(format!("{}/v1/sandboxes/{id}/files", bin.url))
-        .query(&[("path", "/workspace/kept.txt")])
-        .header("X-Api-Key", "bin-key")
-        .body("on disk")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(up.status().as_u16(), 200);
+    let small = json!({"shape": "s-1vcpu-256mb"});
+    let id = create(&http, &bin.url, &small).await;
+    upload(&http, &bin.url, &id, "/workspace/kept.txt", "on disk").await;
     let host = dir.join(&id).join("workspace").join("kept.txt");
     assert_eq!(std::fs::read_to_string(&host).unwrap(), "on disk");
     // A second guest, destroyed: its directory goes, the state directory stays.
-    let other: Value = http
-        .post(format!("{}/v1/sandboxes", bin.url))
-        .header("X-Api-Key", "bin-key")
-        .json(&json!({"shape": "s-1vcpu-256mb"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let other = other["data"]["id"].as_str().unwrap().to_owned();
+    let other = create(&http, &bin.url, &small).await;
     assert!(dir.join(&other).is_dir());
     http.delete(format!("{}/v1/sandboxes/{other}", bin.url))
         .header("X-Api-Key", "bin-key")
@@ -325,13 +338,42 @@ async fn state_dir_flag_keeps_guest_directories_there() {
         !dir.join(&other).exists()
     })
     .await;
-    let status = tokio::task::spawn_blocking(move || {
-        let st = bin.terminate();
-        drop(bin);
-        st
-    })
-    .await
-    .unwrap();
-    assert!(status.is_some_and(|s| s.success()));
+    terminate(bin).await;
     assert!(dir.is_dir(), "a --state-dir is not removed at exit");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_log_flag_records_routes_and_bodies_but_no_header() {
+    let state = tempfile::tempdir().unwrap();
+    let log = state.path().join("requests.jsonl");
+    let bin = start(&["--request-log", &log.to_string_lossy()]);
+    let http = client();
+    let body = json!({"shape": "s-1vcpu-256mb", "envs": {"A": "in-the-create-body"}});
+    let id = create(&http, &bin.url, &body).await;
+    upload(
+        &http,
+        &bin.url,
+        &id,
+        "/workspace/job.json",
+        "uploaded bytes",
+    )
+    .await;
+    terminate(bin).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("bin-key"), "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let create = lines.iter().find(|l| l["route"] == "create").unwrap();
+    assert_eq!(create["method"], "POST");
+    assert!(
+        create["body"]
+            .as_str()
+            .unwrap()
+            .contains("in-the-create-body")
+    );
+    let upload = lines.iter().find(|l| l["route"] == "upload").unwrap();
+    assert_eq!(upload["body"], "uploaded bytes");
+    assert_eq!(upload["query"], json!([["path", "/workspace/job.json"]]));
 }

@@ -1,5 +1,6 @@
 """Operator commands: ``python -m langflow_sandbox_createos doctor``,
-``reap [--older-than AGE] [--dry-run]`` and ``template build FLOW.json [--name N] [--dry-run]``."""
+``reap [--older-than AGE] [--dry-run]``, ``template build FLOW.json [--name N] [--dry-run]`` and
+``gateway --listen ADDR:PORT [...]``."""
 
 from __future__ import annotations
 
@@ -111,8 +112,32 @@ def _template_build(flow_path: str, name: str | None, dry_run: bool) -> int:
     return 0
 
 
+def _gateway(argv: list[str]) -> int:
+    """Run the egress gateway until Ctrl-C or SIGTERM; its options are parsed natively."""
+    import signal
+    from types import FrameType
+
+    from . import _native
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (docker stop, systemd) stops it as Ctrl-C does: accepting ends, the process exits 0.
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _native.gateway_main(argv)
+    except KeyboardInterrupt:
+        print("egress gateway stopped", file=sys.stderr)
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m langflow_sandbox_createos``."""
+    args_in = sys.argv[1:] if argv is None else argv
+    # The gateway's options are defined once, natively (the same as the egress-gateway binary's):
+    # everything after `gateway` is passed on untouched, `--help` included.
+    if args_in[:1] == ["gateway"]:
+        return _gateway(args_in[1:])
     parser = argparse.ArgumentParser(
         prog="python -m langflow_sandbox_createos",
         description="Operator tools for langflow-sandbox-createos (backend, component and executor).",
@@ -143,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("flow", help="the flow's JSON file")
     build.add_argument("--name", help="template name (default: derived from what it installs)")
     build.add_argument("--dry-run", action="store_true", help="only print the Dockerfile")
-    args = parser.parse_args(argv)
+    commands.add_parser(
+        "gateway",
+        add_help=False,
+        help="run the egress gateway (domain allowlists for guests): an HTTP forward proxy that "
+        "admits only the host names a guest's signed credential lists; secret from "
+        "CREATEOS_GATEWAY_SECRET; `gateway --help` lists its options",
+    )
+    args = parser.parse_args(args_in)
     if args.command == "doctor":
         return _doctor()
     if args.command == "reap":

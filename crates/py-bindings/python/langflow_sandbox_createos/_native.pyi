@@ -5,7 +5,7 @@ Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
 """
 
 from collections.abc import Awaitable
-from typing import Any, Final, Protocol, final
+from typing import Any, ClassVar, Final, Protocol, final
 
 __all__ = [
     "__version__",
@@ -31,6 +31,7 @@ __all__ = [
     "FlowWake",
     "template_plan",
     "template_build",
+    "gateway_main",
 ]
 
 __version__: str
@@ -257,8 +258,9 @@ def reap_reused(older_than: str, dry_run: bool = False) -> ReusedReapReport:
 @final
 class FlowEvents:
     """The events of one flow run: ``(kind, value)`` pairs, ``kind`` ``"vertex"`` (the vertex
-    frame, a ``dict``) or ``"complete"`` (the run's outputs, a ``list``), built from the JSON the
-    guest sent once it passed the host's bounds.
+    frame, a ``dict``), ``"message"`` (a chat message the flow stored, updated or deleted: the
+    message frame, a ``dict``) or ``"complete"`` (the run's outputs, a ``list``), built from the
+    JSON the guest sent once it passed the host's bounds.
 
     An async iterator whose awaitables complete on the running asyncio loop. Raises the run's
     failure (``CreateOSUnavailableError``, ``CreateOSExecutionError``, or the flow's own
@@ -282,6 +284,9 @@ class FlowWake:
 @final
 class NativeExecutor:
     """The whole-flow executor of this process; builds its runtime and connections on first use."""
+
+    HISTORY_MESSAGES: ClassVar[int]
+    """The most chat-history messages of the run's session a run sends to its guest."""
 
     def __init__(self) -> None: ...
     def start(self, request: str, lfx_version: str | None = None) -> FlowEvents:
@@ -307,4 +312,13 @@ def template_build(name: str, dockerfile: str) -> str:
 
     Blocks with the GIL released; Ctrl-C interrupts. Raises ``CreateOSUnavailableError``
     (missing or rejected key) or ``CreateOSExecutionError`` (the build failed).
+    """
+
+def gateway_main(argv: list[str]) -> int:
+    """Run the egress gateway with the command-line arguments ``argv`` (those after ``gateway``).
+
+    Blocks with the GIL released until a signal handler raises (Ctrl-C: ``KeyboardInterrupt``,
+    which propagates after the gateway stops accepting) or the gateway fails to start. Returns the
+    exit status: 0 after ``--help`` or ``--version``, 2 for a usage or start-up error (printed to
+    stderr). The shared secret comes from ``CREATEOS_GATEWAY_SECRET`` and is never printed.
     """

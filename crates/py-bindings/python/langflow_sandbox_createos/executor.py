@@ -16,6 +16,15 @@ Every caller gets what it would get in-process:
   like an in-process ``VertexBuildResult`` (``.vertex.custom_component.display_name``,
   ``.result_dict.results["message"]``, ``.valid``), then ``Finish``, then ``RunComplete([])``.
 
+What a flow needs from the process it runs for is resolved here, on the host, with lfx's and
+Langflow's own functions, and sent in the job (``_host_context``): the values of fields that load
+from global variables (credentials among them), resolved as the in-process build resolves them
+and only for the fields the flow has; the run's chat session and the session's history (bounded
+by the native side); and the uploaded files the flow's file inputs read from Langflow's storage.
+No component of the flow is instantiated or evaluated on the host. The chat messages the flow
+stores in its guest come back as ``message`` events and are stored here, in Langflow's message
+store, under the same flow and owner scope as in-process (``_MessageSink``).
+
 Failures raise ``CreateOSUnavailableError`` (nothing ran; for example lfx missing in the guest
 image) or ``CreateOSExecutionError`` (infrastructure, timeout, unknown outcome); a flow that
 fails in the guest raises the built-in exception it raised there.
@@ -31,9 +40,13 @@ escapes control characters in the names lfx logs. A frame it cannot read fails t
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
+import importlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 from lfx.execution.executor import Executor
@@ -51,6 +64,8 @@ _T = TypeVar("_T")
 MAX_DATAFRAME_CELLS = 250_000
 #: The longest name (vertex id, display name) kept from a guest frame.
 _MAX_NAME_CHARS = 256
+#: Where the guest finds the uploaded files (the native side refuses any other place).
+_GUEST_FILES = "/workspace/lfx_files/"
 #: How much of a conversion failure's text an error quotes.
 _MAX_REASON_CHARS = 500
 # C0 controls but tab and newline, DEL and C1 controls, shown as ``\xNN`` (the native rule).
@@ -144,12 +159,16 @@ def _text(value: Any) -> str | None:
 _UNKNOWN_TAG = object()
 
 
-def _message(body: Any) -> Any:
+def _message(body: Any, ids: dict[str, str] | None = None) -> Any:
     from lfx.schema.message import Message
 
     if not isinstance(body, dict):
         raise TypeError("a tagged Message whose value is not an object")
     body = cast("dict[str, Any]", body)
+    guest_id = body.get("id")
+    if ids and isinstance(guest_id, str) and guest_id in ids:
+        # The message the flow stored: it has the id the host's store gave it.
+        body = {**body, "id": ids[guest_id]}
     files = body.get("files")
     if not files:
         return Message.model_validate(body)
@@ -178,14 +197,14 @@ def _dataframe(body: Any) -> Any:
     return DataFrame(rows)
 
 
-def _tagged(value: Any) -> Any:
+def _tagged(value: Any, ids: dict[str, str] | None = None) -> Any:
     """The lfx object a tagged value stands for, or ``_UNKNOWN_TAG`` for anything else."""
     if not isinstance(value, dict) or "__lfx__" not in value:
         return _UNKNOWN_TAG
     value = cast("dict[str, Any]", value)
     tag = value.get("__lfx__")
     if tag == "Message":
-        return _message(value.get("v"))
+        return _message(value.get("v"), ids)
     if tag == "Data":
         from lfx.schema.data import Data
 
@@ -195,13 +214,14 @@ def _tagged(value: Any) -> Any:
     return _UNKNOWN_TAG
 
 
-def _decode(value: Any) -> Any:
-    """JSON from the guest with its tagged lfx values rebuilt as lfx objects.
+def _decode(value: Any, ids: dict[str, str] | None = None) -> Any:
+    """JSON from the guest with its tagged lfx values rebuilt as lfx objects (a message the
+    flow stored gets the id the host's store gave it, from ``ids``).
 
     In place (the containers are the native side's fresh objects, so no second tree is built)
     and without recursion.
     """
-    rebuilt = _tagged(value)
+    rebuilt = _tagged(value, ids)
     if rebuilt is not _UNKNOWN_TAG:
         return rebuilt
     stack: list[Any] = [value]
@@ -214,7 +234,7 @@ def _decode(value: Any) -> Any:
         else:
             continue
         for key, item in entries:
-            rebuilt = _tagged(item)
+            rebuilt = _tagged(item, ids)
             if rebuilt is not _UNKNOWN_TAG:
                 node[key] = rebuilt  # replaces a value: the container keeps its size
             elif isinstance(item, (dict, list)):
@@ -222,16 +242,16 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _result_data(body: dict[str, Any] | None) -> Any:
+def _result_data(body: dict[str, Any] | None, ids: dict[str, str] | None = None) -> Any:
     from lfx.graph.schema import ResultData
 
     if body is None:
         return None
-    return ResultData.model_validate({**body, "results": _decode(body.get("results"))})
+    return ResultData.model_validate({**body, "results": _decode(body.get("results"), ids)})
 
 
-def _vertex_payload(frame: dict[str, Any]) -> RemoteVertexResult:
-    result = _result_data(frame.get("result"))
+def _vertex_payload(frame: dict[str, Any], ids: dict[str, str] | None = None) -> RemoteVertexResult:
+    result = _result_data(frame.get("result"), ids)
     # lfx logs these names (``lfx run`` prints each vertex's display name): escaped.
     vertex = RemoteVertex(
         _safe(frame["id"]) or "",
@@ -256,13 +276,15 @@ def _vertex_payload(frame: dict[str, Any]) -> RemoteVertexResult:
     )
 
 
-def _run_outputs(outputs: list[dict[str, Any]]) -> list[Any]:
+def _run_outputs(outputs: list[dict[str, Any]], ids: dict[str, str] | None = None) -> list[Any]:
     from lfx.graph.schema import RunOutputs
 
     runs: list[Any] = []
     for ro in outputs:
         results: list[dict[str, Any] | None] = ro.get("outputs") or []
-        runs.append(RunOutputs(inputs=_decode(ro.get("inputs") or {}), outputs=[_result_data(rd) for rd in results]))
+        runs.append(
+            RunOutputs(inputs=_decode(ro.get("inputs") or {}), outputs=[_result_data(rd, ids) for rd in results])
+        )
     return runs
 
 
@@ -279,6 +301,291 @@ def _rebuilt(kind: str, rebuild: Callable[[Any], _T], data: Any) -> _T:
             f"the guest sent a {kind} event the host could not read ({reason}); the run was stopped "
             "and the guest destroyed, and the flow may have run"
         ) from None
+
+
+# --- What the host resolves for the run ---------------------------------------------------------
+
+
+class _Unbridged(Exception):  # noqa: N818 - raised as CreateOSUnavailableError
+    """A component needs something of the host the executor cannot send to the guest."""
+
+
+def _lfx(module: str) -> Any:
+    """An lfx module, untyped: its graph and component APIs are only partly annotated."""
+    return importlib.import_module(module)
+
+
+def _vertices(graph: Any) -> list[Any]:
+    return list(getattr(graph, "vertices", None) or [])
+
+
+def _item(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a ``dict``, else None."""
+    return cast("dict[str, Any]", obj).get(key) if isinstance(obj, dict) else None
+
+
+def _builtin_base(exc: BaseException) -> str:
+    """The first built-in exception class of ``exc``'s type (what the guest can rebuild)."""
+    import builtins
+
+    for cls in type(exc).__mro__:
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+    return "RuntimeError"
+
+
+def _jsonable(value: Any) -> Any:
+    from pydantic import SecretStr
+
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    json.dumps(value)
+    return value
+
+
+def _stand_in(vertex: Any, graph: Any) -> Any:
+    """What lfx's ``CustomComponent.get_variable`` reads of a component, without the component:
+    its class name (as the flow names it), the graph, and the user the build runs for. The
+    flow's own code is never evaluated on the host."""
+    custom: Any = _lfx("lfx.custom.custom_component.custom_component")
+    loading: Any = _lfx("lfx.interface.initialize.loading")
+
+    def user_id(self: Any) -> Any:
+        return self._user_id or graph.user_id  # noqa: SLF001
+
+    cls: Any = type(
+        str(loading._component_class_name(vertex)),  # noqa: SLF001 - the class name lfx instantiates
+        (),
+        {"get_variable": custom.CustomComponent.get_variable, "user_id": property(user_id)},
+    )
+    component = cls()
+    component.graph = graph
+    component._user_id = getattr(graph, "user_id", None)  # noqa: SLF001 - what instantiate_class gives it
+    component._vertex = vertex  # noqa: SLF001
+    return component
+
+
+async def _variables(graph: Any, fallback_to_env_vars: bool) -> dict[str, Any]:
+    """The values of the fields that load from global variables, vertex by vertex, resolved by
+    lfx's own ``update_params_with_load_from_db_fields`` exactly as the in-process build calls
+    it (Langflow's variable service inside a server, the environment under lfx's rules
+    otherwise). A resolution that raises is sent as its error, for the guest to raise when the
+    vertex builds, as in-process."""
+    loading: Any = _lfx("lfx.interface.initialize.loading")
+
+    resolved: dict[str, Any] = {}
+    for vertex in _vertices(graph):
+        fields: list[Any] = list(getattr(vertex, "load_from_db_fields", None) or [])
+        if not fields:
+            continue
+        params: dict[str, Any] = loading.get_params(dict(vertex.params))
+        before = dict(params)
+        try:
+            after: dict[str, Any] = await loading.update_params_with_load_from_db_fields(
+                _stand_in(vertex, graph), params, fields, fallback_to_env_vars=fallback_to_env_vars
+            )
+            changed = {k: _jsonable(v) for k, v in after.items() if k not in before or v is not before[k]}
+            entry: dict[str, Any] = {"params": changed, "drop": [k for k in before if k not in after]}
+        except Exception as exc:  # noqa: BLE001 - raised in the guest when the vertex builds
+            entry = {"error": {"type": type(exc).__name__, "base": _builtin_base(exc), "message": str(exc)}}
+        resolved[str(vertex.id)] = entry
+    return resolved
+
+
+@contextlib.contextmanager
+def _message_scope(graph: Any) -> Generator[tuple[Any, Any], None, None]:
+    """The flow and message owner a component of ``graph`` stores and reads messages under, bound
+    as lfx binds them around each component's build; yields ``(flow_id, owner_id)``."""
+    fc: Any = _lfx("lfx.memory.flow_context")
+
+    flow_id = getattr(graph, "flow_id", None)
+    owner = fc.resolve_message_owner_id(graph)
+    flow_token = fc.set_current_flow_id(flow_id)
+    owner_token = fc.set_current_message_owner_id(owner)
+    executor_token = fc.set_current_message_executor_id(fc.coerce_flow_id(getattr(graph, "user_id", None)))
+    persist_token = fc.set_messages_persist(
+        fc.should_persist_messages()
+        and bool(getattr(graph, "persist_messages", True))
+        and fc.coerce_flow_id(flow_id) is not None
+        and owner is not None
+    )
+    try:
+        yield flow_id, owner
+    finally:
+        fc.reset_current_flow_id(flow_token)
+        fc.reset_current_message_owner_id(owner_token)
+        fc.reset_current_message_executor_id(executor_token)
+        fc.reset_messages_persist(persist_token)
+
+
+def _has_message_store() -> bool:
+    from lfx.utils.langflow_utils import has_langflow_db_backend
+
+    return bool(has_langflow_db_backend())
+
+
+async def _history(graph: Any, session_id: str | None, limit: int) -> dict[str, Any] | None:
+    """The session's chat history from the host's message store, newest first (``limit``
+    messages; the native side cuts it to its bounds and says so), or ``None`` when the host has
+    no message store (bare lfx: the guest keeps lfx's own, as the host does)."""
+    if not _has_message_store():
+        return None
+    if not session_id:
+        return {"history": []}
+    memory: Any = _lfx("lfx.memory")
+    fc: Any = _lfx("lfx.memory.flow_context")
+
+    with _message_scope(graph) as (flow_id, owner):
+        messages: list[Any] = await memory.aget_messages(
+            session_id=session_id, flow_id=fc.coerce_flow_id(flow_id), user_id=owner, order="DESC", limit=limit
+        )
+    return {"history": [json.loads(m.model_dump_json()) for m in messages]}
+
+
+def _is_file_field(field: Any) -> bool:
+    return _item(field, "type") == "file" or _item(field, "_input_type") == "FileInput"
+
+
+def _storage_root() -> str | None:
+    """The local directory of Langflow's (or lfx's) file storage, or None without one; a
+    storage that is not local refuses the run when a file input uses it."""
+    from lfx.services.deps import get_storage_service
+
+    storage = get_storage_service()
+    if storage is None:
+        return None
+    settings = getattr(getattr(getattr(storage, "settings_service", None), "settings", None), "storage_type", "local")
+    if str(settings).lower() != "local":
+        return "s3"
+    data_dir = getattr(storage, "data_dir", None)
+    return None if data_dir is None else os.path.realpath(str(data_dir))
+
+
+def _files(graph: Any) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, str]]:
+    """The uploaded files the flow's file inputs read: what the native side uploads, the guest's
+    values of those inputs (an upload and its key in the storage, which the runner puts at the
+    same key in the guest's storage, or a path left as it is), and the way back from an upload to
+    the host's value. Only files inside Langflow's storage are sent; any other path is left for
+    the guest's own filesystem."""
+    uploads: list[dict[str, str]] = []
+    params: dict[str, Any] = {}
+    back: dict[str, str] = {}
+    root: str | None = None
+    looked = False
+    for vertex in _vertices(graph):
+        template: dict[str, Any] = _item(_item(getattr(vertex, "data", None), "node"), "template") or {}
+        for name, field in template.items():
+            value: Any = vertex.params.get(name) if _is_file_field(field) else None
+            paths: Any = [value] if isinstance(value, str) else value
+            if not paths or not isinstance(paths, list):
+                continue
+            paths = cast("list[Any]", paths)
+            if not all(isinstance(p, str) and p for p in paths):
+                continue
+            if not looked:
+                root, looked = _storage_root(), True
+            vertex_id = str(vertex.id)
+            component = _safe(getattr(vertex, "display_name", None) or vertex_id) or "a component"
+            if root == "s3":
+                raise _Unbridged(
+                    f"{component}: its file input reads from Langflow's S3 file storage, which the CreateOS "
+                    "executor does not send to the guest; run this flow in-process (unset LANGFLOW_EXECUTOR_KIND)"
+                )
+            if root is None:
+                continue
+            items: list[Any] = []
+            for path in cast("list[str]", paths):
+                real = os.path.realpath(path)
+                if os.path.commonpath([real, root]) != root or real == root:
+                    items.append(path)  # not an upload: the guest's own file
+                    continue
+                key = os.path.relpath(real, root)
+                guest = f"{_GUEST_FILES}{len(uploads)}/{os.path.basename(real).replace(chr(92), '_')}"
+                uploads.append({"host_path": real, "guest_path": guest, "component": component})
+                back[guest] = path
+                items.append({"upload": guest, "key": key})
+            params.setdefault(vertex_id, {})[name] = items if isinstance(value, list) else items[0]
+    return uploads, params, back
+
+
+async def _host_context(unit: Unit, history_limit: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the host resolves for the run (added to the request), and the way back from the
+    guest's file paths to the host's."""
+    graph: Any = unit.graph
+    options = unit.runtime_options
+    session_id = _text(options.get("session_id") or getattr(graph, "session_id", None) or None)
+    end_user = getattr(graph, "end_user_id", None)
+    uploads, file_params, back = _files(graph)
+    if not getattr(graph, "_run_id", None) and hasattr(graph, "set_run_id"):
+        graph.set_run_id()  # as the in-process run's initialize_run does: messages carry it
+    context: dict[str, Any] = {
+        "session_id": session_id,
+        "run_id": _text(getattr(graph, "_run_id", None) or None),
+        "end_user_id": _text(end_user),
+        "persist_messages": bool(getattr(graph, "persist_messages", True)),
+        "variables": await _variables(graph, bool(options.get("fallback_to_env_vars", False))),
+        "memory": await _history(graph, session_id, history_limit),
+        "files": uploads,
+        "file_params": file_params,
+    }
+    return context, back
+
+
+class _MessageSink:
+    """Stores the chat messages the flow writes in its guest in the host's message store
+    (``lfx.memory``, Langflow's database inside a server) with the graph's flow, run and owner,
+    and keeps the guest's message ids mapped to the host's for later updates and deletes."""
+
+    def __init__(self, graph: Any, files_back: dict[str, str]) -> None:
+        self.graph = graph
+        self.files_back = files_back
+        self.ids: dict[str, str] = {}
+
+    def _build(self, body: Any) -> Any:
+        from lfx.schema.message import Message
+
+        if not isinstance(body, dict):
+            raise TypeError("a message frame without a message object")
+        body = {k: v for k, v in cast("dict[str, Any]", body).items() if k not in ("id", "flow_id", "user_id")}
+        files: Any = body.pop("files", None)
+        message: Any = Message.model_validate(body)
+        if files is not None:
+            # Only the uploads sent to the guest map back to host files; anything else the guest
+            # names is a guest path, unopened and not stored.
+            named: list[Any] = cast("list[Any]", files) if isinstance(files, list) else []
+            message.files = [self.files_back[f] for f in named if isinstance(f, str) and f in self.files_back]
+        return message
+
+    async def apply(self, frame: dict[str, Any]) -> None:
+        memory: Any = _lfx("lfx.memory")
+
+        op, guest_id = frame.get("op"), str(frame.get("id"))
+        with _message_scope(self.graph) as (flow_id, owner):
+            if op == "store":
+                run_id = getattr(self.graph, "_run_id", None)
+                stored: list[Any] = await memory.astore_message(
+                    self._build(frame.get("message")),
+                    flow_id=_text(flow_id),
+                    run_id=_text(run_id or None),
+                    user_id=_text(owner),
+                )
+                host_id = getattr(stored[0], "id", None) if stored else None
+                if host_id:
+                    self.ids[guest_id] = str(host_id)
+                return
+            host_id = self.ids.get(guest_id)
+            if op == "update" and host_id:
+                message = self._build(frame.get("message"))
+                message.id = host_id
+                await memory.aupdate_messages(message)
+            elif op == "delete" and host_id:
+                await memory.delete_message(host_id)
+                self.ids.pop(guest_id, None)
+            elif op == "delete_session":
+                session_id, context_id = frame.get("session_id"), frame.get("context_id")
+                await memory.adelete_messages(
+                    session_id=_text(session_id), context_id=_text(context_id), flow_id=flow_id, user_id=owner
+                )
 
 
 def _lfx_version() -> str | None:
@@ -315,15 +622,34 @@ class CreateOSExecutor(Executor):
         from lfx.graph.graph.constants import Finish
 
         from . import _native
+        from .exceptions import CreateOSExecutionError, CreateOSUnavailableError
 
-        events = _native.NativeExecutor().start(json.dumps(_request(unit)), _lfx_version())
+        request = _request(unit)
+        try:
+            context, files_back = await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1)
+        except _Unbridged as exc:
+            raise CreateOSUnavailableError(str(exc)) from None
+        request.update(context)
+        events = _native.NativeExecutor().start(json.dumps(request), _lfx_version())
+        del request, context  # the variables' values: not kept past the start
         _register_shutdown()
+        sink = _MessageSink(unit.graph, files_back)
         try:
             async for kind, data in events:
                 if kind == "vertex":
-                    yield StepResult(payload=_rebuilt(kind, _vertex_payload, data))
+                    yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
                     continue
-                outputs = _rebuilt(kind, _run_outputs, data)
+                if kind == "message":
+                    try:
+                        await sink.apply(data)
+                    except Exception as exc:  # noqa: BLE001 - what the host store raised for a guest's message
+                        reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
+                        raise CreateOSExecutionError(
+                            f"a chat message the flow stored in its guest could not be stored on the host ({reason}); "
+                            "the run was stopped and the guest destroyed, and the flow may have run"
+                        ) from None
+                    continue
+                outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=sink.ids), data)
                 if events.mode == "stream":
                     yield StepResult(payload=Finish())
                 yield RunComplete(outputs=outputs)

@@ -111,6 +111,9 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
         sse,
         state_dir,
         max_live,
+        enforce_egress,
+        egress_uplink_netns,
+        request_log,
     } = opts;
     let ms = |d: &Duration| d.as_millis().to_string();
     let mut a: Vec<String> = vec![
@@ -148,6 +151,15 @@ pub fn cli_args(opts: &FakeOptions) -> Vec<String> {
     }
     if let Some(d) = state_dir {
         a.extend(["--state-dir".into(), d.to_string_lossy().into_owned()]);
+    }
+    if *enforce_egress {
+        a.push("--enforce-egress".into());
+    }
+    if let Some(ns) = egress_uplink_netns {
+        a.extend(["--egress-uplink-netns".into(), ns.clone()]);
+    }
+    if let Some(f) = request_log {
+        a.extend(["--request-log".into(), f.to_string_lossy().into_owned()]);
     }
     a
 }
