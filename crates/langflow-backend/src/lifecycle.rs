@@ -16,6 +16,7 @@ use sandbox_core::control::ControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
+use sandbox_core::observe::RunOutcome;
 use sandbox_core::output::Captured;
 use sandbox_core::pool::WarmPool;
 use sandbox_core::reaper::Reaper;
@@ -192,6 +193,7 @@ pub(crate) async fn run_on(
         caps,
         flow: None,
         run_budget: spec.limits.budget,
+        node: None,
     };
     let started = surface
         .acquire(&req, |guest, begin| {
@@ -202,7 +204,11 @@ pub(crate) async fn run_on(
             }
         })
         .await?;
-    let (lease, ran) = (started.lease, started.result);
+    let (mut lease, ran) = (started.lease, started.result);
+    match &ran {
+        Ok((o, _)) => lease.set_outcome(o.run_outcome(), o.bytes_returned()),
+        Err(e) => lease.set_outcome(RunOutcome::of_error(e), 0),
+    }
     let create_ms = ms(lease.create_time());
     let pool_use = lease.pool_use();
 

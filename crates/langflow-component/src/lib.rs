@@ -23,6 +23,7 @@ use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
 use sandbox_core::names::reused_guest_name;
+use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
 use sandbox_core::settings::{SettingNames, Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Shape, select_shape};
@@ -482,6 +483,7 @@ impl SandboxComponent {
             caps: Caps::of(&plan.settings),
             flow: Some(&inputs.flow_id),
             run_budget: plan.limits.budget,
+            node: Some(&inputs.component_id),
         };
         // Refused before the program was dispatched (paused behind the pool's back, a refused
         // upload or exec): nothing ran on a pooled guest, so the kit gives the run a fresh one.
@@ -495,7 +497,11 @@ impl SandboxComponent {
                 }
             })
             .await?;
-        let (lease, ran) = (started.lease, started.result);
+        let (mut lease, ran) = (started.lease, started.result);
+        match &ran {
+            Ok(r) => lease.set_outcome(r.outcome.run_outcome(), r.outcome.bytes_returned()),
+            Err(e) => lease.set_outcome(RunOutcome::of_error(e), 0),
+        }
         let acquire_ms = ms(lease.acquired_at().saturating_duration_since(t0));
         let pool_use = lease.pool_use().as_str();
         // A kept guest this run did not create was found by name: reused.

@@ -26,6 +26,7 @@ use sandbox_core::control::ExecFrame;
 use sandbox_core::control::ProcessSpec;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestSpec};
+use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::{PoolStats, Warmer};
 use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
 use sandbox_core::surface::{
@@ -278,6 +279,7 @@ impl Executor {
             caps: Caps::of(&plan.settings),
             flow: request.flow_id.as_deref(),
             run_budget: plan.limits.budget,
+            node: None,
         };
         let (plan, spec, files) = (&plan, &spec, &files[..]);
         let acquired = self
@@ -314,6 +316,12 @@ impl Executor {
                 Ok(run)
             }
             Err(e) => {
+                let mut lease = lease;
+                let outcome = match &e {
+                    ExecutorError::Unavailable(_) => RunOutcome::Refused,
+                    _ => RunOutcome::Unavailable,
+                };
+                lease.set_outcome(outcome, 0);
                 lease.end(End::Destroy).await;
                 Err(e)
             }
@@ -640,7 +648,7 @@ impl FlowRun {
         loop {
             if let Some(ev) = self.pending.pop_front() {
                 if matches!(ev, Event::Complete(_)) {
-                    self.end().await;
+                    self.end(RunOutcome::Ok).await;
                 }
                 return Ok(Some(ev));
             }
@@ -736,13 +744,15 @@ impl FlowRun {
         self.done = true;
         self.pending.clear();
         self.failure = None;
-        self.end().await;
+        // Ended by its caller before its complete frame: the flow may have run (in part).
+        self.end(RunOutcome::MayHaveRun).await;
     }
 
-    async fn end(&mut self) {
+    async fn end(&mut self, outcome: RunOutcome) {
         self.done = true;
         self.exec = None;
-        if let Some(lease) = self.lease.take() {
+        if let Some(mut lease) = self.lease.take() {
+            lease.set_outcome(outcome, self.run_bytes);
             let ended = lease.end(End::Destroy).await;
             tracing::info!(
                 target: LOG_TARGET,
@@ -755,7 +765,15 @@ impl FlowRun {
     }
 
     async fn fail(&mut self, err: ExecutorError) -> ExecutorError {
-        self.end().await;
+        // Refusals are the host's (a bound the guest broke, a missing lfx); any other failure
+        // after the runner started may have run part of the flow.
+        let outcome = match &err {
+            ExecutorError::Unavailable(_) => RunOutcome::Refused,
+            ExecutorError::Flow { .. } => RunOutcome::ProgramFailed,
+            ExecutorError::Execution(_) if self.hello => RunOutcome::ProgramFailed,
+            ExecutorError::Execution(_) => RunOutcome::MayHaveRun,
+        };
+        self.end(outcome).await;
         err
     }
 

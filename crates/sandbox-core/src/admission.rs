@@ -338,6 +338,18 @@ impl Admission {
         Ok(GuestSlot { adm: self.clone() })
     }
 
+    /// [`Admission::guest_slot`], also saying how long it queued (`None`: it did not).
+    async fn guest_slot_timed(
+        &self,
+        caps: Caps,
+        until: Instant,
+    ) -> Result<(GuestSlot, Option<Duration>), SandboxError> {
+        let queued = self
+            .wait_in(Scope::Guests, caps.max_live, caps, until)
+            .await?;
+        Ok((GuestSlot { adm: self.clone() }, queued))
+    }
+
     /// A slot of `flow` under `caps`, waiting in line until `until` if the flow is at its cap.
     pub async fn flow_slot(
         &self,
@@ -345,12 +357,25 @@ impl Admission {
         caps: Caps,
         until: Instant,
     ) -> Result<FlowSlot, SandboxError> {
-        self.wait_in(Scope::Flow(flow), caps.max_live_per_flow, caps, until)
+        self.flow_slot_timed(flow, caps, until)
+            .await
+            .map(|(slot, _)| slot)
+    }
+
+    async fn flow_slot_timed(
+        &self,
+        flow: &str,
+        caps: Caps,
+        until: Instant,
+    ) -> Result<(FlowSlot, Option<Duration>), SandboxError> {
+        let queued = self
+            .wait_in(Scope::Flow(flow), caps.max_live_per_flow, caps, until)
             .await?;
-        Ok(FlowSlot {
+        let slot = FlowSlot {
             adm: self.clone(),
             flow: flow.to_owned(),
-        })
+        };
+        Ok((slot, queued))
     }
 
     async fn wait_in(
@@ -359,7 +384,7 @@ impl Admission {
         cap: Option<usize>,
         caps: Caps,
         until: Instant,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Option<Duration>, SandboxError> {
         let (mut rx, id) = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -372,7 +397,7 @@ impl Admission {
             pool.cap = cap;
             pool.grant();
             if pool.take_now() {
-                return Ok(());
+                return Ok(None);
             }
             st.waits += 1;
             st.next_id += 1;
@@ -392,14 +417,14 @@ impl Admission {
         // (counted), never lost.
         if let Ok(Ok(())) = tokio::time::timeout_at(until, &mut rx).await {
             wait.done = true;
-            return Ok(());
+            return Ok(Some(started.elapsed()));
         }
         // Out of time: leave the queue (or keep a place granted in the meantime).
         let mut st = self.lock();
         let granted = st.pool_mut(scope).is_some_and(|p| !p.dequeue(id));
         wait.done = true;
         if granted {
-            return Ok(());
+            return Ok(Some(started.elapsed()));
         }
         st.refusals += 1;
         let live = st.pool_mut(scope).map_or(0, |p| p.live);
@@ -465,6 +490,8 @@ pub struct Ticket {
     admission: Admission,
     caps: Caps,
     until: Instant,
+    /// How long the run queued for its slots so far (`None`: it never queued).
+    queued: Arc<Mutex<Option<Duration>>>,
 }
 
 impl Ticket {
@@ -474,6 +501,19 @@ impl Ticket {
             admission,
             caps,
             until,
+            queued: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// How long the run queued for its slots so far (`None`: it never had to).
+    pub fn queued(&self) -> Option<Duration> {
+        *self.queued.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add_queued(&self, d: Option<Duration>) {
+        if let Some(d) = d {
+            let mut q = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+            *q = Some(q.unwrap_or_default() + d);
         }
     }
 
@@ -485,12 +525,19 @@ impl Ticket {
     /// A guest slot, waiting in line until [`Ticket::until`] (or `deadline`, if sooner).
     pub async fn guest_slot(&self, deadline: Option<Instant>) -> Result<GuestSlot, SandboxError> {
         let until = deadline.map_or(self.until, |d| d.min(self.until));
-        self.admission.guest_slot(self.caps, until).await
+        let (slot, queued) = self.admission.guest_slot_timed(self.caps, until).await?;
+        self.add_queued(queued);
+        Ok(slot)
     }
 
     /// A slot of `flow`, waiting in line until [`Ticket::until`].
     pub async fn flow_slot(&self, flow: &str) -> Result<FlowSlot, SandboxError> {
-        self.admission.flow_slot(flow, self.caps, self.until).await
+        let (slot, queued) = self
+            .admission
+            .flow_slot_timed(flow, self.caps, self.until)
+            .await?;
+        self.add_queued(queued);
+        Ok(slot)
     }
 }
 

@@ -37,10 +37,12 @@ use crate::egress::EgressPolicy;
 use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use crate::names::{is_valid_name, mint_name};
+use crate::observe::{DestroyReason, Observation, RunUsage, Tracked, egress_kind};
 use crate::output::{Captured, TailBuffer};
 use crate::reaper::{GuestGuard, Reaper};
 use crate::retry::{Backoff, attempt_floor, clipped, retry_until, worth_retrying};
 use crate::settings::ENV_ADMISSION_WAIT;
+use crate::surface::SurfaceKind;
 
 /// What a guest is created with. `Debug` shows the environment's names, never its values.
 #[derive(Clone, PartialEq, Eq)]
@@ -99,6 +101,8 @@ pub struct GuestContext {
     requests: Arc<AtomicU32>,
     /// The run's admission, when it has one (see [`GuestContext::with_ticket`]).
     ticket: Option<Ticket>,
+    /// Where its guests are counted, and for which surface (see [`crate::observe`]).
+    observed: Option<(Observation, SurfaceKind)>,
 }
 
 impl std::fmt::Debug for GuestContext {
@@ -126,7 +130,21 @@ impl GuestContext {
             backoff,
             requests: Arc::new(AtomicU32::new(0)),
             ticket: None,
+            observed: None,
         }
+    }
+
+    /// The same context, whose created guests are counted in `obs` as `surface`'s: each
+    /// reported created, and destroyed once with its usage record, whoever destroys it.
+    #[must_use]
+    pub fn with_observation(mut self, obs: Observation, surface: SurfaceKind) -> Self {
+        self.observed = Some((obs, surface));
+        self
+    }
+
+    /// Where its guests are counted, if anywhere.
+    pub fn observation(&self) -> Option<&(Observation, SurfaceKind)> {
+        self.observed.as_ref()
     }
 
     /// The same context (sharing its request count) for a run admitted with `ticket`: a create
@@ -339,6 +357,25 @@ pub struct ExecOutcome {
     pub exec_ms: u64,
 }
 
+impl ExecOutcome {
+    /// How the run went: timed out, exited 0, or failed.
+    pub fn run_outcome(&self) -> crate::observe::RunOutcome {
+        use crate::observe::RunOutcome;
+        if self.exit_code == EXIT_TIMED_OUT || self.host_timed_out {
+            RunOutcome::TimedOut
+        } else if self.exit_code == 0 {
+            RunOutcome::Ok
+        } else {
+            RunOutcome::ProgramFailed
+        }
+    }
+
+    /// The output bytes the guest sent (standard output and error, before truncation).
+    pub fn bytes_returned(&self) -> u64 {
+        self.stdout.total_bytes + self.stderr.total_bytes
+    }
+}
+
 /// The largest exit status a process can have; anything else from the agent is not one.
 const MAX_EXIT_STATUS: i64 = 255;
 /// Longest pause between two status reads while a guest resumes or starts.
@@ -462,6 +499,16 @@ impl Guest {
             match clipped(until, "create", cx.cp.create(spec.create_request(&name))).await {
                 Ok(info) => {
                     guard.set_id(&info.id);
+                    if let Some((obs, surface)) = &cx.observed {
+                        guard.track(Tracked::created(
+                            obs.clone(),
+                            *surface,
+                            &name,
+                            &spec.shape,
+                            &spec.rootfs,
+                            egress_kind(&spec.egress),
+                        ));
+                    }
                     let hold = Hold::OneShot(guard);
                     let mut guest = Self::handle(cx, &name, &info.id, hold, true, sent);
                     guest.quota_waited = quota_waited;
@@ -1345,6 +1392,21 @@ impl Guest {
                     t0.elapsed()
                 })
             }
+        }
+    }
+
+    /// Sets why a one-shot guest will be destroyed, for its usage record (the first reason set
+    /// wins; shutdown and pool retirements set theirs too). Nothing for a kept guest.
+    pub fn set_destroy_reason(&self, reason: DestroyReason) {
+        if let Hold::OneShot(guard) = &self.hold {
+            guard.note(|t| t.reason(reason));
+        }
+    }
+
+    /// Adds a run it served to a one-shot guest's usage record.
+    pub fn note_run(&self, run: &RunUsage) {
+        if let Hold::OneShot(guard) = &self.hold {
+            guard.note(|t| t.served(run));
         }
     }
 

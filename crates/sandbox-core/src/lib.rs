@@ -31,6 +31,7 @@ pub mod error;
 pub mod exec;
 pub mod guest;
 pub mod names;
+pub mod observe;
 pub mod orphans;
 pub mod output;
 pub mod pool;

@@ -48,6 +48,7 @@ use crate::admission::{Admission, Reclaim};
 use crate::control::ControlPlane;
 use crate::egress::EgressPolicy;
 use crate::guest::{Guest, GuestContext, GuestSpec};
+use crate::observe::DestroyReason;
 use crate::retry::Backoff;
 
 /// The largest pool size accepted (`CREATEOS_SANDBOX_WARM_POOL`).
@@ -403,12 +404,20 @@ impl WarmPool {
                     key,
                     spec: spec.clone(),
                     // The pool's own request count, not the run's.
-                    cx: GuestContext::new(
-                        cx.cp.clone(),
-                        cx.reaper.clone(),
-                        cx.redactor.clone(),
-                        cx.backoff,
-                    ),
+                    // Its guests are counted where the run's are (no admission ticket: a
+                    // refill only tries for a slot).
+                    cx: {
+                        let own = GuestContext::new(
+                            cx.cp.clone(),
+                            cx.reaper.clone(),
+                            cx.redactor.clone(),
+                            cx.backoff,
+                        );
+                        match cx.observation() {
+                            Some((obs, surface)) => own.with_observation(obs.clone(), *surface),
+                            None => own,
+                        }
+                    },
                 });
                 None
             } else {
@@ -453,6 +462,9 @@ impl WarmPool {
             st.want = None;
             st.ready.drain(..).collect()
         };
+        for r in &all {
+            r.guest.set_destroy_reason(DestroyReason::Shutdown);
+        }
         self.discard(all);
         self.inner.wake.notify_one();
     }
@@ -462,6 +474,7 @@ impl WarmPool {
             self.inner.discarded.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(target: LOG_TARGET, guest = r.guest.name(), "warm pool: guest retired");
             // A one-shot guest let go is destroyed by the reaper in the background.
+            r.guest.set_destroy_reason(DestroyReason::PoolRetire);
             r.guest.release();
         }
     }

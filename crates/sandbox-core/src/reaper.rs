@@ -27,6 +27,7 @@ use crate::LOG_TARGET;
 use crate::admission::GuestSlot;
 use crate::control::{CallError, ControlPlane};
 use crate::error::Redactor;
+use crate::observe::{DestroyReason, Tracked};
 use crate::retry::{Backoff, clipped};
 
 /// How hard the reaper tries.
@@ -87,6 +88,9 @@ struct Entry {
     /// The guest's place under the process's cap, given back when the entry goes (the guest is
     /// gone, or was never created).
     slot: Option<GuestSlot>,
+    /// The created guest's usage account: dropped with the entry, it reports the guest
+    /// destroyed (once, whoever destroyed it).
+    tracked: Option<Tracked>,
 }
 
 struct Inner {
@@ -228,6 +232,7 @@ impl Reaper {
                 abandoned_at: None,
                 busy: false,
                 slot: None,
+                tracked: None,
             },
         );
         // A shutdown that began between the check and the insert may have missed this slot:
@@ -435,7 +440,15 @@ impl Reaper {
     /// flight elsewhere is waited for, not repeated. Idempotent.
     pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         self.inner.closed.store(true, Ordering::SeqCst);
-        let slots: Vec<u64> = self.lock().keys().copied().collect();
+        let slots: Vec<u64> = {
+            let mut map = self.lock();
+            for e in map.values_mut() {
+                if let Some(t) = &mut e.tracked {
+                    t.reason(DestroyReason::Shutdown);
+                }
+            }
+            map.keys().copied().collect()
+        };
         if slots.is_empty() {
             return ShutdownReport::default();
         }
@@ -551,6 +564,26 @@ impl GuestGuard {
     pub fn hold_slot(&mut self, slot: GuestSlot) {
         if let Some(e) = self.reaper.lock().get_mut(&self.slot) {
             e.slot = Some(slot);
+        }
+    }
+
+    /// Hands the created guest's usage account to its registration (see
+    /// [`crate::observe::Tracked`]).
+    pub fn track(&mut self, tracked: Tracked) {
+        if let Some(e) = self.reaper.lock().get_mut(&self.slot) {
+            e.tracked = Some(tracked);
+        }
+    }
+
+    /// Updates the guest's usage account, if it has one.
+    pub fn note(&self, f: impl FnOnce(&mut Tracked)) {
+        if let Some(t) = self
+            .reaper
+            .lock()
+            .get_mut(&self.slot)
+            .and_then(|e| e.tracked.as_mut())
+        {
+            f(t);
         }
     }
 

@@ -23,6 +23,7 @@ use crate::classify;
 use crate::control::{CallError, ControlPlane};
 use crate::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
 use crate::error::{Redactor, SandboxError};
+use crate::observe::{Event, Observation, Observed};
 use crate::orphans::{SweepConfig, sweep};
 use crate::retry::{Backoff, retry_until};
 use crate::settings::Settings;
@@ -48,6 +49,7 @@ pub struct Account {
     credential: OnceCell<String>,
     shapes: OnceCell<Vec<Shape>>,
     orphan_sweep: AtomicBool,
+    obs: Observation,
 }
 
 impl std::fmt::Debug for Account {
@@ -135,16 +137,22 @@ impl Account {
             return;
         };
         let cp = Arc::clone(&self.cp);
+        let obs = self.obs.clone();
         runtime.spawn(async move {
             match sweep(cp.as_ref(), false, &config).await {
-                Ok(report) => tracing::info!(
+                Ok(report) => {
+                    obs.emit(&Event::OrphansReaped {
+                        count: report.deleted.len() as u64,
+                    });
+                    tracing::info!(
                     target: LOG_TARGET,
                     deleted = report.deleted.len(),
                     failed = report.failed.len(),
                     examined = report.examined,
                     "orphan sweep: {} paused one-shot guest(s) of earlier processes deleted",
                     report.deleted.len()
-                ),
+                    );
+                }
                 Err(e) => tracing::warn!(
                     target: LOG_TARGET,
                     error = %e.message,
@@ -188,6 +196,7 @@ struct Inner {
     request_timeout: Duration,
     accounts: Mutex<Accounts>,
     admission: Admission,
+    observation: Observation,
 }
 
 impl std::fmt::Debug for Session {
@@ -216,6 +225,7 @@ impl Session {
                 request_timeout,
                 accounts: Mutex::new(HashMap::new()),
                 admission: Admission::new(),
+                observation: Observation::new(),
             }),
         }
     }
@@ -224,6 +234,13 @@ impl Session {
     /// (see [`crate::admission`]).
     pub fn admission(&self) -> &Admission {
         &self.inner.admission
+    }
+
+    /// The process's observation (native counters and the registered observer), shared by
+    /// every surface on this session; every control-plane call of its accounts is counted
+    /// there (see [`crate::observe`]).
+    pub fn observation(&self) -> &Observation {
+        &self.inner.observation
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Accounts> {
@@ -243,8 +260,10 @@ impl Session {
             return Ok(a.clone());
         }
         let cp = (self.inner.connector)(settings, self.inner.request_timeout)?;
+        let cp = Observed::wrap(cp, self.inner.observation.clone());
         let a = Arc::new(Account {
             cp,
+            obs: self.inner.observation.clone(),
             credential: OnceCell::new(),
             shapes: OnceCell::new(),
             orphan_sweep: AtomicBool::new(false),

@@ -40,6 +40,7 @@ use crate::error::{Redactor, SandboxError};
 use crate::exec::ExecLimits;
 use crate::guest::{Guest, GuestContext, GuestSpec};
 use crate::names::ONE_SHOT_PREFIX;
+use crate::observe::{Event, Observation, RunOutcome, RunUsage};
 use crate::orphans::SweepConfig;
 use crate::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
 use crate::reaper::{Reaper, ReaperConfig};
@@ -309,6 +310,8 @@ pub struct Acquire<'a> {
     pub flow: Option<&'a str>,
     /// The run's own budget (its program's timeout): its admission wait never exceeds it.
     pub run_budget: Duration,
+    /// The node the run belongs to, when known (for the guest's usage record).
+    pub node: Option<&'a str>,
 }
 
 /// A started run: its guest's [`Lease`] and what the first step returned.
@@ -334,6 +337,13 @@ pub struct Lease {
     flow_slot: Option<FlowSlot>,
     /// How long the run waited for admission (slots and the account's quota).
     admission_wait: Duration,
+    /// Where the run is counted, and as which surface's.
+    obs: Observation,
+    surface: SurfaceKind,
+    /// When the run was admitted (the start of its run seconds).
+    admitted_at: Instant,
+    /// What the run reports at its end ([`Lease::set_outcome`]).
+    usage: RunUsage,
 }
 
 impl fmt::Debug for Lease {
@@ -370,17 +380,12 @@ pub struct Ended {
 }
 
 impl Lease {
-    fn new(guest: Guest, pool: PoolUse, origin: Origin, create_time: Duration) -> Self {
-        Self {
-            guest,
-            pool,
-            origin,
-            create_time,
-            acquired_at: Instant::now(),
-            guest_slot: None,
-            flow_slot: None,
-            admission_wait: Duration::ZERO,
-        }
+    /// Records how the run went (and the output bytes it returned), for its end's figures and
+    /// its guest's usage record. A lease ended without it counts as a run that
+    /// [`RunOutcome::MayHaveRun`].
+    pub fn set_outcome(&mut self, outcome: RunOutcome, bytes_returned: u64) {
+        self.usage.outcome = outcome;
+        self.usage.bytes_returned = bytes_returned;
     }
 
     /// The guest.
@@ -421,8 +426,19 @@ impl Lease {
             guest,
             guest_slot,
             flow_slot,
+            obs,
+            surface,
+            admitted_at,
+            usage,
             ..
         } = self;
+        obs.emit(&Event::RunFinished {
+            surface,
+            outcome: usage.outcome,
+            seconds: admitted_at.elapsed().as_secs_f64(),
+        });
+        guest.note_run(&usage);
+        guest.set_destroy_reason(usage.outcome.destroy_reason());
         let (name, id) = (guest.name().to_owned(), guest.id().to_owned());
         let mut ended = Ended {
             name,
@@ -632,6 +648,65 @@ impl Surface {
             opened.redactor.clone(),
             self.opts.backoff,
         )
+        .with_observation(self.session.observation().clone(), self.kind)
+    }
+
+    /// Counts a run that got no guest (refused, at capacity, not started) and returns its
+    /// error as the surface's.
+    fn no_guest<E: From<SandboxError>>(&self, e: SandboxError, t_admit: Instant) -> E {
+        let obs = self.session.observation();
+        if e.kind() == crate::ErrorKind::AtCapacity {
+            obs.emit(&Event::AdmissionRefused { surface: self.kind });
+        }
+        obs.emit(&Event::RunFinished {
+            surface: self.kind,
+            outcome: RunOutcome::of_error(&e),
+            seconds: t_admit.elapsed().as_secs_f64(),
+        });
+        E::from(e)
+    }
+
+    /// A run's lease on `guest`, counted in this surface's observation.
+    fn lease(
+        &self,
+        guest: Guest,
+        (pool, origin): (PoolUse, Origin),
+        req: &Acquire<'_>,
+        t_admit: Instant,
+    ) -> Lease {
+        Lease {
+            guest,
+            pool,
+            origin,
+            create_time: Duration::ZERO,
+            acquired_at: Instant::now(),
+            guest_slot: None,
+            flow_slot: None,
+            admission_wait: Duration::ZERO,
+            obs: self.session.observation().clone(),
+            surface: self.kind,
+            admitted_at: t_admit,
+            usage: RunUsage {
+                outcome: RunOutcome::MayHaveRun,
+                bytes_returned: 0,
+                flow_id: req.flow.filter(|f| !f.is_empty()).map(str::to_owned),
+                node_id: req.node.filter(|n| !n.is_empty()).map(str::to_owned),
+                session_hash: None,
+            },
+        }
+    }
+
+    /// Reports the run's admission wait, if it waited.
+    fn waited(&self, ticket: &Ticket, quota: Duration) -> Duration {
+        let queued = ticket.queued();
+        if queued.is_some() || !quota.is_zero() {
+            let total = queued.unwrap_or_default() + quota;
+            self.session.observation().emit(&Event::AdmissionWait {
+                surface: self.kind,
+                seconds: total.as_secs_f64(),
+            });
+        }
+        queued.unwrap_or_default() + quota
     }
 
     /// The one acquire path: admits the run, gets its guest and hands it to `start`, the
@@ -671,10 +746,18 @@ impl Surface {
             req.caps,
             t_admit + req.caps.wait.min(req.run_budget),
         );
-        let cx = req.cx.clone().with_ticket(ticket.clone());
+        let mut cx = req.cx.clone().with_ticket(ticket.clone());
+        if cx.observation().is_none() {
+            cx = cx.with_observation(self.session.observation().clone(), self.kind);
+        }
         let budget = self.opts.backoff.budget;
         let flow_slot = match req.flow.filter(|f| !f.is_empty()) {
-            Some(flow) => Some(ticket.flow_slot(flow).await?),
+            Some(flow) => Some(
+                ticket
+                    .flow_slot(flow)
+                    .await
+                    .map_err(|e| self.no_guest::<E>(e, t_admit))?,
+            ),
             None => None,
         };
         let one_shot = matches!(req.want, Want::OneShot);
@@ -689,11 +772,18 @@ impl Surface {
             PoolUse::Off
         };
         let mut flow_slot = flow_slot;
-        if one_shot
-            && pool_use == PoolUse::Miss
-            && let Some(guest) = self.pool.take(&cx, req.spec, ONE_SHOT_PREFIX)
-        {
-            let waited = t_admit.elapsed();
+        let pooled = if one_shot && pool_use == PoolUse::Miss {
+            let got = self.pool.take(&cx, req.spec, ONE_SHOT_PREFIX);
+            self.session.observation().emit(&Event::Pool {
+                surface: self.kind,
+                hit: got.is_some(),
+            });
+            got
+        } else {
+            None
+        };
+        if let Some(guest) = pooled {
+            let waited = self.waited(&ticket, Duration::ZERO);
             let acquired_at = Instant::now();
             let begin = Begin {
                 origin: Origin::Pooled,
@@ -719,7 +809,7 @@ impl Surface {
                     }
                 }
                 result => {
-                    let mut lease = Lease::new(guest, PoolUse::Hit, Origin::Pooled, Duration::ZERO);
+                    let mut lease = self.lease(guest, (PoolUse::Hit, Origin::Pooled), req, t_admit);
                     lease.acquired_at = acquired_at;
                     lease.flow_slot = flow_slot.take();
                     lease.admission_wait = waited;
@@ -730,17 +820,24 @@ impl Surface {
                 }
             }
         }
-        let slot = ticket.guest_slot(None).await?;
+        let slot = ticket
+            .guest_slot(None)
+            .await
+            .map_err(|e| self.no_guest::<E>(e, t_admit))?;
         let t0 = Instant::now();
         let deadline = t0 + budget;
         let (guest, origin, kept_slot) = match req.want {
             Want::OneShot => (
-                Guest::create_admitted(&cx, req.spec, ONE_SHOT_PREFIX, deadline, slot).await?,
+                Guest::create_admitted(&cx, req.spec, ONE_SHOT_PREFIX, deadline, slot)
+                    .await
+                    .map_err(|e| self.no_guest::<E>(e, t_admit))?,
                 Origin::Created,
                 None,
             ),
             Want::Kept(name) => (
-                Guest::acquire(&cx, req.spec, name, deadline).await?,
+                Guest::acquire(&cx, req.spec, name, deadline)
+                    .await
+                    .map_err(|e| self.no_guest::<E>(e, t_admit))?,
                 Origin::Kept,
                 Some(slot),
             ),
@@ -753,11 +850,12 @@ impl Surface {
             deadline: deadline + quota_waited,
         };
         let (guest, result) = start(guest, begin).await;
-        let mut lease = Lease::new(guest, pool_use, origin, create_time);
+        let mut lease = self.lease(guest, (pool_use, origin), req, t_admit);
+        lease.create_time = create_time;
         lease.acquired_at = acquired_at;
         lease.guest_slot = kept_slot;
         lease.flow_slot = flow_slot;
-        lease.admission_wait = t0.saturating_duration_since(t_admit) + quota_waited;
+        lease.admission_wait = self.waited(&ticket, quota_waited);
         Ok(Started {
             lease,
             result: result.map_err(StartError::into_inner),
