@@ -656,3 +656,60 @@ def test_sigterm_cleanup_records_reach_stderr_before_the_process_dies(clean_fake
     assert len(summary) == 1, proc.stderr[-3000:]
     assert "failed=1" in summary[0]
     assert "test-key" not in proc.stderr
+
+
+# Under a cap of one live guest, the parent holds its one guest in a thread and forks. The
+# child's run is admitted at once (with no wait allowed): its counts are its own, not the
+# parent's. Each process's native counters show only its own runs.
+FORK_COUNTS_SCRIPT = """
+import json, os, threading, time, urllib.request
+from langflow_sandbox_createos import _native
+from langflow_sandbox_createos.backend import create_backend
+
+base = os.environ["CREATEOS_SANDBOX_BASE_URL"]
+
+def live():
+    with urllib.request.urlopen(base + "/_fake/stats", timeout=10) as response:
+        return json.loads(response.read())["data"]["live"]
+
+def total(name, **labels):
+    return sum(v for n, l, v in _native.counters() if n == name and all(l.get(k) == x for k, x in labels.items()))
+
+backend = create_backend()
+held = threading.Thread(target=lambda: backend.run("import time\\ntime.sleep(3)\\nprint('held')"))
+held.start()
+deadline = time.monotonic() + 30
+while not live() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("parent admitted", total("createos_admission_live"), flush=True)
+pid = os.fork()
+if pid == 0:
+    os.environ["CREATEOS_ADMISSION_WAIT_SECONDS"] = "0"  # refused at once if it were counted
+    try:
+        out = backend.run("print('c1')").stdout.strip()
+        print("child", out, total("createos_runs_total", surface="backend", outcome="ok"), flush=True)
+    except BaseException as exc:
+        print("child raised", type(exc).__name__, exc, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+held.join()
+print("parent runs", total("createos_runs_total", surface="backend", outcome="ok"), flush=True)
+try:
+    backend.run("print('p2')")
+except BaseException as exc:
+    print("unexpected", exc, flush=True)
+print("parent runs", total("createos_runs_total", surface="backend", outcome="ok"), flush=True)
+"""
+
+
+def test_a_forked_child_counts_its_own_guests(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, CREATEOS_MAX_LIVE_GUESTS="1")
+    proc = _run_bounded(FORK_COUNTS_SCRIPT, env, 120)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert "parent admitted 1.0" in lines, lines
+    # At the parent's cap, yet the child's run was admitted: its count started at zero.
+    assert "child c1 1.0" in lines, lines
+    assert lines.count("parent runs 1.0") == 1 and "parent runs 2.0" in lines, lines
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=10)
+    assert stats["created"] == 3

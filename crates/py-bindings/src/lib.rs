@@ -52,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<executor::FlowEvents>()?;
     m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(process::counters, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;

@@ -334,3 +334,41 @@ mod tests {
         assert_eq!(live.inflight.load(Ordering::SeqCst), 0);
     }
 }
+
+/// One native total: its family name (`createos_…`), its labels, its value.
+pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
+
+/// This process's native totals (see `sandbox_core::observe::Counters::snapshot`), with the
+/// admission state now: `createos_admission_live` (guests holding a slot) and
+/// `createos_admission_waiting` (runs in line for one). A forked child's are its own. No I/O;
+/// never a key, code or output.
+#[pyo3::pyfunction]
+pub fn counters() -> Vec<Sample> {
+    let session = session();
+    let adm = session.admission().stats();
+    let mut out: Vec<Sample> = session
+        .observation()
+        .counters()
+        .snapshot()
+        .into_iter()
+        .map(|s| {
+            let labels = s
+                .labels
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+            (s.name.to_owned(), labels, s.value)
+        })
+        .collect();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    for (name, value) in [
+        ("createos_admission_live", adm.live as f64),
+        (
+            "createos_admission_waiting",
+            (adm.waiting + adm.waiting_per_flow) as f64,
+        ),
+    ] {
+        out.push((name.to_owned(), std::collections::BTreeMap::new(), value));
+    }
+    out
+}

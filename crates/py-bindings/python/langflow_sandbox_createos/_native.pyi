@@ -147,6 +147,13 @@ class NativeBackend:
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
 
+def counters() -> list[tuple[str, dict[str, str], float]]:
+    """This process's native totals: ``(family, labels, value)`` for every ``createos_*``
+    figure (guests created, destroyed and live by surface; runs by outcome; control-plane
+    requests; pool hits and misses; admission waits and refusals; orphans reaped;
+    guest-seconds by surface and shape), plus ``createos_admission_live`` and
+    ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+
 @final
 class ReapReport:
     """What ``reap()`` did."""
