@@ -801,6 +801,7 @@ impl Surface {
                          started); destroying it and using a fresh guest"
                     );
                     self.pool.note_unusable();
+                    guest.set_destroy_reason(crate::observe::DestroyReason::Error);
                     pool_use = PoolUse::Replaced;
                     if self.destroys_in_background() {
                         guest.release();
