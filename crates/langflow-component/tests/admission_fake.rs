@@ -115,15 +115,8 @@ fn counter(session: &Session, name: &str, labels: &[(&str, &str)]) -> f64 {
     session
         .observation()
         .counters()
-        .snapshot()
-        .into_iter()
-        .find(|s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map_or(-1.0, |s| s.value)
+        .value(name, labels)
+        .unwrap_or(-1.0)
 }
 
 async fn settled(fake: &FakeServer) -> createos_fake::Stats {

@@ -397,6 +397,21 @@ impl Counters {
         }
     }
 
+    /// The sum of the totals of family `name` whose labels include all of `labels` (`None`: no
+    /// such total).
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.snapshot()
+            .into_iter()
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|s| s.value)
+            .reduce(|a, b| a + b)
+    }
+
     /// Every total, by label (zeros included for the fixed labels, so a family is always
     /// there): guests created, destroyed (by reason) and live (created less destroyed, by
     /// surface); runs (by outcome) and run seconds; control-plane requests (by route and
@@ -825,16 +840,7 @@ mod tests {
     }
 
     fn value(obs: &Observation, name: &str, labels: &[(&str, &str)]) -> f64 {
-        obs.counters()
-            .snapshot()
-            .into_iter()
-            .find(|s| {
-                s.name == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
-            })
-            .map_or(-1.0, |s| s.value)
+        obs.counters().value(name, labels).unwrap_or(-1.0)
     }
 
     #[test]
