@@ -9,7 +9,9 @@
 //! while one is live, the link is pointed at [`crate::SHARED_DIR`], which is never returned,
 //! and both runs are marked: what goes through the shared path while they overlap belongs to
 //! neither, and each run's result says so in a note. After the run, only its own directory is
-//! archived; the directory and the link (if still its own) are removed.
+//! archived (and `/workspace/artifacts` too when a run alone in the guest replaced the link with
+//! a directory, which only it can have made); the directory and the link (if still its own)
+//! are removed.
 //!
 //! Nothing here is a boundary against the code in the guest: a run's program can read or
 //! write anything in its guest. It stops the component from handing a run another run's
@@ -72,7 +74,10 @@ pub(crate) fn prepare(run_id: &str) -> String {
     )
 }
 
-/// The archiving command: archives the run's own directory to `archive`, prints
+/// The archiving command: archives the run's own directory to `archive` (with
+/// `/workspace/artifacts` when the run, alone in the guest, replaced the link with a directory
+/// of its own, as a 0.2.0 program that empties it with `rm -rf` does; that directory is then
+/// removed like the run's own), prints
 /// [`SHARED_MARK`] when the run shared the guest, removes the directory and the link when it
 /// is still the run's, and the shared directory when the last run sharing it is gone. Exit
 /// status [`EXIT_GONE`] when the directory is gone, 4 when `tar` failed.
@@ -84,8 +89,13 @@ pub(crate) fn archive(run_id: &str, archive: &str) -> String {
          {LIVE}\
          find /tmp -maxdepth 1 -name 'lf-artifacts-*.tgz' -mmin +5 -exec rm -f {{}} + \
          2>/dev/null\n\
-         if [ -d \"$lf_d/artifacts\" ]; then tar -C \"$lf_d/artifacts\" -czf {archive} .; \
-         lf_t=$?; else lf_t={EXIT_GONE}; fi\n\
+         lf_x=; [ -d \"$lf_a\" ] && [ ! -L \"$lf_a\" ] && [ ! -f \"$lf_d/shared\" ] && lf_x=1\n\
+         if [ -d \"$lf_d/artifacts\" ] && [ -n \"$lf_x\" ]; then tar -czf {archive} -C \
+         \"$lf_d/artifacts\" . -C \"$lf_a\" .; lf_t=$?\n\
+         elif [ -d \"$lf_d/artifacts\" ]; then tar -C \"$lf_d/artifacts\" -czf {archive} .; lf_t=$?\n\
+         elif [ -n \"$lf_x\" ]; then tar -C \"$lf_a\" -czf {archive} .; lf_t=$?\n\
+         else lf_t={EXIT_GONE}; fi\n\
+         [ \"$lf_t\" = 0 ] && [ -n \"$lf_x\" ] && rm -rf \"$lf_a\"\n\
          [ -f \"$lf_d/shared\" ] && echo {SHARED_MARK}\n\
          [ \"$(readlink \"$lf_a\")\" = {own} ] && rm -f \"$lf_a\"\n\
          rm -rf \"$lf_d\"\n\

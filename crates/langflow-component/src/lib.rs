@@ -1121,6 +1121,28 @@ mod tests {
     }
 
     #[test]
+    fn flow_names_are_those_of_earlier_versions() {
+        // Kept guests of flows saved with `flow` are found again after an upgrade: the name
+        // is still the digest of flow, node, image and shape, with the policy.
+        let inputs = ComponentInputs {
+            flow_id: "flow-1".into(),
+            component_id: "CreateOSSandbox-abcde".into(),
+            session_id: "ignored".into(),
+            reuse: Reuse::Flow,
+            ..ComponentInputs::default()
+        };
+        let egress = EgressPolicy::DenyAll;
+        assert_eq!(
+            SandboxComponent::reused_name(&inputs, "devbox:1", "s-2vcpu-4gb", &egress),
+            derived_name(
+                REUSED_PREFIX,
+                &["flow-1", "CreateOSSandbox-abcde", "devbox:1", "s-2vcpu-4gb"],
+                &egress.fingerprint()
+            )
+        );
+    }
+
+    #[test]
     fn debug_shows_no_session_id() {
         let inputs = ComponentInputs {
             session_id: "private-session-7".into(),

@@ -1406,3 +1406,31 @@ async fn session_mode_without_a_session_id_or_a_flow_id_is_refused() {
     assert_eq!(total_requests(&fake), 0, "refused before any request");
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_program_that_remakes_the_artifacts_directory_still_gets_its_files() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // How a program written for a kept guest of 0.2.0 empties the directory first.
+    let remake = |name: &str| ComponentInputs {
+        command: format!(
+            "rm -rf /workspace/artifacts && mkdir -p /workspace/artifacts && \
+             ls /workspace/artifacts && echo {name} > /workspace/artifacts/{name}.txt && \
+             echo done"
+        ),
+        return_files: true,
+        ..inputs("", Reuse::Flow)
+    };
+    let first = run(&c, &remake("first")).await;
+    assert_eq!(first.result, "done");
+    assert_eq!(returned(&first), [("first.txt".into(), "first\n".into())]);
+    let second = run(&c, &remake("second")).await;
+    assert_eq!(second.sandbox_id, first.sandbox_id);
+    assert_eq!(second.result, "done", "the directory starts empty");
+    assert_eq!(
+        returned(&second),
+        [("second.txt".into(), "second\n".into())]
+    );
+    assert!(second.notes.is_empty(), "{:?}", second.notes);
+    fake.shutdown().await;
+}
