@@ -2,8 +2,9 @@
 //!
 //! A "CreateOS Sandbox" node on the Langflow canvas runs a Python program or a shell command
 //! in a CreateOS microVM, optionally in a guest that survives between runs of the flow
-//! ([`Reuse::Flow`]), and optionally hands back the files the program wrote to
-//! `/workspace/artifacts` ([`ComponentInputs::return_files`]). This crate decides everything:
+//! ([`Reuse::Flow`], or one per Langflow session with [`Reuse::Session`]), and optionally
+//! hands back the files the run wrote to its own artifacts directory
+//! ([`ComponentInputs::return_files`], [`ARTIFACTS_DIR`]). This crate decides everything:
 //! which settings apply, what is refused before any guest exists, which guest a run uses,
 //! what it sends, and what it returns. The Python component (in `py-bindings`) only gathers
 //! the node's inputs and builds lfx's `Data`/`DataFrame` from a [`ComponentOutput`].
@@ -34,13 +35,22 @@ use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
 pub mod archive;
+mod artifacts;
 mod reap;
 
 pub use archive::{ArchiveLimits, Extracted, ReturnedFile, read_archive};
 pub use reap::{ReapReport, ReusedGuest, parse_age};
 
-/// Where the program writes the files it returns.
+/// Where the program writes the files it returns: with Return Files on, a link to this run's
+/// own directory while no other run shares the guest ([`ARTIFACTS_ENV`] always names it).
 pub const ARTIFACTS_DIR: &str = "/workspace/artifacts";
+/// The environment variable that names this run's own artifacts directory (Return Files on).
+pub const ARTIFACTS_ENV: &str = "ARTIFACTS_DIR";
+/// Where each run with Return Files on keeps its own directory (`<run id>/artifacts`) while it
+/// runs; the run's end removes it.
+pub const RUNS_DIR: &str = "/workspace/.lf-runs";
+/// Where [`ARTIFACTS_DIR`] points while two runs share a kept guest: returned to neither.
+pub const SHARED_DIR: &str = "/workspace/.lf-runs-shared";
 /// The largest archive of returned files downloaded (5 MiB), enforced during the transfer.
 pub const MAX_ARCHIVE_BYTES: u64 = 5 * 1024 * 1024;
 /// The default of Timeout (seconds).
@@ -82,24 +92,29 @@ pub const SETTING_NAMES: SettingNames = SettingNames {
     memory: input::SHAPE,
 };
 
-/// Guest Reuse: whether a run gets a fresh guest or the flow's kept one.
+/// Guest Reuse: whether a run gets a fresh guest, the flow's kept one or its session's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reuse {
     /// A fresh guest per run, always destroyed before the run returns.
     #[default]
     Off,
-    /// One guest per (flow, node, policy), kept between runs and found again by name.
+    /// One guest per (flow, node, policy), kept between runs and found again by name: every
+    /// user of the flow shares it.
     Flow,
+    /// One guest per (flow, node, Langflow session, policy), kept between the session's runs:
+    /// two sessions (two chats, two API callers with their own session ids) never share one.
+    Session,
 }
 
 impl Reuse {
-    /// Parses the dropdown value (`off` or `flow`; blank means `off`).
+    /// Parses the dropdown value (`off`, `flow` or `session`; blank means `off`).
     pub fn parse(raw: &str) -> Result<Self, SandboxError> {
         match raw.trim().to_ascii_lowercase().as_str() {
             "" | "off" => Ok(Reuse::Off),
             "flow" => Ok(Reuse::Flow),
+            "session" => Ok(Reuse::Session),
             other => Err(SandboxError::refused(format!(
-                "{} is {other:?}; choose off or flow",
+                "{} is {other:?}; choose off, flow or session",
                 input::REUSE
             ))),
         }
@@ -110,7 +125,13 @@ impl Reuse {
         match self {
             Reuse::Off => "off",
             Reuse::Flow => "flow",
+            Reuse::Session => "session",
         }
+    }
+
+    /// Whether the guest is kept between runs.
+    pub fn keeps(self) -> bool {
+        self != Reuse::Off
     }
 }
 
@@ -118,8 +139,12 @@ impl Reuse {
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ComponentInputs {
     /// The flow's id (empty when the flow was never saved, e.g. `lfx run` of a JSON file:
-    /// the guest is then addressed by the node's id alone).
+    /// Guest Reuse is then refused, since the node's id alone is copied by templates and
+    /// exports and would let two flows share a guest).
     pub flow_id: String,
+    /// The Langflow session id (`graph.session_id`; user-controlled text, of which only a
+    /// digest enters a guest's name). Used by [`Reuse::Session`] only.
+    pub session_id: String,
     /// The node's id in the flow.
     pub component_id: String,
     /// Python Code: run with `python3 -u` unless a command is given. A whole-text markdown
@@ -130,7 +155,8 @@ pub struct ComponentInputs {
     pub command: String,
     /// Guest Reuse.
     pub reuse: Reuse,
-    /// Return Files: archive `/workspace/artifacts` after the run and hand its files back.
+    /// Return Files: give the run its own empty artifacts directory (`$ARTIFACTS_DIR`, and
+    /// [`ARTIFACTS_DIR`] while no other run shares the guest) and hand back its files.
     pub return_files: bool,
     /// Allow Network: unrestricted egress; off is deny-all (with the link-local opt-in).
     pub allow_network: bool,
@@ -147,6 +173,7 @@ impl fmt::Debug for ComponentInputs {
         f.debug_struct("ComponentInputs")
             .field("flow_id", &self.flow_id)
             .field("component_id", &self.component_id)
+            .field("has_session_id", &!self.session_id.is_empty())
             .field("python_code_bytes", &self.python_code.len())
             .field("command_bytes", &self.command.len())
             .field("reuse", &self.reuse)
@@ -202,7 +229,7 @@ pub struct ComponentOutput {
     pub sandbox_name: String,
     /// The guest was kept from an earlier run (found by name), not created by this one.
     pub reused_guest: bool,
-    /// The guest is kept for the next run (Guest Reuse: flow).
+    /// The guest is kept for the next run (Guest Reuse: flow or session).
     pub kept: bool,
     /// The files returned (empty when Return Files is off).
     pub files: Vec<ReturnedFile>,
@@ -361,12 +388,19 @@ pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<
         Reuse::Off => "Guest reuse: off, a fresh microVM per run, destroyed afterwards.",
         Reuse::Flow => {
             "Guest reuse: flow, one microVM per flow and node kept between runs (installed \
-             packages and files carry over; concurrent runs share it)."
+             packages and files carry over; every user and concurrent run of the flow shares \
+             it)."
+        }
+        Reuse::Session => {
+            "Guest reuse: session, one microVM per flow, node and Langflow session kept \
+             between that session's runs (installed packages and files carry over; other \
+             sessions get their own)."
         }
     };
     format!(
         "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
-         {reuse} Files written to {ARTIFACTS_DIR} can be returned."
+         {reuse} Files a run writes to {ARTIFACTS_DIR} (${ARTIFACTS_ENV}) can be returned, only \
+         that run's."
     )
 }
 
@@ -418,6 +452,7 @@ impl SandboxComponent {
             check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
+        check_identity(inputs)?;
         let shape = inputs.shape.trim();
         let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
             settings
@@ -455,20 +490,32 @@ impl SandboxComponent {
         })
     }
 
-    /// The guest's name under Guest Reuse: flow. It depends on the flow, the node, the
-    /// image, the shape and the network policy, so a change of any of them addresses a
-    /// different guest (and a restarted worker finds the same one).
+    /// The kept guest's name. It depends on the flow, the node, the image, the shape and the
+    /// network policy, and under [`Reuse::Session`] on the session id too, so a change of any
+    /// of them addresses a different guest (and a restarted worker finds the same one). Every
+    /// part is hashed: the name is the prefix and a digest, whatever the text of the ids.
+    /// Guest Reuse: flow keeps the names of earlier versions, so their kept guests are found
+    /// again.
     pub fn reused_name(
         inputs: &ComponentInputs,
         rootfs: &str,
         shape: &str,
         egress: &EgressPolicy,
     ) -> String {
-        derived_name(
-            REUSED_PREFIX,
-            &[&inputs.flow_id, &inputs.component_id, rootfs, shape],
-            &egress.fingerprint(),
-        )
+        let flow = [
+            inputs.flow_id.as_str(),
+            inputs.component_id.as_str(),
+            rootfs,
+            shape,
+        ];
+        let parts: Vec<&str> = match inputs.reuse {
+            Reuse::Session => flow
+                .into_iter()
+                .chain(["session", inputs.session_id.as_str()])
+                .collect(),
+            Reuse::Off | Reuse::Flow => flow.to_vec(),
+        };
+        derived_name(REUSED_PREFIX, &parts, &egress.fingerprint())
     }
 
     /// Runs one execution of the node.
@@ -515,7 +562,7 @@ impl SandboxComponent {
         });
         let pooled = match inputs.reuse {
             Reuse::Off => self.pool.take(&cx, &spec, BACKEND_PREFIX),
-            Reuse::Flow => None,
+            Reuse::Flow | Reuse::Session => None,
         };
         let mut pool_use = match (inputs.reuse, &pooled) {
             (Reuse::Off, Some(_)) => "hit",
@@ -549,7 +596,7 @@ impl SandboxComponent {
         } else {
             let guest = match inputs.reuse {
                 Reuse::Off => Guest::create(&cx, &spec, BACKEND_PREFIX, deadline).await?,
-                Reuse::Flow => {
+                Reuse::Flow | Reuse::Session => {
                     let name = Self::reused_name(inputs, &spec.rootfs, &spec.shape, &plan.egress);
                     Guest::acquire(&cx, &spec, &name, deadline).await?
                 }
@@ -689,8 +736,9 @@ impl SandboxComponent {
             return Err(classify::shut_down(Stage::BeforeDispatch));
         }
         let t1 = Instant::now();
+        let run_id = format!("{:012x}", random48());
         let prepare = if inputs.return_files {
-            format!("mkdir -p {ARTIFACTS_DIR} || exit 125\n")
+            artifacts::prepare(&run_id)
         } else {
             String::new()
         };
@@ -730,7 +778,7 @@ impl SandboxComponent {
             .await?;
         let t2 = Instant::now();
         let (files, notes) = if inputs.return_files && !outcome.host_timed_out {
-            self.collect_files(guest, plan).await
+            self.collect_files(guest, plan, &run_id).await
         } else if inputs.return_files {
             (
                 Vec::new(),
@@ -753,18 +801,19 @@ impl SandboxComponent {
         })
     }
 
-    /// Archives `/workspace/artifacts` in the guest, downloads the archive under the cap and
-    /// reads it in memory. Every failure is a note: the program already ran.
-    async fn collect_files(&self, guest: &Guest, plan: &Plan) -> (Vec<ReturnedFile>, Vec<String>) {
-        let archive = format!("/tmp/lf-artifacts-{:012x}.tgz", random48());
+    /// Archives this run's own artifacts directory in the guest (and removes it), downloads
+    /// the archive under the cap and reads it in memory. Every failure is a note: the program
+    /// already ran.
+    async fn collect_files(
+        &self,
+        guest: &Guest,
+        plan: &Plan,
+        run_id: &str,
+    ) -> (Vec<ReturnedFile>, Vec<String>) {
+        let archive = format!("/tmp/lf-artifacts-{run_id}.tgz");
         // Archives of earlier runs that a kept guest still holds (a run that failed between
         // archiving and downloading) are removed once they are a few minutes old.
-        let script = format!(
-            "[ -d {ARTIFACTS_DIR} ] || exit 3\n\
-             find /tmp -maxdepth 1 -name 'lf-artifacts-*.tgz' -mmin +5 -exec rm -f {{}} + \
-             2>/dev/null\n\
-             tar -C {ARTIFACTS_DIR} -czf {archive} . || exit 4"
-        );
+        let script = artifacts::archive(run_id, &archive);
         let limits = ExecLimits {
             budget: Duration::from_secs(u64::from(ARCHIVE_BUDGET_SECONDS)),
             ..plan.limits
@@ -782,13 +831,24 @@ impl SandboxComponent {
             Ok(run) => guest.capture(run, &limits, 64 * 1024).await,
             Err(e) => Err(e),
         };
+        let mut notes = Vec::new();
         match archived {
-            Ok(o) if o.exit_code == 0 => {}
-            Ok(o) if o.exit_code == 3 => {
+            Ok(o) if o.exit_code == 0 => {
+                if o.stdout.text.to_string().contains(artifacts::SHARED_MARK) {
+                    notes.push(format!(
+                        "another run used this guest at the same time: while both ran, \
+                         {ARTIFACTS_DIR} pointed at neither run's directory, and files written \
+                         through it then were returned to neither; write to \
+                         ${ARTIFACTS_ENV}, this run's own directory"
+                    ));
+                }
+            }
+            Ok(o) if o.exit_code == artifacts::EXIT_GONE => {
                 return (
                     Vec::new(),
                     vec![format!(
-                        "no files: the program did not create {ARTIFACTS_DIR}"
+                        "no files: this run's directory (${ARTIFACTS_ENV}) was removed before \
+                         it was archived"
                     )],
                 );
             }
@@ -827,7 +887,10 @@ impl SandboxComponent {
         // Decompressing is CPU work bounded by the limits; it stays off the async threads.
         let read = tokio::task::spawn_blocking(move || read_archive(&bytes, &limits)).await;
         match read {
-            Ok(x) => (x.files, x.notes),
+            Ok(x) => {
+                notes.extend(x.notes);
+                (x.files, notes)
+            }
             Err(_) => (
                 Vec::new(),
                 vec!["no files: reading the archive failed".to_owned()],
@@ -859,6 +922,34 @@ struct Ran {
     files: Vec<ReturnedFile>,
     notes: Vec<String>,
     files_ms: u64,
+}
+
+/// Refuses Guest Reuse that would let two different flows, or two sessions, share a guest: a
+/// kept guest needs the flow's id (the node's id alone is copied by templates and exports),
+/// and session reuse needs the session's.
+fn check_identity(inputs: &ComponentInputs) -> Result<(), SandboxError> {
+    let mode = inputs.reuse.as_str();
+    if inputs.reuse.keeps() && inputs.flow_id.trim().is_empty() {
+        return Err(SandboxError::refused(format!(
+            "{} is {mode}, but this flow has no flow id (an unsaved flow, or `lfx run` of a JSON \
+             file), and the node's id alone does not tell two flows apart: templates and \
+             exports copy it, so two different flows could share one guest and its files. Set \
+             {} to off, or run the flow saved in Langflow or with `lfx serve`, which give it \
+             an id",
+            input::REUSE,
+            input::REUSE
+        )));
+    }
+    if inputs.reuse == Reuse::Session && inputs.session_id.trim().is_empty() {
+        return Err(SandboxError::refused(format!(
+            "{} is session, but this run has no Langflow session id to keep a guest for. Set \
+             {} to flow (one guest for everyone who runs the flow) or off, or run the flow \
+             with a session id",
+            input::REUSE,
+            input::REUSE
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL
@@ -918,8 +1009,12 @@ mod tests {
         assert_eq!(Reuse::parse("off").unwrap(), Reuse::Off);
         assert_eq!(Reuse::parse(" Flow ").unwrap(), Reuse::Flow);
         assert_eq!(Reuse::parse("").unwrap(), Reuse::Off);
-        let e = Reuse::parse("session").unwrap_err();
+        assert_eq!(Reuse::parse("session").unwrap(), Reuse::Session);
+        let e = Reuse::parse("user").unwrap_err();
         assert!(e.to_string().contains("session_mode"), "{e}");
+        for r in [Reuse::Off, Reuse::Flow, Reuse::Session] {
+            assert_eq!(Reuse::parse(r.as_str()).unwrap(), r);
+        }
     }
 
     #[test]
@@ -942,6 +1037,11 @@ mod tests {
         assert!(d.contains("kept between runs"), "{d}");
         let d = describe(true, Reuse::Off, &none);
         assert!(d.contains("unrestricted"), "{d}");
+        let d = describe(true, Reuse::Session, &none);
+        assert!(
+            d.contains("Langflow session") && d.contains("only that run's"),
+            "{d}"
+        );
     }
 
     #[test]
@@ -987,6 +1087,69 @@ mod tests {
                 &EgressPolicy::DenyAll
             )
         );
+    }
+
+    #[test]
+    fn session_names_follow_the_session_and_only_its_digest_enters() {
+        let name = |reuse, session: &str| {
+            let inputs = ComponentInputs {
+                flow_id: "flow-1".into(),
+                component_id: "CreateOSSandbox-abcde".into(),
+                session_id: session.into(),
+                reuse,
+                ..ComponentInputs::default()
+            };
+            SandboxComponent::reused_name(
+                &inputs,
+                "devbox:1",
+                "s-2vcpu-4gb",
+                &EgressPolicy::DenyAll,
+            )
+        };
+        let a = name(Reuse::Session, "chat-a");
+        assert_eq!(a, name(Reuse::Session, "chat-a"));
+        assert_ne!(a, name(Reuse::Session, "chat-b"));
+        // The flow's guest is not any session's, and flow names ignore the session id.
+        assert_ne!(a, name(Reuse::Flow, "chat-a"));
+        assert_eq!(name(Reuse::Flow, "chat-a"), name(Reuse::Flow, "chat-b"));
+        let hostile = name(Reuse::Session, &"A/../..;$(rm -rf /)\n\u{0}é".repeat(100));
+        assert!(sandbox_core::names::is_valid_name(&hostile), "{hostile}");
+        assert!(
+            hostile.starts_with("lf-c-") && hostile.len() == 22,
+            "{hostile}"
+        );
+    }
+
+    #[test]
+    fn flow_names_are_those_of_earlier_versions() {
+        // Kept guests of flows saved with `flow` are found again after an upgrade: the name
+        // is still the digest of flow, node, image and shape, with the policy.
+        let inputs = ComponentInputs {
+            flow_id: "flow-1".into(),
+            component_id: "CreateOSSandbox-abcde".into(),
+            session_id: "ignored".into(),
+            reuse: Reuse::Flow,
+            ..ComponentInputs::default()
+        };
+        let egress = EgressPolicy::DenyAll;
+        assert_eq!(
+            SandboxComponent::reused_name(&inputs, "devbox:1", "s-2vcpu-4gb", &egress),
+            derived_name(
+                REUSED_PREFIX,
+                &["flow-1", "CreateOSSandbox-abcde", "devbox:1", "s-2vcpu-4gb"],
+                &egress.fingerprint()
+            )
+        );
+    }
+
+    #[test]
+    fn debug_shows_no_session_id() {
+        let inputs = ComponentInputs {
+            session_id: "private-session-7".into(),
+            ..ComponentInputs::default()
+        };
+        let shown = format!("{inputs:?}");
+        assert!(!shown.contains("private-session-7") && shown.contains("has_session_id: true"));
     }
 
     #[test]

@@ -50,8 +50,8 @@ class CreateOSSandboxComponent(Component):
         MultilineInput(
             name="python_code",
             display_name="Python Code",
-            info="Python run with python3 inside the microVM. Write files to /workspace/artifacts "
-            "to return them on the Files output.",
+            info="Python run with python3 inside the microVM. Write files to $ARTIFACTS_DIR (or "
+            "/workspace/artifacts) to return them on the Files output.",
             value="print('hello from a microVM')",
             input_types=["Message"],
             tool_mode=True,
@@ -68,18 +68,21 @@ class CreateOSSandboxComponent(Component):
         DropdownInput(
             name="session_mode",
             display_name="Guest Reuse",
-            options=["off", "flow"],
+            options=["off", "flow", "session"],
             value="off",
             info="off: a fresh microVM per run, destroyed afterwards. flow: one microVM per flow "
-            "and node, kept between runs (packages and files carry over; reap old ones).",
+            "and node, kept between runs and shared by everyone who runs the flow. session: one "
+            "per flow, node and Langflow session (chat). Kept ones carry packages and files over "
+            "(reap old ones); both need a saved flow.",
             real_time_refresh=True,
         ),
         BoolInput(
             name="collect_artifacts",
             display_name="Return Files",
             value=False,
-            info="Hand back what the program wrote to /workspace/artifacts (at most 256 regular "
-            "files, a 5 MiB archive) on the Files output.",
+            info="Hand back what this run wrote to its own $ARTIFACTS_DIR, which /workspace/artifacts "
+            "links to (at most 256 regular files, a 5 MiB archive), on the Files output; never an "
+            "earlier run's files.",
         ),
         BoolInput(
             name="allow_network",
@@ -119,8 +122,10 @@ class CreateOSSandboxComponent(Component):
         vertex = getattr(self, "_vertex", None)
         graph = getattr(vertex, "graph", None)
         flow_id = getattr(graph, "flow_id", None)
+        session_id = getattr(graph, "session_id", None)
         return {
             "flow_id": "" if flow_id is None else str(flow_id),
+            "session_id": "" if session_id is None else str(session_id),
             "component_id": str(self.get_id()),
             "python_code": _text(self.python_code),
             "command": _text(self.command),
