@@ -204,7 +204,7 @@ impl NativeComponent {
     /// released; Ctrl-C raises `KeyboardInterrupt` after the run's fresh guest is destroyed.
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
-        allow_network, timeout_seconds, shape
+        allow_network, timeout_seconds, shape, allowed_domains = String::new()
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -219,6 +219,7 @@ impl NativeComponent {
         allow_network: bool,
         timeout_seconds: i64,
         shape: String,
+        allowed_domains: String,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
@@ -231,6 +232,7 @@ impl NativeComponent {
             reuse,
             return_files: collect_artifacts,
             allow_network,
+            allowed_domains,
             // Out of range reads as 0, which the component refuses naming the input.
             timeout_seconds: u32::try_from(timeout_seconds).unwrap_or(0),
             shape,
