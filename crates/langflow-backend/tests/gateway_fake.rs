@@ -221,3 +221,44 @@ async fn domains_without_a_usable_gateway_or_with_a_bad_entry_are_refused_before
     assert!(log_text(&log).is_empty());
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_reports_the_gateway_and_says_its_connect_check_is_the_hosts_view() {
+    let Setup { fake, log: _log } = setup().await;
+    let text = |report: &langflow_backend::DoctorReport| report.to_string();
+    // Not configured: said so, and a domains policy is refused naming the setting.
+    let b = backend(&fake, &[]);
+    let report = b.doctor(&domains(&["pypi.org"])).await;
+    let shown = text(&report);
+    assert!(shown.contains("egress gateway: not configured"), "{shown}");
+    assert!(!report.ok, "{shown}");
+    b.shutdown().await;
+    // Configured (at an address nothing answers on): its URL and egress rule, the secret's
+    // length but never the secret, and a connect check labelled as the host's view.
+    let b = backend(
+        &fake,
+        &[
+            (ENV_GATEWAY_URL, "http://192.0.2.1:3128"),
+            (ENV_GATEWAY_SECRET, GW_SECRET),
+        ],
+    );
+    let report = b.doctor(&domains(&["pypi.org"])).await;
+    let shown = text(&report);
+    assert!(report.ok, "{shown}");
+    assert!(
+        shown.contains("egress gateway: http://192.0.2.1:3128"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("cannot connect to 192.0.2.1:3128"),
+        "{shown}"
+    );
+    assert!(shown.contains("the host's view"), "{shown}");
+    assert!(
+        shown.contains("LANGFLOW_SANDBOX_ALLOWED_DOMAINS = pypi.org"),
+        "{shown}"
+    );
+    assert!(!shown.contains(GW_SECRET), "{shown}");
+    b.shutdown().await;
+    fake.shutdown().await;
+}
