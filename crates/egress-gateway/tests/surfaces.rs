@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{Gateway, Guests, Net, SECRET};
+use common::{Gateway, Guests, Net, SECRET, python_has_pip};
 use langflow_backend::{Backend, BackendOptions, LfxPolicy};
 
 /// Installs `tinypkg` from the test index into a fresh directory with pip (which reads the
@@ -63,13 +63,6 @@ fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
         orphan_sweep: false,
         ..BackendOptions::default()
     })
-}
-
-fn python_has_pip() -> bool {
-    std::process::Command::new("python3")
-        .args(["-m", "pip", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use createos_fake::{FakeOptions, FakeServer};
-use egress_gateway::Secret;
 use langflow_component::{ComponentInputs, ComponentOptions, Reuse, SandboxComponent};
-use sandbox_core::gateway::{ENV_GATEWAY_SECRET, ENV_GATEWAY_URL};
+use sandbox_core::gateway::{ENV_GATEWAY_SECRET, ENV_GATEWAY_URL, Gateway, Secret};
 use sandbox_core::retry::Backoff;
 use secrecy::SecretString;
 
@@ -54,8 +53,7 @@ fn component(fake: &FakeServer, gateway: bool) -> SandboxComponent {
 }
 
 const PRINT_PROXY: &str = "import json, os\n\
-    print(json.dumps([os.environ.get(k) for k in ['https_proxy', 'HTTPS_PROXY', 'http_proxy', \
-    'PIP_PROXY', 'NO_PROXY']]))\n";
+    print(json.dumps({k: v for k, v in os.environ.items() if 'proxy' in k.lower()}))\n";
 
 fn inputs(domains: &str, allow_network: bool) -> ComponentInputs {
     ComponentInputs {
@@ -83,29 +81,19 @@ async fn egress_of(fake: &FakeServer, id: &str) -> Option<Vec<String>> {
         .egress
 }
 
-/// The token of the proxy URL the program printed, checked: for `guest`, granting `want`.
+/// The proxy variables the program printed, checked: a token for `guest`, granting `want`.
 fn check_token(printed: &str, guest: &str, want: &[&str]) {
-    let seen: Vec<Option<String>> = serde_json::from_str(printed).unwrap();
-    let proxy = seen[0].clone().expect("https_proxy is set");
-    assert!(
-        seen[1..4].iter().all(|v| v.as_deref() == Some(&proxy)),
-        "{seen:?}"
+    let seen: HashMap<String, Option<String>> = serde_json::from_str(printed).unwrap();
+    let gateway = Gateway::new(
+        "10.0.0.5:3128".parse().unwrap(),
+        Secret::new(GW_SECRET.as_bytes().to_vec()).unwrap(),
+        None,
     );
-    assert_eq!(seen[4].as_deref(), Some(""));
-    let token = proxy
-        .strip_prefix("http://run:")
-        .and_then(|r| r.strip_suffix("@10.0.0.5:3128"))
-        .unwrap_or_else(|| panic!("{proxy}"));
-    let secret = Secret::new(GW_SECRET.as_bytes().to_vec()).unwrap();
-    let cred = egress_gateway::verify(&secret, token, SystemTime::now()).unwrap();
+    let cred = gateway
+        .check_proxy_env(&|k| seen.get(k).cloned().flatten(), SystemTime::now())
+        .unwrap();
     assert_eq!(cred.guest, guest);
-    let granted: Vec<String> = cred
-        .allowlist
-        .patterns()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    assert_eq!(granted, want);
+    assert_eq!(cred.domains, want);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -139,7 +127,7 @@ async fn allowed_domains_reach_only_the_gateway_and_are_part_of_the_kept_guest_i
     // Allow Network off keeps its meaning: deny-all, no proxy, the list unused.
     let off = c.run(&inputs("pypi.org", false)).await.unwrap();
     assert_ne!(off.sandbox_id, a.sandbox_id);
-    assert_eq!(off.result, "[null, null, null, null, null]");
+    assert_eq!(off.result, "{}");
     assert_eq!(
         egress_of(&fake, &off.sandbox_id).await,
         Some(vec!["240.0.0.0/4".to_owned()])

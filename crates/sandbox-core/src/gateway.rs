@@ -322,6 +322,46 @@ impl Gateway {
             .clamp(Duration::from_secs(1), MAX_TTL)
     }
 
+    /// Reads back what a program was given ([`Grant::env_for`]'s variables, as `get` finds
+    /// them): every proxy variable must hold the same `http://run:TOKEN@IP:PORT` of this
+    /// gateway, the no-proxy ones must be empty, and the token must verify with this secret
+    /// at `now`. For tests and for an operator checking a guest's environment; the error says
+    /// what is wrong, never the token.
+    pub fn check_proxy_env(
+        &self,
+        get: &dyn Fn(&str) -> Option<String>,
+        now: std::time::SystemTime,
+    ) -> Result<Granted, String> {
+        let proxy = get("https_proxy").ok_or("https_proxy is not set")?;
+        for k in PROXY_ENV_NAMES {
+            let want = if k.eq_ignore_ascii_case("NO_PROXY") {
+                ""
+            } else {
+                proxy.as_str()
+            };
+            if get(k).as_deref() != Some(want) {
+                return Err(format!(
+                    "{k} does not hold what https_proxy holds (or is not empty)"
+                ));
+            }
+        }
+        let token = proxy
+            .strip_prefix(&format!("http://{PROXY_USER}:"))
+            .and_then(|rest| rest.strip_suffix(&format!("@{}", self.addr)))
+            .ok_or_else(|| format!("the proxy is not http://{PROXY_USER}:TOKEN@{}", self.addr))?;
+        let cred = egress_gateway::verify(&self.secret, token, now).map_err(|e| e.to_string())?;
+        Ok(Granted {
+            domains: cred
+                .allowlist
+                .patterns()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            guest: cred.guest,
+            expires_at: cred.expires_at,
+        })
+    }
+
     /// The grant of a run: these domains, for a run of `budget`.
     pub fn grant(&self, domains: &Domains, budget: Duration) -> Grant {
         Grant {
@@ -330,6 +370,17 @@ impl Gateway {
             ttl: self.token_ttl(budget),
         }
     }
+}
+
+/// What a checked proxy token grants ([`Gateway::check_proxy_env`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The guest it was minted for.
+    pub guest: String,
+    /// Its domains, in normal form.
+    pub domains: Vec<String>,
+    /// When it stops being accepted.
+    pub expires_at: std::time::SystemTime,
 }
 
 /// What one domains run receives: a token per guest, minted when the guest is known.
@@ -579,40 +630,28 @@ mod tests {
             env.keys().map(String::as_str).collect::<Vec<_>>().len(),
             PROXY_ENV_NAMES.len()
         );
-        assert_eq!(env["NO_PROXY"], "");
-        assert_eq!(env["no_proxy"], "");
-        let proxy = &env["https_proxy"];
-        for k in [
-            "HTTPS_PROXY",
-            "HTTP_PROXY",
-            "ALL_PROXY",
-            "http_proxy",
-            "all_proxy",
-            "PIP_PROXY",
-        ] {
-            assert_eq!(&env[k], proxy, "{k}");
-        }
-        let token = proxy
-            .strip_prefix("http://run:")
-            .and_then(|r| r.strip_suffix("@10.0.0.5:3128"))
+        let cred = gw
+            .check_proxy_env(&|k| env.get(k).cloned(), SystemTime::now())
             .unwrap();
-        let cred = egress_gateway::verify(&secret, token, SystemTime::now()).unwrap();
         assert_eq!(cred.guest, "lf-abc");
-        let granted: Vec<String> = cred
-            .allowlist
-            .patterns()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(granted, domains.entries());
+        assert_eq!(cred.domains, domains.entries());
         let left = cred.expires_at.duration_since(SystemTime::now()).unwrap();
         assert!(
             left <= Duration::from_secs(150) && left >= Duration::from_secs(100),
             "{left:?}"
         );
-        // Another secret does not accept it.
-        let other = Secret::new(vec![7; 32]).unwrap();
-        assert!(egress_gateway::verify(&other, token, SystemTime::now()).is_err());
+        // Another secret does not accept it, nor another gateway address, nor a changed
+        // variable.
+        let other = Gateway::new(gw.addr(), Secret::new(vec![7; 32]).unwrap(), None);
+        let read = |m: &BTreeMap<String, String>, g: &Gateway| {
+            g.check_proxy_env(&|k| m.get(k).cloned(), SystemTime::now())
+        };
+        assert!(read(&env, &other).is_err());
+        let moved = Gateway::new("10.0.0.6:3128".parse().unwrap(), secret.clone(), None);
+        assert!(read(&env, &moved).is_err());
+        let mut bypass = env.clone();
+        bypass.insert("NO_PROXY".into(), "*".into());
+        assert!(read(&bypass, &gw).is_err());
         assert!(!format!("{grant:?}").contains(SECRET));
         assert_eq!(
             declared_env().keys().collect::<Vec<_>>(),
