@@ -215,7 +215,7 @@ class NativeComponent:
         allow_network: bool,
         timeout_seconds: int,
         shape: str,
-        allowed_domains: str = "",
+        allowed_domains: str = ...,
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 
