@@ -998,6 +998,15 @@ mod tests {
         assert!(d.contains("kept between runs"), "{d}");
         let d = describe(true, Reuse::Off, &none);
         assert!(d.contains("unrestricted"), "{d}");
+        assert!(d.contains("Allowed Domains is refused"), "{d}");
+        let gateway = |k: &str| match k {
+            "CREATEOS_GATEWAY_URL" => Some("http://10.0.0.5:3128".to_owned()),
+            "CREATEOS_GATEWAY_SECRET" => Some("0123456789abcdef0123456789abcdef".to_owned()),
+            _ => None,
+        };
+        let d = describe(true, Reuse::Off, &gateway);
+        assert!(d.contains("with Allowed Domains, only those names"), "{d}");
+        assert!(!d.contains("0123456789abcdef"), "{d}");
     }
 
     #[test]
