@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::{Gateway, Guests, Net, SECRET, python_has_pip};
 use langflow_backend::{Backend, BackendOptions, LfxPolicy};
+use langflow_component::{ComponentInputs, ComponentOptions, Reuse, SandboxComponent};
 
 /// Installs `tinypkg` from the test index into a fresh directory with pip (which reads the
 /// proxy from `PIP_PROXY`/`HTTPS_PROXY`), imports it, then tries a direct connection that
@@ -37,8 +38,9 @@ except OSError as e:
     print("DIRECT", type(e).__name__)
 "#;
 
-fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
-    let env: HashMap<String, String> = HashMap::from([
+/// The settings of a plugin pointed at the enforcing fake and the gateway.
+fn settings(guests: &Guests, gateway: &Gateway) -> HashMap<String, String> {
+    HashMap::from([
         (
             "CREATEOS_SANDBOX_API_KEY".to_owned(),
             guests.fake.api_key().to_owned(),
@@ -56,7 +58,11 @@ fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
             "CREATEOS_GATEWAY_SECRET".to_owned(),
             String::from_utf8(SECRET.to_vec()).expect("ascii"),
         ),
-    ]);
+    ])
+}
+
+fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
+    let env = settings(guests, gateway);
     Backend::with_options(BackendOptions {
         env: Arc::new(move |k| env.get(k).cloned()),
         background_destroy: false,
@@ -117,4 +123,69 @@ async fn a_backend_run_installs_from_an_allowed_index_and_fails_closed_otherwise
 
     b.shutdown().await;
     assert_eq!(guests.fake.stats().live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_component_guest_gets_a_working_token_each_run_and_only_its_list() {
+    let Some(net) = Net::setup() else { return };
+    if !python_has_pip() {
+        eprintln!("skipped: `python3 -m pip` is not available on this machine");
+        return;
+    }
+    let gw = Gateway::start(&net, &[]);
+    let guests = Guests::start(&net).await;
+    let env = settings(&guests, &gw);
+    let c = SandboxComponent::with_options(ComponentOptions {
+        env: Arc::new(move |k| env.get(k).cloned()),
+        orphan_sweep: false,
+        ..ComponentOptions::default()
+    });
+    let code = PROGRAM.replace("CA_PEM", &format!("{:?}", net.ca_pem));
+    let inputs = |domains: &str| ComponentInputs {
+        flow_id: "flow-gw".into(),
+        component_id: "CreateOSSandbox-gw1".into(),
+        python_code: code.clone(),
+        reuse: Reuse::Flow,
+        allow_network: true,
+        allowed_domains: domains.into(),
+        timeout_seconds: 60,
+        ..ComponentInputs::default()
+    };
+    // The same kept guest twice: each run's own token works.
+    let first = c.run(&inputs("pkg.test")).await.unwrap();
+    assert!(
+        first.result.contains("INSTALL 0\nVALUE 42"),
+        "{}\n{}",
+        first.result,
+        first.stderr
+    );
+    let again = c.run(&inputs("pkg.test")).await.unwrap();
+    assert_eq!(again.sandbox_id, first.sandbox_id);
+    assert!(
+        again.result.contains("INSTALL 0\nVALUE 42"),
+        "{}\n{}",
+        again.result,
+        again.stderr
+    );
+    assert!(
+        !again.result.contains("DIRECT connected"),
+        "{}",
+        again.result
+    );
+    // Another list is another guest, and reaches only its own list.
+    let other = c.run(&inputs("api.test")).await.unwrap();
+    assert_ne!(other.sandbox_id, first.sandbox_id);
+    assert!(
+        other.result.contains("INSTALL 1"),
+        "{}\n{}",
+        other.result,
+        other.stderr
+    );
+    gw.wait_record(&[
+        &format!("guest={}", other.sandbox_name),
+        "host=pkg.test",
+        "reason=host_not_allowed",
+    ])
+    .await;
+    c.shutdown().await;
 }
