@@ -449,6 +449,7 @@ def test_the_nodes_identifiers_and_stored_values_stay_those_of_0_2_0() -> None:
         "session_mode",
         "collect_artifacts",
         "allow_network",
+        "allowed_domains",
         "timeout_seconds",
         "shape",
     ]
@@ -456,3 +457,22 @@ def test_the_nodes_identifiers_and_stored_values_stay_those_of_0_2_0() -> None:
     assert inputs["session_mode"].value == "off"
     assert [o.name for o in CreateOSSandboxComponent.outputs] == ["results", "files"]
     assert CreateOSSandboxComponent.name == "CreateOSSandbox"
+
+
+PRINT_PROXY = "import os; print(os.environ.get('https_proxy'), os.environ.get('NO_PROXY') == '')"
+
+
+def test_allowed_domains_need_a_gateway_and_reach_the_program_as_proxy_settings(clean_fake: Fake, tmp_path: Path) -> None:
+    flow = flow_with(tmp_path, "component_flow.json", allow_network=True, allowed_domains="pypi.org")
+    run = run_flow(component_env(clean_fake), flow, PRINT_PROXY)
+    assert run.json["success"] is False
+    message = run.json["exception_message"]
+    assert "Allowed Domains" in message and "CREATEOS_GATEWAY_URL" in message
+    assert clean_fake.stats()["created"] == 0
+    secret = "e2e-gateway-secret-0123456789abcdef0123"
+    env = component_env(clean_fake, CREATEOS_GATEWAY_URL="http://10.0.0.5:3128", CREATEOS_GATEWAY_SECRET=secret)
+    out = results(run_flow(env, flow, PRINT_PROXY))
+    proxy, no_proxy_empty = out["result"].split(" ")
+    assert proxy.startswith("http://run:") and proxy.endswith("@10.0.0.5:3128"), proxy
+    assert no_proxy_empty == "True"
+    assert secret not in json.dumps(out)

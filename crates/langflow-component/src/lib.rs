@@ -22,6 +22,7 @@ use rand::Rng;
 use sandbox_core::classify::{self, Stage};
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::{BACKEND_PREFIX, REUSED_PREFIX, derived_name};
 use sandbox_core::orphans::SweepConfig;
@@ -77,6 +78,8 @@ pub mod input {
     pub const REUSE: &str = "Guest Reuse (session_mode)";
     /// Allow Network.
     pub const ALLOW_NETWORK: &str = "Allow Network (allow_network)";
+    /// Allowed Domains.
+    pub const ALLOWED_DOMAINS: &str = "Allowed Domains (allowed_domains)";
     /// Timeout (seconds).
     pub const TIMEOUT: &str = "Timeout (seconds) (timeout_seconds)";
     /// Shape.
@@ -88,6 +91,14 @@ pub mod input {
 pub const SETTING_NAMES: SettingNames = SettingNames {
     restrict_egress: "Allow Network off (allow_network=false)",
     allow_egress: "Allow Network on (allow_network=true)",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: input::SHAPE,
+};
+
+/// The settings a domains run's refusals name.
+pub const DOMAIN_SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: input::ALLOWED_DOMAINS,
+    allow_egress: "an empty Allowed Domains (with Allow Network on)",
     accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
     memory: input::SHAPE,
 };
@@ -160,6 +171,10 @@ pub struct ComponentInputs {
     pub return_files: bool,
     /// Allow Network: unrestricted egress; off is deny-all (with the link-local opt-in).
     pub allow_network: bool,
+    /// Allowed Domains: with Allow Network on, a comma-separated list of names (`pypi.org`,
+    /// `*.pythonhosted.org`) that are then the only ones reachable, through the operator's
+    /// egress gateway; blank keeps Allow Network's meaning. Part of a kept guest's identity.
+    pub allowed_domains: String,
     /// Timeout (seconds): the program's wall clock, enforced in the guest (1..=3600).
     pub timeout_seconds: u32,
     /// Shape: pins a shape id; blank falls back to `CREATEOS_SANDBOX_SHAPE`, then to the
@@ -179,6 +194,7 @@ impl fmt::Debug for ComponentInputs {
             .field("reuse", &self.reuse)
             .field("return_files", &self.return_files)
             .field("allow_network", &self.allow_network)
+            .field("allowed_domains", &self.allowed_domains)
             .field("timeout_seconds", &self.timeout_seconds)
             .field("shape", &self.shape)
             .finish()
@@ -328,6 +344,7 @@ enum Program {
 struct Plan {
     settings: Settings,
     egress: EgressPolicy,
+    grant: Option<Grant>,
     limits: ExecLimits,
     program: Program,
     pinned_shape: Option<(String, &'static str)>,
@@ -366,7 +383,16 @@ pub fn strip_fence(code: &str) -> &str {
 /// reuse mode, as a run with these inputs would get them under `env`'s settings.
 pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
     let network = if allow_network {
-        "Network: on, unrestricted egress (CreateOS cannot restrict by domain).".to_owned()
+        if GatewaySetting::from_lookup(env).is_ready() {
+            "Network: on, unrestricted egress; with Allowed Domains, only those names, through \
+             the operator's egress gateway (a program that ignores the proxy settings reaches \
+             nothing)."
+                .to_owned()
+        } else {
+            "Network: on, unrestricted egress (CreateOS cannot restrict by domain, and no \
+             egress gateway is configured, so Allowed Domains is refused)."
+                .to_owned()
+        }
     } else {
         let accepted = env(ENV_ACCEPT_EGRESS_EXCEPTIONS)
             .and_then(|raw| parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw).ok())
@@ -470,20 +496,35 @@ impl SandboxComponent {
                 input::SHAPE
             )));
         };
-        let egress = if inputs.allow_network {
-            EgressPolicy::AllowAll
-        } else {
-            EgressPolicy::restricted(&[], settings.accept_egress_exceptions, &SETTING_NAMES)?
-        };
-        settings.require_key()?;
         let limits = ExecLimits {
             budget: Duration::from_secs(u64::from(inputs.timeout_seconds)),
             kill_after: self.opts.kill_after,
             host_grace: self.opts.host_grace,
         };
+        let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)?;
+        let (egress, grant) = if !inputs.allow_network {
+            let deny =
+                EgressPolicy::restricted(&[], settings.accept_egress_exceptions, &SETTING_NAMES)?;
+            (deny, None)
+        } else if domains.is_empty() {
+            (EgressPolicy::AllowAll, None)
+        } else {
+            let gateway = settings.gateway.require(input::ALLOWED_DOMAINS)?;
+            let egress = gateway.egress(
+                &[],
+                settings.accept_egress_exceptions,
+                &DOMAIN_SETTING_NAMES,
+            )?;
+            (
+                egress,
+                Some(gateway.grant(&domains, limits.host_deadline())),
+            )
+        };
+        settings.require_key()?;
         Ok(Plan {
             settings,
             egress,
+            grant,
             limits,
             program,
             pinned_shape,
@@ -491,17 +532,25 @@ impl SandboxComponent {
     }
 
     /// The kept guest's name. It depends on the flow, the node, the image, the shape and the
-    /// network policy, and under [`Reuse::Session`] on the session id too, so a change of any
-    /// of them addresses a different guest (and a restarted worker finds the same one). Every
-    /// part is hashed: the name is the prefix and a digest, whatever the text of the ids.
-    /// Guest Reuse: flow keeps the names of earlier versions, so their kept guests are found
-    /// again.
+    /// network policy (Allowed Domains included), and under [`Reuse::Session`] on the session id
+    /// too, so a change of any of them addresses a different guest (and a restarted worker finds
+    /// the same one). Every part is hashed: the name is the prefix and a digest, whatever the
+    /// text of the ids. Guest Reuse: flow without domains keeps the names of earlier versions, so
+    /// their kept guests are found again.
     pub fn reused_name(
         inputs: &ComponentInputs,
         rootfs: &str,
         shape: &str,
         egress: &EgressPolicy,
     ) -> String {
+        let mut policy = egress.fingerprint();
+        // Domains narrow a network that is on; unchanged identity otherwise.
+        let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)
+            .map(|d| d.fingerprint())
+            .unwrap_or_default();
+        if inputs.allow_network && !domains.is_empty() {
+            policy = format!("{policy}|{domains}");
+        }
         let flow = [
             inputs.flow_id.as_str(),
             inputs.component_id.as_str(),
@@ -515,7 +564,7 @@ impl SandboxComponent {
                 .collect(),
             Reuse::Off | Reuse::Flow => flow.to_vec(),
         };
-        derived_name(REUSED_PREFIX, &parts, &egress.fingerprint())
+        derived_name(REUSED_PREFIX, &parts, &policy)
     }
 
     /// Runs one execution of the node.
@@ -544,7 +593,11 @@ impl SandboxComponent {
         let spec = GuestSpec {
             shape: shape.id.clone(),
             rootfs: plan.settings.rootfs.clone(),
-            envs: std::collections::BTreeMap::new(),
+            envs: plan
+                .grant
+                .as_ref()
+                .map(Grant::declared_env)
+                .unwrap_or_default(),
             egress: plan.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
@@ -765,13 +818,16 @@ impl SandboxComponent {
             guest.verify_egress(&plan.egress, deadline).await?;
         }
         let upload_ms = ms(t1.elapsed());
+        // A domains run's token is minted per run, for this guest, and sent with the exec.
+        let input = ExecInput {
+            env: match &plan.grant {
+                Some(grant) => grant.env_for(guest.name())?,
+                None => std::collections::BTreeMap::new(),
+            },
+            stdin: String::new(),
+        };
         let run = guest
-            .exec(
-                &Command::shell(script),
-                &plan.limits,
-                &ExecInput::default(),
-                deadline,
-            )
+            .exec(&Command::shell(script), &plan.limits, &input, deadline)
             .await?;
         let outcome = guest
             .capture(run, &plan.limits, plan.settings.max_output_bytes)
@@ -1042,6 +1098,15 @@ mod tests {
             d.contains("Langflow session") && d.contains("only that run's"),
             "{d}"
         );
+        assert!(d.contains("Allowed Domains is refused"), "{d}");
+        let gateway = |k: &str| match k {
+            "CREATEOS_GATEWAY_URL" => Some("http://10.0.0.5:3128".to_owned()),
+            "CREATEOS_GATEWAY_SECRET" => Some("0123456789abcdef0123456789abcdef".to_owned()),
+            _ => None,
+        };
+        let d = describe(true, Reuse::Off, &gateway);
+        assert!(d.contains("with Allowed Domains, only those names"), "{d}");
+        assert!(!d.contains("0123456789abcdef"), "{d}");
     }
 
     #[test]

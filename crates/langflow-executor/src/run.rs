@@ -25,6 +25,7 @@ use sandbox_core::control::ExecFrame;
 use sandbox_core::control::ProcessSpec;
 use sandbox_core::createos::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
+use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::orphans::SweepConfig;
@@ -45,7 +46,9 @@ use crate::runner::{
     EXIT_NO_RUNNER, EXIT_RUNNER_LOST, HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE,
     socket_name,
 };
-use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings};
+use crate::settings::{
+    ENV_ALLOWED_DOMAINS, ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings,
+};
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
 /// outputs. The same as [`MAX_FRAME_BYTES`].
@@ -186,6 +189,8 @@ pub struct Plan {
     pub executor: ExecutorSettings,
     /// The clocks.
     pub limits: ExecLimits,
+    /// The domain grant (`CREATEOS_EXECUTOR_ALLOWED_DOMAINS`): the guest's proxy variables.
+    pub grant: Option<Grant>,
 }
 
 impl Plan {
@@ -261,10 +266,17 @@ impl Executor {
             kill_after: self.opts.kill_after,
             host_grace: self.opts.host_grace,
         };
+        let grant = if executor.domains.is_empty() {
+            None
+        } else {
+            let gateway = settings.gateway.require(ENV_ALLOWED_DOMAINS)?;
+            Some(gateway.grant(&executor.domains, limits.host_deadline()))
+        };
         Ok(Plan {
             settings,
             executor,
             limits,
+            grant,
         })
     }
 
@@ -315,13 +327,14 @@ impl Executor {
             Vec::new()
         };
         let job = request.job(&install);
-        let job_bytes = Bytes::from(serde_json::to_vec(&job).map_err(|e| {
-            ExecutorError::Execution(format!("the flow could not be serialized: {e}"))
-        })?);
         let spec = GuestSpec {
             shape: plan.executor.shape.clone(),
             rootfs: plan.rootfs().to_owned(),
-            envs: std::collections::BTreeMap::new(),
+            envs: plan
+                .grant
+                .as_ref()
+                .map(Grant::declared_env)
+                .unwrap_or_default(),
             egress: plan.executor.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
@@ -338,15 +351,15 @@ impl Executor {
         });
         if let Some(guest) = self.pool.take(&cx, &spec, BACKEND_PREFIX) {
             let name = guest.name().to_owned();
+            let job_bytes = match job_for(&job, plan.grant.as_ref(), &name) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    destroy(guest, &redactor).await;
+                    return Err(e);
+                }
+            };
             match self
-                .start_warm(
-                    guest,
-                    &plan,
-                    request,
-                    job_bytes.clone(),
-                    &files,
-                    host_lfx_version,
-                )
+                .start_warm(guest, &plan, request, job_bytes, &files, host_lfx_version)
                 .await
             {
                 Warm::Running(run) => {
@@ -383,6 +396,13 @@ impl Executor {
             pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
+        let job_bytes = match job_for(&job, plan.grant.as_ref(), guest.name()) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                destroy(guest, &redactor).await;
+                return Err(e);
+            }
+        };
         let dispatched = async {
             let (runner, job, uploads, egress) = tokio::join!(
                 guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
@@ -535,6 +555,24 @@ impl Executor {
             );
         }
     }
+}
+
+/// The job document for a run in `guest`: with a domain grant, it carries the proxy
+/// variables with a token minted for that guest (the runner sets them before anything of the
+/// run opens a connection; the job file is removed before the flow runs).
+fn job_for(
+    job: &serde_json::Value,
+    grant: Option<&Grant>,
+    guest: &str,
+) -> Result<Bytes, ExecutorError> {
+    let mut job = job.clone();
+    if let (Some(grant), Some(doc)) = (grant, job.as_object_mut()) {
+        let env = grant.env_for(guest)?;
+        doc.insert("env".to_owned(), serde_json::json!(env));
+    }
+    serde_json::to_vec(&job)
+        .map(Bytes::from)
+        .map_err(|e| ExecutorError::Execution(format!("the flow could not be serialized: {e}")))
 }
 
 /// How handing a flow to a pooled guest went.

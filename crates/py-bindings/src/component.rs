@@ -206,7 +206,7 @@ impl NativeComponent {
     /// saved before session reuse embed does not pass it.
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
-        allow_network, timeout_seconds, shape, session_id = None
+        allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new()
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -222,6 +222,7 @@ impl NativeComponent {
         timeout_seconds: i64,
         shape: String,
         session_id: Option<String>,
+        allowed_domains: String,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
@@ -235,6 +236,7 @@ impl NativeComponent {
             reuse,
             return_files: collect_artifacts,
             allow_network,
+            allowed_domains,
             // Out of range reads as 0, which the component refuses naming the input.
             timeout_seconds: u32::try_from(timeout_seconds).unwrap_or(0),
             shape,

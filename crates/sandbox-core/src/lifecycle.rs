@@ -17,6 +17,7 @@ use crate::control::ControlPlane;
 use crate::egress::EgressPolicy;
 use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::exec::{Command, ExecLimits};
+use crate::gateway::Grant;
 use crate::guest::{ExecInput, ExecOutcome, ExecRun, Guest, GuestContext, GuestSpec, ms};
 use crate::output::Captured;
 use crate::pool::WarmPool;
@@ -48,6 +49,9 @@ pub struct RunSpec {
     pub backoff: Backoff,
     /// Destroy off the critical path (the reaper guarantees it) instead of before returning.
     pub background_destroy: bool,
+    /// A domain allowlist: the guest declares the proxy variables and the program's exec sets
+    /// them, with a token minted for the guest it runs in ([`Grant::env_for`]).
+    pub grant: Option<Grant>,
 }
 
 impl std::fmt::Debug for RunSpec {
@@ -63,17 +67,33 @@ impl std::fmt::Debug for RunSpec {
             .field("max_output_bytes", &self.max_output_bytes)
             .field("backoff", &self.backoff)
             .field("background_destroy", &self.background_destroy)
+            .field("grant", &self.grant)
             .finish()
     }
 }
 
 impl RunSpec {
+    /// The exec input of this run's program in `guest`: the grant's proxy variables, if any.
+    pub fn exec_input(&self, guest: &str) -> Result<ExecInput, SandboxError> {
+        Ok(ExecInput {
+            env: match &self.grant {
+                Some(g) => g.env_for(guest)?,
+                None => BTreeMap::new(),
+            },
+            stdin: String::new(),
+        })
+    }
+
     /// The guest this run creates.
     pub fn guest_spec(&self) -> GuestSpec {
+        let mut envs = self.envs.clone();
+        if let Some(grant) = &self.grant {
+            envs.extend(grant.declared_env());
+        }
         GuestSpec {
             shape: self.shape.clone(),
             rootfs: self.rootfs.clone(),
-            envs: self.envs.clone(),
+            envs,
             egress: self.egress.clone(),
             auto_pause_after_seconds: self.limits.auto_pause_seconds(),
         }
@@ -203,10 +223,13 @@ pub async fn run_python_pooled(
     {
         let t1 = Instant::now();
         let first = match Command::python_inline(path.clone(), &program) {
-            Some(inline) => guest
-                .exec(&inline, &spec.limits, &ExecInput::default(), deadline)
-                .await
-                .map(PooledStart::Dispatched),
+            Some(inline) => match spec.exec_input(guest.name()) {
+                Ok(input) => guest
+                    .exec(&inline, &spec.limits, &input, deadline)
+                    .await
+                    .map(PooledStart::Dispatched),
+                Err(e) => Err(e),
+            },
             None => prepare(&guest, &path, program.clone(), None, deadline)
                 .await
                 .map(|()| PooledStart::Uploaded(ms(t1.elapsed()))),
@@ -407,9 +430,8 @@ async fn in_guest(
     command: &Command,
     deadline: Instant,
 ) -> Result<ExecOutcome, SandboxError> {
-    let run = guest
-        .exec(command, &spec.limits, &ExecInput::default(), deadline)
-        .await?;
+    let input = spec.exec_input(guest.name())?;
+    let run = guest.exec(command, &spec.limits, &input, deadline).await?;
     guest
         .capture(run, &spec.limits, spec.max_output_bytes)
         .await

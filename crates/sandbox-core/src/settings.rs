@@ -76,6 +76,9 @@ pub struct Settings {
     pub max_output_bytes: usize,
     /// Warm pool size (0 = off, at most [`crate::pool::MAX_WARM_POOL`]).
     pub warm_pool: usize,
+    /// The egress gateway (`CREATEOS_GATEWAY_*`): a bad value refuses only the runs that ask
+    /// for domains.
+    pub gateway: crate::gateway::GatewaySetting,
 }
 
 impl fmt::Debug for Settings {
@@ -92,6 +95,7 @@ impl fmt::Debug for Settings {
             .field("accept_egress_exceptions", &self.accept_egress_exceptions)
             .field("max_output_bytes", &self.max_output_bytes)
             .field("warm_pool", &self.warm_pool)
+            .field("gateway", &self.gateway)
             .finish()
     }
 }
@@ -241,6 +245,7 @@ impl Settings {
             accept_egress_exceptions,
             max_output_bytes,
             warm_pool,
+            gateway: crate::gateway::GatewaySetting::from_lookup(lookup),
         })
     }
 

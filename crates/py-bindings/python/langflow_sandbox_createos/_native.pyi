@@ -216,6 +216,7 @@ class NativeComponent:
         timeout_seconds: int,
         shape: str,
         session_id: str | None = None,
+        allowed_domains: str = ...,
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 

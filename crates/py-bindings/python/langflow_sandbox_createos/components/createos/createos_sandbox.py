@@ -92,6 +92,16 @@ class CreateOSSandboxComponent(Component):
             "CreateOS, so the operator must accept that exception).",
             real_time_refresh=True,
         ),
+        StrInput(
+            name="allowed_domains",
+            display_name="Allowed Domains",
+            value="",
+            info="With Allow Network on: comma-separated host names (pypi.org, *.pythonhosted.org) "
+            "that are then the only ones reachable, through the operator's egress gateway "
+            "(CREATEOS_GATEWAY_URL); programs must honour the proxy variables. Blank: Allow "
+            "Network's meaning.",
+            advanced=True,
+        ),
         IntInput(
             name="timeout_seconds",
             display_name="Timeout (seconds)",
@@ -132,6 +142,7 @@ class CreateOSSandboxComponent(Component):
             "session_mode": _text(self.session_mode) or "off",
             "collect_artifacts": bool(self.collect_artifacts),
             "allow_network": bool(self.allow_network),
+            "allowed_domains": _text(getattr(self, "allowed_domains", "")),
             "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
             "shape": _text(self.shape),
         }
