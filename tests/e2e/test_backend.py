@@ -48,7 +48,8 @@ def test_entry_point_factory_builds_the_lfx_protocol(backend: object) -> None:
     assert isinstance(caps, Capabilities)
     assert caps.isolation == "hardware-virtualized"
     assert caps.supports_deny_all_egress is True
-    # Hostname rules are not enforced by CreateOS, so the backend must not claim them.
+    # Hostname rules are not enforced by CreateOS, so without an egress gateway configured (this
+    # environment has none) the backend must not claim them.
     assert caps.supports_domain_allowlist is False
 
 
@@ -126,6 +127,25 @@ def test_backend_refuses_domain_allowlist_itself(backend: object, clean_fake: Fa
     with pytest.raises(CreateOSUnavailableError, match="LANGFLOW_SANDBOX_ALLOWED_DOMAINS"):
         backend._native.run("print(1)", None, settings)
     assert clean_fake.stats()["created"] == 0
+
+
+def test_a_configured_gateway_declares_and_honours_the_domain_allowlist(
+    backend: object, clean_fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lfx.utils.sandbox.base import _SandboxSettings
+
+    secret = "e2e-gateway-secret-0123456789abcdef0123"
+    monkeypatch.setenv("CREATEOS_GATEWAY_URL", "http://10.0.0.5:3128")
+    monkeypatch.setenv("CREATEOS_GATEWAY_SECRET", secret)
+    assert backend.capabilities().supports_domain_allowlist is True
+    settings = _SandboxSettings(allow_network=True, allowed_domains=("pypi.org",))
+    result = backend._native.run("import os; print(os.environ['https_proxy'])", None, settings)
+    proxy = "".join(result.stdout).strip()
+    assert proxy.startswith("http://run:") and proxy.endswith("@10.0.0.5:3128"), proxy
+    assert secret not in repr(result)
+    # Gone again when the secret is.
+    monkeypatch.delenv("CREATEOS_GATEWAY_SECRET")
+    assert backend.capabilities().supports_domain_allowlist is False
 
 
 def test_infrastructure_failure_raises_lfx_execution_error(backend: object, clean_fake: Fake) -> None:

@@ -104,6 +104,22 @@ def test_graph_arun_gives_the_in_process_result(clean_fake: Fake) -> None:
     assert stats["requests"]["exec_stream"] == 1
 
 
+def test_a_domains_run_gives_the_same_result_and_is_refused_without_a_gateway(clean_fake: Fake) -> None:
+    # The runner takes the proxy variables from the job before the flow; the flow itself is
+    # unchanged (the fake does not enforce egress: the enforced proof is the gateway crate's).
+    domains = {
+        "CREATEOS_EXECUTOR_ALLOWED_DOMAINS": "pypi.org",
+        "CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS": "true",
+    }
+    gateway = {"CREATEOS_GATEWAY_URL": "http://10.0.0.5:3128", "CREATEOS_GATEWAY_SECRET": "e2e-gateway-secret-0123456789abcdef0123"}
+    remote = arun(executor_env(clean_fake, **domains, **gateway), SHOUT, "hello there")
+    assert remote["rows"] == [{"type": "Message", "text": "HELLO THERE!", "component_id": "chat_out"}]
+    assert clean_fake.wait_settled()["created"] == 1
+    with pytest.raises(pytest.fail.Exception, match="CREATEOS_GATEWAY_URL"):
+        arun(executor_env(clean_fake, **domains), SHOUT, "hello there")
+    assert clean_fake.wait_settled()["created"] == 1
+
+
 POOLED_ARUN = """
 import asyncio, json, sys, time
 from lfx.graph import Graph

@@ -214,6 +214,8 @@ def test_the_server_lists_the_component(plain_server: Server) -> None:
     template = entry["template"]
     for field in ("python_code", "command", "session_mode", "collect_artifacts", "allow_network", "timeout_seconds", "shape"):
         assert field in template, field
+    # A saved flow's stored Guest Reuse value stays one of the options.
+    assert {"off", "flow"} <= set(template["session_mode"]["options"]), template["session_mode"]
     assert {o["name"] for o in entry["outputs"]} == {"results", "files"}
 
 

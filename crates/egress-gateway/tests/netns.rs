@@ -9,7 +9,8 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::{
-    Gateway, Guests, Net, basic, body_text, connect, exchange, get, name, read_all, token,
+    Gateway, Guests, Net, basic, body_text, connect, exchange, get, name, python_has_pip, read_all,
+    token,
 };
 use egress_gateway::REASON_HEADER;
 use tokio::io::AsyncWriteExt as _;
@@ -32,13 +33,6 @@ async fn curl(guests: &Guests, id: &str, args: &[&str]) -> (i64, String, String)
     let mut all = vec!["-sS", "--max-time", "20", "--cacert", "/workspace/ca.pem"];
     all.extend_from_slice(args);
     guests.exec(id, "curl", &all).await
-}
-
-fn python_has_pip() -> bool {
-    std::process::Command::new("python3")
-        .args(["-m", "pip", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,12 +4,13 @@ use std::fmt;
 
 use sandbox_core::ErrorKind;
 use sandbox_core::egress::EgressPolicy;
+use sandbox_core::gateway::{self, GatewaySetting};
 use sandbox_core::settings::{ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_WARM_POOL};
 use sandbox_core::shapes::select_shape;
 
 use crate::{
-    Backend, ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_LF_ALLOW_NETWORK, ENV_LF_MEMORY, LfxPolicy,
-    describe_egress, describe_shape,
+    Backend, ENV_ACCEPT_EGRESS_EXCEPTIONS, ENV_LF_ALLOW_NETWORK, ENV_LF_ALLOWED_DOMAINS,
+    ENV_LF_MEMORY, LfxPolicy, describe_egress, describe_shape,
 };
 
 /// How a doctor line should be read.
@@ -231,14 +232,33 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
     if let Err(e) = policy.validate() {
         out.push(DoctorLevel::Refused, e.message());
     }
-    match policy.egress(accept) {
-        Ok(e) => {
+    gateway_lines(&mut out, &settings.gateway).await;
+    match policy.egress(accept, &settings, limits.host_deadline()) {
+        Ok((e, Some(grant))) => out.push(
+            DoctorLevel::Ok,
+            format!(
+                "egress: only the egress gateway ({e}); through it, the program's proxy \
+                 variables reach {ENV_LF_ALLOWED_DOMAINS} = {}; a program that ignores them \
+                 reaches nothing",
+                grant.domains()
+            ),
+        ),
+        Ok((e, None)) => {
             let level = if e == EgressPolicy::AllowAll {
                 DoctorLevel::Warn
             } else {
                 DoctorLevel::Ok
             };
             out.push(level, describe_egress(&e));
+            if !policy.allowed_domains.is_empty() {
+                out.push(
+                    DoctorLevel::Info,
+                    format!(
+                        "{ENV_LF_ALLOWED_DOMAINS} is not used while \
+                         {ENV_LF_ALLOW_NETWORK}=false: nothing is reachable"
+                    ),
+                );
+            }
         }
         Err(e) => out.push(DoctorLevel::Refused, e.message()),
     }
@@ -286,6 +306,38 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
     }
     finish(out)
 }
+
+/// The egress gateway: configured or not, its settings, and whether this host connects to it.
+async fn gateway_lines(out: &mut Lines, setting: &GatewaySetting) {
+    let level = match setting {
+        GatewaySetting::Off => DoctorLevel::Info,
+        GatewaySetting::Ready(_) => DoctorLevel::Ok,
+        // Refuses the runs that ask for domains (the egress line says so when this one does).
+        GatewaySetting::Invalid(_) => DoctorLevel::Warn,
+    };
+    out.push(level, gateway::describe(setting));
+    if let GatewaySetting::Ready(g) = setting {
+        out.push(
+            DoctorLevel::Info,
+            match gateway::probe(g.addr(), GATEWAY_PROBE_TIMEOUT).await {
+                Ok(took) => format!(
+                    "egress gateway: this host connects to {} in {} ms (the host's view: \
+                     whether a guest reaches it depends on the guests' network)",
+                    g.addr(),
+                    took.as_millis()
+                ),
+                Err(why) => format!(
+                    "egress gateway: this host cannot connect to {} ({why}); the host's view \
+                     only, a guest's network may still reach it",
+                    g.addr()
+                ),
+            },
+        );
+    }
+}
+
+/// How long `doctor` waits for a TCP connection to the gateway.
+const GATEWAY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn level_of(kind: ErrorKind) -> DoctorLevel {
     if kind.is_unavailable() {

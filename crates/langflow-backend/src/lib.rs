@@ -15,6 +15,7 @@ use sandbox_core::SandboxError;
 use sandbox_core::admission::Caps;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{ExecLimits, is_valid_env_name};
+use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::session::Account;
 use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
 use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
@@ -49,18 +50,24 @@ pub struct Capabilities {
     pub isolation: &'static str,
     /// Deny-all egress is supported (with the link-local opt-in).
     pub supports_deny_all_egress: bool,
-    /// Never: CreateOS does not enforce hostname rules.
+    /// Only with an egress gateway configured (`CREATEOS_GATEWAY_URL` and
+    /// `CREATEOS_GATEWAY_SECRET` valid): CreateOS itself does not enforce hostname rules.
     pub supports_domain_allowlist: bool,
     /// No cap beyond lfx's own 300 s.
     pub max_timeout_seconds: Option<u32>,
 }
 
-/// The backend's capabilities. No I/O.
+/// The backend's capabilities under the process environment. No I/O.
 pub fn capabilities() -> Capabilities {
+    capabilities_with(&|k| std::env::var(k).ok())
+}
+
+/// The backend's capabilities under the settings `lookup` reads. No I/O.
+pub fn capabilities_with(lookup: &dyn Fn(&str) -> Option<String>) -> Capabilities {
     Capabilities {
         isolation: "hardware-virtualized",
         supports_deny_all_egress: true,
-        supports_domain_allowlist: false,
+        supports_domain_allowlist: GatewaySetting::from_lookup(lookup).is_ready(),
         max_timeout_seconds: None,
     }
 }
@@ -94,6 +101,15 @@ pub const SETTING_NAMES: SettingNames = SettingNames {
     memory: ENV_LF_MEMORY,
 };
 
+/// The settings a domains run's refusals name.
+pub const DOMAIN_SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: ENV_LF_ALLOWED_DOMAINS,
+    allow_egress: "unsetting LANGFLOW_SANDBOX_ALLOWED_DOMAINS (with \
+                   LANGFLOW_SANDBOX_ALLOW_NETWORK=true)",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: ENV_LF_MEMORY,
+};
+
 /// lfx's sandbox settings (`_sandbox_settings()`), passed in by the caller; validated again
 /// here because a backend must fail closed on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,8 +120,9 @@ pub struct LfxPolicy {
     pub memory_mb: u32,
     /// `LANGFLOW_SANDBOX_ALLOW_NETWORK` (default false).
     pub allow_network: bool,
-    /// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS` (refused when non-empty: CreateOS does not enforce
-    /// hostname rules).
+    /// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: with `allow_network`, the only names the program
+    /// reaches, through the egress gateway (lfx's meaning: the domains a networked run may
+    /// reach); without it, nothing is reachable and the list is not used.
     pub allowed_domains: Vec<String>,
 }
 
@@ -175,22 +192,27 @@ impl LfxPolicy {
         Ok(())
     }
 
-    /// The egress this policy gets, with the operator's link-local opt-in, refusing what
-    /// cannot be honoured: a hostname allowlist, or no network without the opt-in.
-    pub fn egress(&self, accept_exceptions: bool) -> Result<EgressPolicy, SandboxError> {
-        if !self.allowed_domains.is_empty() {
-            return Err(SandboxError::refused(format!(
-                "{ENV_LF_ALLOWED_DOMAINS} is set ({}), but CreateOS does not enforce hostname \
-                 egress rules: it accepts and echoes them while restricting nothing. Unset \
-                 {ENV_LF_ALLOWED_DOMAINS}; use {ENV_LF_ALLOW_NETWORK}=false for an enforced \
-                 restriction, or the exec-sandbox backend for a real domain allowlist",
-                self.allowed_domains.join(",")
-            )));
+    /// The egress this policy gets under `settings` (the link-local opt-in and the egress
+    /// gateway), and the domain grant of a domains run, refusing what cannot be honoured: a
+    /// bad domain entry, domains without a configured gateway, or restricted egress without
+    /// the opt-in.
+    pub fn egress(
+        &self,
+        accept: bool,
+        settings: &Settings,
+        budget: Duration,
+    ) -> Result<(EgressPolicy, Option<Grant>), SandboxError> {
+        let domains = Domains::parse(ENV_LF_ALLOWED_DOMAINS, &self.allowed_domains)?;
+        if !self.allow_network {
+            let deny = EgressPolicy::restricted(&[], accept, &SETTING_NAMES)?;
+            return Ok((deny, None));
         }
-        if self.allow_network {
-            return Ok(EgressPolicy::AllowAll);
+        if domains.is_empty() {
+            return Ok((EgressPolicy::AllowAll, None));
         }
-        EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)
+        let gateway = settings.gateway.require(ENV_LF_ALLOWED_DOMAINS)?;
+        let egress = gateway.egress(&[], accept, &DOMAIN_SETTING_NAMES)?;
+        Ok((egress, Some(gateway.grant(&domains, budget))))
     }
 }
 
@@ -269,6 +291,7 @@ impl Default for Backend {
 pub(crate) struct Plan {
     pub settings: Settings,
     pub egress: EgressPolicy,
+    pub grant: Option<Grant>,
     pub limits: ExecLimits,
 }
 
@@ -330,12 +353,14 @@ impl Backend {
         let settings = self.settings()?;
         let accept = self.accepts_egress_exceptions()?;
         policy.validate()?;
-        let egress = policy.egress(accept)?;
+        let limits = self.limits(policy);
+        let (egress, grant) = policy.egress(accept, &settings, limits.host_deadline())?;
         settings.require_key()?;
         Ok(Plan {
             settings,
             egress,
-            limits: self.limits(policy),
+            grant,
+            limits,
         })
     }
 
@@ -376,6 +401,7 @@ impl Backend {
             max_output_bytes: plan.settings.max_output_bytes,
             backoff: self.surface.options().backoff,
             background_destroy: self.surface.options().background_destroy,
+            grant: plan.grant,
         };
         let cx = self.surface.context(&opened);
         let report = run_on(
@@ -472,11 +498,37 @@ mod tests {
 
     #[test]
     fn capabilities_are_honest() {
-        let c = capabilities();
+        let c = capabilities_with(&|_| None);
         assert_eq!(c.isolation, "hardware-virtualized");
         assert!(c.supports_deny_all_egress);
         assert!(!c.supports_domain_allowlist);
         assert_eq!(c.max_timeout_seconds, None);
+    }
+
+    const GW_SECRET: &str = "0123456789abcdef0123456789abcdef-gw";
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn domain_allowlist_is_declared_only_with_a_usable_gateway() {
+        use sandbox_core::gateway::{ENV_GATEWAY_SECRET, ENV_GATEWAY_URL};
+        let url = (ENV_GATEWAY_URL, "http://10.0.0.5:3128");
+        let secret = (ENV_GATEWAY_SECRET, GW_SECRET);
+        assert!(capabilities_with(&lookup(&[url, secret])).supports_domain_allowlist);
+        for pairs in [
+            vec![url],
+            vec![secret],
+            vec![(ENV_GATEWAY_URL, "http://gw.internal:3128"), secret],
+            vec![url, (ENV_GATEWAY_SECRET, "too-short")],
+        ] {
+            assert!(!capabilities_with(&lookup(&pairs)).supports_domain_allowlist);
+        }
     }
 
     #[test]
@@ -536,29 +588,70 @@ mod tests {
         }
     }
 
+    fn settings(pairs: &[(&str, &str)]) -> Settings {
+        Settings::from_lookup(&lookup(pairs)).unwrap()
+    }
+
+    const BUDGET: Duration = Duration::from_secs(30);
+
+    /// `p.egress` under the settings `pairs`, whose link-local opt-in is the backend's.
+    fn egress_of(
+        p: &LfxPolicy,
+        pairs: &[(&str, &str)],
+    ) -> Result<(EgressPolicy, Option<Grant>), SandboxError> {
+        let accept = pairs.contains(&(ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"));
+        p.egress(accept, &settings(pairs), BUDGET)
+    }
+
     #[test]
     fn egress_refusals_name_langflow_settings() {
+        use sandbox_core::gateway::{ENV_GATEWAY_SECRET, ENV_GATEWAY_URL};
+        let accept = (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true");
         let mut p = LfxPolicy {
             allowed_domains: vec!["pypi.org".into()],
+            allow_network: true,
             ..LfxPolicy::default()
         };
-        for allow in [true, false] {
-            p.allow_network = allow;
-            let e = p.egress(true).unwrap_err();
-            assert!(e.kind().is_unavailable());
-            assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS));
-        }
+        // Domains without a gateway: refused, naming the setting and the gateway's.
+        let e = egress_of(&p, &[accept]).unwrap_err();
+        assert!(e.kind().is_unavailable());
+        assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS), "{e}");
+        assert!(e.to_string().contains(ENV_GATEWAY_URL), "{e}");
+        // With one: the gateway's address is the only rule, and a grant for the domains.
+        let gw = [
+            accept,
+            (ENV_GATEWAY_URL, "http://10.0.0.5:3128"),
+            (ENV_GATEWAY_SECRET, GW_SECRET),
+        ];
+        let (egress, grant) = egress_of(&p, &gw).unwrap();
+        assert_eq!(egress.rules(), ["10.0.0.5:3128"]);
+        assert_eq!(grant.unwrap().domains().entries(), ["pypi.org"]);
+        // ... still under the link-local opt-in, named for the domains setting.
+        let e = egress_of(&p, &gw[1..]).unwrap_err();
+        assert!(e.to_string().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS), "{e}");
+        assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS), "{e}");
+        // A bad entry is refused by name, gateway or not.
+        p.allowed_domains = vec!["pypi.org".into(), "*".into()];
+        let e = egress_of(&p, &gw).unwrap_err();
+        assert!(e.to_string().contains(ENV_LF_ALLOWED_DOMAINS), "{e}");
+        assert!(e.to_string().contains("\"*\""), "{e}");
+        // Network off: nothing reachable, the list unused (lfx's meaning).
+        p.allowed_domains = vec!["pypi.org".into()];
+        p.allow_network = false;
+        let (egress, grant) = egress_of(&p, &gw).unwrap();
+        assert_eq!(egress, EgressPolicy::DenyAll);
+        assert!(grant.is_none());
         let p = LfxPolicy::default();
-        let e = p.egress(false).unwrap_err();
+        let e = egress_of(&p, &[]).unwrap_err();
         assert!(e.to_string().contains("169.254.0.0/16"), "{e}");
         assert!(e.to_string().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS), "{e}");
         assert!(e.to_string().contains(ENV_LF_ALLOW_NETWORK), "{e}");
-        assert_eq!(p.egress(true).unwrap(), EgressPolicy::DenyAll);
+        assert_eq!(egress_of(&p, &[accept]).unwrap().0, EgressPolicy::DenyAll);
         let open = LfxPolicy {
             allow_network: true,
             ..LfxPolicy::default()
         };
-        assert_eq!(open.egress(false).unwrap(), EgressPolicy::AllowAll);
+        assert_eq!(egress_of(&open, &[]).unwrap().0, EgressPolicy::AllowAll);
     }
 
     #[test]

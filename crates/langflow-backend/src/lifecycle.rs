@@ -15,6 +15,7 @@ use sandbox_core::classify::{self, Stage};
 use sandbox_core::control::ControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::output::Captured;
@@ -50,6 +51,9 @@ pub struct RunSpec {
     pub backoff: Backoff,
     /// Destroy off the critical path (the reaper guarantees it) instead of before returning.
     pub background_destroy: bool,
+    /// A domain allowlist: the guest declares the proxy variables and the program's exec sets
+    /// them, with a token minted for the guest it runs in ([`Grant::env_for`]).
+    pub grant: Option<Grant>,
 }
 
 impl std::fmt::Debug for RunSpec {
@@ -64,17 +68,33 @@ impl std::fmt::Debug for RunSpec {
             .field("max_output_bytes", &self.max_output_bytes)
             .field("backoff", &self.backoff)
             .field("background_destroy", &self.background_destroy)
+            .field("grant", &self.grant)
             .finish()
     }
 }
 
 impl RunSpec {
+    /// The exec input of this run's program in `guest`: the grant's proxy variables, if any.
+    pub fn exec_input(&self, guest: &str) -> Result<ExecInput, SandboxError> {
+        Ok(ExecInput {
+            env: match &self.grant {
+                Some(g) => g.env_for(guest)?,
+                None => BTreeMap::new(),
+            },
+            stdin: String::new(),
+        })
+    }
+
     /// The guest this run creates.
     pub fn guest_spec(&self) -> GuestSpec {
+        let mut envs = self.envs.clone();
+        if let Some(grant) = &self.grant {
+            envs.extend(grant.declared_env());
+        }
         GuestSpec {
             shape: self.shape.clone(),
             rootfs: self.rootfs.clone(),
-            envs: self.envs.clone(),
+            envs,
             egress: self.egress.clone(),
             auto_pause_after_seconds: self.limits.auto_pause_seconds(),
         }
@@ -291,8 +311,11 @@ async fn start(
     let deadline = begin.deadline;
     if begin.origin == Origin::Pooled {
         if let Some(inline) = Command::python_inline(path.to_owned(), &program) {
+            let input = spec
+                .exec_input(guest.name())
+                .map_err(StartError::NotStarted)?;
             let run = guest
-                .exec(&inline, &spec.limits, &ExecInput::default(), deadline)
+                .exec(&inline, &spec.limits, &input, deadline)
                 .await
                 .map_err(StartError::classify)?;
             let out = guest
@@ -369,9 +392,8 @@ async fn in_guest(
     command: &Command,
     deadline: Instant,
 ) -> Result<ExecOutcome, SandboxError> {
-    let run = guest
-        .exec(command, &spec.limits, &ExecInput::default(), deadline)
-        .await?;
+    let input = spec.exec_input(guest.name())?;
+    let run = guest.exec(command, &spec.limits, &input, deadline).await?;
     guest
         .capture(run, &spec.limits, spec.max_output_bytes)
         .await
@@ -392,6 +414,7 @@ mod tests {
             max_output_bytes: 1024,
             backoff: Backoff::default(),
             background_destroy: true,
+            grant: None,
         };
         for text in [format!("{spec:?}"), format!("{spec:#?}")] {
             assert!(text.contains("OPENAI_API_KEY"), "{text}");

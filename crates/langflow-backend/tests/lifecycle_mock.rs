@@ -274,6 +274,7 @@ fn spec() -> RunSpec {
         max_output_bytes: 1024,
         backoff: quick_backoff(),
         background_destroy: false,
+        grant: None,
     }
 }
 

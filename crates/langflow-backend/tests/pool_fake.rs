@@ -100,6 +100,7 @@ fn spec(egress: EgressPolicy) -> RunSpec {
         max_output_bytes: 1 << 20,
         backoff: quick(),
         background_destroy: true,
+        grant: None,
     }
 }
 

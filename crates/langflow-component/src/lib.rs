@@ -2,8 +2,9 @@
 //!
 //! A "CreateOS Sandbox" node on the Langflow canvas runs a Python program or a shell command
 //! in a CreateOS microVM, optionally in a guest that survives between runs of the flow
-//! ([`Reuse::Flow`]), and optionally hands back the files the program wrote to
-//! `/workspace/artifacts` ([`ComponentInputs::return_files`]). This crate decides everything:
+//! ([`Reuse::Flow`], or one per Langflow session with [`Reuse::Session`]), and optionally
+//! hands back the files the run wrote to its own artifacts directory
+//! ([`ComponentInputs::return_files`], [`ARTIFACTS_DIR`]). This crate decides everything:
 //! which settings apply, what is refused before any guest exists, which guest a run uses,
 //! what it sends, and what it returns. The Python component (in `py-bindings`) only gathers
 //! the node's inputs and builds lfx's `Data`/`DataFrame` from a [`ComponentOutput`].
@@ -21,8 +22,9 @@ use sandbox_core::admission::Caps;
 use sandbox_core::classify::{self, Stage};
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
-use sandbox_core::names::reused_guest_name;
+use sandbox_core::names::{REUSED_PREFIX, derived_name};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
 use sandbox_core::settings::{SettingNames, Settings, parse_bool, read_flag};
@@ -32,13 +34,22 @@ use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
 pub mod archive;
+mod artifacts;
 mod reap;
 
 pub use archive::{ArchiveLimits, Extracted, ReturnedFile, read_archive};
 pub use reap::{ReapReport, ReusedGuest, parse_age};
 
-/// Where the program writes the files it returns.
+/// Where the program writes the files it returns: with Return Files on, a link to this run's
+/// own directory while no other run shares the guest ([`ARTIFACTS_ENV`] always names it).
 pub const ARTIFACTS_DIR: &str = "/workspace/artifacts";
+/// The environment variable that names this run's own artifacts directory (Return Files on).
+pub const ARTIFACTS_ENV: &str = "ARTIFACTS_DIR";
+/// Where each run with Return Files on keeps its own directory (`<run id>/artifacts`) while it
+/// runs; the run's end removes it.
+pub const RUNS_DIR: &str = "/workspace/.lf-runs";
+/// Where [`ARTIFACTS_DIR`] points while two runs share a kept guest: returned to neither.
+pub const SHARED_DIR: &str = "/workspace/.lf-runs-shared";
 /// The largest archive of returned files downloaded (5 MiB), enforced during the transfer.
 pub const MAX_ARCHIVE_BYTES: u64 = 5 * 1024 * 1024;
 /// The default of Timeout (seconds).
@@ -65,6 +76,8 @@ pub mod input {
     pub const REUSE: &str = "Guest Reuse (session_mode)";
     /// Allow Network.
     pub const ALLOW_NETWORK: &str = "Allow Network (allow_network)";
+    /// Allowed Domains.
+    pub const ALLOWED_DOMAINS: &str = "Allowed Domains (allowed_domains)";
     /// Timeout (seconds).
     pub const TIMEOUT: &str = "Timeout (seconds) (timeout_seconds)";
     /// Shape.
@@ -85,24 +98,37 @@ pub const SETTING_NAMES: SettingNames = SettingNames {
     memory: input::SHAPE,
 };
 
-/// Guest Reuse: whether a run gets a fresh guest or the flow's kept one.
+/// The settings a domains run's refusals name.
+pub const DOMAIN_SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: input::ALLOWED_DOMAINS,
+    allow_egress: "an empty Allowed Domains (with Allow Network on)",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: input::SHAPE,
+};
+
+/// Guest Reuse: whether a run gets a fresh guest, the flow's kept one or its session's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reuse {
     /// A fresh guest per run, always destroyed before the run returns.
     #[default]
     Off,
-    /// One guest per (flow, node, policy), kept between runs and found again by name.
+    /// One guest per (flow, node, policy), kept between runs and found again by name: every
+    /// user of the flow shares it.
     Flow,
+    /// One guest per (flow, node, Langflow session, policy), kept between the session's runs:
+    /// two sessions (two chats, two API callers with their own session ids) never share one.
+    Session,
 }
 
 impl Reuse {
-    /// Parses the dropdown value (`off` or `flow`; blank means `off`).
+    /// Parses the dropdown value (`off`, `flow` or `session`; blank means `off`).
     pub fn parse(raw: &str) -> Result<Self, SandboxError> {
         match raw.trim().to_ascii_lowercase().as_str() {
             "" | "off" => Ok(Reuse::Off),
             "flow" => Ok(Reuse::Flow),
+            "session" => Ok(Reuse::Session),
             other => Err(SandboxError::refused(format!(
-                "{} is {other:?}; choose off or flow",
+                "{} is {other:?}; choose off, flow or session",
                 input::REUSE
             ))),
         }
@@ -113,7 +139,13 @@ impl Reuse {
         match self {
             Reuse::Off => "off",
             Reuse::Flow => "flow",
+            Reuse::Session => "session",
         }
+    }
+
+    /// Whether the guest is kept between runs.
+    pub fn keeps(self) -> bool {
+        self != Reuse::Off
     }
 }
 
@@ -121,8 +153,12 @@ impl Reuse {
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ComponentInputs {
     /// The flow's id (empty when the flow was never saved, e.g. `lfx run` of a JSON file:
-    /// the guest is then addressed by the node's id alone).
+    /// Guest Reuse is then refused, since the node's id alone is copied by templates and
+    /// exports and would let two flows share a guest).
     pub flow_id: String,
+    /// The Langflow session id (`graph.session_id`; user-controlled text, of which only a
+    /// digest enters a guest's name). Used by [`Reuse::Session`] only.
+    pub session_id: String,
     /// The node's id in the flow.
     pub component_id: String,
     /// Python Code: run with `python3 -u` unless a command is given. A whole-text markdown
@@ -133,10 +169,15 @@ pub struct ComponentInputs {
     pub command: String,
     /// Guest Reuse.
     pub reuse: Reuse,
-    /// Return Files: archive `/workspace/artifacts` after the run and hand its files back.
+    /// Return Files: give the run its own empty artifacts directory (`$ARTIFACTS_DIR`, and
+    /// [`ARTIFACTS_DIR`] while no other run shares the guest) and hand back its files.
     pub return_files: bool,
     /// Allow Network: unrestricted egress; off is deny-all (with the link-local opt-in).
     pub allow_network: bool,
+    /// Allowed Domains: with Allow Network on, a comma-separated list of names (`pypi.org`,
+    /// `*.pythonhosted.org`) that are then the only ones reachable, through the operator's
+    /// egress gateway; blank keeps Allow Network's meaning. Part of a kept guest's identity.
+    pub allowed_domains: String,
     /// Timeout (seconds): the program's wall clock, enforced in the guest (1..=3600).
     pub timeout_seconds: u32,
     /// Shape: pins a shape id; blank falls back to `CREATEOS_SANDBOX_SHAPE`, then to the
@@ -150,11 +191,13 @@ impl fmt::Debug for ComponentInputs {
         f.debug_struct("ComponentInputs")
             .field("flow_id", &self.flow_id)
             .field("component_id", &self.component_id)
+            .field("has_session_id", &!self.session_id.is_empty())
             .field("python_code_bytes", &self.python_code.len())
             .field("command_bytes", &self.command.len())
             .field("reuse", &self.reuse)
             .field("return_files", &self.return_files)
             .field("allow_network", &self.allow_network)
+            .field("allowed_domains", &self.allowed_domains)
             .field("timeout_seconds", &self.timeout_seconds)
             .field("shape", &self.shape)
             .finish()
@@ -205,7 +248,7 @@ pub struct ComponentOutput {
     pub sandbox_name: String,
     /// The guest was kept from an earlier run (found by name), not created by this one.
     pub reused_guest: bool,
-    /// The guest is kept for the next run (Guest Reuse: flow).
+    /// The guest is kept for the next run (Guest Reuse: flow or session).
     pub kept: bool,
     /// The files returned (empty when Return Files is off).
     pub files: Vec<ReturnedFile>,
@@ -273,6 +316,7 @@ enum Program {
 struct Plan {
     settings: Settings,
     egress: EgressPolicy,
+    grant: Option<Grant>,
     limits: ExecLimits,
     program: Program,
     pinned_shape: Option<(String, &'static str)>,
@@ -310,7 +354,16 @@ pub fn strip_fence(code: &str) -> &str {
 /// reuse mode, as a run with these inputs would get them under `env`'s settings.
 pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
     let network = if allow_network {
-        "Network: on, unrestricted egress (CreateOS cannot restrict by domain).".to_owned()
+        if GatewaySetting::from_lookup(env).is_ready() {
+            "Network: on, unrestricted egress; with Allowed Domains, only those names, through \
+             the operator's egress gateway (a program that ignores the proxy settings reaches \
+             nothing)."
+                .to_owned()
+        } else {
+            "Network: on, unrestricted egress (CreateOS cannot restrict by domain, and no \
+             egress gateway is configured, so Allowed Domains is refused)."
+                .to_owned()
+        }
     } else {
         let accepted = env(ENV_ACCEPT_EGRESS_EXCEPTIONS)
             .and_then(|raw| parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw).ok())
@@ -332,12 +385,19 @@ pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<
         Reuse::Off => "Guest reuse: off, a fresh microVM per run, destroyed afterwards.",
         Reuse::Flow => {
             "Guest reuse: flow, one microVM per flow and node kept between runs (installed \
-             packages and files carry over; concurrent runs share it)."
+             packages and files carry over; every user and concurrent run of the flow shares \
+             it)."
+        }
+        Reuse::Session => {
+            "Guest reuse: session, one microVM per flow, node and Langflow session kept \
+             between that session's runs (installed packages and files carry over; other \
+             sessions get their own)."
         }
     };
     format!(
         "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
-         {reuse} Files written to {ARTIFACTS_DIR} can be returned."
+         {reuse} Files a run writes to {ARTIFACTS_DIR} (${ARTIFACTS_ENV}) can be returned, only \
+         that run's."
     )
 }
 
@@ -392,6 +452,7 @@ impl SandboxComponent {
             check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
+        check_identity(inputs)?;
         let shape = inputs.shape.trim();
         let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
             settings
@@ -409,40 +470,68 @@ impl SandboxComponent {
                 input::SHAPE
             )));
         };
-        let egress = if inputs.allow_network {
-            EgressPolicy::AllowAll
-        } else {
-            EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)?
-        };
-        settings.require_key()?;
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(inputs.timeout_seconds)));
+        let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)?;
+        let (egress, grant) = if !inputs.allow_network {
+            let deny = EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)?;
+            (deny, None)
+        } else if domains.is_empty() {
+            (EgressPolicy::AllowAll, None)
+        } else {
+            let gateway = settings.gateway.require(input::ALLOWED_DOMAINS)?;
+            let egress = gateway.egress(&[], accept_exceptions, &DOMAIN_SETTING_NAMES)?;
+            (
+                egress,
+                Some(gateway.grant(&domains, limits.host_deadline())),
+            )
+        };
+        settings.require_key()?;
         Ok(Plan {
             settings,
             egress,
+            grant,
             limits,
             program,
             pinned_shape,
         })
     }
 
-    /// The guest's name under Guest Reuse: flow. It depends on the flow, the node, the
-    /// image, the shape and the network policy, so a change of any of them addresses a
-    /// different guest (and a restarted worker finds the same one).
+    /// The kept guest's name. It depends on the flow, the node, the image, the shape and the
+    /// network policy (Allowed Domains included), and under [`Reuse::Session`] on the session id
+    /// too, so a change of any of them addresses a different guest (and a restarted worker finds
+    /// the same one). Every part is hashed: the name is the prefix and a digest, whatever the
+    /// text of the ids. Guest Reuse: flow without domains keeps the names of earlier versions, so
+    /// their kept guests are found again.
     pub fn reused_name(
         inputs: &ComponentInputs,
         rootfs: &str,
         shape: &str,
         egress: &EgressPolicy,
     ) -> String {
-        reused_guest_name(
-            &inputs.flow_id,
-            &inputs.component_id,
+        let mut policy = egress.fingerprint();
+        // Domains narrow a network that is on; unchanged identity otherwise.
+        let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)
+            .map(|d| d.fingerprint())
+            .unwrap_or_default();
+        if inputs.allow_network && !domains.is_empty() {
+            policy = format!("{policy}|{domains}");
+        }
+        let flow = [
+            inputs.flow_id.as_str(),
+            inputs.component_id.as_str(),
             rootfs,
             shape,
-            &egress.fingerprint(),
-        )
+        ];
+        let parts: Vec<&str> = match inputs.reuse {
+            Reuse::Session => flow
+                .into_iter()
+                .chain(["session", inputs.session_id.as_str()])
+                .collect(),
+            Reuse::Off | Reuse::Flow => flow.to_vec(),
+        };
+        derived_name(REUSED_PREFIX, &parts, &policy)
     }
 
     /// Runs one execution of the node.
@@ -461,14 +550,18 @@ impl SandboxComponent {
         let spec = GuestSpec {
             shape: shape.id.clone(),
             rootfs: plan.settings.rootfs.clone(),
-            envs: std::collections::BTreeMap::new(),
+            envs: plan
+                .grant
+                .as_ref()
+                .map(Grant::declared_env)
+                .unwrap_or_default(),
             egress: plan.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
         let cx = self.surface.context(&opened);
         let name = match inputs.reuse {
             Reuse::Off => None,
-            Reuse::Flow => Some(Self::reused_name(
+            Reuse::Flow | Reuse::Session => Some(Self::reused_name(
                 inputs,
                 &spec.rootfs,
                 &spec.shape,
@@ -625,8 +718,9 @@ impl SandboxComponent {
             return Err(classify::shut_down(Stage::BeforeDispatch));
         }
         let t1 = Instant::now();
+        let run_id = format!("{:012x}", random48());
         let prepare = if inputs.return_files {
-            format!("mkdir -p {ARTIFACTS_DIR} || exit 125\n")
+            artifacts::prepare(&run_id)
         } else {
             String::new()
         };
@@ -653,20 +747,23 @@ impl SandboxComponent {
             guest.verify_egress(&plan.egress, deadline).await?;
         }
         let upload_ms = ms(t1.elapsed());
+        // A domains run's token is minted per run, for this guest, and sent with the exec.
+        let input = ExecInput {
+            env: match &plan.grant {
+                Some(grant) => grant.env_for(guest.name())?,
+                None => std::collections::BTreeMap::new(),
+            },
+            stdin: String::new(),
+        };
         let run = guest
-            .exec(
-                &Command::shell(script),
-                &plan.limits,
-                &ExecInput::default(),
-                deadline,
-            )
+            .exec(&Command::shell(script), &plan.limits, &input, deadline)
             .await?;
         let outcome = guest
             .capture(run, &plan.limits, plan.settings.max_output_bytes)
             .await?;
         let t2 = Instant::now();
         let (files, notes) = if inputs.return_files && !outcome.host_timed_out {
-            self.collect_files(guest, plan).await
+            self.collect_files(guest, plan, &run_id).await
         } else if inputs.return_files {
             (
                 Vec::new(),
@@ -689,18 +786,19 @@ impl SandboxComponent {
         })
     }
 
-    /// Archives `/workspace/artifacts` in the guest, downloads the archive under the cap and
-    /// reads it in memory. Every failure is a note: the program already ran.
-    async fn collect_files(&self, guest: &Guest, plan: &Plan) -> (Vec<ReturnedFile>, Vec<String>) {
-        let archive = format!("/tmp/lf-artifacts-{:012x}.tgz", random48());
+    /// Archives this run's own artifacts directory in the guest (and removes it), downloads
+    /// the archive under the cap and reads it in memory. Every failure is a note: the program
+    /// already ran.
+    async fn collect_files(
+        &self,
+        guest: &Guest,
+        plan: &Plan,
+        run_id: &str,
+    ) -> (Vec<ReturnedFile>, Vec<String>) {
+        let archive = format!("/tmp/lf-artifacts-{run_id}.tgz");
         // Archives of earlier runs that a kept guest still holds (a run that failed between
         // archiving and downloading) are removed once they are a few minutes old.
-        let script = format!(
-            "[ -d {ARTIFACTS_DIR} ] || exit 3\n\
-             find /tmp -maxdepth 1 -name 'lf-artifacts-*.tgz' -mmin +5 -exec rm -f {{}} + \
-             2>/dev/null\n\
-             tar -C {ARTIFACTS_DIR} -czf {archive} . || exit 4"
-        );
+        let script = artifacts::archive(run_id, &archive);
         let limits = ExecLimits {
             budget: Duration::from_secs(u64::from(ARCHIVE_BUDGET_SECONDS)),
             ..plan.limits
@@ -718,13 +816,24 @@ impl SandboxComponent {
             Ok(run) => guest.capture(run, &limits, 64 * 1024).await,
             Err(e) => Err(e),
         };
+        let mut notes = Vec::new();
         match archived {
-            Ok(o) if o.exit_code == 0 => {}
-            Ok(o) if o.exit_code == 3 => {
+            Ok(o) if o.exit_code == 0 => {
+                if o.stdout.text.to_string().contains(artifacts::SHARED_MARK) {
+                    notes.push(format!(
+                        "another run used this guest at the same time: while both ran, \
+                         {ARTIFACTS_DIR} pointed at neither run's directory, and files written \
+                         through it then were returned to neither; write to \
+                         ${ARTIFACTS_ENV}, this run's own directory"
+                    ));
+                }
+            }
+            Ok(o) if o.exit_code == artifacts::EXIT_GONE => {
                 return (
                     Vec::new(),
                     vec![format!(
-                        "no files: the program did not create {ARTIFACTS_DIR}"
+                        "no files: this run's directory (${ARTIFACTS_ENV}) was removed before \
+                         it was archived"
                     )],
                 );
             }
@@ -763,7 +872,10 @@ impl SandboxComponent {
         // Decompressing is CPU work bounded by the limits; it stays off the async threads.
         let read = tokio::task::spawn_blocking(move || read_archive(&bytes, &limits)).await;
         match read {
-            Ok(x) => (x.files, x.notes),
+            Ok(x) => {
+                notes.extend(x.notes);
+                (x.files, notes)
+            }
             Err(_) => (
                 Vec::new(),
                 vec!["no files: reading the archive failed".to_owned()],
@@ -786,6 +898,34 @@ struct Ran {
     files: Vec<ReturnedFile>,
     notes: Vec<String>,
     files_ms: u64,
+}
+
+/// Refuses Guest Reuse that would let two different flows, or two sessions, share a guest: a
+/// kept guest needs the flow's id (the node's id alone is copied by templates and exports),
+/// and session reuse needs the session's.
+fn check_identity(inputs: &ComponentInputs) -> Result<(), SandboxError> {
+    let mode = inputs.reuse.as_str();
+    if inputs.reuse.keeps() && inputs.flow_id.trim().is_empty() {
+        return Err(SandboxError::refused(format!(
+            "{} is {mode}, but this flow has no flow id (an unsaved flow, or `lfx run` of a JSON \
+             file), and the node's id alone does not tell two flows apart: templates and \
+             exports copy it, so two different flows could share one guest and its files. Set \
+             {} to off, or run the flow saved in Langflow or with `lfx serve`, which give it \
+             an id",
+            input::REUSE,
+            input::REUSE
+        )));
+    }
+    if inputs.reuse == Reuse::Session && inputs.session_id.trim().is_empty() {
+        return Err(SandboxError::refused(format!(
+            "{} is session, but this run has no Langflow session id to keep a guest for. Set \
+             {} to flow (one guest for everyone who runs the flow) or off, or run the flow \
+             with a session id",
+            input::REUSE,
+            input::REUSE
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL
@@ -845,8 +985,12 @@ mod tests {
         assert_eq!(Reuse::parse("off").unwrap(), Reuse::Off);
         assert_eq!(Reuse::parse(" Flow ").unwrap(), Reuse::Flow);
         assert_eq!(Reuse::parse("").unwrap(), Reuse::Off);
-        let e = Reuse::parse("session").unwrap_err();
+        assert_eq!(Reuse::parse("session").unwrap(), Reuse::Session);
+        let e = Reuse::parse("user").unwrap_err();
         assert!(e.to_string().contains("session_mode"), "{e}");
+        for r in [Reuse::Off, Reuse::Flow, Reuse::Session] {
+            assert_eq!(Reuse::parse(r.as_str()).unwrap(), r);
+        }
     }
 
     #[test]
@@ -869,6 +1013,20 @@ mod tests {
         assert!(d.contains("kept between runs"), "{d}");
         let d = describe(true, Reuse::Off, &none);
         assert!(d.contains("unrestricted"), "{d}");
+        let d = describe(true, Reuse::Session, &none);
+        assert!(
+            d.contains("Langflow session") && d.contains("only that run's"),
+            "{d}"
+        );
+        assert!(d.contains("Allowed Domains is refused"), "{d}");
+        let gateway = |k: &str| match k {
+            "CREATEOS_GATEWAY_URL" => Some("http://10.0.0.5:3128".to_owned()),
+            "CREATEOS_GATEWAY_SECRET" => Some("0123456789abcdef0123456789abcdef".to_owned()),
+            _ => None,
+        };
+        let d = describe(true, Reuse::Off, &gateway);
+        assert!(d.contains("with Allowed Domains, only those names"), "{d}");
+        assert!(!d.contains("0123456789abcdef"), "{d}");
     }
 
     #[test]
@@ -914,6 +1072,69 @@ mod tests {
                 &EgressPolicy::DenyAll
             )
         );
+    }
+
+    #[test]
+    fn session_names_follow_the_session_and_only_its_digest_enters() {
+        let name = |reuse, session: &str| {
+            let inputs = ComponentInputs {
+                flow_id: "flow-1".into(),
+                component_id: "CreateOSSandbox-abcde".into(),
+                session_id: session.into(),
+                reuse,
+                ..ComponentInputs::default()
+            };
+            SandboxComponent::reused_name(
+                &inputs,
+                "devbox:1",
+                "s-2vcpu-4gb",
+                &EgressPolicy::DenyAll,
+            )
+        };
+        let a = name(Reuse::Session, "chat-a");
+        assert_eq!(a, name(Reuse::Session, "chat-a"));
+        assert_ne!(a, name(Reuse::Session, "chat-b"));
+        // The flow's guest is not any session's, and flow names ignore the session id.
+        assert_ne!(a, name(Reuse::Flow, "chat-a"));
+        assert_eq!(name(Reuse::Flow, "chat-a"), name(Reuse::Flow, "chat-b"));
+        let hostile = name(Reuse::Session, &"A/../..;$(rm -rf /)\n\u{0}é".repeat(100));
+        assert!(sandbox_core::names::is_valid_name(&hostile), "{hostile}");
+        assert!(
+            hostile.starts_with("lf-c-") && hostile.len() == 22,
+            "{hostile}"
+        );
+    }
+
+    #[test]
+    fn flow_names_are_those_of_earlier_versions() {
+        // Kept guests of flows saved with `flow` are found again after an upgrade: the name
+        // is still the digest of flow, node, image and shape, with the policy.
+        let inputs = ComponentInputs {
+            flow_id: "flow-1".into(),
+            component_id: "CreateOSSandbox-abcde".into(),
+            session_id: "ignored".into(),
+            reuse: Reuse::Flow,
+            ..ComponentInputs::default()
+        };
+        let egress = EgressPolicy::DenyAll;
+        assert_eq!(
+            SandboxComponent::reused_name(&inputs, "devbox:1", "s-2vcpu-4gb", &egress),
+            derived_name(
+                REUSED_PREFIX,
+                &["flow-1", "CreateOSSandbox-abcde", "devbox:1", "s-2vcpu-4gb"],
+                &egress.fingerprint()
+            )
+        );
+    }
+
+    #[test]
+    fn debug_shows_no_session_id() {
+        let inputs = ComponentInputs {
+            session_id: "private-session-7".into(),
+            ..ComponentInputs::default()
+        };
+        let shown = format!("{inputs:?}");
+        assert!(!shown.contains("private-session-7") && shown.contains("has_session_id: true"));
     }
 
     #[test]

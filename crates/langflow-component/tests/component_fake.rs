@@ -3,8 +3,10 @@
 //! refused, a create race adopted, a policy change addressing another guest, a short
 //! auto-pause backstop raised for a longer run, a kept guest destroyed when its program's end
 //! was not observed), fresh guests destroyed on every path, commands no exec argument can carry
-//! refused before any request, returned files (caps, hostile archives), faults, and the reap
-//! of old reused guests.
+//! refused before any request, returned files (caps, hostile archives), faults, the reap
+//! of old reused guests, and separation: one kept guest per session, only the current run's
+//! files returned (also from runs overlapping in one kept guest), reuse refused without a
+//! flow id.
 
 #![allow(clippy::too_many_lines, clippy::many_single_char_names)]
 
@@ -1135,5 +1137,303 @@ async fn a_backstop_that_cannot_be_raised_runs_nothing() {
     let out = run(&c, &long).await;
     assert_eq!(out.result, "RUN_COUNT 2");
     assert_eq!(out.sandbox_id, first.sandbox_id);
+    fake.shutdown().await;
+}
+
+// ---- Separation: what one run of a kept guest may see of another's ----
+
+/// The files of a run, by path, with their text.
+fn returned(out: &ComponentOutput) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = out
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.text.clone().unwrap_or_default()))
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn return_files_in_a_kept_guest_hands_back_only_what_this_run_wrote() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let first = run(
+        &c,
+        &with_files(
+            "import os\nos.makedirs('artifacts', exist_ok=True)\n\
+             open('artifacts/old.txt', 'w').write('one')\n\
+             open('artifacts/report.txt', 'w').write('first')\nprint('ran')\n",
+            Reuse::Flow,
+        ),
+    )
+    .await;
+    assert_eq!(
+        returned(&first),
+        [
+            ("old.txt".into(), "one".into()),
+            ("report.txt".into(), "first".into())
+        ]
+    );
+    // Run 2 rewrites one file and adds one; the program does not even see run 1's files.
+    let second = run(
+        &c,
+        &with_files(
+            "import os\nos.makedirs('artifacts', exist_ok=True)\n\
+             print(sorted(os.listdir('artifacts')))\n\
+             open('artifacts/report.txt', 'w').write('second')\n\
+             open('artifacts/new.txt', 'w').write('two')\n",
+            Reuse::Flow,
+        ),
+    )
+    .await;
+    assert_eq!(second.sandbox_id, first.sandbox_id, "one kept guest");
+    assert_eq!(
+        second.result, "[]",
+        "run 1's files are not in run 2's directory"
+    );
+    assert_eq!(
+        returned(&second),
+        [
+            ("new.txt".into(), "two".into()),
+            ("report.txt".into(), "second".into())
+        ],
+        "{:?}",
+        second.notes
+    );
+    // A run that writes nothing gets nothing back.
+    let third = run(&c, &with_files("print('quiet')", Reuse::Flow)).await;
+    assert!(third.files.is_empty(), "{:?}", third.files);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_an_older_version_left_in_a_kept_guest_are_never_returned() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // What an earlier version leaves: a real /workspace/artifacts directory with old files.
+    let legacy = ComponentInputs {
+        command: "rm -rf /workspace/artifacts && mkdir -p /workspace/artifacts && \
+                  echo old > /workspace/artifacts/legacy.txt && echo made"
+            .into(),
+        ..inputs("", Reuse::Flow)
+    };
+    assert_eq!(run(&c, &legacy).await.result, "made");
+    let next = run(
+        &c,
+        &with_files(
+            "import os\nprint(sorted(os.listdir('artifacts')))\n\
+             open(os.path.join(os.environ['ARTIFACTS_DIR'], 'mine.txt'), 'w').write('me')\n",
+            Reuse::Flow,
+        ),
+    )
+    .await;
+    assert_eq!(next.result, "[]", "{next:?}");
+    assert_eq!(returned(&next), [("mine.txt".into(), "me".into())]);
+    fake.shutdown().await;
+}
+
+/// Writes its own file to `$ARTIFACTS_DIR` and one through `artifacts/`, once the other run
+/// (`OTHER`) has started too, so the two runs surely overlap.
+const OVERLAPPING: &str = "import os, time\n\
+    open('started-ME', 'w').close()\n\
+    for _ in range(400):\n\
+    \x20   if os.path.exists('started-OTHER'):\n\
+    \x20       break\n\
+    \x20   time.sleep(0.05)\n\
+    open(os.path.join(os.environ['ARTIFACTS_DIR'], 'mine.txt'), 'w').write('ME')\n\
+    os.makedirs('artifacts', exist_ok=True)\n\
+    open('artifacts/via-link-ME.txt', 'w').write('ME')\n\
+    print('ME', os.path.exists('started-OTHER'))\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_runs_in_one_kept_guest_each_get_their_own_files() {
+    let fake = fake_with("", 0).await;
+    // Two workers of one flow: two components, one kept guest.
+    let (w1, w2) = (component(&fake), component(&fake));
+    let code = |me: &str, other: &str| {
+        with_files(
+            &OVERLAPPING.replace("ME", me).replace("OTHER", other),
+            Reuse::Flow,
+        )
+    };
+    let (a, b) = (code("alpha", "beta"), code("beta", "alpha"));
+    let (a, b) = tokio::join!(w1.run(&a), w2.run(&b));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.sandbox_id, b.sandbox_id, "one kept guest");
+    assert_eq!(
+        (a.result.as_str(), b.result.as_str()),
+        ("alpha True", "beta True")
+    );
+    // Each gets its own directory's file; what went through the shared path while both ran
+    // is returned to neither.
+    assert_eq!(
+        returned(&a),
+        [("mine.txt".into(), "alpha".into())],
+        "{:?}",
+        a.notes
+    );
+    assert_eq!(
+        returned(&b),
+        [("mine.txt".into(), "beta".into())],
+        "{:?}",
+        b.notes
+    );
+    for out in [&a, &b] {
+        let notes = out.notes.join("\n");
+        assert!(
+            notes.contains("another run") && notes.contains("ARTIFACTS_DIR"),
+            "{notes}"
+        );
+    }
+    // Alone again, the shared path is this run's own once more.
+    let alone = run(
+        &w1,
+        &with_files(
+            "import os\nos.makedirs('artifacts', exist_ok=True)\n\
+             open('artifacts/solo.txt', 'w').write('solo')\n",
+            Reuse::Flow,
+        ),
+    )
+    .await;
+    assert_eq!(
+        returned(&alone),
+        [("solo.txt".into(), "solo".into())],
+        "{:?}",
+        alone.notes
+    );
+    assert!(alone.notes.is_empty(), "{:?}", alone.notes);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_an_empty_flow_id_two_flows_never_share_a_guest() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // Two unsaved flows made from one template: the node id is the same, the flow id empty.
+    let unsaved = |code: &str| ComponentInputs {
+        flow_id: String::new(),
+        ..inputs(code, Reuse::Flow)
+    };
+    for code in ["print('flow one')", "print('flow two')"] {
+        let e = c.run(&unsaved(code)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+        let m = e.message();
+        assert!(
+            m.contains("Guest Reuse (session_mode)") && m.contains("flow id"),
+            "{m}"
+        );
+        assert!(m.contains("off"), "the way out: {m}");
+    }
+    assert_eq!(
+        fake.stats().created,
+        0,
+        "nothing was created for a refused run"
+    );
+    // Without reuse, an unsaved flow runs as always, in a guest of its own.
+    let out = run(
+        &c,
+        &ComponentInputs {
+            reuse: Reuse::Off,
+            ..unsaved("print('fresh')")
+        },
+    )
+    .await;
+    assert_eq!(out.result, "fresh");
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_mode_keeps_one_guest_per_session() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let in_session = |session: &str| ComponentInputs {
+        session_id: session.into(),
+        ..inputs(COUNTER, Reuse::Session)
+    };
+    let a1 = run(&c, &in_session("chat-a")).await;
+    let b1 = run(&c, &in_session("chat-b")).await;
+    let a2 = run(&c, &in_session("chat-a")).await;
+    // One session, one guest, its files carried over; another session, another guest.
+    assert_eq!(a1.sandbox_name, a2.sandbox_name);
+    assert_eq!(
+        (a1.result.as_str(), a2.result.as_str()),
+        ("RUN_COUNT 1", "RUN_COUNT 2")
+    );
+    assert!(a2.kept && a2.reused_guest);
+    assert_ne!(a1.sandbox_name, b1.sandbox_name);
+    assert_eq!(
+        b1.result, "RUN_COUNT 1",
+        "session b does not see session a's files"
+    );
+    // The flow's own guest (Guest Reuse: flow) is yet another one.
+    let flow = run(&c, &inputs(COUNTER, Reuse::Flow)).await;
+    assert_eq!(flow.result, "RUN_COUNT 1");
+    assert!(![&a1.sandbox_name, &b1.sandbox_name].contains(&&flow.sandbox_name));
+    // A hostile session id is only ever a digest in the name.
+    let hostile = "../Evil Session/\u{0}\n; rm -rf / #".repeat(40);
+    let h = run(&c, &in_session(&hostile)).await;
+    assert!(
+        h.sandbox_name.starts_with("lf-c-") && h.sandbox_name.len() <= 22,
+        "{h:?}"
+    );
+    assert!(
+        h.sandbox_name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+        "{}",
+        h.sandbox_name
+    );
+    assert_eq!(fake.stats().created, 4);
+    assert_eq!(fake.stats().live, 4, "every session's guest is kept");
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_mode_without_a_session_id_or_a_flow_id_is_refused() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    let e = c.run(&inputs(COUNTER, Reuse::Session)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.message().contains("Guest Reuse (session_mode)"), "{e}");
+    assert!(e.message().contains("session id"), "{e}");
+    let e = c
+        .run(&ComponentInputs {
+            flow_id: String::new(),
+            session_id: "chat-a".into(),
+            ..inputs(COUNTER, Reuse::Session)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.message().contains("flow id"), "{e}");
+    assert_eq!(total_requests(&fake), 0, "refused before any request");
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_program_that_remakes_the_artifacts_directory_still_gets_its_files() {
+    let fake = fake_with("", 0).await;
+    let c = component(&fake);
+    // How a program written for a kept guest of 0.2.0 empties the directory first.
+    let remake = |name: &str| ComponentInputs {
+        command: format!(
+            "rm -rf /workspace/artifacts && mkdir -p /workspace/artifacts && \
+             ls /workspace/artifacts && echo {name} > /workspace/artifacts/{name}.txt && \
+             echo done"
+        ),
+        return_files: true,
+        ..inputs("", Reuse::Flow)
+    };
+    let first = run(&c, &remake("first")).await;
+    assert_eq!(first.result, "done");
+    assert_eq!(returned(&first), [("first.txt".into(), "first\n".into())]);
+    let second = run(&c, &remake("second")).await;
+    assert_eq!(second.sandbox_id, first.sandbox_id);
+    assert_eq!(second.result, "done", "the directory starts empty");
+    assert_eq!(
+        returned(&second),
+        [("second.txt".into(), "second\n".into())]
+    );
+    assert!(second.notes.is_empty(), "{:?}", second.notes);
     fake.shutdown().await;
 }

@@ -740,6 +740,11 @@ def _read_job(job_path: str) -> dict[str, Any] | None:
     if job.get("protocol") != PROTOCOL:
         emit({"frame": "error", "kind": "protocol", "message": f"runner speaks protocol {PROTOCOL}"})
         return None
+    # A domain allowlist's proxy variables (with this run's gateway token): set before anything
+    # of the run (an install, the flow) can open a connection, and inherited by subprocesses.
+    for key, value in (job.get("env") or {}).items():
+        if isinstance(key, str) and isinstance(value, str):
+            os.environ[key] = value
     return job
 
 

@@ -25,6 +25,7 @@ use sandbox_core::classify;
 use sandbox_core::control::ExecFrame;
 use sandbox_core::control::ProcessSpec;
 use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
+use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::{PoolStats, Warmer};
@@ -44,7 +45,9 @@ use crate::runner::{
     EXIT_NO_RUNNER, EXIT_RUNNER_LOST, HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE,
     socket_name,
 };
-use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings};
+use crate::settings::{
+    ENV_ALLOWED_DOMAINS, ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings,
+};
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
 /// outputs. The same as [`MAX_FRAME_BYTES`].
@@ -145,6 +148,8 @@ pub struct Plan {
     pub executor: ExecutorSettings,
     /// The clocks.
     pub limits: ExecLimits,
+    /// The domain grant (`CREATEOS_EXECUTOR_ALLOWED_DOMAINS`): the guest's proxy variables.
+    pub grant: Option<Grant>,
 }
 
 impl Plan {
@@ -214,10 +219,17 @@ impl Executor {
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(executor.timeout_seconds)));
+        let grant = if executor.domains.is_empty() {
+            None
+        } else {
+            let gateway = settings.gateway.require(ENV_ALLOWED_DOMAINS)?;
+            Some(gateway.grant(&executor.domains, limits.host_deadline()))
+        };
         Ok(Plan {
             settings,
             executor,
             limits,
+            grant,
         })
     }
 
@@ -259,13 +271,14 @@ impl Executor {
             Vec::new()
         };
         let job = request.job(&install);
-        let job_bytes = Bytes::from(serde_json::to_vec(&job).map_err(|e| {
-            ExecutorError::Execution(format!("the flow could not be serialized: {e}"))
-        })?);
         let spec = GuestSpec {
             shape: plan.executor.shape.clone(),
             rootfs: plan.rootfs().to_owned(),
-            envs: std::collections::BTreeMap::new(),
+            envs: plan
+                .grant
+                .as_ref()
+                .map(Grant::declared_env)
+                .unwrap_or_default(),
             egress: plan.executor.egress.clone(),
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
@@ -285,7 +298,7 @@ impl Executor {
         let acquired = self
             .surface
             .acquire(&req, |guest, begin| {
-                let job = job_bytes.clone();
+                let job = &job;
                 async move {
                     let run = if begin.origin == Origin::Pooled {
                         self.start_warm(&guest, plan, request, job, files, host_lfx_version)
@@ -338,7 +351,7 @@ impl Executor {
         plan: &Plan,
         spec: &GuestSpec,
         request: &FlowRequest,
-        (job_bytes, files): (Bytes, &[(String, Bytes)]),
+        (job, files): (&serde_json::Value, &[(String, Bytes)]),
         host_lfx_version: Option<&str>,
         (started, deadline): (Instant, Instant),
     ) -> Result<FlowRun, StartError<ExecutorError>> {
@@ -351,6 +364,8 @@ impl Executor {
             pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
+        let job_bytes =
+            job_for(job, plan.grant.as_ref(), guest.name()).map_err(StartError::NotStarted)?;
         let dispatched = async {
             let (runner, job, uploads, egress) = tokio::join!(
                 guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
@@ -431,10 +446,12 @@ impl Executor {
         guest: &Guest,
         plan: &Plan,
         request: &FlowRequest,
-        job_bytes: Bytes,
+        job: &serde_json::Value,
         files: &[(String, Bytes)],
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, StartError<ExecutorError>> {
+        let job_bytes =
+            job_for(job, plan.grant.as_ref(), guest.name()).map_err(StartError::NotStarted)?;
         let started = Instant::now();
         let deadline = started + self.surface.options().backoff.budget;
         let (job, uploads) = tokio::join!(
@@ -484,6 +501,24 @@ impl Executor {
     pub async fn shutdown(&self) {
         self.surface.shutdown().await;
     }
+}
+
+/// The job document for a run in `guest`: with a domain grant, it carries the proxy
+/// variables with a token minted for that guest (the runner sets them before anything of the
+/// run opens a connection; the job file is removed before the flow runs).
+fn job_for(
+    job: &serde_json::Value,
+    grant: Option<&Grant>,
+    guest: &str,
+) -> Result<Bytes, ExecutorError> {
+    let mut job = job.clone();
+    if let (Some(grant), Some(doc)) = (grant, job.as_object_mut()) {
+        let env = grant.env_for(guest)?;
+        doc.insert("env".to_owned(), serde_json::json!(env));
+    }
+    serde_json::to_vec(&job)
+        .map(Bytes::from)
+        .map_err(|e| ExecutorError::Execution(format!("the flow could not be serialized: {e}")))
 }
 
 /// The pool's preparation of an executor guest: upload the runner and the hand-off script,

@@ -6,6 +6,7 @@
 
 use sandbox_core::SandboxError;
 use sandbox_core::egress::{ALLOW_ALL_RULE, EgressPolicy};
+use sandbox_core::gateway::{Domains, GatewaySetting};
 use sandbox_core::settings::{SettingNames, non_blank, parse_bool, parse_pool_size};
 
 /// `CREATEOS_EXECUTOR_ROOTFS`: the guest image (a template with lfx and the flow's components).
@@ -16,6 +17,10 @@ pub const ENV_SHAPE: &str = "CREATEOS_EXECUTOR_SHAPE";
 pub const ENV_TIMEOUT: &str = "CREATEOS_EXECUTOR_TIMEOUT_SECONDS";
 /// `CREATEOS_EXECUTOR_EGRESS`: comma-separated address rules, `*` (unrestricted) or `none`.
 pub const ENV_EGRESS: &str = "CREATEOS_EXECUTOR_EGRESS";
+/// `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`: comma-separated host names (`pypi.org`,
+/// `*.pythonhosted.org`) the flow reaches through the egress gateway, and nothing else beyond
+/// the address rules of `CREATEOS_EXECUTOR_EGRESS`.
+pub const ENV_ALLOWED_DOMAINS: &str = "CREATEOS_EXECUTOR_ALLOWED_DOMAINS";
 /// `CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS`: accept that a restricted guest still reaches
 /// `169.254.0.0/16`.
 pub const ENV_ACCEPT_EGRESS_EXCEPTIONS: &str = "CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS";
@@ -45,6 +50,14 @@ pub const SETTING_NAMES: SettingNames = SettingNames {
     memory: ENV_SHAPE,
 };
 
+/// The settings a domains run's egress refusals name.
+pub const DOMAIN_SETTING_NAMES: SettingNames = SettingNames {
+    restrict_egress: ENV_ALLOWED_DOMAINS,
+    allow_egress: "unsetting CREATEOS_EXECUTOR_ALLOWED_DOMAINS (with CREATEOS_EXECUTOR_EGRESS=*)",
+    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    memory: ENV_SHAPE,
+};
+
 /// What the executor's settings decide about the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorSettings {
@@ -57,6 +70,8 @@ pub struct ExecutorSettings {
     pub timeout_seconds: u32,
     /// The guest's egress.
     pub egress: EgressPolicy,
+    /// The domains the flow reaches through the egress gateway (empty: no gateway involved).
+    pub domains: Domains,
     /// Install lfx in the guest when it is missing.
     pub install_lfx: bool,
     /// Extra requirements for that install.
@@ -122,7 +137,20 @@ impl ExecutorSettings {
             Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
             None => false,
         };
-        let egress = egress_from(non_blank(lookup, ENV_EGRESS).as_deref(), accept)?;
+        let domains = match non_blank(lookup, ENV_ALLOWED_DOMAINS) {
+            Some(raw) => Domains::parse_list(ENV_ALLOWED_DOMAINS, &raw)?,
+            None => Domains::default(),
+        };
+        let raw_egress = non_blank(lookup, ENV_EGRESS);
+        let egress = if domains.is_empty() {
+            egress_from(raw_egress.as_deref(), accept)?
+        } else {
+            domains_egress(
+                raw_egress.as_deref(),
+                accept,
+                &GatewaySetting::from_lookup(lookup),
+            )?
+        };
         let install_lfx = match lookup(ENV_INSTALL_LFX) {
             Some(raw) => parse_bool(ENV_INSTALL_LFX, &raw)?,
             None => false,
@@ -166,6 +194,7 @@ impl ExecutorSettings {
             shape,
             timeout_seconds,
             egress,
+            domains,
             install_lfx,
             pip_extras,
             warm_pool,
@@ -208,6 +237,45 @@ pub fn egress_from(
             SandboxError::refused(format!("{ENV_EGRESS}: {}", e.message()))
         }
     })
+}
+
+/// The egress of a run with `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`: the gateway's `IP:port`
+/// plus the address rules of `CREATEOS_EXECUTOR_EGRESS` (`raw`, unset for none). `*` and
+/// `none` contradict a domain list and are refused; so is a missing or unusable gateway.
+pub fn domains_egress(
+    raw: Option<&str>,
+    accept_exceptions: bool,
+    gateway: &GatewaySetting,
+) -> Result<EgressPolicy, SandboxError> {
+    let rules: Vec<String> = match raw.map(str::trim) {
+        None => Vec::new(),
+        Some(r) if r == ALLOW_ALL_RULE || r.eq_ignore_ascii_case("none") => {
+            return Err(SandboxError::refused(format!(
+                "{ENV_EGRESS}={r:?} contradicts {ENV_ALLOWED_DOMAINS}: with domains, the \
+                 guest's egress is the egress gateway plus any address rules listed in \
+                 {ENV_EGRESS}. Unset {ENV_EGRESS} (or list address rules), or unset \
+                 {ENV_ALLOWED_DOMAINS}"
+            )));
+        }
+        Some(r) => r
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    };
+    let gateway = gateway.require(ENV_ALLOWED_DOMAINS)?;
+    gateway
+        .egress(&rules, accept_exceptions, &DOMAIN_SETTING_NAMES)
+        .map_err(|e| {
+            if e.message().contains(ENV_EGRESS)
+                || e.message().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS)
+            {
+                e
+            } else {
+                SandboxError::refused(format!("{ENV_EGRESS}: {}", e.message()))
+            }
+        })
 }
 
 #[cfg(test)]
@@ -339,5 +407,54 @@ mod tests {
         );
         assert!(text.contains("CREATEOS_EXECUTOR_EGRESS=*"), "{text}");
         assert!(!text.contains("LANGFLOW_"), "{text}");
+    }
+
+    #[test]
+    fn allowed_domains_make_the_gateway_the_egress_and_refuse_what_contradicts_them() {
+        use sandbox_core::gateway::{ENV_GATEWAY_SECRET, ENV_GATEWAY_URL};
+        let gw = [
+            (ENV_ACCEPT_EGRESS_EXCEPTIONS, "true"),
+            (ENV_GATEWAY_URL, "http://10.0.0.5:3128"),
+            (ENV_GATEWAY_SECRET, "0123456789abcdef0123456789abcdef-exec"),
+            (ENV_ALLOWED_DOMAINS, "pypi.org, *.pythonhosted.org"),
+        ];
+        let s = ExecutorSettings::from_lookup(&env(&gw)).unwrap();
+        assert_eq!(s.egress.rules(), ["10.0.0.5:3128"]);
+        assert_eq!(s.domains.entries(), ["*.pythonhosted.org", "pypi.org"]);
+        let mut with_rules = gw.to_vec();
+        with_rules.push((ENV_EGRESS, "203.0.113.0/24"));
+        let s = ExecutorSettings::from_lookup(&env(&with_rules)).unwrap();
+        assert_eq!(s.egress.rules(), ["10.0.0.5:3128", "203.0.113.0/24"]);
+        for (extra, needles) in [
+            (
+                vec![(ENV_EGRESS, "*")],
+                vec![ENV_EGRESS, ENV_ALLOWED_DOMAINS],
+            ),
+            (
+                vec![(ENV_EGRESS, "none")],
+                vec![ENV_EGRESS, ENV_ALLOWED_DOMAINS],
+            ),
+            (vec![(ENV_EGRESS, "pypi.org")], vec![ENV_EGRESS]),
+            (
+                vec![(ENV_ALLOWED_DOMAINS, "pypi.org,10.1.2.3")],
+                vec![ENV_ALLOWED_DOMAINS, "10.1.2.3"],
+            ),
+            (
+                vec![(ENV_GATEWAY_URL, "")],
+                vec![ENV_ALLOWED_DOMAINS, ENV_GATEWAY_URL],
+            ),
+            (
+                vec![(ENV_ACCEPT_EGRESS_EXCEPTIONS, "false")],
+                vec![ENV_ACCEPT_EGRESS_EXCEPTIONS],
+            ),
+        ] {
+            let mut pairs = gw.to_vec();
+            pairs.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+            pairs.extend(extra.iter().filter(|(_, v)| !v.is_empty()));
+            let e = ExecutorSettings::from_lookup(&env(&pairs)).unwrap_err();
+            for needle in needles {
+                assert!(e.to_string().contains(needle), "{needle}: {e}");
+            }
+        }
     }
 }

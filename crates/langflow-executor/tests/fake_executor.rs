@@ -1386,3 +1386,66 @@ async fn a_file_above_the_bound_is_refused_before_any_guest_is_created() {
     assert_eq!(stats.created, 0);
     assert!(stats.requests.is_empty(), "{:?}", stats.requests);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allowed_domains_send_the_gateway_as_egress_and_the_proxy_variables_in_the_job() {
+    // The stub runner answers with the `env` of the job it was handed.
+    let stub = format!(
+        "exec {} -c 'import json, sys; j = json.load(open(sys.argv[1])); \
+         print(json.dumps({{\"frame\": \"complete\", \"outputs\": [j.get(\"env\")]}}))' \
+         \"$(dirname \"$2\")/lfx_job.json\"",
+        system_python()
+    );
+    let secret = "exec-gw-secret-0123456789abcdef0123456789";
+    let rig = start_rig(
+        &stub,
+        &[
+            (
+                "CREATEOS_EXECUTOR_ALLOWED_DOMAINS",
+                "pypi.org,*.pythonhosted.org",
+            ),
+            ("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS", "true"),
+            ("CREATEOS_GATEWAY_URL", "http://10.0.0.5:3128"),
+            ("CREATEOS_GATEWAY_SECRET", secret),
+        ],
+        "",
+    )
+    .await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    let outputs = completed(run.next().await.unwrap());
+    let env = &outputs[0];
+    let gateway = sandbox_core::gateway::Gateway::new(
+        "10.0.0.5:3128".parse().unwrap(),
+        sandbox_core::gateway::Secret::new(secret.as_bytes().to_vec()).unwrap(),
+        None,
+    );
+    let cred = gateway
+        .check_proxy_env(
+            &|k| env[k].as_str().map(str::to_owned),
+            std::time::SystemTime::now(),
+        )
+        .unwrap();
+    assert!(cred.guest.starts_with("lf-"), "{}", cred.guest);
+    assert_eq!(cred.domains, ["*.pythonhosted.org", "pypi.org"]);
+    assert_eq!(settled(&rig.fake).await.live, 0);
+
+    // Without a gateway the same settings are refused before any guest exists.
+    let rig = start_rig(
+        "exit 9",
+        &[
+            ("CREATEOS_EXECUTOR_ALLOWED_DOMAINS", "pypi.org"),
+            ("CREATEOS_EXECUTOR_ACCEPT_EGRESS_EXCEPTIONS", "true"),
+        ],
+        "",
+    )
+    .await;
+    let Err(ExecutorError::Unavailable(msg)) = rig.executor.start(&request(false), None).await
+    else {
+        panic!("expected a refusal")
+    };
+    assert!(
+        msg.contains("CREATEOS_EXECUTOR_ALLOWED_DOMAINS") && msg.contains("CREATEOS_GATEWAY_URL"),
+        "{msg}"
+    );
+    assert_eq!(rig.fake.stats().created, 0);
+}

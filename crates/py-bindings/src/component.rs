@@ -185,9 +185,11 @@ impl NativeComponent {
 
     /// Runs one execution of the node and returns its [`ComponentRun`]. Blocks with the GIL
     /// released; Ctrl-C raises `KeyboardInterrupt` after the run's fresh guest is destroyed.
+    /// `session_id` (the graph's Langflow session id) is optional: the node source that flows
+    /// saved before session reuse embed does not pass it.
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
-        allow_network, timeout_seconds, shape
+        allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new()
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -202,18 +204,22 @@ impl NativeComponent {
         allow_network: bool,
         timeout_seconds: i64,
         shape: String,
+        session_id: Option<String>,
+        allowed_domains: String,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
         let reuse = Reuse::parse(session_mode).map_err(|e| raise(py, &e))?;
         let inputs = ComponentInputs {
             flow_id,
+            session_id: session_id.unwrap_or_default(),
             component_id,
             python_code,
             command,
             reuse,
             return_files: collect_artifacts,
             allow_network,
+            allowed_domains,
             // Out of range reads as 0, which the component refuses naming the input.
             timeout_seconds: u32::try_from(timeout_seconds).unwrap_or(0),
             shape,

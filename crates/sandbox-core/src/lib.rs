@@ -5,6 +5,8 @@
 //! - [`settings`]: typed settings from an environment lookup; a bad value names its variable.
 //! - [`egress`]: the deny-all spelling, hostname refusal, the link-local opt-in, read-back
 //!   comparison, and strict address-rule validation.
+//! - [`gateway`]: domain allowlists through the egress gateway (its settings, the egress and
+//!   the proxy environment of a domains run).
 //! - [`shapes`]: shape selection that never rounds down.
 //! - [`names`]: one-shot names minted before create, and stable derived names.
 //! - [`guest`]: the guest handle and the primitives every surface composes (create, acquire
@@ -29,6 +31,7 @@ pub mod createos;
 pub mod egress;
 pub mod error;
 pub mod exec;
+pub mod gateway;
 pub mod guest;
 pub mod names;
 pub mod observe;

@@ -99,6 +99,9 @@ pub struct Settings {
     pub max_live_guests_per_flow: Option<usize>,
     /// [`ENV_ADMISSION_WAIT`].
     pub admission_wait: Duration,
+    /// The egress gateway (`CREATEOS_GATEWAY_*`): a bad value refuses only the runs that ask
+    /// for domains.
+    pub gateway: crate::gateway::GatewaySetting,
 }
 
 impl fmt::Debug for Settings {
@@ -117,6 +120,7 @@ impl fmt::Debug for Settings {
             .field("max_live_guests", &self.max_live_guests)
             .field("max_live_guests_per_flow", &self.max_live_guests_per_flow)
             .field("admission_wait", &self.admission_wait)
+            .field("gateway", &self.gateway)
             .finish()
     }
 }
@@ -304,6 +308,7 @@ impl Settings {
             max_live_guests,
             max_live_guests_per_flow,
             admission_wait,
+            gateway: crate::gateway::GatewaySetting::from_lookup(lookup),
         })
     }
 

@@ -9,6 +9,7 @@ use sandbox_core::control::{ControlPlane, CreateGuest, ExecRequest, ProcessSpec}
 use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::gateway::{Domains, Gateway, Secret as GatewaySecret};
 use sandbox_core::guest::{ExecInput, GuestSpec};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::pool::PoolKey;
@@ -34,6 +35,17 @@ fn formatted() -> Vec<(&'static str, String)> {
         egress: EgressPolicy::AllowAll,
         auto_pause_after_seconds: 600,
     };
+    // A gateway secret that contains the marker the leak check looks for.
+    let gateway_secret = format!("{SECRET}-gateway-secret-0123456789abcdef");
+    let gateway = Gateway::new(
+        "10.0.0.5:3128".parse().unwrap(),
+        GatewaySecret::new(gateway_secret.into_bytes()).unwrap(),
+        None,
+    );
+    let grant = gateway.grant(
+        &Domains::parse_list("X", "pypi.org").unwrap(),
+        Duration::from_secs(5),
+    );
     let inline = Command::python_inline("/workspace/main.py", program().as_bytes()).unwrap();
     let shell = Command::shell(format!("curl -H 'Authorization: {SECRET}' https://x"));
     let (cmd, args) = inline.under_timeout(&limits);
@@ -83,6 +95,8 @@ fn formatted() -> Vec<(&'static str, String)> {
     both("CreateGuest", &create);
     both("ProcessSpec", &process);
     both("PoolKey", &key);
+    both("Gateway", &gateway);
+    both("Grant", &grant);
     out
 }
 

@@ -178,6 +178,12 @@ pub(crate) const FACTS: &[Fact] = &[
         HANDLERS,
     ),
     fact(
+        "env.override-declared",
+        "an exec's env overrides the value of a key declared at create (domain-allowlist runs send their proxy token this way)",
+        "§4.4",
+        HANDLERS,
+    ),
+    fact(
         "exec.timeout-124",
         "`timeout --signal=TERM --kill-after=5s 1 ...` in the guest exits 124 and the output so far is returned",
         "§4.7",

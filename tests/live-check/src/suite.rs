@@ -654,6 +654,22 @@ async fn exec_checks(ctx: &Ctx, sb: &Sandbox) {
         ),
     }
 
+    // Domain-allowlist runs declare the proxy variables empty at create and set each run's
+    // token in the exec env: that works only if an exec's env overrides a declared value.
+    let r = exec(
+        sb,
+        RunCommandRequest::new("printenv")
+            .arg(ENV_KEY)
+            .env(ENV_KEY, "lc-override"),
+    )
+    .await;
+    ctx.check(
+        "env.override-declared",
+        matches!(&r, Ok(c) if c.exit_code == 0 && c.stdout == "lc-override\n"),
+        "stdout \"lc-override\\n\"",
+        &show(&r),
+    );
+
     let r = exec(
         sb,
         RunCommandRequest::new("timeout").args([

@@ -96,7 +96,7 @@ async fn every_check_passes_against_the_fake_and_no_guest_is_left() {
     let (code, out, err) = finish(child).await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains("FAIL"), "{out}");
-    assert!(totals_are(&out, 49, 0), "{out}");
+    assert!(totals_are(&out, 50, 0), "{out}");
     for id in [
         "egress.deny-all-blocks-public",
         "egress.link-local-hole",
@@ -160,7 +160,7 @@ async fn a_broken_fact_is_reported_with_both_values_and_the_fakes_file() {
         block.contains("disagrees with the fake: tests/fake-control-plane/src/handlers.rs"),
         "{block}"
     );
-    assert!(totals_are(&out, 48, 1), "{out}");
+    assert!(totals_are(&out, 49, 1), "{out}");
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
@@ -222,7 +222,7 @@ async fn a_create_refused_once_with_503_is_retried_and_the_suite_passes() {
     let child = command(&fake.url(), Some(KEY)).spawn().expect("spawn");
     let (code, out, err) = finish(child).await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    assert!(totals_are(&out, 49, 0), "{out}");
+    assert!(totals_are(&out, 50, 0), "{out}");
     // Answered creates: four guests, three refused probes, and the name probe while
     // `destroying` when it ran; plus the one refused with 503.
     let held = verdict(&out, "name.held-while-destroying").expect("reported");

@@ -50,6 +50,14 @@ pub const NAMES: &[(&str, &str)] = &[
     ("mixed.test", "10.99.0.1,11.0.0.1"),
 ];
 
+/// Whether `python3 -m pip` works on this machine (the guests' Python is the host's).
+pub fn python_has_pip() -> bool {
+    std::process::Command::new("python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// `Some(reason)` when this machine cannot build the network.
 pub fn unsupported() -> Option<String> {
     netns::support().err()

@@ -222,6 +222,8 @@ class NativeComponent:
         allow_network: bool,
         timeout_seconds: int,
         shape: str,
+        session_id: str | None = None,
+        allowed_domains: str = ...,
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 

@@ -50,8 +50,8 @@ class CreateOSSandboxComponent(Component):
         MultilineInput(
             name="python_code",
             display_name="Python Code",
-            info="Python run with python3 inside the microVM. Write files to /workspace/artifacts "
-            "to return them on the Files output.",
+            info="Python run with python3 inside the microVM. Write files to $ARTIFACTS_DIR (or "
+            "/workspace/artifacts) to return them on the Files output.",
             value="print('hello from a microVM')",
             input_types=["Message"],
             tool_mode=True,
@@ -68,18 +68,21 @@ class CreateOSSandboxComponent(Component):
         DropdownInput(
             name="session_mode",
             display_name="Guest Reuse",
-            options=["off", "flow"],
+            options=["off", "flow", "session"],
             value="off",
             info="off: a fresh microVM per run, destroyed afterwards. flow: one microVM per flow "
-            "and node, kept between runs (packages and files carry over; reap old ones).",
+            "and node, kept between runs and shared by everyone who runs the flow. session: one "
+            "per flow, node and Langflow session (chat). Kept ones carry packages and files over "
+            "(reap old ones); both need a saved flow.",
             real_time_refresh=True,
         ),
         BoolInput(
             name="collect_artifacts",
             display_name="Return Files",
             value=False,
-            info="Hand back what the program wrote to /workspace/artifacts (at most 256 regular "
-            "files, a 5 MiB archive) on the Files output.",
+            info="Hand back what this run wrote to its own $ARTIFACTS_DIR, which /workspace/artifacts "
+            "links to (at most 256 regular files, a 5 MiB archive), on the Files output; never an "
+            "earlier run's files.",
         ),
         BoolInput(
             name="allow_network",
@@ -88,6 +91,16 @@ class CreateOSSandboxComponent(Component):
             info="On: unrestricted egress. Off: deny-all (169.254.0.0/16 stays reachable on "
             "CreateOS, so the operator must accept that exception).",
             real_time_refresh=True,
+        ),
+        StrInput(
+            name="allowed_domains",
+            display_name="Allowed Domains",
+            value="",
+            info="With Allow Network on: comma-separated host names (pypi.org, *.pythonhosted.org) "
+            "that are then the only ones reachable, through the operator's egress gateway "
+            "(CREATEOS_GATEWAY_URL); programs must honour the proxy variables. Blank: Allow "
+            "Network's meaning.",
+            advanced=True,
         ),
         IntInput(
             name="timeout_seconds",
@@ -119,14 +132,17 @@ class CreateOSSandboxComponent(Component):
         vertex = getattr(self, "_vertex", None)
         graph = getattr(vertex, "graph", None)
         flow_id = getattr(graph, "flow_id", None)
+        session_id = getattr(graph, "session_id", None)
         return {
             "flow_id": "" if flow_id is None else str(flow_id),
+            "session_id": "" if session_id is None else str(session_id),
             "component_id": str(self.get_id()),
             "python_code": _text(self.python_code),
             "command": _text(self.command),
             "session_mode": _text(self.session_mode) or "off",
             "collect_artifacts": bool(self.collect_artifacts),
             "allow_network": bool(self.allow_network),
+            "allowed_domains": _text(getattr(self, "allowed_domains", "")),
             "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
             "shape": _text(self.shape),
         }
