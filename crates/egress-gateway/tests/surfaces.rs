@@ -64,10 +64,12 @@ fn settings(guests: &Guests, gateway: &Gateway) -> HashMap<String, String> {
 fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
     let env = settings(guests, gateway);
     Backend::with_options(BackendOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        background_destroy: false,
-        orphan_sweep: false,
-        ..BackendOptions::default()
+        surface: langflow_backend::SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            background_destroy: false,
+            orphan_sweep: false,
+            ..langflow_backend::SurfaceOptions::default()
+        },
     })
 }
 
@@ -136,8 +138,11 @@ async fn a_kept_component_guest_gets_a_working_token_each_run_and_only_its_list(
     let guests = Guests::start(&net).await;
     let env = settings(&guests, &gw);
     let c = SandboxComponent::with_options(ComponentOptions {
-        env: Arc::new(move |k| env.get(k).cloned()),
-        orphan_sweep: false,
+        surface: langflow_component::SurfaceOptions {
+            env: Arc::new(move |k| env.get(k).cloned()),
+            orphan_sweep: false,
+            ..langflow_component::SurfaceOptions::default()
+        },
         ..ComponentOptions::default()
     });
     let code = PROGRAM.replace("CA_PEM", &format!("{:?}", net.ca_pem));
