@@ -18,6 +18,7 @@ __all__ = [
     "Timings",
     "ReapReport",
     "capabilities",
+    "counters",
     "reap",
     "_emit_log_records",
     "_hold_log_queue",
