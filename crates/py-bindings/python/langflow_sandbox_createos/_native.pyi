@@ -29,6 +29,7 @@ __all__ = [
     "NativeExecutor",
     "FlowEvents",
     "FlowWake",
+    "executor_settings",
     "template_plan",
     "template_build",
     "gateway_main",
