@@ -790,7 +790,7 @@ from lfx.graph import Graph
 
 async def main():
     for _ in range(2):
-        graph = Graph.from_payload(json.load(open(sys.argv[1])))
+        graph = Graph.from_payload(json.load(open(FLOW)))
         await graph.arun([{"input_value": "hi"}])
     print("RESULT done")
 
@@ -799,15 +799,7 @@ asyncio.run(main())
 
 
 def test_the_first_run_logs_once_which_paths_reach_the_executor(clean_fake: Fake) -> None:
-    proc = subprocess.run(
-        [venv_bin("python"), "-c", TWO_RUNS_LOGGED, str(SHOUT)],
-        capture_output=True,
-        text=True,
-        env=executor_env(clean_fake),
-        timeout=240,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_python(TWO_RUNS_LOGGED.replace("FLOW", repr(str(SHOUT))), executor_env(clean_fake), timeout=240)
     assert "RESULT done" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
     said = [line for line in proc.stderr.splitlines() if line.startswith("LOG ") and "createos executor:" in line]
     assert len(said) == 1, said

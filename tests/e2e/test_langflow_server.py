@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, REPO, Fake, backend_env, free_port, start_fake
+from conftest import E2E, REPO, Fake, backend_env, free_port, run_doctor, start_fake
 
 SERVER_VENV = os.environ.get("LANGFLOW_SERVER_VENV", "")
 CHROMIUM = shutil.which("chromium") or ""
@@ -323,15 +323,7 @@ def playground_build(server: Server, flow_id: str, text: str) -> list[dict[str, 
 def doctor_on_the_playground(env: dict[str, str]) -> str:
     """What ``doctor`` run in the server's venv, with the server's settings, says about the
     Playground's path: its finding line."""
-    proc = subprocess.run(
-        [str(Path(SERVER_VENV) / "bin" / "python"), "-m", "langflow_sandbox_createos", "doctor"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_doctor(env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
     lines = [line for line in proc.stdout.splitlines() if "Playground" in line and "reach" in line]
     assert len(lines) == 1, (proc.stdout, proc.stderr[-2000:])
     return lines[0]
