@@ -148,11 +148,15 @@ def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, mon
     to lfx's coordinator reads as covered, one that builds vertices itself as not."""
     from langflow_sandbox_createos import reach
 
-    def playground(body: str) -> reach.Route:
+    def playground(body: str | bytes) -> reach.Route:
         root = tmp_path / f"v{len(list(tmp_path.iterdir()))}"
         (root / "langflow" / "api").mkdir(parents=True)
         (root / "langflow" / "__init__.py").write_text("")
-        (root / "langflow" / "api" / "build.py").write_text(body)
+        build = root / "langflow" / "api" / "build.py"
+        if isinstance(body, bytes):
+            build.write_bytes(body)
+        else:
+            build.write_text(body)
         monkeypatch.syspath_prepend(str(root))
         (route,) = [r for r in reach.routes() if r.name == reach.PLAYGROUND]
         return route
@@ -166,3 +170,6 @@ def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, mon
     )
     assert playground(through).reaches is True
     assert playground("def other():\n    pass\n").reaches is None
+    # A file that cannot be read as source is not known either, never covered, and no crash.
+    unreadable = playground(b"async def _generate_flow_events(graph):\n    '\xff'\n")
+    assert unreadable.reaches is None and "could not be" in unreadable.evidence, unreadable

@@ -51,8 +51,10 @@ def _source(package: str, relative: str) -> tuple[str | None, str]:
         try:
             with open(path, encoding="utf-8") as f:
                 return f.read(), path
-        except OSError:
+        except FileNotFoundError:
             continue
+        except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
+            return None, f"{package}/{relative} could not be read ({type(exc).__name__})"
     return None, f"{package}/{relative} was not found"
 
 
