@@ -271,10 +271,10 @@ def run_python(script: str, env: dict[str, str], *, timeout: float = 120) -> sub
     )
 
 
-def run_doctor(env: dict[str, str], *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m langflow_sandbox_createos doctor`` (bounded)."""
+def run_doctor(env: dict[str, str], *, timeout: float = 120, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    """``python -m langflow_sandbox_createos doctor`` (bounded), by default in this venv."""
     return subprocess.run(
-        [sys.executable, "-m", "langflow_sandbox_createos", "doctor"],
+        [python, "-m", "langflow_sandbox_createos", "doctor"],
         capture_output=True,
         text=True,
         env=env,

@@ -781,3 +781,30 @@ def test_a_file_above_the_bound_is_refused_before_any_guest_is_created(clean_fak
     assert "Nothing was created" in remote["message"], remote
     stats = clean_fake.stats()
     assert stats["created"] == 0 and stats["requests"].get("create", 0) == 0, stats
+
+
+TWO_RUNS_LOGGED = """
+import asyncio, json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(levelname)s %(message)s")
+from lfx.graph import Graph
+
+async def main():
+    for _ in range(2):
+        graph = Graph.from_payload(json.load(open(FLOW)))
+        await graph.arun([{"input_value": "hi"}])
+    print("RESULT done")
+
+asyncio.run(main())
+"""
+
+
+def test_the_first_run_logs_once_which_paths_reach_the_executor(clean_fake: Fake) -> None:
+    proc = run_python(TWO_RUNS_LOGGED.replace("FLOW", repr(str(SHOUT))), executor_env(clean_fake), timeout=240)
+    assert "RESULT done" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+    said = [line for line in proc.stderr.splitlines() if line.startswith("LOG ") and "createos executor:" in line]
+    assert len(said) == 1, said
+    # lfx's own paths are read from the installed lfx; this venv has no Langflow server, so
+    # whether its Playground reaches the executor is not known, and the line says so.
+    assert "Graph.arun (Langflow's /api/v1/run" in said[0] and "go to a guest" in said[0], said
+    assert "not known (treat as not sandboxed): the Playground's streaming build" in said[0], said
+    assert clean_fake.wait_settled()["created"] == 2

@@ -25,13 +25,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import E2E, REPO, Fake, backend_env, free_port, start_fake
+from conftest import E2E, REPO, Fake, backend_env, free_port, run_doctor, start_fake
 
 SERVER_VENV = os.environ.get("LANGFLOW_SERVER_VENV", "")
 CHROMIUM = shutil.which("chromium") or ""
@@ -55,6 +56,8 @@ class Server:
     log: Path
     token: str = ""
     api_key: str = ""
+    #: The environment it was started with (before the suite's own additions).
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def call(self, method: str, path: str, body: Any = None, *, api_key: bool = False, timeout: float = 120) -> Any:
         status, answer = self.request(method, path, body, api_key=api_key, timeout=timeout)
@@ -279,6 +282,7 @@ def executor_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
         LANGFLOW_EXECUTOR_KIND="createos",
     )
     server = start_server(env, workdir / "executor")
+    server.env = env
     try:
         yield server
     finally:
@@ -298,6 +302,47 @@ def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
     assert remote == local
     stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
+
+
+def playground_build(server: Server, flow_id: str, text: str) -> list[dict[str, Any]]:
+    """A Playground run: ``POST /api/v1/build/{id}/flow`` (as the editor sends it), then its
+    events, streamed to the end."""
+    job = server.call("POST", f"/api/v1/build/{flow_id}/flow", {"inputs": {"input_value": text}})
+    request = urllib.request.Request(
+        f"{server.url}/api/v1/build/{job['job_id']}/events?event_delivery=streaming",
+        headers={"Authorization": f"Bearer {server.token}"},
+    )
+    events = []
+    with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - loopback
+        for raw in response:
+            if raw.strip():
+                events.append(json.loads(raw))
+    return events
+
+
+def doctor_on_the_playground(env: dict[str, str]) -> str:
+    """What ``doctor`` run in the server's venv, with the server's settings, says about the
+    Playground's path: its finding line."""
+    proc = run_doctor(env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    lines = [line for line in proc.stdout.splitlines() if "Playground" in line and "reach" in line]
+    assert len(lines) == 1, (proc.stdout, proc.stderr[-2000:])
+    return lines[0]
+
+
+def test_doctor_says_what_the_server_does_with_a_playground_build(executor_server: Server, slow_fake: Fake) -> None:
+    """The statement about the Playground is read from the installed Langflow; this checks it
+    against what the server does, so it turns red when Langflow changes either way."""
+    said = doctor_on_the_playground(executor_server.env)
+    assert "cannot tell" not in said, f"doctor could not read this Langflow's build path: {said}"
+    sandboxed = "reaches the executor" in said and "does NOT" not in said
+    flow_id = upload_flow(executor_server, E2E / "flows" / "shout_flow.json", "slow: playground build")
+    slow_fake.reset()
+    events = playground_build(executor_server, flow_id, "hello playground")
+    kinds = [event.get("event") for event in events]
+    assert kinds and kinds[-1] == "end", kinds
+    assert "HELLO PLAYGROUND!" in json.dumps(events), events[-3:]
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0)
+    assert (stats["created"] >= 1) == sandboxed, (said, stats)
 
 
 # --- Flows that need the server: a credential, the chat history, an uploaded file ----------

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from importlib.metadata import distribution, entry_points
+from pathlib import Path
+
+import pytest
 
 from conftest import Fake, backend_env, run_doctor
 
@@ -84,3 +87,89 @@ def test_upgrades_the_python_plugin_020_in_place() -> None:
         assert ep.value == value, (group, ep.value)
     # 0.2.0 named the factory at the package root; a config that spelled it so still resolves.
     assert langflow_sandbox_createos.create_backend is create_backend
+
+
+def _section(out: str, title: str) -> list[str]:
+    """The finding lines of one doctor section."""
+    lines = out.splitlines()
+    start = lines.index(title) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("  [")), len(lines))
+    return lines[start:end]
+
+
+def test_doctor_reports_every_surface_and_what_the_executor_covers(clean_fake: Fake) -> None:
+    env = backend_env(
+        clean_fake,
+        LANGFLOW_EXECUTOR_KIND="createos",
+        CREATEOS_EXECUTOR_ROOTFS="tpl_doctor",
+        CREATEOS_EXECUTOR_WARM_POOL="2",
+        CREATEOS_EXECUTOR_TIMEOUT_SECONDS="90",
+    )
+    proc = run_doctor(env)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
+    out = proc.stdout
+    component = "\n".join(_section(out, "CreateOS Sandbox component: settings"))
+    assert "Network: off, deny-all egress" in component and "Guest reuse: off" in component, component
+    executor = _section(out, "Whole-flow executor: settings")
+    assert "  [info   ] rootfs: tpl_doctor (CREATEOS_EXECUTOR_ROOTFS)" in executor, executor
+    assert any("shape: s-4vcpu-8gb" in line for line in executor), executor
+    assert any("timeout: 90 s" in line for line in executor), executor
+    assert any("egress: " in line for line in executor), executor
+    assert any("warm pool: 2 guest(s)" in line for line in executor), executor
+    paths = _section(out, "Whole-flow executor: which Langflow paths reach it")
+    # Read from the installed lfx: Graph.arun, lfx run/serve and Loop go through its executor seam.
+    assert sum(line.startswith("  [ok     ]") and "reaches the executor" in line for line in paths) == 3, paths
+    # This venv has lfx but no Langflow server: the Playground's path cannot be read, and doctor
+    # says so rather than guessing; the backend is selected, so the Python Interpreter is covered.
+    (playground,) = [line for line in paths if "Playground" in line]
+    assert "cannot tell" in playground and "langflow is not installed" in playground, playground
+    assert any("still runs in a guest" in line for line in paths), paths
+    # Without the backend, doctor suggests it for those paths.
+    bare = run_doctor(env | {"LANGFLOW_SANDBOX_BACKEND": "none"}).stdout
+    bare_paths = _section(bare, "Whole-flow executor: which Langflow paths reach it")
+    suggestion = [line for line in bare_paths if "LANGFLOW_SANDBOX_BACKEND=createos" in line]
+    assert suggestion and suggestion[0].startswith("  [warn   ]"), bare
+    assert clean_fake.stats()["created"] == 0
+
+
+def test_a_bad_executor_setting_fails_doctor_only_where_the_executor_is_selected(clean_fake: Fake) -> None:
+    bad = {"CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "0"}
+    selected = run_doctor(backend_env(clean_fake, LANGFLOW_EXECUTOR_KIND="createos", **bad))
+    assert selected.returncode == 1, selected.stdout
+    refusals = [line for line in selected.stdout.splitlines() if line.startswith("  [refused]")]
+    assert any("CREATEOS_EXECUTOR_TIMEOUT_SECONDS" in line for line in refusals), selected.stdout
+    other = run_doctor(backend_env(clean_fake, **bad))
+    assert other.returncode == 0, other.stdout
+    assert "LANGFLOW_EXECUTOR_KIND is 'in-process'" in other.stdout, other.stdout
+
+
+def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer is read from the code, not a version table: a build driver that hands the run
+    to lfx's coordinator reads as covered, one that builds vertices itself as not."""
+    from langflow_sandbox_createos import reach
+
+    def playground(body: str | bytes) -> reach.Route:
+        root = tmp_path / f"v{len(list(tmp_path.iterdir()))}"
+        (root / "langflow" / "api").mkdir(parents=True)
+        (root / "langflow" / "__init__.py").write_text("")
+        build = root / "langflow" / "api" / "build.py"
+        if isinstance(body, bytes):
+            build.write_bytes(body)
+        else:
+            build.write_text(body)
+        monkeypatch.syspath_prepend(str(root))
+        (route,) = [r for r in reach.routes() if r.name == reach.PLAYGROUND]
+        return route
+
+    in_process = "async def _generate_flow_events(graph):\n    await graph.build_vertex('a')\n"
+    assert playground(in_process).reaches is False
+    through = (
+        "async def _generate_flow_events(graph):\n"
+        "    from lfx.execution import aget_default_coordinator\n"
+        "    return await (await aget_default_coordinator()).run_to_completion(graph, inputs=[])\n"
+    )
+    assert playground(through).reaches is True
+    assert playground("def other():\n    pass\n").reaches is None
+    # A file that cannot be read as source is not known either, never covered, and no crash.
+    unreadable = playground(b"async def _generate_flow_events(graph):\n    '\xff'\n")
+    assert unreadable.reaches is None and "could not be" in unreadable.evidence, unreadable

@@ -98,6 +98,60 @@ pub(crate) fn valid_requirement(s: &str) -> bool {
 }
 
 impl ExecutorSettings {
+    /// The effective settings, one line each, for `doctor`: rootfs, shape, timeout, egress and
+    /// domains, the per-run install, and the warm pool. Never a secret (none is read here).
+    #[must_use]
+    pub fn summary(&self) -> Vec<String> {
+        let rootfs = match &self.rootfs {
+            Some(r) => format!("rootfs: {r} ({ENV_ROOTFS})"),
+            None => format!(
+                "rootfs: {} ({ENV_ROOTFS} unset; this image has no lfx, so runs need {ENV_ROOTFS} \
+                 set to a template with lfx, or {ENV_INSTALL_LFX}=true)",
+                sandbox_core::settings::DEFAULT_ROOTFS
+            ),
+        };
+        let domains = if self.domains.is_empty() {
+            format!("domains: none ({ENV_ALLOWED_DOMAINS} unset)")
+        } else {
+            format!(
+                "domains: {} through the egress gateway ({ENV_ALLOWED_DOMAINS})",
+                self.domains
+            )
+        };
+        let install = if self.install_lfx {
+            format!(
+                "per-run install: lfx when missing in the guest{} ({ENV_INSTALL_LFX}=true)",
+                if self.pip_extras.is_empty() {
+                    String::new()
+                } else {
+                    format!(", plus {}", self.pip_extras.join(" "))
+                }
+            )
+        } else {
+            format!("per-run install: off ({ENV_INSTALL_LFX})")
+        };
+        let pool = if self.warm_pool == 0 {
+            format!("warm pool: off ({ENV_WARM_POOL} unset or 0)")
+        } else {
+            format!(
+                "warm pool: {} guest(s) running a preloaded runner ({ENV_WARM_POOL})",
+                self.warm_pool
+            )
+        };
+        vec![
+            rootfs,
+            format!("shape: {} ({ENV_SHAPE})", self.shape),
+            format!(
+                "timeout: {} s per flow run ({ENV_TIMEOUT})",
+                self.timeout_seconds
+            ),
+            format!("egress: {} ({ENV_EGRESS})", self.egress),
+            domains,
+            install,
+            pool,
+        ]
+    }
+
     /// Reads and validates the `CREATEOS_EXECUTOR_*` settings through `lookup`. A bad value is
     /// a refusal that names its variable and what would be accepted.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
@@ -304,6 +358,33 @@ mod tests {
         assert_eq!(s.warm_pool, 0);
         let s = ExecutorSettings::from_lookup(&env(&[(ENV_WARM_POOL, " 3 ")])).unwrap();
         assert_eq!(s.warm_pool, 3);
+    }
+
+    #[test]
+    fn the_summary_names_each_effective_value_and_its_setting() {
+        let s = ExecutorSettings::from_lookup(&env(&[
+            (ENV_ROOTFS, "tpl_abc"),
+            (ENV_TIMEOUT, "90"),
+            (ENV_WARM_POOL, "2"),
+        ]))
+        .unwrap();
+        let text = s.summary().join("\n");
+        for part in [
+            "rootfs: tpl_abc (CREATEOS_EXECUTOR_ROOTFS)",
+            "shape: s-4vcpu-8gb",
+            "timeout: 90 s",
+            "warm pool: 2 guest(s)",
+            "per-run install: off",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let default = ExecutorSettings::from_lookup(&env(&[])).unwrap().summary();
+        assert!(default[0].contains("has no lfx"), "{}", default[0]);
+        assert!(
+            default
+                .iter()
+                .any(|l| l == "warm pool: off (CREATEOS_EXECUTOR_WARM_POOL unset or 0)")
+        );
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(process::counters, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::executor_settings, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_hold_log_queue, m)?)?;

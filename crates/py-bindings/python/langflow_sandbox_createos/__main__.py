@@ -14,7 +14,7 @@ def _doctor() -> int:
     # lfx's own reader of its sandbox settings, the one its built-in backend uses.
     from lfx.utils.sandbox.base import _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
-    from . import _native
+    from . import _native, reach
 
     # No settings service means lfx could not start; the native doctor reports that.
     settings = _sandbox_settings() if get_settings_service() is not None else None
@@ -24,7 +24,32 @@ def _doctor() -> int:
         print(f"doctor failed: {exc}", file=sys.stderr)
         return 1
     print(report)
-    return 0 if ok else 1
+    _print_section(
+        "CreateOS Sandbox component: settings",
+        [
+            (
+                "info",
+                "rootfs, pinned shape, output cap and warm pool: the CREATEOS_SANDBOX_* values above "
+                "(the warm pool serves Guest Reuse = off runs)",
+            ),
+            ("info", "per node: Shape, Timeout, Network, Allowed Domains and Guest Reuse are the node's inputs"),
+            ("info", "a node with the default inputs: " + _native.describe_component(False, "off")),
+        ],
+    )
+    executor = _native.executor_settings()
+    if not reach.executor_selected():
+        # A bad executor setting refuses runs only where the executor is selected.
+        executor = [("warn" if level == "refused" else level, text) for level, text in executor]
+    _print_section("Whole-flow executor: settings", executor)
+    _print_section("Whole-flow executor: which Langflow paths reach it", reach.findings())
+    return 0 if ok and all(level != "refused" for level, _ in executor) else 1
+
+
+def _print_section(title: str, lines: list[tuple[str, str]]) -> None:
+    """More of doctor's findings, in the native report's layout."""
+    print(title)
+    for level, text in lines:
+        print(f"  [{level:<7}] {text}")
 
 
 def _reap_reused(older_than: str, dry_run: bool) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "NativeExecutor",
     "FlowEvents",
     "FlowWake",
+    "executor_settings",
     "template_plan",
     "template_build",
     "gateway_main",
@@ -310,6 +311,10 @@ class NativeExecutor:
     def pool_stats(self) -> dict[str, int]:
         """The warm pool's counters (``size``, ``ready``, ``filling``, ``hits``, ``misses``,
         ``discarded``, ``refill_failures``); all 0 before the first run."""
+
+def executor_settings() -> list[tuple[str, str]]:
+    """The executor's effective settings for ``doctor``, as ``(level, text)`` lines: ``info``
+    per setting, or one ``refused`` line naming a bad setting."""
 
 def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
     """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.

@@ -56,6 +56,7 @@ __all__ = ["CreateOSExecutor", "RemoteComponent", "RemoteVertex", "RemoteVertexR
 
 _logger = logging.getLogger("langflow_sandbox_createos")
 _shutdown_registered = False
+_said_what_is_sandboxed = False
 _T = TypeVar("_T")
 
 #: The most cells (rows times the union of their columns) of a ``DataFrame`` rebuilt from a
@@ -607,6 +608,25 @@ def _register_shutdown() -> None:
         atexit.register(_native.NativeExecutor().shutdown)
 
 
+async def _say_what_is_sandboxed() -> None:
+    """Once per process, at the first run: which Langflow paths reach this executor and which
+    do not (read from the installed lfx and Langflow, off the event loop)."""
+    global _said_what_is_sandboxed
+    if _said_what_is_sandboxed:
+        return
+    _said_what_is_sandboxed = True
+    import asyncio
+
+    from . import reach
+
+    try:
+        covered, text = await asyncio.to_thread(reach.first_run_message)
+    except Exception as exc:  # noqa: BLE001 - a statement, never a reason to fail the run
+        _logger.warning("createos executor: could not tell which Langflow paths reach it (%s)", type(exc).__name__)
+        return
+    _logger.log(logging.INFO if covered else logging.WARNING, "%s", text)
+
+
 class CreateOSExecutor(Executor):
     """Runs each flow in a fresh CreateOS microVM and streams its vertices back live.
 
@@ -624,6 +644,7 @@ class CreateOSExecutor(Executor):
         from . import _native
         from .exceptions import CreateOSExecutionError, CreateOSUnavailableError
 
+        await _say_what_is_sandboxed()
         request = _request(unit)
         try:
             context, files_back = await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1)
