@@ -846,14 +846,18 @@ async fn without_background_destroy_every_error_path_destroys_before_returning()
     }
 }
 
-#[tokio::test]
-async fn shutdown_during_an_in_flight_create_dispatches_nothing_and_leaves_nothing() {
-    // Create answers after 800 ms; listing fails meanwhile. Shutdown starts while the create
-    // is in flight: the program must never be uploaded or run, and the guest that lands is
-    // destroyed exactly once.
+/// Starts a run whose create answers after `delay` while listing fails (so nothing can find
+/// the guest by name meanwhile), and returns once the create is in flight.
+async fn run_with_a_create_in_flight(
+    delay: Duration,
+) -> (
+    Arc<Mock>,
+    Reaper,
+    tokio::task::JoinHandle<Result<RunReport, SandboxError>>,
+) {
     let m = Mock::new();
     m.frames(ok_frames());
-    m.fault("create", Fault::Delay(Duration::from_millis(800)));
+    m.fault("create", Fault::Delay(delay));
     for _ in 0..1000 {
         m.fault(
             "list",
@@ -862,14 +866,23 @@ async fn shutdown_during_an_in_flight_create_dispatches_nothing_and_leaves_nothi
     }
     let r = reaper();
     let s = spec();
-    let (m2, r2, s2) = (m.clone(), r.clone(), s.clone());
-    let j = tokio::spawn(async move { run(&m2, &r2, &s2).await });
+    let (m2, r2) = (m.clone(), r.clone());
+    let j = tokio::spawn(async move { run(&m2, &r2, &s).await });
     for _ in 0..200 {
         if m.calls("create") > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    (m, r, j)
+}
+
+#[tokio::test]
+async fn shutdown_during_an_in_flight_create_dispatches_nothing_and_leaves_nothing() {
+    // Create answers after 800 ms; listing fails meanwhile. Shutdown starts while the create
+    // is in flight: the program must never be uploaded or run, and the guest that lands is
+    // destroyed exactly once.
+    let (m, r, j) = run_with_a_create_in_flight(Duration::from_millis(800)).await;
     let rep = r.shutdown(Duration::from_secs(5)).await;
     assert_eq!(rep.destroyed, 1, "{rep:?}");
     let e = j.await.unwrap().unwrap_err();
@@ -885,25 +898,7 @@ async fn shutdown_during_an_in_flight_create_dispatches_nothing_and_leaves_nothi
 async fn a_late_create_is_still_destroyed_when_shutdown_gave_up() {
     // Shutdown's deadline passes before the create answers: the run itself destroys the guest
     // it gets back, and dispatches nothing.
-    let m = Mock::new();
-    m.frames(ok_frames());
-    m.fault("create", Fault::Delay(Duration::from_millis(600)));
-    for _ in 0..1000 {
-        m.fault(
-            "list",
-            Fault::Fail(CallError::new(CallFailure::Status(500), "list down")),
-        );
-    }
-    let r = reaper();
-    let s = spec();
-    let (m2, r2, s2) = (m.clone(), r.clone(), s.clone());
-    let j = tokio::spawn(async move { run(&m2, &r2, &s2).await });
-    for _ in 0..200 {
-        if m.calls("create") > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (m, r, j) = run_with_a_create_in_flight(Duration::from_millis(600)).await;
     let rep = r.shutdown(Duration::from_millis(100)).await;
     assert_eq!(rep.failed, 1, "{rep:?}");
     let e = j.await.unwrap().unwrap_err();
