@@ -51,6 +51,9 @@ def _gateway() -> Iterator[tuple[subprocess.Popen[str], tuple[str, int]]]:
         text=True,
         env=_env(SECRET),
         cwd=E2E,
+        # A shell starts background jobs with SIGINT ignored, and a child inherits that, so
+        # Ctrl-C would never reach it: the gateway starts as a terminal would start it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None
