@@ -211,14 +211,16 @@ fn cases(mode: Mode) -> Vec<Case> {
 }
 
 fn options(url: String) -> BackendOptions {
-    // Sized for a loaded 2-core CI machine: a request gets 2 s, and the retry budget fits two
-    // stalled attempts (each cut at 2 s) or two `Retry-After: 1` waits, plus slow answers,
+    // Sized for a loaded 2-core CI machine: a request gets 4 s, and the retry budget fits two
+    // stalled attempts (each cut at 4 s) or two `Retry-After: 1` waits, plus slow answers,
     // with room to spare: every attempt is cut at what is left of the budget, so a budget
-    // that is too tight turns a recoverable fault into "not started".
+    // that is too tight turns a recoverable fault into "not started". At 2 s a starved fake
+    // (ten cases at once, beside the rest of the suite) was seen to miss the deadline on a
+    // clean answer, which consumed a one-shot fault or turned a quota wait into "not started".
     let quick = Backoff {
         base: Duration::from_millis(50),
         max: Duration::from_millis(400),
-        budget: Duration::from_secs(10),
+        budget: Duration::from_secs(20),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
@@ -234,7 +236,7 @@ fn options(url: String) -> BackendOptions {
     BackendOptions {
         surface: SurfaceOptions {
             env: Arc::new(move |k| env.get(k).cloned()),
-            request_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(4),
             backoff: quick,
             kill_after: Duration::from_millis(300),
             host_grace: Duration::from_millis(1200),

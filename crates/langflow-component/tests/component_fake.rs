@@ -797,9 +797,11 @@ async fn reap_deletes_old_reused_guests_and_keeps_young_and_one_shot_ones() {
     let fake = fake_with("", 0).await;
     let c = component(&fake);
     let old = run(&c, &inputs(COUNTER, Reuse::Flow)).await;
+    let old_done = std::time::Instant::now();
     // A one-shot guest that is still running is never touched by this reap.
     let api = api(&fake);
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let young_start = std::time::Instant::now();
     let young = run(
         &c,
         &ComponentInputs {
@@ -808,15 +810,24 @@ async fn reap_deletes_old_reused_guests_and_keeps_young_and_one_shot_ones() {
         },
     )
     .await;
-    let dry = c.reap_reused(Duration::from_secs(1), true).await.unwrap();
+    // The age limit sits between the two guests' ages, whatever the young run cost on a
+    // loaded machine: the young guest is at most `young_start.elapsed()` old, the old one at
+    // least 1.5 s older than that.
+    let limit = || {
+        let limit = young_start.elapsed() + Duration::from_millis(700);
+        assert!(old_done.elapsed() > limit + Duration::from_millis(700));
+        limit
+    };
+    let dry = c.reap_reused(limit(), true).await.unwrap();
     assert_eq!(dry.deleted.len(), 1);
     assert_eq!(fake.stats().live, 2, "a dry run deletes nothing");
-    let report = c.reap_reused(Duration::from_secs(1), false).await.unwrap();
+    let older_than = limit();
+    let report = c.reap_reused(older_than, false).await.unwrap();
     let deleted: Vec<&str> = report.deleted.iter().map(|g| g.name.as_str()).collect();
     let kept: Vec<&str> = report.kept.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(deleted, [old.sandbox_name.as_str()]);
     assert_eq!(kept, [young.sandbox_name.as_str()]);
-    assert!(report.deleted[0].age.unwrap() >= Duration::from_secs(1));
+    assert!(report.deleted[0].age.unwrap() >= older_than);
     let gone = api
         .sandbox_handle(old.sandbox_id.clone())
         .refresh()
