@@ -18,9 +18,10 @@
 //!
 //! Everything is torn down (guest processes and namespaces, the gateway, the network) when
 //! stdin closes, so a test that dies takes it down with it, and on SIGTERM or SIGINT. If this
-//! process itself is killed outright, the next start removes the namespaces it left (their
-//! names carry its pid). When the machine cannot build the network it prints
-//! `unsupported: REASON` and exits 0, so the caller can skip with the reason.
+//! process itself is killed outright, the gateway dies with it (`setpriv --pdeathsig`, where
+//! util-linux is installed) and the next start removes the namespaces it left (their names carry
+//! its pid). When the machine cannot build the network it prints `unsupported: REASON` and exits
+//! 0, so the caller can skip with the reason.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -59,6 +60,27 @@ fn default_gateway() -> Result<OsString, String> {
     Ok(bin.into_os_string())
 }
 
+/// `command` run through util-linux's `setpriv --pdeathsig KILL`, when it is installed: the
+/// gateway then dies with this process even when this one is killed outright (it is spawned from
+/// the main thread, which lives as long as the process). Without `setpriv` it is left as is.
+fn with_parent_death_signal(command: Vec<OsString>) -> Vec<OsString> {
+    let setpriv = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join("setpriv"))
+        .find(|p| p.is_file());
+    match setpriv {
+        Some(setpriv) => [setpriv.into_os_string()]
+            .into_iter()
+            .chain(["--pdeathsig", "KILL", "--"].map(OsString::from))
+            .chain(command)
+            .collect(),
+        None => command,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(why) = common::unsupported() {
@@ -76,6 +98,7 @@ fn main() -> ExitCode {
     } else {
         cli.gateway
     };
+    let gateway = with_parent_death_signal(gateway);
     let guest_path: Vec<PathBuf> = cli
         .guest_path
         .map(|p| std::env::split_paths(&p).collect())
