@@ -1,7 +1,7 @@
 """``python -m langflow_sandbox_createos gateway``: the egress gateway as the wheel ships it.
 
 What a guest reaches through the gateway is proven in the gateway crate's network-namespace
-tests (they need root); these check the command itself, with no root: its options, the secret
+tests and, through a real flow, in ``test_gateway_flow.py`` (both need root); these check the command itself, with no root: its options, the secret
 (required, never printed), refusals of requests without a valid credential, the per-connection
 log record, and a clean stop on SIGTERM and Ctrl-C.
 """

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{Gateway, Guests, Net, SECRET, python_has_pip};
-use langflow_backend::{Backend, BackendOptions, LfxPolicy};
+use langflow_backend::{Backend, BackendOptions, LfxPolicy, SurfaceOptions};
 use langflow_component::{ComponentInputs, ComponentOptions, Reuse, SandboxComponent};
 
 /// Installs `tinypkg` from the test index into a fresh directory with pip (which reads the
@@ -61,27 +61,44 @@ fn settings(guests: &Guests, gateway: &Gateway) -> HashMap<String, String> {
     ])
 }
 
-fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
+/// What both surfaces run with here: the plugin's settings pointed at this fake and gateway,
+/// without the orphan sweep.
+fn surface(guests: &Guests, gateway: &Gateway) -> SurfaceOptions {
     let env = settings(guests, gateway);
+    SurfaceOptions {
+        env: Arc::new(move |k| env.get(k).cloned()),
+        orphan_sweep: false,
+        ..SurfaceOptions::default()
+    }
+}
+
+/// The network, a gateway and the enforcing fake; `None` after saying why this machine cannot
+/// run them.
+async fn setup() -> Option<(Net, Gateway, Guests)> {
+    let net = Net::setup()?;
+    if !python_has_pip() {
+        eprintln!("skipped: `python3 -m pip` is not available on this machine");
+        return None;
+    }
+    let gw = Gateway::start(&net, &[]);
+    let guests = Guests::start(&net).await;
+    Some((net, gw, guests))
+}
+
+fn backend(guests: &Guests, gateway: &Gateway) -> Backend {
     Backend::with_options(BackendOptions {
-        surface: langflow_backend::SurfaceOptions {
-            env: Arc::new(move |k| env.get(k).cloned()),
+        surface: SurfaceOptions {
             background_destroy: false,
-            orphan_sweep: false,
-            ..langflow_backend::SurfaceOptions::default()
+            ..surface(guests, gateway)
         },
     })
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backend_run_installs_from_an_allowed_index_and_fails_closed_otherwise() {
-    let Some(net) = Net::setup() else { return };
-    if !python_has_pip() {
-        eprintln!("skipped: `python3 -m pip` is not available on this machine");
+    let Some((net, gw, guests)) = setup().await else {
         return;
-    }
-    let gw = Gateway::start(&net, &[]);
-    let guests = Guests::start(&net).await;
+    };
     let b = backend(&guests, &gw);
     let code = PROGRAM.replace("CA_PEM", &format!("{:?}", net.ca_pem));
     let policy = |domains: &[&str]| LfxPolicy {
@@ -129,20 +146,11 @@ async fn a_backend_run_installs_from_an_allowed_index_and_fails_closed_otherwise
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kept_component_guest_gets_a_working_token_each_run_and_only_its_list() {
-    let Some(net) = Net::setup() else { return };
-    if !python_has_pip() {
-        eprintln!("skipped: `python3 -m pip` is not available on this machine");
+    let Some((net, gw, guests)) = setup().await else {
         return;
-    }
-    let gw = Gateway::start(&net, &[]);
-    let guests = Guests::start(&net).await;
-    let env = settings(&guests, &gw);
+    };
     let c = SandboxComponent::with_options(ComponentOptions {
-        surface: langflow_component::SurfaceOptions {
-            env: Arc::new(move |k| env.get(k).cloned()),
-            orphan_sweep: false,
-            ..langflow_component::SurfaceOptions::default()
-        },
+        surface: surface(&guests, &gw),
         ..ComponentOptions::default()
     });
     let code = PROGRAM.replace("CA_PEM", &format!("{:?}", net.ca_pem));

@@ -15,8 +15,10 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -285,7 +287,20 @@ impl Net {
     }
 }
 
-/// A running `egress-gateway` binary inside the `gw` namespace; killed when dropped.
+/// This crate's `egress-gateway` binary: Cargo's path in tests, else (an example) the one of
+/// the same profile, `target/<profile>/egress-gateway` next to the `examples` directory.
+pub fn gateway_bin() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_egress-gateway") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent()
+        .and_then(std::path::Path::parent)
+        .unwrap_or(std::path::Path::new("."))
+        .join("egress-gateway")
+}
+
+/// A running gateway inside the `gw` namespace; killed when dropped.
 pub struct Gateway {
     child: Child,
     pub addr: SocketAddr,
@@ -293,12 +308,19 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the gateway with the test resolver and `extra` options.
+    /// Starts this crate's `egress-gateway` binary ([`gateway_bin`]) with the test resolver and
+    /// `extra` options.
     pub fn start(net: &Net, extra: &[&str]) -> Gateway {
-        let mut cmd = net
-            .gw
-            .command(env!("CARGO_BIN_EXE_egress-gateway"))
-            .expect("gateway command");
+        Gateway::start_command(net, &[gateway_bin().into_os_string()], extra, false)
+    }
+
+    /// Starts `program` (a command line whose options are the gateway's, e.g. the wheel's
+    /// `python -m langflow_sandbox_createos gateway`) with the test resolver and `extra`
+    /// options. With `echo`, every line it logs is also written to this process's stderr.
+    pub fn start_command(net: &Net, program: &[OsString], extra: &[&str], echo: bool) -> Gateway {
+        let (bin, args) = program.split_first().expect("a gateway command");
+        let mut cmd = net.gw.command(bin).expect("gateway command");
+        cmd.args(args);
         cmd.args(["--listen", &format!("{GW_IP}:0")]);
         for (name, ips) in NAMES {
             cmd.args(["--test-only-resolve", &format!("{name}={ips}")]);
@@ -336,6 +358,9 @@ impl Gateway {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 log.push_str(&line);
                 log.push('\n');
+                if echo {
+                    eprintln!("{line}");
+                }
             }
         });
         Gateway { child, addr, log }
@@ -502,10 +527,18 @@ pub struct Guests {
 }
 
 impl Guests {
+    /// The enforcing fake; guests run the machine's `python3`.
     pub async fn start(net: &Net) -> Guests {
+        Guests::start_with(net, Vec::new()).await
+    }
+
+    /// The enforcing fake with `guest_path` first on its guests' `PATH` (whose `python3` they
+    /// run).
+    pub async fn start_with(net: &Net, guest_path: Vec<PathBuf>) -> Guests {
         let fake = FakeServer::start(FakeOptions {
             enforce_egress: true,
             egress_uplink_netns: Some(net.hub.name().to_owned()),
+            guest_path,
             destroy_delay: Duration::from_millis(10),
             ..FakeOptions::default()
         })
