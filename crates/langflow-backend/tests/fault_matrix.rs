@@ -211,7 +211,7 @@ fn cases(mode: Mode) -> Vec<Case> {
 }
 
 fn options(url: String) -> BackendOptions {
-    // Sized for a loaded 2-core CI machine: a request gets 4 s, and the retry budget fits two
+    // Sized for a loaded 2-core CI machine: a request gets 4 s, and the 14 s retry budget fits two
     // stalled attempts (each cut at 4 s) or two `Retry-After: 1` waits, plus slow answers,
     // with room to spare: every attempt is cut at what is left of the budget, so a budget
     // that is too tight turns a recoverable fault into "not started". At 2 s a starved fake
@@ -220,7 +220,7 @@ fn options(url: String) -> BackendOptions {
     let quick = Backoff {
         base: Duration::from_millis(50),
         max: Duration::from_millis(400),
-        budget: Duration::from_secs(20),
+        budget: Duration::from_secs(14),
     };
     let env: HashMap<String, String> = [
         ("CREATEOS_SANDBOX_API_KEY", KEY.to_owned()),
