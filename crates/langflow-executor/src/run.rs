@@ -293,6 +293,7 @@ impl Executor {
             flow: request.flow_id.as_deref(),
             run_budget: plan.limits.budget,
             node: None,
+            session: request.session_id.as_deref(),
         };
         let (plan, spec, files) = (&plan, &spec, &files[..]);
         let acquired = self

@@ -807,6 +807,23 @@ pub fn egress_kind(policy: &crate::egress::EgressPolicy) -> &'static str {
     }
 }
 
+/// The hash of a Langflow session id that a usage record carries instead of the id: the first
+/// 16 hex digits of the SHA-256 of a fixed domain tag and the id. Stable across processes and
+/// hosts (records of one session can be grouped), and the id itself (which Langflow may hand
+/// out as a bearer of a chat's history) never reaches a record.
+pub fn session_hash(session_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let digest = Sha256::new()
+        .chain_update(b"langflow-sandbox-createos/session\0")
+        .chain_update(session_id.as_bytes())
+        .finalize();
+    digest.iter().take(8).fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
 /// What one run adds to its guest's usage record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunUsage {
@@ -887,6 +904,16 @@ mod tests {
             seen.contains(&"destroyed lf-a timeout".to_owned()),
             "{seen:?}"
         );
+    }
+
+    #[test]
+    fn a_session_hash_is_stable_short_and_not_the_id() {
+        let h = session_hash("chat-42");
+        assert_eq!(h, session_hash("chat-42"));
+        assert_ne!(h, session_hash("chat-43"));
+        assert_eq!(h.len(), 16);
+        assert!(h.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!h.contains("chat"));
     }
 
     #[test]
