@@ -735,6 +735,17 @@ impl Tracked {
         egress: &'static str,
     ) -> Self {
         obs.emit(&Event::GuestCreated { surface, shape });
+        Self::new(obs, surface, guest, shape, rootfs, egress)
+    }
+
+    fn new(
+        obs: Observation,
+        surface: SurfaceKind,
+        guest: &str,
+        shape: &str,
+        rootfs: &str,
+        egress: &'static str,
+    ) -> Self {
         Self {
             obs,
             usage: GuestUsage {
@@ -757,6 +768,24 @@ impl Tracked {
             created: tokio::time::Instant::now(),
             reason: None,
         }
+    }
+
+    /// A kept guest of `surface` that this process found (created by an earlier run or
+    /// process): no [`Event::GuestCreated`]; its record counts from now.
+    pub fn adopted(
+        obs: Observation,
+        surface: SurfaceKind,
+        guest: &str,
+        shape: &str,
+        rootfs: &str,
+        egress: &'static str,
+    ) -> Self {
+        Self::new(obs, surface, guest, shape, rootfs, egress)
+    }
+
+    /// Drops the account without reporting (a kept guest released alive).
+    pub fn forget(mut self) {
+        self.usage.guest.clear();
     }
 
     /// Sets why it will be destroyed, unless a reason was set already (the first wins).
