@@ -439,3 +439,34 @@ def test_doctor_says_whether_and_where_metrics_are_exported(clean_fake: Fake, tm
     off = run_doctor(backend_env(clean_fake, CREATEOS_METRICS="off"))
     assert "metrics are off (CREATEOS_METRICS=off)" in off.stdout, off.stdout[-3000:]
     assert "families exported" not in off.stdout
+
+
+FORK_QUEUE = """
+from lfx.utils.sandbox.base import _sandbox_settings
+from langflow_sandbox_createos import _native
+_native.enable_events()
+native = _native.NativeBackend()
+native.run("print(1)", None, _sandbox_settings())  # queued, not drained
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    inherited, _ = _native.drain_events()
+    native.run("print(2)", None, _sandbox_settings())
+    own, _ = _native.drain_events()
+    created = [e for e in own if e[0] == "guest_created"]
+    os.write(w, json.dumps([len(inherited), len(created)]).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+child = json.loads(os.read(r, 1000))
+parent, _ = _native.drain_events()
+print("RESULT " + json.dumps({"child": child, "parent_created": sum(1 for e in parent if e[0] == "guest_created")}), flush=True)
+native.shutdown()
+report()
+"""
+
+
+def test_a_forked_child_starts_with_an_empty_event_queue_of_its_own(clean_fake: Fake) -> None:
+    out = run_script(FORK_QUEUE, backend_env(clean_fake))
+    # The parent's undrained events stay the parent's; the child sees only its own guest.
+    assert out["RESULT"] == {"child": [0, 1], "parent_created": 1}, out["RESULT"]
+    assert clean_fake.wait_settled()["created"] == 2
