@@ -154,32 +154,44 @@ class _Prometheus:
         self.dropped = Counter("createos_events_dropped", "Events the native queue dropped before they were drained.")
         for surface in ("backend", "component", "executor"):
             self.live.labels(surface)
+        # Labelled children by (family, labels): `labels()` validates and locks on every call,
+        # which is most of an event's cost. A child stays valid across fork (its value notices
+        # the new pid under PROMETHEUS_MULTIPROC_DIR).
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, family: Any, *labels: str) -> Any:
+        key = (family, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
 
     def handle(self, events: Events, dropped: int) -> None:
         if dropped:
             self.dropped.inc(dropped)
+        child = self._child
         for e in events:
             kind = e[0]
             if kind == "control_request":
-                self.requests.labels(e[1], e[2]).inc()
+                child(self.requests, e[1], e[2]).inc()
             elif kind == "guest_created":
-                self.created.labels(e[1]).inc()
-                self.live.labels(e[1]).inc()
+                child(self.created, e[1]).inc()
+                child(self.live, e[1]).inc()
             elif kind == "guest_destroyed":
                 u = e[1]
-                self.destroyed.labels(u["surface"], u["reason"]).inc()
-                self.live.labels(u["surface"]).dec()
-                self.guest_seconds.labels(u["surface"], u["shape"]).inc(u["guest_seconds"])
+                child(self.destroyed, u["surface"], u["reason"]).inc()
+                child(self.live, u["surface"]).dec()
+                child(self.guest_seconds, u["surface"], u["shape"]).inc(u["guest_seconds"])
             elif kind == "run_finished":
-                self.runs.labels(e[1], e[2]).inc()
-                self.run_seconds.labels(e[1]).observe(e[3])
+                child(self.runs, e[1], e[2]).inc()
+                child(self.run_seconds, e[1]).observe(e[3])
             elif kind == "pool":
-                (self.pool_hits if e[2] else self.pool_misses).labels(e[1]).inc()
+                child(self.pool_hits if e[2] else self.pool_misses, e[1]).inc()
             elif kind == "admission_wait":
-                self.waits.labels(e[1]).inc()
-                self.wait_seconds.labels(e[1]).inc(e[2])
+                child(self.waits, e[1]).inc()
+                child(self.wait_seconds, e[1]).inc(e[2])
             elif kind == "admission_refused":
-                self.refusals.labels(e[1]).inc()
+                child(self.refusals, e[1]).inc()
             elif kind == "orphans_reaped":
                 self.orphans.inc(e[1])
 
@@ -370,22 +382,32 @@ def _guarded(name: str, fn: Callable[[], None]) -> None:
             _logger.warning("createos: the %s export failed (%s); later failures are not logged", name, type(exc).__name__)
 
 
-def drain() -> None:
-    """Hand every event queued so far to the sinks. Cheap when nothing is queued."""
+def drain(*, wait: bool = True) -> None:
+    """Hand every event queued so far to the sinks. Cheap when nothing is queued. With
+    ``wait=False``, returns at once when another thread is draining (it, or the daemon
+    thread within a second, takes this caller's events too)."""
     if not _state.installed:
         return
-    with _state.lock:
-        events, dropped = _native.drain_events()
-        if not events and not dropped:
-            return
-        prometheus, otel = _state.prometheus, _state.otel
-        if prometheus is not None:
-            _guarded("Prometheus", lambda: prometheus.handle(events, dropped))
-        if otel is not None:
-            _guarded("OpenTelemetry", lambda: otel.handle(events))
-        _guarded("usage record", lambda: _state.usage.handle(events))
-        if dropped:
-            _logger.warning("createos: %d metric events were dropped before they were drained", dropped)
+    if not _state.lock.acquire(blocking=wait):
+        return
+    try:
+        _drain_locked()
+    finally:
+        _state.lock.release()
+
+
+def _drain_locked() -> None:
+    events, dropped = _native.drain_events()
+    if not events and not dropped:
+        return
+    prometheus, otel = _state.prometheus, _state.otel
+    if prometheus is not None:
+        _guarded("Prometheus", lambda: prometheus.handle(events, dropped))
+    if otel is not None:
+        _guarded("OpenTelemetry", lambda: otel.handle(events))
+    _guarded("usage record", lambda: _state.usage.handle(events))
+    if dropped:
+        _logger.warning("createos: %d metric events were dropped before they were drained", dropped)
 
 
 def _pump(stop: threading.Event) -> None:
@@ -406,11 +428,12 @@ def _ensure_pump() -> None:
 
 
 def after_run() -> None:
-    """A surface's run ended: drain now, and keep the periodic drain running in this process."""
+    """A surface's run ended: drain now (unless another thread is at it), and keep the periodic
+    drain running in this process."""
     if not _state.installed:
         return
     _ensure_pump()
-    drain()
+    drain(wait=False)
 
 
 def _at_exit() -> None:
