@@ -11,6 +11,15 @@ Starts ``createos-fake --latency-ms 20`` and, through the backend object lfx bui
    (``_native.counters()``). FIFO order is proven by sandbox-core's admission tests, not here;
 2. measures host CPU per run (this process, all threads: ``time.process_time``) in interleaved
    rounds of 16 threads x 4 runs with the cap set (on) and unset (off), and prints the medians.
+
+    python tests/e2e/bench_admission.py --metrics-ab [--rounds 8]
+
+measures host CPU per run with metrics on vs off instead: each round starts one fresh process
+per arm, interleaved, and each process measures (``time.process_time``, all its threads) 16
+threads x 4 runs from their start until the fake has no live guest and the last events were
+drained. Arms: ``on`` (the default: Prometheus families, usage records), ``off``
+(``CREATEOS_METRICS=off``: usage records only) and ``none`` (events never enabled: the
+extension as it was before metrics). Prints the medians.
 """
 
 from __future__ import annotations
@@ -94,12 +103,115 @@ def cpu_round(fake, backend, threads: int = 16, per_thread: int = 4) -> float:  
     return cpu * 1000 / (threads * per_thread)
 
 
+ARMS = ("on", "off", "none")
+
+
+def _fake_live(base: str) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/_fake/stats", timeout=10) as response:  # noqa: S310 - loopback
+        return int(json.loads(response.read())["data"]["live"])
+
+
+def metrics_child(arm: str, threads: int = 16, per_thread: int = 4) -> int:
+    """One arm's process: warm up, then print the host CPU ms per run of one round."""
+    from langflow_sandbox_createos import metrics
+
+    if arm == "none":
+        metrics.install = lambda: None  # events never enabled: nothing queued or drained
+    # The exporter's own CPU, on the threads that drain (after each run, the daemon thread):
+    # a figure the other processes on the machine do not blur.
+    drain_cpu = [0.0]
+    real_drain = metrics.drain
+
+    def timed_drain(*, wait: bool = True) -> None:
+        t0 = time.thread_time()
+        real_drain(wait=wait)
+        drain_cpu[0] += time.thread_time() - t0
+
+    metrics.drain = timed_drain
+    from langflow_sandbox_createos.backend import create_backend
+
+    backend = create_backend()
+    backend.run("print(1)")
+    base = os.environ["CREATEOS_SANDBOX_BASE_URL"]
+    while _fake_live(base):
+        time.sleep(0.02)
+    metrics.drain()
+    drain_cpu[0] = 0.0
+    barrier = threading.Barrier(threads + 1)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            backend.run("print(1)")
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    cpu0 = time.process_time()
+    for t in pool:
+        t.join()
+    while _fake_live(base):
+        time.sleep(0.02)
+    metrics.drain()
+    cpu = time.process_time() - cpu0
+    print(f"CPU {cpu * 1000 / (threads * per_thread):.4f}", flush=True)
+    print(f"DRAIN {drain_cpu[0] * 1000 / (threads * per_thread):.4f}", flush=True)
+    backend.shutdown()
+    return 0
+
+
+def metrics_ab(rounds: int) -> int:
+    import subprocess
+
+    fake = start_fake(latency_ms=20)
+    try:
+        env = backend_env(fake)
+        got: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        drained: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for r in range(rounds):
+            order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
+            for arm in order:
+                arm_env = dict(env)
+                if arm == "off":
+                    arm_env["CREATEOS_METRICS"] = "off"
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--metrics-child", arm],
+                    capture_output=True, text=True, env=arm_env, timeout=600, check=False,
+                )
+                line = [x for x in proc.stdout.splitlines() if x.startswith("CPU ")]
+                if proc.returncode != 0 or not line:
+                    print(f"arm {arm} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}", flush=True)
+                    return 1
+                got[arm].append(float(line[0].split()[1]))
+                drained[arm] += [float(x.split()[1]) for x in proc.stdout.splitlines() if x.startswith("DRAIN ")]
+                fake.wait_for(lambda s: s["live"] == 0, 60)
+        for arm in ARMS:
+            print(f"cpu ms/run, metrics {arm}: median {statistics.median(got[arm]):.3f} {[round(x, 3) for x in got[arm]]}")
+        for arm in ("on", "off"):
+            print(f"drain CPU ms/run, metrics {arm}: median {statistics.median(drained[arm]):.4f}")
+        on, none = statistics.median(got["on"]), statistics.median(got["none"])
+        print(f"on vs none: {100 * (on - none) / none:+.1f}%", flush=True)
+    finally:
+        fake.stop()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=256)
     parser.add_argument("--cap", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=6, help="interleaved CPU rounds per arm")
+    parser.add_argument("--metrics-ab", action="store_true", help="CPU per run with metrics on vs off")
+    parser.add_argument("--metrics-child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.metrics_child:
+        return metrics_child(args.metrics_child)
+    if args.metrics_ab:
+        return metrics_ab(args.rounds)
     fake = start_fake(latency_ms=20)
     try:
         env = backend_env(fake)

@@ -58,6 +58,8 @@ class Server:
     api_key: str = ""
     #: The environment it was started with (before the suite's own additions).
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Langflow's Prometheus endpoint (``LANGFLOW_PROMETHEUS_PORT``).
+    metrics_port: int = 0
 
     def call(self, method: str, path: str, body: Any = None, *, api_key: bool = False, timeout: float = 120) -> Any:
         status, answer = self.request(method, path, body, api_key=api_key, timeout=timeout)
@@ -114,9 +116,13 @@ class Server:
 def start_server(env: dict[str, str], workdir: Path) -> Server:
     """``langflow run`` (frontend included) on a free loopback port; waits for ``/health``."""
     port = free_port()
+    metrics_port = free_port()
     log = workdir / "langflow.log"
     env = {
         **env,
+        # Langflow's own Prometheus endpoint, where our createos_* families must show.
+        "LANGFLOW_PROMETHEUS_ENABLED": "true",
+        "LANGFLOW_PROMETHEUS_PORT": str(metrics_port),
         "LANGFLOW_CONFIG_DIR": str(workdir / "config"),
         "LANGFLOW_AUTO_LOGIN": "true",
         "DO_NOT_TRACK": "true",
@@ -137,7 +143,7 @@ def start_server(env: dict[str, str], workdir: Path) -> Server:
             env=env,
             cwd=workdir,
         )
-    server = Server(proc=proc, url=f"http://127.0.0.1:{port}", log=log)
+    server = Server(proc=proc, url=f"http://127.0.0.1:{port}", log=log, metrics_port=metrics_port)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -302,6 +308,94 @@ def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
     assert remote == local
     stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
+
+
+def scrape(server: Server) -> tuple[str, dict[str, list[tuple[dict[str, str], float]]]]:
+    """Langflow's metrics endpoint: its text and our ``createos_`` samples by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("createos_"):
+                samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return text, samples
+
+
+def metric(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == x for k, x in labels.items()))
+
+
+def counted(server: Server, before: dict[str, Any], fake: Fake, surface: str) -> dict[str, Any]:
+    """Waits (bounded) until the scrape shows every guest the fake saw created and deleted
+    since ``before``; returns the scrape's text and its samples' growth by family."""
+    stats = fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)
+    deadline = time.monotonic() + 20
+    while True:
+        text, now = scrape(server)
+
+        def grew(name: str, **labels: str) -> float:
+            return metric(now, name, **labels) - metric(before, name, **labels)  # noqa: B023
+
+        if grew("createos_guests_destroyed_total", surface=surface) >= stats["requests"].get("delete", 0):
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the scrape never showed the fake's deletes: {stats} {now}")
+        time.sleep(0.5)
+    return {
+        "text": text,
+        "stats": stats,
+        "created": grew("createos_guests_created_total", surface=surface),
+        "destroyed": grew("createos_guests_destroyed_total", surface=surface),
+        "live": metric(now, "createos_guests_live", surface=surface),
+        "ok": grew("createos_runs_total", surface=surface, outcome="ok"),
+        "creates": grew("createos_control_requests_total", route="create"),
+        "deletes": grew("createos_control_requests_total", route="delete"),
+        "execs": grew("createos_control_requests_total", route="exec_stream"),
+    }
+
+
+def test_langflows_metrics_port_shows_our_counters_as_the_fake_counted_them(
+    plain_server: Server, executor_server: Server, slow_fake: Fake
+) -> None:
+    """After a component run and an executor run, Langflow's own Prometheus endpoint shows our
+    families, equal to the fake's own counts, each family once (lfx's OpenTelemetry, which also
+    feeds that registry, does not repeat them)."""
+    pytest.importorskip("prometheus_client", reason="prometheus_client is not installed in the test venv")
+    _, before = scrape(plain_server)
+    slow_fake.reset()
+    flow_id = upload_flow(plain_server, E2E / "flows" / "component_flow.json", "slow: metrics component")
+    assert any("42" in t for t in run_flow(plain_server, flow_id, "print(6 * 7)"))
+    got = counted(plain_server, before, slow_fake, "component")
+    stats = got["stats"]
+    assert stats["created"] == 1
+    assert (got["created"], got["destroyed"], got["live"], got["ok"]) == (1, 1, 0, 1), got
+    assert (got["creates"], got["deletes"], got["execs"]) == (
+        stats["requests"]["create"],
+        stats["requests"]["delete"],
+        stats["requests"]["exec_stream"],
+    ), got
+
+    _, before = scrape(executor_server)
+    slow_fake.reset()
+    flow_id = upload_flow(executor_server, E2E / "flows" / "shout_flow.json", "slow: metrics executor")
+    assert run_flow(executor_server, flow_id, "hello metrics") == ["HELLO METRICS!"]
+    got = counted(executor_server, before, slow_fake, "executor")
+    stats = got["stats"]
+    assert stats["created"] == 1
+    assert (got["created"], got["destroyed"], got["live"], got["ok"]) == (1, 1, 0, 1), got
+    assert (got["creates"], got["deletes"], got["execs"]) == (
+        stats["requests"]["create"],
+        stats["requests"]["delete"],
+        stats["requests"]["exec_stream"],
+    ), got
+    for text in (scrape(plain_server)[0], got["text"]):
+        types = [line for line in text.splitlines() if line.startswith("# TYPE createos_")]
+        assert types and len(types) == len(set(types)), types
+        assert slow_fake.key not in text
 
 
 def playground_build(server: Server, flow_id: str, text: str) -> list[dict[str, Any]]:

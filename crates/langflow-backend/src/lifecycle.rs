@@ -214,6 +214,7 @@ pub(crate) async fn run_on(
         flow: None,
         run_budget: spec.limits.budget,
         node: None,
+        session: None,
     };
     let started = surface
         .acquire(&req, |guest, begin| {

@@ -577,6 +577,7 @@ impl SandboxComponent {
             flow: Some(&inputs.flow_id),
             run_budget: plan.limits.budget,
             node: Some(&inputs.component_id),
+            session: Some(&inputs.session_id),
         };
         // Refused before the program was dispatched (paused behind the pool's back, a refused
         // upload or exec): nothing ran on a pooled guest, so the kit gives the run a fresh one.

@@ -293,6 +293,7 @@ impl Executor {
             flow: request.flow_id.as_deref(),
             run_budget: plan.limits.budget,
             node: None,
+            session: request.session_id.as_deref(),
         };
         let (plan, spec, files) = (&plan, &spec, &files[..]);
         let acquired = self
@@ -434,6 +435,7 @@ impl Executor {
             preloaded,
             hello: false,
             not_handed_over: false,
+            timed_out: false,
         }
     }
 
@@ -648,6 +650,9 @@ pub struct FlowRun {
     hello: bool,
     /// The hand-off found no runner to take the flow (nothing ran).
     not_handed_over: bool,
+    /// The flow did not finish within its timeout (the guest's clock or the host's deadline):
+    /// counted as timed out, whatever error reports it.
+    timed_out: bool,
 }
 
 impl fmt::Debug for FlowRun {
@@ -753,6 +758,7 @@ impl FlowRun {
                 }
                 ExecStep::End => self.end_of_output().await?,
                 ExecStep::HostDeadline => {
+                    self.timed_out = true;
                     let frames = exec.frames();
                     let msg = if frames == 0 {
                         format!(
@@ -803,6 +809,7 @@ impl FlowRun {
         // Refusals are the host's (a bound the guest broke, a missing lfx); any other failure
         // after the runner started may have run part of the flow.
         let outcome = match &err {
+            _ if self.timed_out => RunOutcome::TimedOut,
             ExecutorError::Unavailable(_) => RunOutcome::Refused,
             ExecutorError::Flow { .. } => RunOutcome::ProgramFailed,
             ExecutorError::Execution(_) if self.hello => RunOutcome::ProgramFailed,
@@ -998,7 +1005,10 @@ impl FlowRun {
             Some(c) if (0..=255).contains(&c) => {
                 let code = i32::try_from(c).unwrap_or(i32::MAX);
                 match classify_exit(code, elapsed, self.limits.budget) {
-                    EXIT_TIMED_OUT => ExecutorError::Execution(self.timeout_message()),
+                    EXIT_TIMED_OUT => {
+                        self.timed_out = true;
+                        ExecutorError::Execution(self.timeout_message())
+                    }
                     EXIT_KILLED => ExecutorError::Execution(format!(
                         "the guest runner was killed (exit status 137) before the flow finished, \
                          most likely out of memory; pick a larger {ENV_SHAPE}{tail}"

@@ -285,6 +285,7 @@ exit 1"#;
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::float_cmp)] // whole counts, exact in f64
 async fn the_guest_clock_is_the_executor_timeout() {
     let rig = start_rig(
         "echo '{\"frame\":\"vertex\",\"id\":\"a\",\"seq\":1}'; sleep 30",
@@ -303,6 +304,24 @@ async fn the_guest_clock_is_the_executor_timeout() {
         "{msg}"
     );
     assert_eq!(settled(&rig.fake).await.live, 0);
+    // Counted as timed out (runs by outcome, the guest's destroy reason), not as a program
+    // that failed, although the runner had started.
+    let counters = rig.executor.surface().session().observation().counters();
+    let runs = |outcome: &str| {
+        counters
+            .value(
+                "createos_runs_total",
+                &[("surface", "executor"), ("outcome", outcome)],
+            )
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(runs("timed_out"), 1.0);
+    assert_eq!(runs("program_failed"), 0.0);
+    let destroyed = counters.value(
+        "createos_guests_destroyed_total",
+        &[("surface", "executor"), ("reason", "timeout")],
+    );
+    assert_eq!(destroyed, Some(1.0));
 }
 
 #[tokio::test(flavor = "multi_thread")]

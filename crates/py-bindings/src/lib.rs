@@ -13,6 +13,8 @@
 //!   component, executor) keyed on the process id with the fork rule stated once, so a forked
 //!   child builds its own while the parent's is untouched; SIGTERM's shutdown of them all;
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
+//! - [`events`]: observation events queued per process for Python to drain (metrics, usage
+//!   records);
 //! - [`errors`]: failures raised as the public classes of `langflow_sandbox_createos.exceptions`;
 //! - [`runtime`]: one tokio runtime per process, built lazily and rebuilt after `fork()`;
 //! - [`wait`]: blocking calls that release the GIL and stay interruptible by Ctrl-C;
@@ -24,6 +26,7 @@
 mod backend;
 mod component;
 mod errors;
+mod events;
 mod executor;
 mod gateway;
 mod logbridge;
@@ -53,6 +56,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(process::counters, m)?)?;
+    m.add_function(wrap_pyfunction!(events::enable_events, m)?)?;
+    m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
     m.add_function(wrap_pyfunction!(executor::executor_settings, m)?)?;

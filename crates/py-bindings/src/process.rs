@@ -146,7 +146,16 @@ static SESSION: PerProcess<Session> = PerProcess::new();
 
 /// This process's session, built on first use (a child after `fork()` builds its own).
 pub fn session() -> Session {
-    SESSION.get_or_init(Session::default)
+    SESSION.get_or_init(|| {
+        let session = Session::default();
+        crate::events::observe_session(&session);
+        session
+    })
+}
+
+/// This process's session, if it built one already.
+pub fn current_session() -> Option<Session> {
+    SESSION.current()
 }
 
 /// Whose value a [`PerProcess`] holds, as seen from the calling process.

@@ -205,7 +205,52 @@ enum Hold {
     /// Registered with the reaper: destroyed when let go.
     OneShot(GuestGuard),
     /// Survives runs: released alive when let go.
-    Kept,
+    Kept(KeptTrack),
+}
+
+/// A kept guest's usage account: reported destroyed only when this handle destroys it (a
+/// guest released alive is forgotten, not reported). Created by this process: its create was
+/// reported; found by name: its record counts from when this process found it.
+struct KeptTrack(std::sync::Mutex<Option<Tracked>>);
+
+impl KeptTrack {
+    fn new(cx: &GuestContext, spec: &GuestSpec, name: &str, created: bool) -> Self {
+        let tracked = cx.observed.as_ref().map(|(obs, surface)| {
+            let (obs, egress) = (obs.clone(), egress_kind(&spec.egress));
+            if created {
+                Tracked::created(obs, *surface, name, &spec.shape, &spec.rootfs, egress)
+            } else {
+                Tracked::adopted(obs, *surface, name, &spec.shape, &spec.rootfs, egress)
+            }
+        });
+        Self(std::sync::Mutex::new(tracked))
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Tracked)) {
+        if let Some(t) = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            f(t);
+        }
+    }
+
+    fn take(&self) -> Option<Tracked> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Drop for KeptTrack {
+    fn drop(&mut self) {
+        if let Some(t) = self.take() {
+            t.forget();
+        }
+    }
 }
 
 /// A guest this process uses. See the module docs for what dropping it does.
@@ -704,7 +749,8 @@ impl Guest {
                         clipped(deadline, "create", cx.cp.create(spec.create_request(name))).await;
                     match created {
                         Ok(info) => {
-                            let guest = Self::handle(cx, name, &info.id, Hold::Kept, true, sent);
+                            let hold = Hold::Kept(KeptTrack::new(cx, spec, name, true));
+                            let guest = Self::handle(cx, name, &info.id, hold, true, sent);
                             if let Some(eg) = &info.egress
                                 && !spec.egress.matches(Some(eg))
                             {
@@ -715,6 +761,7 @@ impl Guest {
                                      requested; it was destroyed and not used",
                                     spec.egress
                                 );
+                                guest.set_destroy_reason(DestroyReason::Error);
                                 let _ = guest.destroy().await;
                                 return Err(SandboxError::refused(msg).redacted(&cx.redactor));
                             }
@@ -801,7 +848,8 @@ impl Guest {
         deadline: Instant,
     ) -> Result<Option<Guest>, SandboxError> {
         // Its idle clock ran before this process saw it: count from the moment it was found.
-        let guest = Self::handle(cx, name, &info.id, Hold::Kept, false, Instant::now());
+        let hold = Hold::Kept(KeptTrack::new(cx, spec, name, false));
+        let guest = Self::handle(cx, name, &info.id, hold, false, Instant::now());
         let Some(info) = guest.until_running(info, deadline).await? else {
             return Ok(None);
         };
@@ -986,7 +1034,7 @@ impl Guest {
 
     /// True for a guest that survives runs (acquired by name).
     pub fn is_kept(&self) -> bool {
-        matches!(self.hold, Hold::Kept)
+        matches!(self.hold, Hold::Kept(_))
     }
 
     /// The context the guest's calls go through.
@@ -1376,7 +1424,7 @@ impl Guest {
         cx.count();
         match hold {
             Hold::OneShot(guard) => guard.destroy(&cx.backoff).await,
-            Hold::Kept => {
+            Hold::Kept(track) => {
                 let t0 = Instant::now();
                 let deadline = t0 + cx.backoff.budget;
                 let (res, _) = retry_until(
@@ -1389,24 +1437,31 @@ impl Guest {
                 .await;
                 res.map(|()| {
                     tracing::info!(target: LOG_TARGET, guest = %name, "kept guest destroyed");
+                    if let Some(t) = track.take() {
+                        t.finish();
+                    }
                     t0.elapsed()
                 })
             }
         }
     }
 
-    /// Sets why a one-shot guest will be destroyed, for its usage record (the first reason set
-    /// wins; shutdown and pool retirements set theirs too). Nothing for a kept guest.
+    /// Sets why the guest will be destroyed, for its usage record (the first reason set wins;
+    /// shutdown and pool retirements set theirs too). A kept guest's counts only if this
+    /// handle destroys it.
     pub fn set_destroy_reason(&self, reason: DestroyReason) {
-        if let Hold::OneShot(guard) = &self.hold {
-            guard.note(|t| t.reason(reason));
+        match &self.hold {
+            Hold::OneShot(guard) => guard.note(|t| t.reason(reason)),
+            Hold::Kept(track) => track.with(|t| t.reason(reason)),
         }
     }
 
-    /// Adds a run it served to a one-shot guest's usage record.
+    /// Adds a run it served to the guest's usage record (a kept guest's: the runs of this
+    /// handle).
     pub fn note_run(&self, run: &RunUsage) {
-        if let Hold::OneShot(guard) = &self.hold {
-            guard.note(|t| t.served(run));
+        match &self.hold {
+            Hold::OneShot(guard) => guard.note(|t| t.served(run)),
+            Hold::Kept(track) => track.with(|t| t.served(run)),
         }
     }
 

@@ -735,6 +735,17 @@ impl Tracked {
         egress: &'static str,
     ) -> Self {
         obs.emit(&Event::GuestCreated { surface, shape });
+        Self::new(obs, surface, guest, shape, rootfs, egress)
+    }
+
+    fn new(
+        obs: Observation,
+        surface: SurfaceKind,
+        guest: &str,
+        shape: &str,
+        rootfs: &str,
+        egress: &'static str,
+    ) -> Self {
         Self {
             obs,
             usage: GuestUsage {
@@ -757,6 +768,24 @@ impl Tracked {
             created: tokio::time::Instant::now(),
             reason: None,
         }
+    }
+
+    /// A kept guest of `surface` that this process found (created by an earlier run or
+    /// process): no [`Event::GuestCreated`]; its record counts from now.
+    pub fn adopted(
+        obs: Observation,
+        surface: SurfaceKind,
+        guest: &str,
+        shape: &str,
+        rootfs: &str,
+        egress: &'static str,
+    ) -> Self {
+        Self::new(obs, surface, guest, shape, rootfs, egress)
+    }
+
+    /// Drops the account without reporting (a kept guest released alive).
+    pub fn forget(mut self) {
+        self.usage.guest.clear();
     }
 
     /// Sets why it will be destroyed, unless a reason was set already (the first wins).
@@ -805,6 +834,23 @@ pub fn egress_kind(policy: &crate::egress::EgressPolicy) -> &'static str {
         EgressPolicy::DenyAll => "none",
         EgressPolicy::Rules(_) => "allowlist",
     }
+}
+
+/// The hash of a Langflow session id that a usage record carries instead of the id: the first
+/// 16 hex digits of the SHA-256 of a fixed domain tag and the id. Stable across processes and
+/// hosts (records of one session can be grouped), and the id itself (which Langflow may hand
+/// out as a bearer of a chat's history) never reaches a record.
+pub fn session_hash(session_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let digest = Sha256::new()
+        .chain_update(b"langflow-sandbox-createos/session\0")
+        .chain_update(session_id.as_bytes())
+        .finalize();
+    digest.iter().take(8).fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 /// What one run adds to its guest's usage record.
@@ -887,6 +933,16 @@ mod tests {
             seen.contains(&"destroyed lf-a timeout".to_owned()),
             "{seen:?}"
         );
+    }
+
+    #[test]
+    fn a_session_hash_is_stable_short_and_not_the_id() {
+        let h = session_hash("chat-42");
+        assert_eq!(h, session_hash("chat-42"));
+        assert_ne!(h, session_hash("chat-43"));
+        assert_eq!(h.len(), 16);
+        assert!(h.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!h.contains("chat"));
     }
 
     #[test]

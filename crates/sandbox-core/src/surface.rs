@@ -312,6 +312,9 @@ pub struct Acquire<'a> {
     pub run_budget: Duration,
     /// The node the run belongs to, when known (for the guest's usage record).
     pub node: Option<&'a str>,
+    /// The Langflow session id of the run, when known: only its hash
+    /// ([`crate::observe::session_hash`]) reaches the guest's usage record.
+    pub session: Option<&'a str>,
 }
 
 /// A started run: its guest's [`Lease`] and what the first step returned.
@@ -691,7 +694,10 @@ impl Surface {
                 bytes_returned: 0,
                 flow_id: req.flow.filter(|f| !f.is_empty()).map(str::to_owned),
                 node_id: req.node.filter(|n| !n.is_empty()).map(str::to_owned),
-                session_hash: None,
+                session_hash: req
+                    .session
+                    .filter(|s| !s.is_empty())
+                    .map(crate::observe::session_hash),
             },
         }
     }

@@ -21,9 +21,11 @@ use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecStep, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::{REUSED_PREFIX, derived_name};
+use sandbox_core::observe::{DestroyReason, Observation};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::shapes::Shape;
+use sandbox_core::surface::SurfaceKind;
 use sandbox_core::{ErrorKind, Redactor};
 use secrecy::SecretString;
 use tokio::time::Instant;
@@ -129,6 +131,52 @@ async fn acquire_creates_then_finds_the_same_guest() {
     // Released, not destroyed: still there for the next run.
     assert_eq!(status(&cp, &id).await, GuestStatus::Running);
     assert_eq!(fake.stats().live, 1);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::float_cmp)] // whole counts, exact in f64
+async fn a_kept_guest_is_counted_created_once_and_destroyed_only_when_destroyed() {
+    let fake = fake_with("").await;
+    let cp = plane(&fake);
+    let r = reaper();
+    let obs = Observation::new();
+    let cx = context(cp.clone(), &r).with_observation(obs.clone(), SurfaceKind::Component);
+    let s = spec(EgressPolicy::DenyAll, &[]);
+    let name = derived_name(
+        REUSED_PREFIX,
+        &["flow", "node-obs"],
+        &s.egress.fingerprint(),
+    );
+    let value = |family: &str, labels: &[(&str, &str)]| {
+        obs.counters().value(family, labels).unwrap_or(-1.0)
+    };
+    let c = ("surface", "component");
+    // Created, released alive, found again and released: one create, no destroy, one live.
+    Guest::acquire(&cx, &s, &name, soon())
+        .await
+        .unwrap()
+        .release();
+    let again = Guest::acquire(&cx, &s, &name, soon()).await.unwrap();
+    drop(again);
+    assert_eq!(value("createos_guests_created_total", &[c]), 1.0);
+    assert_eq!(value("createos_guests_destroyed_total", &[c]), 0.0);
+    assert_eq!(value("createos_guests_live", &[c]), 1.0);
+    assert_eq!(fake.stats().live, 1);
+    // Destroyed by a later run: counted once, with that run's reason.
+    let last = Guest::acquire(&cx, &s, &name, soon()).await.unwrap();
+    last.set_destroy_reason(DestroyReason::Timeout);
+    last.destroy().await.unwrap();
+    assert_eq!(
+        value(
+            "createos_guests_destroyed_total",
+            &[c, ("reason", "timeout")]
+        ),
+        1.0
+    );
+    assert_eq!(value("createos_guests_destroyed_total", &[c]), 1.0);
+    assert_eq!(value("createos_guests_live", &[c]), 0.0);
+    assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
 

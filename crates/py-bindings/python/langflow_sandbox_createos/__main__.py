@@ -14,7 +14,7 @@ def _doctor() -> int:
     # lfx's own reader of its sandbox settings, the one its built-in backend uses.
     from lfx.utils.sandbox.base import _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
-    from . import _native, reach
+    from . import _native, metrics, reach
 
     # No settings service means lfx could not start; the native doctor reports that.
     settings = _sandbox_settings() if get_settings_service() is not None else None
@@ -42,6 +42,7 @@ def _doctor() -> int:
         executor = [("warn" if level == "refused" else level, text) for level, text in executor]
     _print_section("Whole-flow executor: settings", executor)
     _print_section("Whole-flow executor: which Langflow paths reach it", reach.findings())
+    _print_section("Metrics and usage records", metrics.findings())
     return 0 if ok and all(level != "refused" for level, _ in executor) else 1
 
 

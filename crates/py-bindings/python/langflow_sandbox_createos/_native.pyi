@@ -19,6 +19,8 @@ __all__ = [
     "ReapReport",
     "capabilities",
     "counters",
+    "enable_events",
+    "drain_events",
     "reap",
     "_emit_log_records",
     "_hold_log_queue",
@@ -155,6 +157,22 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
     ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+
+def enable_events() -> None:
+    """Start queueing this process's observation events (and its forked children's) for
+    ``drain_events()``. Idempotent; no thread, no I/O."""
+
+def drain_events() -> tuple[list[tuple[Any, ...]], int]:
+    """Every event queued since the last call, oldest first, and how many were dropped
+    meanwhile (the queue holds 65 536). Each is a tuple: ``("guest_created", surface, shape)``,
+    ``("guest_destroyed", usage)`` (``usage``: a dict with ``surface``, ``guest``, ``flow_id``,
+    ``node_id``, ``session_hash``, ``shape``, ``rootfs``, ``egress``, ``created_at`` and
+    ``destroyed_at`` (Unix seconds), ``guest_seconds``, ``runs``, ``outcome``,
+    ``bytes_returned``, ``reason``), ``("run_finished", surface, outcome, seconds)``,
+    ``("control_request", route, status_class)``, ``("pool", surface, hit)``,
+    ``("admission_wait", surface, seconds)``, ``("admission_refused", surface)``,
+    ``("orphans_reaped", count)``. Empty before ``enable_events()``; a forked child starts
+    with an empty queue. Never a key, code or output."""
 
 @final
 class ReapReport:

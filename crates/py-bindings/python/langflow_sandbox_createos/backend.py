@@ -14,7 +14,7 @@ import atexit
 # lfx's own reader of its sandbox settings, the one its built-in backend uses.
 from lfx.utils.sandbox.base import Capabilities, SandboxResult, _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
-from . import _native
+from . import _native, metrics
 
 __all__ = ["CreateOSBackend", "create_backend", "output_text"]
 
@@ -45,6 +45,9 @@ class CreateOSBackend:
 
     def __init__(self) -> None:
         self._native = _native.NativeBackend()
+        # Before the shutdown below: exit handlers run last-registered first, so the guests
+        # the shutdown destroys still reach the metrics and usage records.
+        metrics.install()
         # lfx run / lfx serve never call shutdown(); Langflow does on a graceful exit.
         atexit.register(self.shutdown)
 
@@ -66,7 +69,10 @@ class CreateOSBackend:
         :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError` (an lfx
         ``SandboxExecutionError``). A program that fails is a result, not an error.
         """
-        out = self._native.run(code, env, _sandbox_settings())
+        try:
+            out = self._native.run(code, env, _sandbox_settings())
+        finally:
+            metrics.after_run()
         return SandboxResult(
             stdout=output_text(out.stdout),
             stderr=output_text(out.stderr),

@@ -644,6 +644,11 @@ class CreateOSExecutor(Executor):
         from . import _native
         from .exceptions import CreateOSExecutionError, CreateOSUnavailableError
 
+        from . import metrics
+
+        # Before the shutdown _register_shutdown adds (exit handlers run last-registered
+        # first): the guests it destroys still reach the metrics and usage records.
+        metrics.install()
         await _say_what_is_sandboxed()
         request = _request(unit)
         try:
@@ -651,7 +656,11 @@ class CreateOSExecutor(Executor):
         except _Unbridged as exc:
             raise CreateOSUnavailableError(str(exc)) from None
         request.update(context)
-        events = _native.NativeExecutor().start(json.dumps(request), _lfx_version())
+        try:
+            events = _native.NativeExecutor().start(json.dumps(request), _lfx_version())
+        except BaseException:
+            metrics.after_run()  # refused or not started: counted all the same
+            raise
         del request, context  # the variables' values: not kept past the start
         _register_shutdown()
         sink = _MessageSink(unit.graph, files_back)
@@ -677,6 +686,7 @@ class CreateOSExecutor(Executor):
                 return
         finally:
             await events.aclose()
+            metrics.after_run()
 
     def __repr__(self) -> str:
         return "<CreateOSExecutor kind='createos'>"

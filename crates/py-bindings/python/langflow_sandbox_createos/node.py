@@ -12,11 +12,14 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from . import _native
+from . import _native, metrics
 
 __all__ = ["describe", "run"]
 
 _NATIVE = _native.NativeComponent()
+# Before the shutdown below (exit handlers run last-registered first): the guests it destroys
+# still reach the metrics and usage records.
+metrics.install()
 # lfx run / lfx serve never shut plugins down: destroy this process's fresh guests at exit.
 # Reused guests are kept for the next process (that is what reuse means).
 atexit.register(_NATIVE.shutdown)
@@ -36,5 +39,8 @@ def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`. A program that
     fails is a result (``exit_code`` and ``error``), not an exception.
     """
-    out = _NATIVE.run(**inputs)
+    try:
+        out = _NATIVE.run(**inputs)
+    finally:
+        metrics.after_run()
     return dict(out.results), [dict(row) for row in out.files]

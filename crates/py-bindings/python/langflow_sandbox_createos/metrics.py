@@ -1,0 +1,441 @@
+"""Metrics and usage records: the native events of this process, exported where Langflow looks.
+
+The extension queues one event per guest created or destroyed, run finished, control-plane
+request, pool hit or miss, admission wait or refusal and orphan sweep (bounded; never a key,
+code or output). This module drains that queue on a thread that holds the GIL and hands each
+batch to three sinks:
+
+- **Prometheus**, when ``prometheus_client`` imports (Langflow ships it): ``createos_…``
+  families in its default registry, so Langflow's ``LANGFLOW_PROMETHEUS_ENABLED`` endpoint
+  shows them. Fed from events, each process counts only its own, so the values are correct
+  under ``PROMETHEUS_MULTIPROC_DIR`` (each forked worker writes its own files and the
+  multiprocess collector sums them; guests live is a ``livesum`` gauge).
+- **OpenTelemetry**, when lfx's observability installed an SDK meter provider: the same
+  figures on its ``langflow`` meter (the only scope lfx exports). Skipped while the Prometheus
+  families above are registered and that provider also feeds the Prometheus registry (its
+  Prometheus reader), which would show every family twice on one scrape.
+- **Usage records**: one per destroyed guest on logger ``langflow_sandbox_createos.usage``
+  (INFO, a JSON message, the dict as ``record.usage``) and, when ``CREATEOS_USAGE_LOG=PATH``
+  is set, one JSON line appended to that file per guest (one ``write`` with ``O_APPEND``).
+
+Drained after every run of every surface, at each Prometheus scrape (a collector registered
+before the families, which drains and yields nothing), every :data:`PUMP_SECONDS` from a
+daemon thread (so guests destroyed in the background, by the pool, the reaper or a shutdown,
+reach the figures promptly) and at exit. ``CREATEOS_METRICS=off`` registers no family and
+emits nothing through OpenTelemetry; usage records are still written.
+
+Fork: a child starts with an empty event queue of its own (the extension's rule), a fresh
+drain lock, and restarts the daemon thread lazily on its first drain.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import _native
+
+__all__ = [
+    "ENV_METRICS",
+    "ENV_USAGE_LOG",
+    "PUMP_SECONDS",
+    "USAGE_LOGGER",
+    "after_run",
+    "drain",
+    "findings",
+    "install",
+    "metrics_on",
+]
+
+ENV_METRICS = "CREATEOS_METRICS"
+ENV_USAGE_LOG = "CREATEOS_USAGE_LOG"
+USAGE_LOGGER = "langflow_sandbox_createos.usage"
+PUMP_SECONDS = 1.0
+
+_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+_RUN_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+_OTEL_METER = "langflow"  # lfx.observability.APPLICATION_METER_NAME: the only scope lfx exports
+
+_logger = logging.getLogger("langflow_sandbox_createos")
+_usage_logger = logging.getLogger(USAGE_LOGGER)
+
+Events = Sequence[tuple[Any, ...]]
+
+
+def metrics_on() -> bool:
+    """Whether ``CREATEOS_METRICS`` leaves metrics on (anything but off/0/false/no/disabled)."""
+    return os.environ.get(ENV_METRICS, "on").strip().lower() not in _OFF
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class _Usage:
+    """Usage records: the logger and the optional JSON-lines file."""
+
+    def __init__(self) -> None:
+        self._warned = False
+
+    def handle(self, events: Events) -> None:
+        for event in events:
+            if event[0] == "guest_destroyed":
+                self.record(event[1])
+
+    def record(self, usage: dict[str, Any]) -> None:
+        path = os.environ.get(ENV_USAGE_LOG)
+        if not path and not _usage_logger.isEnabledFor(logging.INFO):
+            return
+        rec = dict(usage)
+        rec["created_at"] = _iso(float(usage["created_at"]))
+        rec["destroyed_at"] = _iso(float(usage["destroyed_at"]))
+        rec["guest_seconds"] = round(float(usage["guest_seconds"]), 3)
+        line = json.dumps(rec, sort_keys=True, separators=(",", ":"))
+        _usage_logger.info("%s", line, extra={"usage": rec})
+        if path:
+            self._append(path, line)
+
+    def _append(self, path: str, line: str) -> None:
+        data = (line + "\n").encode()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                _logger.warning("createos: cannot append usage records to %s=%s (%s)", ENV_USAGE_LOG, path, exc.strerror)
+
+
+class _DrainOnScrape:
+    """Registered before the families: a scrape drains first, so it sees every event."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        drain()
+        return []
+
+
+class _Prometheus:
+    """The ``createos_…`` families in ``prometheus_client``'s default registry."""
+
+    def __init__(self) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        REGISTRY.register(_DrainOnScrape())  # pyright: ignore[reportArgumentType]
+        s = ["surface"]
+        self.live = Gauge("createos_guests_live", "CreateOS guests alive now.", s, multiprocess_mode="livesum")
+        self.created = Counter("createos_guests_created", "CreateOS guests created.", s)
+        self.destroyed = Counter("createos_guests_destroyed", "CreateOS guests destroyed, by reason.", [*s, "reason"])
+        self.runs = Counter("createos_runs", "Runs, by outcome.", [*s, "outcome"])
+        self.run_seconds = Histogram(
+            "createos_run_seconds", "Seconds from a run's admission to its end.", s, buckets=_RUN_SECONDS_BUCKETS
+        )
+        self.requests = Counter(
+            "createos_control_requests", "CreateOS control-plane requests, by route and status class.", ["route", "status_class"]
+        )
+        self.pool_hits = Counter("createos_pool_hits", "Runs served by a warm-pool guest.", s)
+        self.pool_misses = Counter("createos_pool_misses", "Runs with a warm pool that got no pooled guest.", s)
+        self.waits = Counter("createos_admission_waits", "Runs that waited for admission.", s)
+        self.wait_seconds = Counter("createos_admission_wait_seconds", "Seconds runs waited for admission.", s)
+        self.refusals = Counter("createos_admission_refusals", "Runs refused at capacity.", s)
+        self.orphans = Counter("createos_orphans_reaped", "Guests of earlier processes deleted by the orphan sweep.")
+        self.guest_seconds = Counter("createos_guest_seconds", "Seconds CreateOS guests lived (the cost figure).", [*s, "shape"])
+        self.dropped = Counter("createos_events_dropped", "Events the native queue dropped before they were drained.")
+        for surface in ("backend", "component", "executor"):
+            self.live.labels(surface)
+        # Labelled children by (family, labels): `labels()` validates and locks on every call,
+        # which is most of an event's cost. A child stays valid across fork (its value notices
+        # the new pid under PROMETHEUS_MULTIPROC_DIR).
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, family: Any, *labels: str) -> Any:
+        key = (family, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
+
+    def handle(self, events: Events, dropped: int) -> None:
+        if dropped:
+            self.dropped.inc(dropped)
+        child = self._child
+        for e in events:
+            kind = e[0]
+            if kind == "control_request":
+                child(self.requests, e[1], e[2]).inc()
+            elif kind == "guest_created":
+                child(self.created, e[1]).inc()
+                child(self.live, e[1]).inc()
+            elif kind == "guest_destroyed":
+                u = e[1]
+                child(self.destroyed, u["surface"], u["reason"]).inc()
+                child(self.live, u["surface"]).dec()
+                child(self.guest_seconds, u["surface"], u["shape"]).inc(u["guest_seconds"])
+            elif kind == "run_finished":
+                child(self.runs, e[1], e[2]).inc()
+                child(self.run_seconds, e[1]).observe(e[3])
+            elif kind == "pool":
+                child(self.pool_hits if e[2] else self.pool_misses, e[1]).inc()
+            elif kind == "admission_wait":
+                child(self.waits, e[1]).inc()
+                child(self.wait_seconds, e[1]).inc(e[2])
+            elif kind == "admission_refused":
+                child(self.refusals, e[1]).inc()
+            elif kind == "orphans_reaped":
+                self.orphans.inc(e[1])
+
+
+def _sdk_meter_provider() -> Any:
+    """lfx's SDK meter provider when one is installed globally, else ``None`` (no import of
+    OpenTelemetry when lfx's observability never imported it)."""
+    import sys
+
+    if "opentelemetry.sdk.metrics" not in sys.modules:
+        return None
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+    except ImportError:
+        return None
+    provider = metrics.get_meter_provider()
+    return provider if isinstance(provider, MeterProvider) else None
+
+
+def _feeds_prometheus(provider: Any) -> bool:
+    """Whether ``provider`` may have a Prometheus reader (unknown counts as yes)."""
+    readers = getattr(provider, "_metric_readers", None)  # the SDK keeps no public list
+    if readers is None:
+        readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
+    if readers is None:
+        return True
+    return any(type(r).__name__ == "PrometheusMetricReader" for r in readers)
+
+
+class _OTel:
+    """The same figures on lfx's ``langflow`` meter, once lfx configured a meter provider."""
+
+    def __init__(self, prometheus_registered: bool) -> None:
+        self._prometheus = prometheus_registered
+        self._provider: Any = None
+        self._i: dict[str, Any] = {}
+        self._live: dict[str, int] = {}
+
+    def _instruments(self) -> dict[str, Any] | None:
+        provider = _sdk_meter_provider()
+        if provider is None:
+            return None
+        if provider is not self._provider:
+            self._provider = provider
+            self._i = {}
+            if self._prometheus and _feeds_prometheus(provider):
+                _logger.debug("createos: lfx's meter provider feeds Prometheus, where our families already are; not emitting through OpenTelemetry")
+                return None
+            m = provider.get_meter(_OTEL_METER)
+            self._i = {
+                "live": m.create_up_down_counter("createos.guests.live", unit="{guest}", description="CreateOS guests alive now."),
+                "created": m.create_counter("createos.guests.created", unit="{guest}", description="CreateOS guests created."),
+                "destroyed": m.create_counter("createos.guests.destroyed", unit="{guest}", description="CreateOS guests destroyed, by reason."),
+                "runs": m.create_counter("createos.runs", unit="{run}", description="Runs, by outcome."),
+                "run_seconds": m.create_histogram(
+                    "createos.run.duration",
+                    unit="s",
+                    description="Seconds from a run's admission to its end.",
+                    explicit_bucket_boundaries_advisory=list(_RUN_SECONDS_BUCKETS),
+                ),
+                "requests": m.create_counter("createos.control.requests", unit="{request}", description="CreateOS control-plane requests."),
+                "pool": m.create_counter("createos.pool.uses", unit="{run}", description="Runs with a warm pool, hit or miss."),
+                "waits": m.create_counter("createos.admission.waits", unit="{run}", description="Runs that waited for admission."),
+                "wait_seconds": m.create_counter("createos.admission.wait_time", unit="s", description="Seconds runs waited for admission."),
+                "refusals": m.create_counter("createos.admission.refusals", unit="{run}", description="Runs refused at capacity."),
+                "orphans": m.create_counter("createos.orphans.reaped", unit="{guest}", description="Orphaned guests deleted."),
+                "guest_seconds": m.create_counter("createos.guest.time", unit="s", description="Seconds CreateOS guests lived (the cost figure)."),
+            }
+        return self._i or None
+
+    def handle(self, events: Events) -> None:
+        i = self._instruments()
+        if i is None:
+            return
+        for e in events:
+            kind = e[0]
+            if kind == "control_request":
+                i["requests"].add(1, {"route": e[1], "status_class": e[2]})
+            elif kind == "guest_created":
+                i["created"].add(1, {"surface": e[1]})
+                i["live"].add(1, {"surface": e[1]})
+            elif kind == "guest_destroyed":
+                u = e[1]
+                i["destroyed"].add(1, {"surface": u["surface"], "reason": u["reason"]})
+                i["live"].add(-1, {"surface": u["surface"]})
+                i["guest_seconds"].add(u["guest_seconds"], {"surface": u["surface"], "shape": u["shape"]})
+            elif kind == "run_finished":
+                i["runs"].add(1, {"surface": e[1], "outcome": e[2]})
+                i["run_seconds"].record(e[3], {"surface": e[1]})
+            elif kind == "pool":
+                i["pool"].add(1, {"surface": e[1], "result": "hit" if e[2] else "miss"})
+            elif kind == "admission_wait":
+                i["waits"].add(1, {"surface": e[1]})
+                i["wait_seconds"].add(e[2], {"surface": e[1]})
+            elif kind == "admission_refused":
+                i["refusals"].add(1, {"surface": e[1]})
+            elif kind == "orphans_reaped":
+                i["orphans"].add(e[1])
+
+
+class _State:
+    """What this interpreter installed; the lock and the pump are per process."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.prometheus: _Prometheus | None = None
+        self.otel: _OTel | None = None
+        self.usage = _Usage()
+        self.lock = threading.Lock()
+        self.pump_pid: int | None = None
+        self.stop = threading.Event()
+        self.failed: set[str] = set()
+
+
+_state = _State()
+_install_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's locks may have been held by another thread at the fork; its pump thread
+    # does not exist here. The events the parent queued are not this process's (the
+    # extension gives the child an empty queue).
+    global _install_lock
+    _install_lock = threading.Lock()
+    _state.lock = threading.Lock()
+    _state.stop = threading.Event()
+    _state.pump_pid = None
+
+
+def install() -> None:
+    """Start exporting this process's events (idempotent; no thread, no network I/O).
+
+    Registers the Prometheus families (metrics on and ``prometheus_client`` importable) and
+    the OpenTelemetry sink (metrics on), asks the extension for events, and drains at exit.
+    A failure to register (another copy of these families already there) is logged once and
+    leaves Prometheus out; it never fails a run.
+    """
+    if _state.installed:
+        return
+    with _install_lock:
+        if _state.installed:
+            return
+        if metrics_on():
+            try:
+                _state.prometheus = _Prometheus()
+            except ImportError:
+                _state.prometheus = None
+            except ValueError as exc:  # duplicated timeseries: registered by someone else
+                _logger.warning("createos: Prometheus metrics not registered (%s)", exc)
+            _state.otel = _OTel(prometheus_registered=_state.prometheus is not None)
+        _native.enable_events()
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_at_exit)
+        _state.installed = True
+
+
+def findings() -> list[tuple[str, str]]:
+    """What the surfaces of a process with this environment export, for ``doctor``: whether
+    metrics are on, where Prometheus shows them, OpenTelemetry, the usage records. No I/O."""
+    import importlib.util
+
+    lines: list[tuple[str, str]] = []
+    if not metrics_on():
+        lines.append(("info", f"metrics are off ({ENV_METRICS}={os.environ.get(ENV_METRICS, '')}): no Prometheus family, nothing through OpenTelemetry"))
+    elif importlib.util.find_spec("prometheus_client") is None:
+        lines.append(("info", "metrics: prometheus_client is not installed, so no Prometheus families (Langflow ships it)"))
+    else:
+        where = "prometheus_client's default registry: Langflow's endpoint shows them with LANGFLOW_PROMETHEUS_ENABLED=true (port LANGFLOW_PROMETHEUS_PORT, default 9090)"
+        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if multiproc:
+            where += f"; per-worker files in PROMETHEUS_MULTIPROC_DIR={multiproc}, summed by the multiprocess collector"
+        lines.append(("ok", f"metrics: createos_* families exported to {where}"))
+    if metrics_on():
+        lines.append(("info", "OpenTelemetry: the same figures on lfx's 'langflow' meter when lfx configures a meter provider (OTEL_EXPORTER_OTLP_*), unless that provider feeds the Prometheus registry that already shows them"))
+    usage_log = os.environ.get(ENV_USAGE_LOG)
+    target = f" and appended as JSON lines to {ENV_USAGE_LOG}={usage_log}" if usage_log else f" ({ENV_USAGE_LOG}=PATH also appends them as JSON lines)"
+    lines.append(("info", f"usage records: one per destroyed guest on logger {USAGE_LOGGER} (INFO){target}"))
+    return lines
+
+
+def _guarded(name: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a sink's failure never fails a run
+        if name not in _state.failed:
+            _state.failed.add(name)
+            _logger.warning("createos: the %s export failed (%s); later failures are not logged", name, type(exc).__name__)
+
+
+def drain(*, wait: bool = True) -> None:
+    """Hand every event queued so far to the sinks. Cheap when nothing is queued. With
+    ``wait=False``, returns at once when another thread is draining (it, or the daemon
+    thread within a second, takes this caller's events too)."""
+    if not _state.installed:
+        return
+    if not _state.lock.acquire(blocking=wait):
+        return
+    try:
+        _drain_locked()
+    finally:
+        _state.lock.release()
+
+
+def _drain_locked() -> None:
+    events, dropped = _native.drain_events()
+    if not events and not dropped:
+        return
+    prometheus, otel = _state.prometheus, _state.otel
+    if prometheus is not None:
+        _guarded("Prometheus", lambda: prometheus.handle(events, dropped))
+    if otel is not None:
+        _guarded("OpenTelemetry", lambda: otel.handle(events))
+    _guarded("usage record", lambda: _state.usage.handle(events))
+    if dropped:
+        _logger.warning("createos: %d metric events were dropped before they were drained", dropped)
+
+
+def _pump(stop: threading.Event) -> None:
+    while not stop.wait(PUMP_SECONDS):
+        drain()
+
+
+def _ensure_pump() -> None:
+    pid = os.getpid()
+    if _state.pump_pid == pid:
+        return
+    with _install_lock:
+        if _state.pump_pid == pid:
+            return
+        _state.pump_pid = pid
+        thread = threading.Thread(target=_pump, args=(_state.stop,), name="createos-metrics", daemon=True)
+        thread.start()
+
+
+def after_run() -> None:
+    """A surface's run ended: drain now (unless another thread is at it), and keep the periodic
+    drain running in this process."""
+    if not _state.installed:
+        return
+    _ensure_pump()
+    drain(wait=False)
+
+
+def _at_exit() -> None:
+    _state.stop.set()
+    drain()
