@@ -634,6 +634,16 @@ impl Surface {
         }
     }
 
+    /// The configuration of a sweep an operator asked for (`reap`) with `settings`: its
+    /// retries end within [`Surface::backoff`]'s budget, like a run's. The background sweep
+    /// keeps [`Surface::sweep_config`].
+    pub fn sweep_config_for(&self, settings: &Settings) -> SweepConfig {
+        SweepConfig {
+            backoff: self.backoff(settings),
+            ..self.sweep_config()
+        }
+    }
+
     /// The account of `settings`, its credential checked and its catalog read (each once per
     /// process), and its orphan sweep started (once per process, when the options ask).
     pub async fn open(&self, settings: &Settings) -> Result<Opened, SandboxError> {
