@@ -148,9 +148,13 @@ def test_a_configured_gateway_declares_and_honours_the_domain_allowlist(
     assert backend.capabilities().supports_domain_allowlist is False
 
 
-def test_infrastructure_failure_raises_lfx_execution_error(backend: object, clean_fake: Fake) -> None:
+def test_infrastructure_failure_raises_lfx_execution_error(
+    backend: object, clean_fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
+    # The create fails for good: the backend reads this at run time and gives up after 3 s.
+    monkeypatch.setenv("CREATEOS_CONTROL_PLANE_RETRY_SECONDS", "3")
     clean_fake.set_faults("create=503")
     with pytest.raises(SandboxExecutionError) as info:
         backend.run("print(1)")
@@ -478,7 +482,8 @@ def test_key_never_appears_even_when_the_server_echoes_headers(tmp_path: object)
 
     leaky = start_fake(key=SECRET, faults="*=echo-headers")
     try:
-        env = backend_env(leaky)
+        # Every answer fails for good: give up after 3 s of retries instead of the default 30.
+        env = backend_env(leaky, CREATEOS_CONTROL_PLANE_RETRY_SECONDS="3")
         proc = run_python(LEAK_SCRIPT, env, timeout=120)
         # The run failed because every answer was a 500 carrying the request headers.
         assert "raised" in proc.stdout, (proc.stdout, proc.stderr[-2000:])

@@ -105,7 +105,8 @@ def test_a_refusal_through_lfx_is_a_public_unavailable_error(clean_fake: Fake) -
 
 def test_an_infrastructure_failure_through_lfx_is_a_public_execution_error(clean_fake: Fake) -> None:
     clean_fake.set_faults("create=503")
-    env = backend_env(clean_fake)
+    # The create fails for good: give up after 3 s of retries instead of the default 30.
+    env = backend_env(clean_fake, CREATEOS_CONTROL_PLANE_RETRY_SECONDS="3")
     raised = _through_lfx(env)
     assert raised["module"] == PUBLIC, raised
     assert raised["name"] == "CreateOSExecutionError", raised
@@ -143,7 +144,8 @@ def test_reap_raises_an_execution_error_when_the_listing_keeps_failing(clean_fak
         "try:\n    _native.reap(True)\n"
         "except BaseException as exc:\n    print(type(exc).__module__, type(exc).__name__)\n"
     )
-    proc = run_python(script, backend_env(clean_fake))
+    # The listing fails for good: give up after 3 s of retries instead of the default 30.
+    proc = run_python(script, backend_env(clean_fake, CREATEOS_CONTROL_PLANE_RETRY_SECONDS="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [PUBLIC, "CreateOSExecutionError"]
 

@@ -5,7 +5,9 @@ use std::fmt;
 use sandbox_core::ErrorKind;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::gateway::{self, GatewaySetting};
-use sandbox_core::settings::{ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_WARM_POOL};
+use sandbox_core::settings::{
+    ENV_API_KEY, ENV_API_KEY_FALLBACK, ENV_CONTROL_PLANE_RETRY, ENV_WARM_POOL,
+};
 use sandbox_core::shapes::select_shape;
 
 use crate::{
@@ -188,6 +190,19 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
         format!(
             "output cap: {} bytes per stream (CREATEOS_SANDBOX_MAX_OUTPUT_BYTES)",
             settings.max_output_bytes
+        ),
+    );
+    out.push(
+        DoctorLevel::Info,
+        format!(
+            "control-plane retry: a failing control plane is retried for {} s per call \
+             before the run gives up ({ENV_CONTROL_PLANE_RETRY}{})",
+            backend.surface.backoff(&settings).budget.as_secs_f64(),
+            if settings.control_plane_retry.is_some() {
+                ""
+            } else {
+                " unset"
+            }
         ),
     );
     let pool = backend.warm_pool();

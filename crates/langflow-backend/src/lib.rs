@@ -399,7 +399,7 @@ impl Backend {
             egress: plan.egress,
             limits: plan.limits,
             max_output_bytes: plan.settings.max_output_bytes,
-            backoff: self.surface.options().backoff,
+            backoff: opened.backoff,
             background_destroy: self.surface.options().background_destroy,
             grant: plan.grant,
         };
@@ -460,7 +460,7 @@ impl Backend {
             Err(e) => return (Err(e.clone()), Err(e)),
         };
         account
-            .preflight(&self.surface.options().backoff, &redactor)
+            .preflight(&self.surface.backoff(settings), &redactor)
             .await
     }
 }

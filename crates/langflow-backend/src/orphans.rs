@@ -23,7 +23,7 @@ impl Backend {
         sweep(
             account.control_plane().as_ref(),
             dry_run,
-            &self.surface().sweep_config(),
+            &self.surface().sweep_config_for(&settings),
         )
         .await
         .map_err(|e| {

@@ -68,6 +68,14 @@ fn options(env: HashMap<String, String>) -> BackendOptions {
     }
 }
 
+/// [`options`] with the package's default backoff (a 30 s retry budget), as a deployment
+/// has unless it sets `CREATEOS_CONTROL_PLANE_RETRY_SECONDS`.
+fn default_backoff_options(env: HashMap<String, String>) -> BackendOptions {
+    let mut o = options(env);
+    o.surface.backoff = Backoff::default();
+    o
+}
+
 fn backend(fake: &FakeServer, extra: &[(&str, &str)]) -> Backend {
     Backend::with_options(options(env_for(fake, extra)))
 }
@@ -609,6 +617,12 @@ async fn doctor_reports_without_creating_a_guest() {
     let r = b4.doctor(&policy(30)).await;
     assert!(!r.ok, "{r}");
     assert!(!r.to_string().contains("not-the-right-key"));
+    // The control-plane retry budget in effect: the options' own (4 s here) until the
+    // operator sets one.
+    assert!(text.contains("retried for 4 s"), "{text}");
+    let b5 = backend(&fake, &[("CREATEOS_CONTROL_PLANE_RETRY_SECONDS", "2.5")]);
+    let r = b5.doctor(&policy(30)).await;
+    assert!(r.ok && r.to_string().contains("retried for 2.5 s"), "{r}");
     assert_eq!(fake.stats().created, 0);
     finish(b, fake).await;
 }
@@ -710,4 +724,49 @@ async fn rootfs_setting_reaches_the_create_call() {
     assert_eq!(guest.rootfs.as_deref(), Some("desktop:1"));
     let b = Arc::try_unwrap(b).expect("sole owner");
     finish(b, fake).await;
+}
+
+#[tokio::test]
+async fn the_retry_setting_ends_a_run_against_a_control_plane_failing_for_good() {
+    assert_eq!(Backoff::default().budget, Duration::from_secs(30));
+    let fake = fake_with("create=500").await;
+    let b = Backend::with_options(default_backoff_options(env_for(
+        &fake,
+        &[("CREATEOS_CONTROL_PLANE_RETRY_SECONDS", "2")],
+    )));
+    let t0 = std::time::Instant::now();
+    let e = print1(&b).await.unwrap_err();
+    let took = t0.elapsed();
+    // It gave up as an infrastructure failure after retrying the create, not at once...
+    assert!(
+        matches!(&e, BackendError::Execution(m) if m.contains("HTTP 500")),
+        "{e:?}"
+    );
+    assert!(requests(&fake, "create") >= 2, "{:?}", fake.stats());
+    // ...and long before the 30 s default budget would have let it (a loose bound, not a
+    // timing measurement: the setting is 2 s).
+    assert!(took < Duration::from_secs(15), "took {took:?}: {e}");
+    finish(b, fake).await;
+}
+
+#[tokio::test]
+async fn a_bad_retry_setting_refuses_the_run_naming_it_before_any_request() {
+    let fake = fake_with("").await;
+    for bad in ["0", "0.5", "3601", "soon", "-2"] {
+        let b = backend(&fake, &[("CREATEOS_CONTROL_PLANE_RETRY_SECONDS", bad)]);
+        let e = print1(&b).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("CREATEOS_CONTROL_PLANE_RETRY_SECONDS") && text.contains("1 to 3600"),
+            "{bad}: {text}"
+        );
+        b.shutdown().await;
+    }
+    assert_eq!(
+        fake.stats().requests.values().sum::<u64>(),
+        0,
+        "{:?}",
+        fake.stats()
+    );
+    fake.shutdown().await;
 }

@@ -202,3 +202,32 @@ async fn the_first_run_does_not_wait_for_a_stalled_sweep() {
     backend.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_operators_sweep_gives_up_on_a_failing_listing_within_the_retry_setting() {
+    // The surface's own budget is 20 s; the operator's setting of 1 s is what ends the sweep.
+    let fake = fake_with("list=503").await;
+    let mut o = options(&fake, Duration::from_secs(1), false);
+    let inner = o.surface.env.clone();
+    o.surface.env = Arc::new(move |k| {
+        if k == "CREATEOS_CONTROL_PLANE_RETRY_SECONDS" {
+            Some("1".to_owned())
+        } else {
+            inner(k)
+        }
+    });
+    let backend = Backend::with_options(o);
+    let t0 = std::time::Instant::now();
+    let e = backend.sweep_orphans(true).await.unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, BackendError::Execution(_)), "{e:?}");
+    assert!(
+        fake.stats().requests.get("list").copied().unwrap_or(0) >= 2,
+        "{:?}",
+        fake.stats()
+    );
+    // Well before the surface's 20 s (a loose bound, not a measurement).
+    assert!(took < Duration::from_secs(10), "took {took:?}: {e}");
+    backend.shutdown().await;
+    fake.shutdown().await;
+}

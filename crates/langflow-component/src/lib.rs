@@ -804,7 +804,7 @@ impl SandboxComponent {
             budget: Duration::from_secs(u64::from(ARCHIVE_BUDGET_SECONDS)),
             ..plan.limits
         };
-        let deadline = Instant::now() + self.surface.options().backoff.budget;
+        let deadline = Instant::now() + guest.context().backoff.budget;
         let archived = match guest
             .exec(
                 &Command::shell(script),
@@ -853,7 +853,7 @@ impl SandboxComponent {
         }
         // The download has a budget of its own: the archiving above may have used most of
         // the first one, and the whole transfer must end by its deadline.
-        let deadline = Instant::now() + self.surface.options().backoff.budget;
+        let deadline = Instant::now() + guest.context().backoff.budget;
         let bytes = match guest
             .download(&archive, self.opts.max_archive_bytes, deadline)
             .await

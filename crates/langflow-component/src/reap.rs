@@ -53,7 +53,7 @@ impl SandboxComponent {
         let settings = self.surface().settings()?;
         let redactor = settings.redactor();
         let account = self.surface().session().account(&settings)?;
-        let config = self.surface().sweep_config();
+        let config = self.surface().sweep_config_for(&settings);
         sweep_reused(
             account.control_plane().as_ref(),
             REUSED_PREFIX,

@@ -455,7 +455,7 @@ impl Executor {
         let job_bytes =
             job_for(job, plan.grant.as_ref(), guest.name()).map_err(StartError::NotStarted)?;
         let started = Instant::now();
-        let deadline = started + self.surface.options().backoff.budget;
+        let deadline = started + guest.context().backoff.budget;
         let (job, uploads) = tokio::join!(
             guest.upload(JOB_PATH, job_bytes, deadline),
             upload_files(guest, files, deadline),

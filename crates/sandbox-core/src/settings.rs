@@ -43,6 +43,13 @@ pub const ENV_MAX_LIVE_GUESTS_PER_FLOW: &str = "CREATEOS_MAX_LIVE_GUESTS_PER_FLO
 pub const ENV_ADMISSION_WAIT: &str = "CREATEOS_ADMISSION_WAIT_SECONDS";
 /// The default of [`ENV_ADMISSION_WAIT`].
 pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_secs(30);
+/// `CREATEOS_CONTROL_PLANE_RETRY_SECONDS`: how long a run keeps retrying a control plane that
+/// fails transiently (5xx, resets, no answer, 429 without quota semantics) before it gives up
+/// (default 30: [`crate::retry::Backoff::default`]'s budget).
+pub const ENV_CONTROL_PLANE_RETRY: &str = "CREATEOS_CONTROL_PLANE_RETRY_SECONDS";
+/// The shortest and longest control-plane retry budget accepted, in seconds.
+const MIN_CONTROL_PLANE_RETRY_SECONDS: f64 = 1.0;
+const MAX_CONTROL_PLANE_RETRY_SECONDS: f64 = 3600.0;
 /// The largest cap and the longest wait accepted.
 const MAX_CAP: usize = 100_000;
 const MAX_ADMISSION_WAIT_SECONDS: f64 = 3600.0;
@@ -99,6 +106,8 @@ pub struct Settings {
     pub max_live_guests_per_flow: Option<usize>,
     /// [`ENV_ADMISSION_WAIT`].
     pub admission_wait: Duration,
+    /// [`ENV_CONTROL_PLANE_RETRY`], when set (`None`: the surface's own backoff budget).
+    pub control_plane_retry: Option<Duration>,
     /// The egress gateway (`CREATEOS_GATEWAY_*`): a bad value refuses only the runs that ask
     /// for domains.
     pub gateway: crate::gateway::GatewaySetting,
@@ -120,6 +129,7 @@ impl fmt::Debug for Settings {
             .field("max_live_guests", &self.max_live_guests)
             .field("max_live_guests_per_flow", &self.max_live_guests_per_flow)
             .field("admission_wait", &self.admission_wait)
+            .field("control_plane_retry", &self.control_plane_retry)
             .field("gateway", &self.gateway)
             .finish()
     }
@@ -221,6 +231,22 @@ pub fn parse_admission_wait(raw: &str) -> Result<Duration, SandboxError> {
     }
 }
 
+/// Parses [`ENV_CONTROL_PLANE_RETRY`]: seconds from 1 to 3600, fractions allowed.
+pub fn parse_control_plane_retry(raw: &str) -> Result<Duration, SandboxError> {
+    match raw.trim().parse::<f64>() {
+        Ok(s)
+            if (MIN_CONTROL_PLANE_RETRY_SECONDS..=MAX_CONTROL_PLANE_RETRY_SECONDS).contains(&s) =>
+        {
+            Ok(Duration::from_secs_f64(s))
+        }
+        _ => Err(SandboxError::refused(format!(
+            "{ENV_CONTROL_PLANE_RETRY}={raw:?} is not a number of seconds from 1 to 3600; set \
+             how long a run keeps retrying a failing control plane before it gives up \
+             (default 30), or unset it"
+        ))),
+    }
+}
+
 fn valid_token(s: &str, extra: &[char]) -> bool {
     !s.is_empty()
         && s.len() <= 200
@@ -297,6 +323,9 @@ impl Settings {
             .map(|raw| parse_admission_wait(&raw))
             .transpose()?
             .unwrap_or(DEFAULT_ADMISSION_WAIT);
+        let control_plane_retry = non_blank(lookup, ENV_CONTROL_PLANE_RETRY)
+            .map(|raw| parse_control_plane_retry(&raw))
+            .transpose()?;
         Ok(Self {
             api_key: api_key.map(SecretString::from),
             api_key_source,
@@ -308,6 +337,7 @@ impl Settings {
             max_live_guests,
             max_live_guests_per_flow,
             admission_wait,
+            control_plane_retry,
             gateway: crate::gateway::GatewaySetting::from_lookup(lookup),
         })
     }
@@ -363,6 +393,7 @@ mod tests {
         assert_eq!(s.max_live_guests, None);
         assert_eq!(s.max_live_guests_per_flow, None);
         assert_eq!(s.admission_wait, Duration::from_secs(30));
+        assert_eq!(s.control_plane_retry, None);
         let e = s.require_key().unwrap_err();
         assert!(e.kind().is_unavailable());
         assert!(e.to_string().contains(ENV_API_KEY));
@@ -431,6 +462,13 @@ mod tests {
             (ENV_ADMISSION_WAIT, "-1"),
             (ENV_ADMISSION_WAIT, "soon"),
             (ENV_ADMISSION_WAIT, "3601"),
+            (ENV_CONTROL_PLANE_RETRY, "0"),
+            (ENV_CONTROL_PLANE_RETRY, "0.5"),
+            (ENV_CONTROL_PLANE_RETRY, "3601"),
+            (ENV_CONTROL_PLANE_RETRY, "-3"),
+            (ENV_CONTROL_PLANE_RETRY, "NaN"),
+            (ENV_CONTROL_PLANE_RETRY, "inf"),
+            (ENV_CONTROL_PLANE_RETRY, "soon"),
         ];
         for (k, v) in cases {
             let e = Settings::from_lookup(&env(&[(k, v)])).unwrap_err();
@@ -480,6 +518,20 @@ mod tests {
         assert_eq!(s.max_output_bytes, 65536);
         let s = Settings::from_lookup(&env(&[(ENV_SHAPE, "AUTO")])).unwrap();
         assert_eq!(s.pinned_shape, None);
+    }
+
+    #[test]
+    fn control_plane_retry_accepts_fractions_within_its_range() {
+        for (raw, want) in [
+            ("1", Duration::from_secs(1)),
+            (" 2.5 ", Duration::from_millis(2500)),
+            ("3600", Duration::from_secs(3600)),
+        ] {
+            let s = Settings::from_lookup(&env(&[(ENV_CONTROL_PLANE_RETRY, raw)])).unwrap();
+            assert_eq!(s.control_plane_retry, Some(want), "{raw}");
+        }
+        let e = Settings::from_lookup(&env(&[(ENV_CONTROL_PLANE_RETRY, "0.5")])).unwrap_err();
+        assert!(e.to_string().contains("from 1 to 3600"), "{e}");
     }
 
     #[test]

@@ -486,6 +486,8 @@ pub struct Opened {
     pub catalog: Vec<Shape>,
     /// Removes the account's key from every message.
     pub redactor: Redactor,
+    /// The run's backoff ([`Surface::backoff`] of the settings it was opened with).
+    pub backoff: Backoff,
 }
 
 /// One surface instance: its options, session, reaper and warm pool. `Send + Sync`; shared by
@@ -579,6 +581,17 @@ impl Surface {
         Settings::from_lookup(&|k| self.lookup(k))
     }
 
+    /// The backoff of a run with `settings`: the options' backoff, its budget replaced by
+    /// [`crate::settings::ENV_CONTROL_PLANE_RETRY`] when that is set (so tests that set
+    /// [`SurfaceOptions::backoff`] directly keep theirs when the setting is unset).
+    pub fn backoff(&self, settings: &Settings) -> Backoff {
+        let mut backoff = self.opts.backoff;
+        if let Some(budget) = settings.control_plane_retry {
+            backoff.budget = budget;
+        }
+        backoff
+    }
+
     /// The clocks of a program with `budget`.
     pub fn limits(&self, budget: Duration) -> ExecLimits {
         ExecLimits {
@@ -624,12 +637,23 @@ impl Surface {
         }
     }
 
+    /// The configuration of a sweep an operator asked for (`reap`) with `settings`: its
+    /// retries end within [`Surface::backoff`]'s budget, like a run's. The background sweep
+    /// keeps [`Surface::sweep_config`].
+    pub fn sweep_config_for(&self, settings: &Settings) -> SweepConfig {
+        SweepConfig {
+            backoff: self.backoff(settings),
+            ..self.sweep_config()
+        }
+    }
+
     /// The account of `settings`, its credential checked and its catalog read (each once per
     /// process), and its orphan sweep started (once per process, when the options ask).
     pub async fn open(&self, settings: &Settings) -> Result<Opened, SandboxError> {
         let redactor = settings.redactor();
         let account = self.session.account(settings)?;
-        let (cred, catalog) = account.preflight(&self.opts.backoff, &redactor).await;
+        let backoff = self.backoff(settings);
+        let (cred, catalog) = account.preflight(&backoff, &redactor).await;
         cred?;
         let catalog = catalog?;
         if self.opts.orphan_sweep {
@@ -639,17 +663,18 @@ impl Surface {
             account,
             catalog,
             redactor,
+            backoff,
         })
     }
 
-    /// A run's context on `opened`'s account: this surface's reaper and backoff, a fresh
-    /// request count.
+    /// A run's context on `opened`'s account: this surface's reaper, the run's backoff
+    /// ([`Opened::backoff`]), a fresh request count.
     pub fn context(&self, opened: &Opened) -> GuestContext {
         GuestContext::new(
             opened.account.control_plane().clone(),
             self.reaper.clone(),
             opened.redactor.clone(),
-            self.opts.backoff,
+            opened.backoff,
         )
         .with_observation(self.session.observation().clone(), self.kind)
     }
@@ -756,7 +781,7 @@ impl Surface {
         if cx.observation().is_none() {
             cx = cx.with_observation(self.session.observation().clone(), self.kind);
         }
-        let budget = self.opts.backoff.budget;
+        let budget = req.cx.backoff.budget;
         let flow_slot = match req.flow.filter(|f| !f.is_empty()) {
             Some(flow) => Some(
                 ticket
@@ -914,6 +939,42 @@ mod tests {
         assert!(o.pool_allowed && o.background_destroy);
         let o = o.for_process(true);
         assert!(!o.pool_allowed && !o.background_destroy);
+    }
+
+    #[test]
+    fn the_retry_setting_replaces_only_the_budget_of_the_options_backoff() {
+        let own = Backoff {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+            budget: Duration::from_secs(4),
+        };
+        let surface = |retry: Option<&'static str>| {
+            Surface::new(
+                SurfaceKind::Backend,
+                SurfaceOptions {
+                    env: Arc::new(move |k| {
+                        (k == crate::settings::ENV_CONTROL_PLANE_RETRY)
+                            .then_some(retry)
+                            .flatten()
+                            .map(str::to_owned)
+                    }),
+                    backoff: own,
+                    ..SurfaceOptions::default()
+                },
+            )
+        };
+        // Unset: a test's (or an embedder's) own backoff is kept whole.
+        let s = surface(None);
+        assert_eq!(s.backoff(&s.settings().unwrap()), own);
+        // Set: the budget is the operator's, the schedule stays the options'.
+        let s = surface(Some("2.5"));
+        assert_eq!(
+            s.backoff(&s.settings().unwrap()),
+            Backoff {
+                budget: Duration::from_millis(2500),
+                ..own
+            }
+        );
     }
 
     #[test]
