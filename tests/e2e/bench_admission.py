@@ -83,7 +83,9 @@ def burst(fake, backend, runs: int) -> dict:  # noqa: ANN001
     }
 
 
-def cpu_round(fake, backend, threads: int = 16, per_thread: int = 4) -> float:  # noqa: ANN001
+def _round_cpu(backend, threads: int, per_thread: int, settle) -> float:  # noqa: ANN001
+    """This process's CPU seconds for ``threads`` threads each running ``per_thread`` runs
+    (started together), until every run has returned and ``settle()`` has."""
     barrier = threading.Barrier(threads + 1)
 
     def worker() -> None:
@@ -98,7 +100,12 @@ def cpu_round(fake, backend, threads: int = 16, per_thread: int = 4) -> float:  
     cpu0 = time.process_time()
     for t in pool:
         t.join()
-    cpu = time.process_time() - cpu0
+    settle()
+    return time.process_time() - cpu0
+
+
+def cpu_round(fake, backend, threads: int = 16, per_thread: int = 4) -> float:  # noqa: ANN001
+    cpu = _round_cpu(backend, threads, per_thread, lambda: None)
     fake.wait_for(lambda s: s["live"] == 0, 120)
     return cpu * 1000 / (threads * per_thread)
 
@@ -140,24 +147,13 @@ def metrics_child(arm: str, threads: int = 16, per_thread: int = 4) -> int:
         time.sleep(0.02)
     metrics.drain()
     drain_cpu[0] = 0.0
-    barrier = threading.Barrier(threads + 1)
 
-    def worker() -> None:
-        barrier.wait()
-        for _ in range(per_thread):
-            backend.run("print(1)")
+    def settle() -> None:
+        while _fake_live(base):
+            time.sleep(0.02)
+        metrics.drain()
 
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    barrier.wait()
-    cpu0 = time.process_time()
-    for t in pool:
-        t.join()
-    while _fake_live(base):
-        time.sleep(0.02)
-    metrics.drain()
-    cpu = time.process_time() - cpu0
+    cpu = _round_cpu(backend, threads, per_thread, settle)
     print(f"CPU {cpu * 1000 / (threads * per_thread):.4f}", flush=True)
     print(f"DRAIN {drain_cpu[0] * 1000 / (threads * per_thread):.4f}", flush=True)
     backend.shutdown()

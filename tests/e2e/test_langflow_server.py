@@ -358,6 +358,18 @@ def counted(server: Server, before: dict[str, Any], fake: Fake, surface: str) ->
     }
 
 
+def assert_one_guest_as_the_fake_counted_it(got: dict[str, Any]) -> None:
+    """One run, one guest: our families grew by exactly what the fake itself counted."""
+    stats = got["stats"]
+    assert stats["created"] == 1
+    assert (got["created"], got["destroyed"], got["live"], got["ok"]) == (1, 1, 0, 1), got
+    assert (got["creates"], got["deletes"], got["execs"]) == (
+        stats["requests"]["create"],
+        stats["requests"]["delete"],
+        stats["requests"]["exec_stream"],
+    ), got
+
+
 def test_langflows_metrics_port_shows_our_counters_as_the_fake_counted_them(
     plain_server: Server, executor_server: Server, slow_fake: Fake
 ) -> None:
@@ -370,28 +382,14 @@ def test_langflows_metrics_port_shows_our_counters_as_the_fake_counted_them(
     flow_id = upload_flow(plain_server, E2E / "flows" / "component_flow.json", "slow: metrics component")
     assert any("42" in t for t in run_flow(plain_server, flow_id, "print(6 * 7)"))
     got = counted(plain_server, before, slow_fake, "component")
-    stats = got["stats"]
-    assert stats["created"] == 1
-    assert (got["created"], got["destroyed"], got["live"], got["ok"]) == (1, 1, 0, 1), got
-    assert (got["creates"], got["deletes"], got["execs"]) == (
-        stats["requests"]["create"],
-        stats["requests"]["delete"],
-        stats["requests"]["exec_stream"],
-    ), got
+    assert_one_guest_as_the_fake_counted_it(got)
 
     _, before = scrape(executor_server)
     slow_fake.reset()
     flow_id = upload_flow(executor_server, E2E / "flows" / "shout_flow.json", "slow: metrics executor")
     assert run_flow(executor_server, flow_id, "hello metrics") == ["HELLO METRICS!"]
     got = counted(executor_server, before, slow_fake, "executor")
-    stats = got["stats"]
-    assert stats["created"] == 1
-    assert (got["created"], got["destroyed"], got["live"], got["ok"]) == (1, 1, 0, 1), got
-    assert (got["creates"], got["deletes"], got["execs"]) == (
-        stats["requests"]["create"],
-        stats["requests"]["delete"],
-        stats["requests"]["exec_stream"],
-    ), got
+    assert_one_guest_as_the_fake_counted_it(got)
     for text in (scrape(plain_server)[0], got["text"]):
         types = [line for line in text.splitlines() if line.startswith("# TYPE createos_")]
         assert types and len(types) == len(set(types)), types

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import E2E, Fake, backend_env, run_doctor
+from conftest import E2E, Fake, backend_env, run_doctor, run_python
 
 pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (scripts/test installs it)")
 
@@ -60,15 +58,7 @@ def report():
 
 
 def run_script(script: str, env: dict[str, str], timeout: float = 240) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", COMMON + script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_python(COMMON + script, env, timeout=timeout)
     out: dict[str, Any] = {"stdout": proc.stdout, "stderr": proc.stderr}
     for line in proc.stdout.splitlines():
         for tag in ("FAMILIES", "SCRAPE", "USAGE", "RESULT"):
