@@ -56,22 +56,26 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_installed_package()
 
 
-def fake_binary() -> Path:
-    """The fake's executable, or a failure that says how to build it."""
+def built_binary(env_var: str, relative: str, build: str) -> Path:
+    """A binary of this workspace's build: ``$env_var`` when set, else ``relative`` under
+    ``$CARGO_TARGET_DIR`` or the repository's ``target/``; a failure that says how to build it."""
     candidates = []
-    if os.environ.get("CREATEOS_FAKE_BIN"):
-        candidates.append(Path(os.environ["CREATEOS_FAKE_BIN"]))
+    if os.environ.get(env_var):
+        candidates.append(Path(os.environ[env_var]))
     else:
         if os.environ.get("CARGO_TARGET_DIR"):
-            candidates.append(Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / "createos-fake")
-        candidates.append(REPO / "target" / "debug" / "createos-fake")
+            candidates.append(Path(os.environ["CARGO_TARGET_DIR"]) / relative)
+        candidates.append(REPO / "target" / relative)
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    pytest.fail(
-        f"createos-fake not found (looked at {', '.join(map(str, candidates))}); "
-        "build it with `cargo build -p createos-fake` or set CREATEOS_FAKE_BIN"
-    )
+    name = Path(relative).name
+    pytest.fail(f"{name} not found (looked at {', '.join(map(str, candidates))}); build it with `{build}` or set {env_var}")
+
+
+def fake_binary() -> Path:
+    """The fake's executable, or a failure that says how to build it."""
+    return built_binary("CREATEOS_FAKE_BIN", "debug/createos-fake", "cargo build -p createos-fake")
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, Fake, backend_env, lfx_run
+from conftest import Fake, backend_env, built_binary, lfx_run
 
 # What the flow's code does: the direct connection first (it must be dropped whatever the list
 # says), then pip through the proxy the guest's environment names, then the import. One retry:
@@ -66,17 +66,8 @@ print("direct connection:", direct + "; tinypkg", tinypkg.VALUE)
 
 def _testnet_binary() -> Path:
     """The network's executable, or a failure that says how to build it."""
-    if os.environ.get("EGRESS_TESTNET_BIN"):
-        candidates = [Path(os.environ["EGRESS_TESTNET_BIN"])]
-    else:
-        target = Path(os.environ["CARGO_TARGET_DIR"]) if os.environ.get("CARGO_TARGET_DIR") else REPO / "target"
-        candidates = [target / "debug" / "examples" / "egress-testnet"]
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail(
-        f"egress-testnet not found (looked at {', '.join(map(str, candidates))}); build it with "
-        "`cargo build -p egress-gateway --example egress-testnet` or set EGRESS_TESTNET_BIN"
+    return built_binary(
+        "EGRESS_TESTNET_BIN", "debug/examples/egress-testnet", "cargo build -p egress-gateway --example egress-testnet"
     )
 
 
