@@ -12,14 +12,15 @@ Starts ``createos-fake --latency-ms 20`` and, through the backend object lfx bui
 2. measures host CPU per run (this process, all threads: ``time.process_time``) in interleaved
    rounds of 16 threads x 4 runs with the cap set (on) and unset (off), and prints the medians.
 
-    python tests/e2e/bench_admission.py --metrics-ab [--rounds 8]
+    python tests/e2e/bench_admission.py --metrics-ab [--rounds 8] [--threads 16] [--runs 256]
 
 measures host CPU per run with metrics on vs off instead: each round starts one fresh process
-per arm, interleaved, and each process measures (``time.process_time``, all its threads) 16
-threads x 4 runs from their start until the fake has no live guest and the last events were
-drained. Arms: ``on`` (the default: Prometheus families, usage records), ``off``
-(``CREATEOS_METRICS=off``: usage records only) and ``none`` (events never enabled: the
-extension as it was before metrics). Prints the medians.
+per arm, interleaved, and each process measures (``time.process_time``, all its threads)
+``--runs`` runs from ``--threads`` threads, from their start until the fake has no live guest
+and the last events were drained (``--threads 1``: one run at a time). Arms: ``on`` (the
+default: Prometheus families, usage records), ``off`` (``CREATEOS_METRICS=off``: usage records
+only) and ``none`` (events never enabled: the extension as it was before metrics). Prints the
+medians, and the median of each round's on-vs-none difference.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def metrics_child(arm: str, threads: int = 16, per_thread: int = 4) -> int:
 
     if arm == "none":
         metrics.install = lambda: None  # events never enabled: nothing queued or drained
-    # The exporter's own CPU, on the threads that drain (after each run, the daemon thread):
+    # The exporter's own CPU, on the threads that drain (the daemon thread, the settling below):
     # a figure the other processes on the machine do not blur.
     drain_cpu = [0.0]
     real_drain = metrics.drain
@@ -160,7 +161,7 @@ def metrics_child(arm: str, threads: int = 16, per_thread: int = 4) -> int:
     return 0
 
 
-def metrics_ab(rounds: int) -> int:
+def metrics_ab(rounds: int, threads: int, runs: int) -> int:
     import subprocess
 
     fake = start_fake(latency_ms=20)
@@ -175,7 +176,7 @@ def metrics_ab(rounds: int) -> int:
                 if arm == "off":
                     arm_env["CREATEOS_METRICS"] = "off"
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--metrics-child", arm],
+                    [sys.executable, __file__, "--metrics-child", arm, "--threads", str(threads), "--runs", str(runs)],
                     capture_output=True, text=True, env=arm_env, timeout=600, check=False,
                 )
                 line = [x for x in proc.stdout.splitlines() if x.startswith("CPU ")]
@@ -191,6 +192,10 @@ def metrics_ab(rounds: int) -> int:
             print(f"drain CPU ms/run, metrics {arm}: median {statistics.median(drained[arm]):.4f}")
         on, none = statistics.median(got["on"]), statistics.median(got["none"])
         print(f"on vs none: {100 * (on - none) / none:+.1f}%", flush=True)
+        # Each round's two processes ran next to each other: their difference drifts less with
+        # the machine's load than the arms' medians do.
+        paired = [100 * (o - n) / n for o, n in zip(got["on"], got["none"])]
+        print(f"on vs none, paired by round: median {statistics.median(paired):+.1f}% {[round(x, 1) for x in paired]}", flush=True)
     finally:
         fake.stop()
     return 0
@@ -202,12 +207,13 @@ def main() -> int:
     parser.add_argument("--cap", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=6, help="interleaved CPU rounds per arm")
     parser.add_argument("--metrics-ab", action="store_true", help="CPU per run with metrics on vs off")
+    parser.add_argument("--threads", type=int, default=16, help="--metrics-ab: threads per process (--runs runs in all)")
     parser.add_argument("--metrics-child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.metrics_child:
-        return metrics_child(args.metrics_child)
+        return metrics_child(args.metrics_child, threads=args.threads, per_thread=max(1, args.runs // args.threads))
     if args.metrics_ab:
-        return metrics_ab(args.rounds)
+        return metrics_ab(args.rounds, args.threads, args.runs)
     fake = start_fake(latency_ms=20)
     try:
         env = backend_env(fake)

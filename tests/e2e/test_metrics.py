@@ -405,6 +405,98 @@ def test_opentelemetry_gets_the_figures_on_lfxs_langflow_meter(clean_fake: Fake)
     assert all(key.startswith("langflow ") for key in seen), seen
 
 
+# An SDK tracer provider as lfx's observability installs one, with an in-memory exporter.
+SPANS = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+def spans():
+    return [
+        {"name": s.name, "scope": s.instrumentation_scope.name, "status": s.status.status_code.name,
+         "attributes": dict(s.attributes)}
+        for s in exporter.get_finished_spans()
+    ]
+"""
+
+SPAN_RUNS = SPANS + f"""
+from langflow_sandbox_createos import node
+from langflow_sandbox_createos.backend import create_backend
+from langflow_sandbox_createos.exceptions import CreateOSError
+backend = create_backend()
+backend.run("print('{OUTPUT_MARKER}')  # {CODE_MARKER}")
+backend.run("import sys; sys.exit(3)")
+os.environ["CREATEOS_CONTROL_PLANE_RETRY_SECONDS"] = "0"  # out of range: the run is refused
+try:
+    backend.run("print(1)")
+except CreateOSError as exc:
+    print("REFUSED " + type(exc).__name__, flush=True)
+del os.environ["CREATEOS_CONTROL_PLANE_RETRY_SECONDS"]
+node.run(**COMPONENT_INPUTS)
+backend.shutdown()
+print("RESULT " + json.dumps(spans()), flush=True)
+report()
+"""
+
+
+def test_each_run_is_a_span_through_lfxs_outbound_call_helper(clean_fake: Fake) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is not installed")
+    from lfx import observability
+
+    env = backend_env(clean_fake, LANGFLOW_SANDBOX_BACKEND_PLUGINS=None)
+    out = run_script(f"COMPONENT_INPUTS = {component_inputs()!r}\n" + SPAN_RUNS, env)
+    assert "REFUSED CreateOSUnavailableError" in out["stdout"], out["stdout"][-2000:]
+    spans = out["RESULT"]
+    assert [s["name"] for s in spans] == ["createos.sandbox.run"] * 4, spans
+    # The tracer lfx's helper uses, the one span scope lfx's export filter lets through.
+    assert {s["scope"] for s in spans} == {observability.APPLICATION_TRACER_NAME}
+    assert observability.APPLICATION_TRACER_NAME in observability.exported_span_scopes()
+    ok, failed, refused, component = (s["attributes"] for s in spans)
+    assert ok["createos.surface"] == "backend" and ok["createos.outcome"] == "ok"
+    assert ok["createos.guest"].startswith("lf-")
+    assert failed["createos.outcome"] == "program_failed"
+    assert [s["status"] for s in spans] == ["UNSET", "UNSET", "ERROR", "UNSET"]
+    assert refused["error.type"] == "CreateOSUnavailableError" and "createos.outcome" not in refused
+    assert component["createos.surface"] == "component" and component["createos.outcome"] == "ok"
+    assert component["createos.guest"].startswith("lf-")
+    assert_nothing_secret(json.dumps(spans), clean_fake.key)
+
+
+def test_an_executor_run_is_a_span_and_metrics_off_emits_none(clean_fake: Fake) -> None:
+    pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk is not installed")
+    script = SPANS + f"""
+import asyncio
+from lfx.graph import Graph
+
+async def main():
+    graph = Graph.from_payload(json.load(open({str(SHOUT)!r})))
+    await graph.arun([{{"input_value": "fine"}}])
+
+asyncio.run(main())
+print("RESULT " + json.dumps(spans()), flush=True)
+report()
+"""
+    env = backend_env(
+        clean_fake,
+        LANGFLOW_SANDBOX_BACKEND=None,
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
+        LANGFLOW_EXECUTOR_KIND="createos",
+    )
+    ours = [s for s in run_script(script, env)["RESULT"] if s["name"] == "createos.sandbox.run"]
+    assert [(s["attributes"]["createos.surface"], s["attributes"].get("createos.outcome"), s["status"]) for s in ours] == [
+        ("executor", "ok", "UNSET")
+    ], ours
+    off = [s for s in run_script(script, {**env, "CREATEOS_METRICS": "off"})["RESULT"] if s["name"] == "createos.sandbox.run"]
+    assert off == []
+    assert clean_fake.wait_settled()["created"] == 2
+
+
 def test_no_family_is_registered_twice_in_a_process(clean_fake: Fake) -> None:
     script = """
 from langflow_sandbox_createos import metrics
@@ -426,6 +518,7 @@ def test_doctor_says_whether_and_where_metrics_are_exported(clean_fake: Fake, tm
     assert "createos_* families exported to prometheus_client's default registry" in on.stdout
     assert f"PROMETHEUS_MULTIPROC_DIR={multiproc}" in on.stdout
     assert f"CREATEOS_USAGE_LOG={tmp_path / 'u.jsonl'}" in on.stdout
+    assert "one 'createos.sandbox.run' span per run" in on.stdout
     off = run_doctor(backend_env(clean_fake, CREATEOS_METRICS="off"))
     assert "metrics are off (CREATEOS_METRICS=off)" in off.stdout, off.stdout[-3000:]
     assert "families exported" not in off.stdout
@@ -439,17 +532,18 @@ native = _native.NativeBackend()
 native.run("print(1)", None, _sandbox_settings())  # queued, not drained
 r, w = os.pipe()
 pid = os.fork()
+def created(tallies):
+    return sum(n for kind, _, _, n in tallies if kind == "guest_created")
 if pid == 0:
-    inherited, _ = _native.drain_events()
+    inherited = _native.drain_events()
     native.run("print(2)", None, _sandbox_settings())
-    own, _ = _native.drain_events()
-    created = [e for e in own if e[0] == "guest_created"]
-    os.write(w, json.dumps([len(inherited), len(created)]).encode())
+    own = _native.drain_events()
+    os.write(w, json.dumps([sum(map(len, inherited[:3])) + inherited[3], created(own[0]), len(own[1])]).encode())
     os._exit(0)
 os.waitpid(pid, 0)
 child = json.loads(os.read(r, 1000))
-parent, _ = _native.drain_events()
-print("RESULT " + json.dumps({"child": child, "parent_created": sum(1 for e in parent if e[0] == "guest_created")}), flush=True)
+parent = _native.drain_events()
+print("RESULT " + json.dumps({"child": child, "parent_created": created(parent[0]), "parent_runs": len(parent[1])}), flush=True)
 native.shutdown()
 report()
 """
@@ -458,5 +552,5 @@ report()
 def test_a_forked_child_starts_with_an_empty_event_queue_of_its_own(clean_fake: Fake) -> None:
     out = run_script(FORK_QUEUE, backend_env(clean_fake))
     # The parent's undrained events stay the parent's; the child sees only its own guest.
-    assert out["RESULT"] == {"child": [0, 1], "parent_created": 1}, out["RESULT"]
+    assert out["RESULT"] == {"child": [0, 1, 1], "parent_created": 1, "parent_runs": 1}, out["RESULT"]
     assert clean_fake.wait_settled()["created"] == 2

@@ -1,133 +1,150 @@
-//! Observation events to Python, pulled: `enable_events()` and `drain_events()`.
+//! Observation events to Python, pulled and added up: `enable_events()` and `drain_events()`.
 //!
 //! Once Python asked for events ([`enable_events`]), every session this process builds gets
-//! an [`EventQueue`] as its observer: each event is copied (owned, no key, code or output:
-//! the labels of the event and a destroyed guest's usage record) into a bounded queue, the
-//! oldest dropped and counted past [`EVENT_CAP`]. Pushing never blocks a run beyond one
-//! short mutex hold and never touches Python. Python drains the queue from a thread that
-//! holds the GIL ([`drain_events`]): after each run, at a scrape, from a small daemon
-//! thread, at exit. No callback from a runtime thread into Python, so no GIL is ever taken
-//! by a tokio worker and nothing can run during interpreter finalisation.
+//! an [`EventQueue`] as its observer. Each event is added to what was held since the last
+//! drain: counts and sums by label (no key, code or output: the labels are surfaces,
+//! outcomes, reasons, routes, status classes and shapes), plus each run's duration and each
+//! destroyed guest's usage record, those two bounded at [`EVENT_CAP`] each, the oldest
+//! dropped and counted. Adding never blocks a run beyond one short mutex hold and never
+//! touches Python. Python drains from a thread that holds the GIL ([`drain_events`]) at a
+//! scrape, from a small daemon thread, now and then after a run, and at exit, and pays one
+//! step per label set that changed, not one per event: many runs between two drains cost
+//! it about what one does. No callback from a runtime thread into Python, so no GIL is ever
+//! taken by a tokio worker and nothing can run during interpreter finalisation.
 //!
 //! Fork: the queue is held per process ([`crate::process::PerProcess`]), so a forked child
 //! starts with an empty queue of its own, installed on the session the child builds; the
 //! parent's queue, and the events it held at the fork, are never seen in the child. The
 //! switch [`enable_events`] set is inherited (a child of a process that asked for events
-//! keeps producing them). The queue's mutex is locked by runtime threads (to push) and by
+//! keeps producing them). The queue's mutex is locked by runtime threads (to add) and by
 //! the draining thread; a child never locks its parent's queue, so one inherited locked is
 //! never waited for.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
-use sandbox_core::observe::{Event, GuestUsage, Observer, RunOutcome};
+use pyo3::types::{PyDict, PyList};
+use sandbox_core::observe::{DestroyReason, Event, GuestUsage, Observer, RunOutcome, StatusClass};
 use sandbox_core::session::Session;
 use sandbox_core::surface::SurfaceKind;
 
 use crate::process::PerProcess;
 
-/// Events kept while nobody drains; the oldest are dropped first (and counted) past it.
+/// Run durations and usage records kept while nobody drains (each); the oldest are dropped
+/// first (and counted) past it. Counts and sums are added up in place, so they never drop.
 pub const EVENT_CAP: usize = 65_536;
 
-/// One event, owned: the labels and figures of an [`Event`], nothing else.
-#[derive(Debug, Clone, PartialEq)]
-enum Owned {
-    Created {
-        surface: SurfaceKind,
-        shape: String,
-    },
-    Destroyed(Box<GuestUsage>),
-    Run {
-        surface: SurfaceKind,
-        outcome: &'static str,
-        seconds: f64,
-    },
-    Request {
-        route: &'static str,
-        status: &'static str,
-    },
-    Pool {
-        surface: SurfaceKind,
-        hit: bool,
-    },
-    AdmissionWait {
-        surface: SurfaceKind,
-        seconds: f64,
-    },
-    AdmissionRefused {
-        surface: SurfaceKind,
-    },
-    Orphans {
-        count: u64,
-    },
+/// What one count or sum is of: a family and its labels (all from fixed sets, but for the
+/// shape of a guest-seconds sum, which is the operator's configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Tally {
+    Created(SurfaceKind),
+    Destroyed(SurfaceKind, DestroyReason),
+    GuestSeconds(SurfaceKind, String),
+    Runs(SurfaceKind, RunOutcome),
+    Request(&'static str, StatusClass),
+    Pool(SurfaceKind, bool),
+    Waits(SurfaceKind),
+    WaitSeconds(SurfaceKind),
+    Refusals(SurfaceKind),
+    Orphans,
 }
 
-impl Owned {
-    fn of(event: &Event<'_>) -> Self {
-        match *event {
-            Event::GuestCreated { surface, shape } => Owned::Created {
-                surface,
-                shape: shape.to_owned(),
-            },
-            Event::GuestDestroyed(u) => Owned::Destroyed(Box::new(u.clone())),
-            Event::RunFinished {
-                surface,
-                outcome,
-                seconds,
-            } => Owned::Run {
-                surface,
-                outcome: outcome.as_str(),
-                seconds,
-            },
-            Event::ControlRequest { route, status } => Owned::Request {
-                route,
-                status: status.as_str(),
-            },
-            Event::Pool { surface, hit } => Owned::Pool { surface, hit },
-            Event::AdmissionWait { surface, seconds } => Owned::AdmissionWait { surface, seconds },
-            Event::AdmissionRefused { surface } => Owned::AdmissionRefused { surface },
-            Event::OrphansReaped { count } => Owned::Orphans { count },
+impl Tally {
+    /// `(kind, label, label)` as [`drain_events`] hands them over.
+    fn labels(&self) -> (&'static str, &str, &str) {
+        match self {
+            Tally::Created(s) => ("guest_created", s.as_str(), ""),
+            Tally::Destroyed(s, r) => ("guest_destroyed", s.as_str(), r.as_str()),
+            Tally::GuestSeconds(s, shape) => ("guest_seconds", s.as_str(), shape),
+            Tally::Runs(s, o) => ("run_finished", s.as_str(), o.as_str()),
+            Tally::Request(route, status) => ("control_request", route, status.as_str()),
+            Tally::Pool(s, hit) => ("pool", s.as_str(), if *hit { "hit" } else { "miss" }),
+            Tally::Waits(s) => ("admission_wait", s.as_str(), ""),
+            Tally::WaitSeconds(s) => ("admission_wait_seconds", s.as_str(), ""),
+            Tally::Refusals(s) => ("admission_refused", s.as_str(), ""),
+            Tally::Orphans => ("orphans_reaped", "", ""),
         }
     }
 }
 
+/// What happened since the last drain: counts and sums added up by label, each run's
+/// duration (for a histogram) and each destroyed guest's usage record.
 #[derive(Debug, Default)]
 struct Held {
-    events: VecDeque<Owned>,
+    tallies: HashMap<Tally, f64>,
+    run_seconds: VecDeque<(SurfaceKind, f64)>,
+    usages: VecDeque<GuestUsage>,
     dropped: u64,
 }
 
-/// The bounded queue one process's events wait in until Python drains them.
+impl Held {
+    fn add(&mut self, tally: Tally, n: f64) {
+        *self.tallies.entry(tally).or_default() += n;
+    }
+
+    fn keep<T>(queue: &mut VecDeque<T>, dropped: &mut u64, item: T) {
+        if queue.len() >= EVENT_CAP {
+            queue.pop_front();
+            *dropped += 1;
+        }
+        queue.push_back(item);
+    }
+
+    fn observe(&mut self, event: &Event<'_>) {
+        match *event {
+            Event::GuestCreated { surface, .. } => self.add(Tally::Created(surface), 1.0),
+            Event::GuestDestroyed(u) => {
+                self.add(Tally::Destroyed(u.surface, u.reason), 1.0);
+                self.add(
+                    Tally::GuestSeconds(u.surface, u.shape.clone()),
+                    u.guest_seconds,
+                );
+                Self::keep(&mut self.usages, &mut self.dropped, u.clone());
+            }
+            Event::RunFinished {
+                surface,
+                outcome,
+                seconds,
+            } => {
+                self.add(Tally::Runs(surface, outcome), 1.0);
+                Self::keep(&mut self.run_seconds, &mut self.dropped, (surface, seconds));
+            }
+            Event::ControlRequest { route, status } => self.add(Tally::Request(route, status), 1.0),
+            Event::Pool { surface, hit } => self.add(Tally::Pool(surface, hit), 1.0),
+            Event::AdmissionWait { surface, seconds } => {
+                self.add(Tally::Waits(surface), 1.0);
+                self.add(Tally::WaitSeconds(surface), seconds);
+            }
+            Event::AdmissionRefused { surface } => self.add(Tally::Refusals(surface), 1.0),
+            #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+            Event::OrphansReaped { count } => self.add(Tally::Orphans, count as f64),
+        }
+    }
+}
+
+/// Where one process's events are added up until Python drains them.
 #[derive(Debug, Default)]
 pub struct EventQueue {
     held: Mutex<Held>,
 }
 
 impl EventQueue {
-    fn push(&self, event: Owned) {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.events.len() >= EVENT_CAP {
-            held.events.pop_front();
-            held.dropped += 1;
-        }
-        held.events.push_back(event);
-    }
-
-    /// Everything queued, and how many were dropped since the last take.
-    fn take(&self) -> (VecDeque<Owned>, u64) {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let dropped = std::mem::take(&mut held.dropped);
-        (std::mem::take(&mut held.events), dropped)
+    /// Everything held, emptied.
+    fn take(&self) -> Held {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
 impl Observer for EventQueue {
     fn observe(&self, event: &Event<'_>) {
-        self.push(Owned::of(event));
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observe(event);
     }
 }
 
@@ -157,6 +174,14 @@ pub fn enable_events() {
     }
 }
 
+/// Whether `CREATEOS_METRICS` leaves this process's metrics and spans on (sandbox-core's
+/// rule: `off`, `0`, `false`, `no` or `disabled` turn them off; anything else leaves them on).
+/// Read from the environment now; no I/O.
+#[pyfunction]
+pub fn metrics_enabled() -> bool {
+    sandbox_core::settings::metrics_enabled(&|k| std::env::var(k).ok())
+}
+
 fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -182,85 +207,107 @@ fn usage_dict<'py>(py: Python<'py>, u: &GuestUsage) -> PyResult<Bound<'py, PyDic
     Ok(d)
 }
 
-fn to_python<'py>(py: Python<'py>, e: &Owned) -> PyResult<Bound<'py, PyTuple>> {
-    let t = match e {
-        Owned::Created { surface, shape } => {
-            ("guest_created", surface.as_str(), shape.as_str()).into_pyobject(py)?
-        }
-        Owned::Destroyed(u) => ("guest_destroyed", usage_dict(py, u)?).into_pyobject(py)?,
-        Owned::Run {
-            surface,
-            outcome,
-            seconds,
-        } => ("run_finished", surface.as_str(), *outcome, *seconds).into_pyobject(py)?,
-        Owned::Request { route, status } => {
-            ("control_request", *route, *status).into_pyobject(py)?
-        }
-        Owned::Pool { surface, hit } => ("pool", surface.as_str(), *hit).into_pyobject(py)?,
-        Owned::AdmissionWait { surface, seconds } => {
-            ("admission_wait", surface.as_str(), *seconds).into_pyobject(py)?
-        }
-        Owned::AdmissionRefused { surface } => {
-            ("admission_refused", surface.as_str()).into_pyobject(py)?
-        }
-        Owned::Orphans { count } => ("orphans_reaped", *count).into_pyobject(py)?,
-    };
-    Ok(t)
-}
+/// What [`drain_events`] hands Python: the tallies, the run durations, the usage records and
+/// the drop count.
+type Drained<'py> = (
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+    u64,
+);
 
-/// Takes every event this process queued since the last call, oldest first, as plain tuples
-/// (`("guest_created", surface, shape)`, `("guest_destroyed", usage)`, `("run_finished",
-/// surface, outcome, seconds)`, `("control_request", route, status_class)`, `("pool",
-/// surface, hit)`, `("admission_wait", surface, seconds)`, `("admission_refused", surface)`,
-/// `("orphans_reaped", count)`), and how many were dropped meanwhile (the queue holds
-/// [`EVENT_CAP`]). Empty before [`enable_events`]. Never a key, code or output: a usage
-/// record carries the guest's name, flow and node ids, a hash of the session id, its shape,
-/// image, egress kind, times, runs, outcome, bytes returned and reason.
+/// Takes what this process observed since the last call, added up: `(tallies, run_seconds,
+/// usages, dropped)`. `tallies` holds one `(kind, label, label, value)` per family and
+/// labels that changed: `("guest_created", surface, "", n)`, `("guest_destroyed", surface,
+/// reason, n)`, `("guest_seconds", surface, shape, seconds)`, `("run_finished", surface,
+/// outcome, n)`, `("control_request", route, status_class, n)`, `("pool", surface,
+/// "hit"|"miss", n)`, `("admission_wait", surface, "", n)`, `("admission_wait_seconds",
+/// surface, "", seconds)`, `("admission_refused", surface, "", n)`, `("orphans_reaped", "",
+/// "", n)`. `run_seconds` holds `(surface, seconds)` per run, oldest first; `usages` a dict
+/// per destroyed guest (only with `usage=True`: otherwise they are discarded), oldest first;
+/// `dropped` how many of either were dropped meanwhile (each holds [`EVENT_CAP`]). So a
+/// drain costs Python one step per label set, not per event. Empty before
+/// [`enable_events`]. Never a key, code or output: a usage record carries the guest's name,
+/// flow and node ids, a hash of the session id, its shape, image, egress kind, times, runs,
+/// outcome, bytes returned and reason.
 #[pyfunction]
-pub fn drain_events(py: Python<'_>) -> PyResult<(Bound<'_, PyList>, u64)> {
+#[pyo3(signature = (usage = true))]
+pub fn drain_events(py: Python<'_>, usage: bool) -> PyResult<Drained<'_>> {
+    let (tallies, runs, usages) = (PyList::empty(py), PyList::empty(py), PyList::empty(py));
     let Some(queue) = QUEUE.current() else {
-        return Ok((PyList::empty(py), 0));
+        return Ok((tallies, runs, usages, 0));
     };
-    let (events, dropped) = queue.take();
-    let list = PyList::empty(py);
-    for e in &events {
-        list.append(to_python(py, e)?)?;
+    let held = queue.take();
+    for (tally, value) in &held.tallies {
+        let (kind, a, b) = tally.labels();
+        tallies.append((kind, a, b, *value))?;
     }
-    Ok((list, dropped))
+    for (surface, seconds) in &held.run_seconds {
+        runs.append((surface.as_str(), *seconds))?;
+    }
+    if usage {
+        for u in &held.usages {
+            usages.append(usage_dict(py, u)?)?;
+        }
+    }
+    Ok((tallies, runs, usages, held.dropped))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::observe::{DestroyReason, StatusClass};
 
     #[test]
-    fn the_queue_keeps_the_newest_and_counts_what_it_dropped() {
+    fn counts_add_up_by_label_and_only_durations_and_usages_can_drop() {
         let q = EventQueue::default();
         for _ in 0..EVENT_CAP + 3 {
-            q.observe(&Event::OrphansReaped { count: 1 });
+            q.observe(&Event::RunFinished {
+                surface: SurfaceKind::Backend,
+                outcome: RunOutcome::Ok,
+                seconds: 0.5,
+            });
         }
-        q.observe(&Event::ControlRequest {
-            route: "create",
-            status: StatusClass::ClientError,
-        });
-        let (events, dropped) = q.take();
-        assert_eq!(events.len(), EVENT_CAP);
-        assert_eq!(dropped, 4);
-        assert_eq!(
-            events.back(),
-            Some(&Owned::Request {
+        for status in [
+            StatusClass::ClientError,
+            StatusClass::ClientError,
+            StatusClass::Success,
+        ] {
+            q.observe(&Event::ControlRequest {
                 route: "create",
-                status: "4xx"
-            })
+                status,
+            });
+        }
+        q.observe(&Event::OrphansReaped { count: 4 });
+        let held = q.take();
+        assert_eq!(held.run_seconds.len(), EVENT_CAP);
+        assert_eq!(held.dropped, 3);
+        #[allow(clippy::cast_precision_loss)]
+        let runs = (EVENT_CAP + 3) as f64;
+        assert_eq!(
+            held.tallies
+                .get(&Tally::Runs(SurfaceKind::Backend, RunOutcome::Ok)),
+            Some(&runs),
+            "a count is never dropped"
         );
-        let (events, dropped) = q.take();
-        assert!(events.is_empty());
-        assert_eq!(dropped, 0, "the drop count starts again after a take");
+        assert_eq!(
+            held.tallies
+                .get(&Tally::Request("create", StatusClass::ClientError)),
+            Some(&2.0)
+        );
+        assert_eq!(
+            held.tallies
+                .get(&Tally::Request("create", StatusClass::Success)),
+            Some(&1.0)
+        );
+        assert_eq!(held.tallies.get(&Tally::Orphans), Some(&4.0));
+        assert_eq!(held.tallies.len(), 4);
+        let held = q.take();
+        assert!(held.tallies.is_empty() && held.run_seconds.is_empty());
+        assert_eq!(held.dropped, 0, "the drop count starts again after a take");
     }
 
     #[test]
-    fn a_destroyed_guest_is_copied_with_its_usage_only() {
+    fn a_destroyed_guest_is_counted_summed_and_kept_with_its_usage_only() {
         let q = EventQueue::default();
         let usage = GuestUsage {
             surface: SurfaceKind::Executor,
@@ -280,20 +327,24 @@ mod tests {
             reason: DestroyReason::Timeout,
         };
         q.observe(&Event::GuestDestroyed(&usage));
-        q.observe(&Event::RunFinished {
-            surface: SurfaceKind::Executor,
-            outcome: RunOutcome::TimedOut,
-            seconds: 2.0,
-        });
-        let (events, _) = q.take();
-        assert_eq!(events[0], Owned::Destroyed(Box::new(usage)));
+        q.observe(&Event::GuestDestroyed(&usage));
+        let held = q.take();
+        assert_eq!(held.usages, [usage.clone(), usage]);
         assert_eq!(
-            events[1],
-            Owned::Run {
-                surface: SurfaceKind::Executor,
-                outcome: "timed_out",
-                seconds: 2.0
-            }
+            held.tallies.get(&Tally::Destroyed(
+                SurfaceKind::Executor,
+                DestroyReason::Timeout
+            )),
+            Some(&2.0)
+        );
+        assert_eq!(
+            held.tallies
+                .get(&Tally::GuestSeconds(SurfaceKind::Executor, "s-1".into())),
+            Some(&3.0)
+        );
+        assert_eq!(
+            Tally::GuestSeconds(SurfaceKind::Executor, "s-1".into()).labels(),
+            ("guest_seconds", "executor", "s-1")
         );
     }
 }

@@ -58,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(process::counters, m)?)?;
     m.add_function(wrap_pyfunction!(events::enable_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;
+    m.add_function(wrap_pyfunction!(events::metrics_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
     m.add_function(wrap_pyfunction!(executor::executor_settings, m)?)?;

@@ -47,6 +47,9 @@ pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_secs(30);
 /// fails transiently (5xx, resets, no answer, 429 without quota semantics) before it gives up
 /// (default 30: [`crate::retry::Backoff::default`]'s budget).
 pub const ENV_CONTROL_PLANE_RETRY: &str = "CREATEOS_CONTROL_PLANE_RETRY_SECONDS";
+/// `CREATEOS_METRICS`: whether the Python package exports its metrics and spans (see
+/// [`metrics_enabled`]). Usage records are written either way.
+pub const ENV_METRICS: &str = "CREATEOS_METRICS";
 /// The shortest and longest control-plane retry budget accepted, in seconds.
 const MIN_CONTROL_PLANE_RETRY_SECONDS: f64 = 1.0;
 const MAX_CONTROL_PLANE_RETRY_SECONDS: f64 = 3600.0;
@@ -140,6 +143,19 @@ pub fn non_blank(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<
     lookup(name)
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// Whether [`ENV_METRICS`] leaves metrics on: `off`, `0`, `false`, `no` or `disabled` (any
+/// case, trimmed) turn them off; anything else, unset included, leaves them on. Never a
+/// refusal: a misspelt value keeps the figures an operator relies on, and a run never fails
+/// over how it is counted.
+pub fn metrics_enabled(lookup: &dyn Fn(&str) -> Option<String>) -> bool {
+    !non_blank(lookup, ENV_METRICS).is_some_and(|v| {
+        matches!(
+            v.to_ascii_lowercase().as_str(),
+            "off" | "0" | "false" | "no" | "disabled"
+        )
+    })
 }
 
 /// The boolean setting `name` through `lookup`: unset is false, a bad value a refusal naming
@@ -379,6 +395,17 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn metrics_are_on_unless_turned_off_by_a_known_word() {
+        assert!(metrics_enabled(&env(&[])));
+        for on in ["on", "1", "true", "", "  ", "offf", "yes please"] {
+            assert!(metrics_enabled(&env(&[(ENV_METRICS, on)])), "{on:?}");
+        }
+        for off in ["off", "OFF", " 0 ", "false", "No", "disabled"] {
+            assert!(!metrics_enabled(&env(&[(ENV_METRICS, off)])), "{off:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ __all__ = [
     "counters",
     "enable_events",
     "drain_events",
+    "metrics_enabled",
     "reap",
     "_emit_log_records",
     "_hold_log_queue",
@@ -162,17 +163,29 @@ def enable_events() -> None:
     """Start queueing this process's observation events (and its forked children's) for
     ``drain_events()``. Idempotent; no thread, no I/O."""
 
-def drain_events() -> tuple[list[tuple[Any, ...]], int]:
-    """Every event queued since the last call, oldest first, and how many were dropped
-    meanwhile (the queue holds 65 536). Each is a tuple: ``("guest_created", surface, shape)``,
-    ``("guest_destroyed", usage)`` (``usage``: a dict with ``surface``, ``guest``, ``flow_id``,
-    ``node_id``, ``session_hash``, ``shape``, ``rootfs``, ``egress``, ``created_at`` and
-    ``destroyed_at`` (Unix seconds), ``guest_seconds``, ``runs``, ``outcome``,
-    ``bytes_returned``, ``reason``), ``("run_finished", surface, outcome, seconds)``,
-    ``("control_request", route, status_class)``, ``("pool", surface, hit)``,
-    ``("admission_wait", surface, seconds)``, ``("admission_refused", surface)``,
-    ``("orphans_reaped", count)``. Empty before ``enable_events()``; a forked child starts
-    with an empty queue. Never a key, code or output."""
+def metrics_enabled() -> bool:
+    """Whether ``CREATEOS_METRICS`` leaves metrics and spans on: ``off``, ``0``, ``false``,
+    ``no`` or ``disabled`` (any case) turn them off, anything else (unset included) leaves
+    them on. Read from the environment now; no I/O."""
+
+def drain_events(
+    usage: bool = True,
+) -> tuple[list[tuple[str, str, str, float]], list[tuple[str, float]], list[dict[str, Any]], int]:
+    """What this process observed since the last call, added up: ``(tallies, run_seconds,
+    usages, dropped)``. ``tallies``: one ``(kind, label, label, value)`` per family and labels
+    that changed: ``("guest_created", surface, "", n)``, ``("guest_destroyed", surface,
+    reason, n)``, ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
+    outcome, n)``, ``("control_request", route, status_class, n)``, ``("pool", surface,
+    "hit" | "miss", n)``, ``("admission_wait", surface, "", n)``,
+    ``("admission_wait_seconds", surface, "", seconds)``, ``("admission_refused", surface,
+    "", n)``, ``("orphans_reaped", "", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
+    run, oldest first. ``usages``: with ``usage=True``, a dict per destroyed guest, oldest
+    first (``surface``, ``guest``, ``flow_id``, ``node_id``, ``session_hash``, ``shape``,
+    ``rootfs``, ``egress``, ``created_at`` and ``destroyed_at`` (Unix seconds),
+    ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``); with
+    ``usage=False`` they are discarded. ``dropped``: run durations and usage records dropped
+    meanwhile (each list holds 65 536; counts never drop). Empty before ``enable_events()``;
+    a forked child starts empty. Never a key, code or output."""
 
 @final
 class ReapReport:

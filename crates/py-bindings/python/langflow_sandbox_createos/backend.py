@@ -69,10 +69,10 @@ class CreateOSBackend:
         :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError` (an lfx
         ``SandboxExecutionError``). A program that fails is a result, not an error.
         """
-        try:
+        with metrics.run_scope("backend") as span:
             out = self._native.run(code, env, _sandbox_settings())
-        finally:
-            metrics.after_run()
+            span.set_attribute("createos.guest", out.guest)
+            span.set_attribute("createos.outcome", metrics.run_outcome(out.exit_code))
         return SandboxResult(
             stdout=output_text(out.stdout),
             stderr=output_text(out.stderr),

@@ -650,43 +650,40 @@ class CreateOSExecutor(Executor):
         # first): the guests it destroys still reach the metrics and usage records.
         metrics.install()
         await _say_what_is_sandboxed()
-        request = _request(unit)
-        try:
-            context, files_back = await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1)
-        except _Unbridged as exc:
-            raise CreateOSUnavailableError(str(exc)) from None
-        request.update(context)
-        try:
+        with metrics.run_scope("executor") as span:
+            request = _request(unit)
+            try:
+                context, files_back = await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1)
+            except _Unbridged as exc:
+                raise CreateOSUnavailableError(str(exc)) from None
+            request.update(context)
             events = _native.NativeExecutor().start(json.dumps(request), _lfx_version())
-        except BaseException:
-            metrics.after_run()  # refused or not started: counted all the same
-            raise
-        del request, context  # the variables' values: not kept past the start
-        _register_shutdown()
-        sink = _MessageSink(unit.graph, files_back)
-        try:
-            async for kind, data in events:
-                if kind == "vertex":
-                    yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
-                    continue
-                if kind == "message":
-                    try:
-                        await sink.apply(data)
-                    except Exception as exc:  # noqa: BLE001 - what the host store raised for a guest's message
-                        reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
-                        raise CreateOSExecutionError(
-                            f"a chat message the flow stored in its guest could not be stored on the host ({reason}); "
-                            "the run was stopped and the guest destroyed, and the flow may have run"
-                        ) from None
-                    continue
-                outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=sink.ids), data)
-                if events.mode == "stream":
-                    yield StepResult(payload=Finish())
-                yield RunComplete(outputs=outputs)
-                return
-        finally:
-            await events.aclose()
-            metrics.after_run()
+            del request, context  # the variables' values: not kept past the start
+            _register_shutdown()
+            sink = _MessageSink(unit.graph, files_back)
+            try:
+                async for kind, data in events:
+                    if kind == "vertex":
+                        yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
+                        continue
+                    if kind == "message":
+                        try:
+                            await sink.apply(data)
+                        except Exception as exc:  # noqa: BLE001 - what the host store raised for a guest's message
+                            reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
+                            raise CreateOSExecutionError(
+                                f"a chat message the flow stored in its guest could not be stored on the host ({reason}); "
+                                "the run was stopped and the guest destroyed, and the flow may have run"
+                            ) from None
+                        continue
+                    outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=sink.ids), data)
+                    if events.mode == "stream":
+                        yield StepResult(payload=Finish())
+                    span.set_attribute("createos.outcome", "ok")
+                    yield RunComplete(outputs=outputs)
+                    return
+            finally:
+                await events.aclose()
 
     def __repr__(self) -> str:
         return "<CreateOSExecutor kind='createos'>"

@@ -1,9 +1,9 @@
 """Metrics and usage records: the native events of this process, exported where Langflow looks.
 
-The extension queues one event per guest created or destroyed, run finished, control-plane
+The extension observes every guest created or destroyed, run finished, control-plane
 request, pool hit or miss, admission wait or refusal and orphan sweep (bounded; never a key,
-code or output). This module drains that queue on a thread that holds the GIL and hands each
-batch to three sinks:
+code or output). This module drains what it observed on a thread that holds the GIL and
+hands each batch to three sinks, and wraps each run in a span for a fourth:
 
 - **Prometheus**, when ``prometheus_client`` imports (Langflow ships it): ``createos_…``
   families in its default registry, so Langflow's ``LANGFLOW_PROMETHEUS_ENABLED`` endpoint
@@ -18,11 +18,23 @@ batch to three sinks:
   (INFO, a JSON message, the dict as ``record.usage``) and, when ``CREATEOS_USAGE_LOG=PATH``
   is set, one JSON line appended to that file per guest (one ``write`` with ``O_APPEND``).
 
-Drained after every run of every surface, at each Prometheus scrape (a collector registered
-before the families, which drains and yields nothing), every :data:`PUMP_SECONDS` from a
-daemon thread (so guests destroyed in the background, by the pool, the reaper or a shutdown,
-reach the figures promptly) and at exit. ``CREATEOS_METRICS=off`` registers no family and
-emits nothing through OpenTelemetry; usage records are still written.
+- **Spans**, when lfx's observability installed an SDK tracer provider: one span per run
+  of every surface (:func:`run_scope`), through lfx's outbound-call span helper, so under
+  its ``langflow.observability`` tracer (the only span scope lfx exports besides its web
+  and database ones) and with its rules: identifiers only (the surface, the guest's name,
+  the outcome), an error's type and never its message.
+
+The extension adds events up by label as they happen (counts and sums), keeping only each
+run's duration and each destroyed guest's usage record one by one. A drain takes all of it:
+at each Prometheus scrape (a collector registered before the families, which drains and
+yields nothing), every :data:`PUMP_SECONDS` from a daemon thread that the first run of a
+process starts, at exit, and, in a process forked from the one that imported this module
+(which may end with ``os._exit``, skipping exit handlers), when a run ends with no other run
+in flight. A drain
+costs one step per label set that changed, however many runs it covers, so the cost per run
+falls as runs get more frequent instead of growing. ``CREATEOS_METRICS=off``
+registers no family and emits nothing through OpenTelemetry (no metric, no span); usage
+records are still written.
 
 Fork: a child starts with an empty event queue of its own (the extension's rule), a fresh
 drain lock, and restarts the daemon thread lazily on its first drain.
@@ -31,13 +43,15 @@ drain lock, and restarts the daemon thread lazily on its first drain.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol
 
 from . import _native
 
@@ -45,32 +59,38 @@ __all__ = [
     "ENV_METRICS",
     "ENV_USAGE_LOG",
     "PUMP_SECONDS",
+    "RunSpan",
+    "SPAN_NAME",
     "USAGE_LOGGER",
-    "after_run",
     "drain",
     "findings",
     "install",
     "metrics_on",
+    "run_outcome",
+    "run_scope",
 ]
 
 ENV_METRICS = "CREATEOS_METRICS"
 ENV_USAGE_LOG = "CREATEOS_USAGE_LOG"
 USAGE_LOGGER = "langflow_sandbox_createos.usage"
 PUMP_SECONDS = 1.0
+SPAN_NAME = "createos.sandbox.run"
 
-_OFF = frozenset({"0", "off", "false", "no", "disabled"})
 _RUN_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 _OTEL_METER = "langflow"  # lfx.observability.APPLICATION_METER_NAME: the only scope lfx exports
 
 _logger = logging.getLogger("langflow_sandbox_createos")
 _usage_logger = logging.getLogger(USAGE_LOGGER)
 
-Events = Sequence[tuple[Any, ...]]
+Tallies = Sequence[tuple[str, str, str, float]]
+RunSeconds = Sequence[tuple[str, float]]
+Usages = Sequence[dict[str, Any]]
 
 
 def metrics_on() -> bool:
-    """Whether ``CREATEOS_METRICS`` leaves metrics on (anything but off/0/false/no/disabled)."""
-    return os.environ.get(ENV_METRICS, "on").strip().lower() not in _OFF
+    """Whether ``CREATEOS_METRICS`` leaves metrics on (the extension's rule: anything but
+    off/0/false/no/disabled)."""
+    return _native.metrics_enabled()
 
 
 def _iso(ts: float) -> str:
@@ -83,10 +103,14 @@ class _Usage:
     def __init__(self) -> None:
         self._warned = False
 
-    def handle(self, events: Events) -> None:
-        for event in events:
-            if event[0] == "guest_destroyed":
-                self.record(event[1])
+    @staticmethod
+    def wanted() -> bool:
+        """Whether a record has anywhere to go (the file, or an enabled logger)."""
+        return bool(os.environ.get(ENV_USAGE_LOG)) or _usage_logger.isEnabledFor(logging.INFO)
+
+    def handle(self, usages: Usages) -> None:
+        for usage in usages:
+            self.record(usage)
 
     def record(self, usage: dict[str, Any]) -> None:
         path = os.environ.get(ENV_USAGE_LOG)
@@ -166,34 +190,35 @@ class _Prometheus:
             child = self._children[key] = family.labels(*labels)
         return child
 
-    def handle(self, events: Events, dropped: int) -> None:
+    def handle(self, tallies: Tallies, run_seconds: RunSeconds, dropped: int) -> None:
         if dropped:
             self.dropped.inc(dropped)
         child = self._child
-        for e in events:
-            kind = e[0]
+        for kind, a, b, n in tallies:
             if kind == "control_request":
-                child(self.requests, e[1], e[2]).inc()
+                child(self.requests, a, b).inc(n)
             elif kind == "guest_created":
-                child(self.created, e[1]).inc()
-                child(self.live, e[1]).inc()
+                child(self.created, a).inc(n)
+                child(self.live, a).inc(n)
             elif kind == "guest_destroyed":
-                u = e[1]
-                child(self.destroyed, u["surface"], u["reason"]).inc()
-                child(self.live, u["surface"]).dec()
-                child(self.guest_seconds, u["surface"], u["shape"]).inc(u["guest_seconds"])
+                child(self.destroyed, a, b).inc(n)
+                child(self.live, a).dec(n)
+            elif kind == "guest_seconds":
+                child(self.guest_seconds, a, b).inc(n)
             elif kind == "run_finished":
-                child(self.runs, e[1], e[2]).inc()
-                child(self.run_seconds, e[1]).observe(e[3])
+                child(self.runs, a, b).inc(n)
             elif kind == "pool":
-                child(self.pool_hits if e[2] else self.pool_misses, e[1]).inc()
+                child(self.pool_hits if b == "hit" else self.pool_misses, a).inc(n)
             elif kind == "admission_wait":
-                child(self.waits, e[1]).inc()
-                child(self.wait_seconds, e[1]).inc(e[2])
+                child(self.waits, a).inc(n)
+            elif kind == "admission_wait_seconds":
+                child(self.wait_seconds, a).inc(n)
             elif kind == "admission_refused":
-                child(self.refusals, e[1]).inc()
+                child(self.refusals, a).inc(n)
             elif kind == "orphans_reaped":
-                self.orphans.inc(e[1])
+                self.orphans.inc(n)
+        for surface, seconds in run_seconds:
+            child(self.run_seconds, surface).observe(seconds)
 
 
 def _sdk_meter_provider() -> Any:
@@ -263,34 +288,35 @@ class _OTel:
             }
         return self._i or None
 
-    def handle(self, events: Events) -> None:
+    def handle(self, tallies: Tallies, run_seconds: RunSeconds) -> None:
         i = self._instruments()
         if i is None:
             return
-        for e in events:
-            kind = e[0]
+        for kind, a, b, n in tallies:
             if kind == "control_request":
-                i["requests"].add(1, {"route": e[1], "status_class": e[2]})
+                i["requests"].add(n, {"route": a, "status_class": b})
             elif kind == "guest_created":
-                i["created"].add(1, {"surface": e[1]})
-                i["live"].add(1, {"surface": e[1]})
+                i["created"].add(n, {"surface": a})
+                i["live"].add(n, {"surface": a})
             elif kind == "guest_destroyed":
-                u = e[1]
-                i["destroyed"].add(1, {"surface": u["surface"], "reason": u["reason"]})
-                i["live"].add(-1, {"surface": u["surface"]})
-                i["guest_seconds"].add(u["guest_seconds"], {"surface": u["surface"], "shape": u["shape"]})
+                i["destroyed"].add(n, {"surface": a, "reason": b})
+                i["live"].add(-n, {"surface": a})
+            elif kind == "guest_seconds":
+                i["guest_seconds"].add(n, {"surface": a, "shape": b})
             elif kind == "run_finished":
-                i["runs"].add(1, {"surface": e[1], "outcome": e[2]})
-                i["run_seconds"].record(e[3], {"surface": e[1]})
+                i["runs"].add(n, {"surface": a, "outcome": b})
             elif kind == "pool":
-                i["pool"].add(1, {"surface": e[1], "result": "hit" if e[2] else "miss"})
+                i["pool"].add(n, {"surface": a, "result": b})
             elif kind == "admission_wait":
-                i["waits"].add(1, {"surface": e[1]})
-                i["wait_seconds"].add(e[2], {"surface": e[1]})
+                i["waits"].add(n, {"surface": a})
+            elif kind == "admission_wait_seconds":
+                i["wait_seconds"].add(n, {"surface": a})
             elif kind == "admission_refused":
-                i["refusals"].add(1, {"surface": e[1]})
+                i["refusals"].add(n, {"surface": a})
             elif kind == "orphans_reaped":
-                i["orphans"].add(e[1])
+                i["orphans"].add(n)
+        for surface, seconds in run_seconds:
+            i["run_seconds"].record(seconds, {"surface": surface})
 
 
 class _State:
@@ -300,14 +326,20 @@ class _State:
         self.installed = False
         self.prometheus: _Prometheus | None = None
         self.otel: _OTel | None = None
+        self.spans = False
         self.usage = _Usage()
         self.lock = threading.Lock()
         self.pump_pid: int | None = None
         self.stop = threading.Event()
         self.failed: set[str] = set()
+        self.flight_lock = threading.Lock()
+        self.in_flight = 0
 
 
 _state = _State()
+# The process that imported this module; another one was forked from it (the extension's
+# own "forked" rule) and may end with os._exit.
+_IMPORTED_BY = os.getpid()
 _install_lock = threading.Lock()
 
 
@@ -320,6 +352,8 @@ def _after_fork_in_child() -> None:
     _state.lock = threading.Lock()
     _state.stop = threading.Event()
     _state.pump_pid = None
+    _state.flight_lock = threading.Lock()
+    _state.in_flight = 0  # the parent's runs in flight are not this process's
 
 
 def install() -> None:
@@ -343,6 +377,7 @@ def install() -> None:
             except ValueError as exc:  # duplicated timeseries: registered by someone else
                 _logger.warning("createos: Prometheus metrics not registered (%s)", exc)
             _state.otel = _OTel(prometheus_registered=_state.prometheus is not None)
+            _state.spans = True
         _native.enable_events()
         os.register_at_fork(after_in_child=_after_fork_in_child)
         atexit.register(_at_exit)
@@ -367,6 +402,7 @@ def findings() -> list[tuple[str, str]]:
         lines.append(("ok", f"metrics: createos_* families exported to {where}"))
     if metrics_on():
         lines.append(("info", "OpenTelemetry: the same figures on lfx's 'langflow' meter when lfx configures a meter provider (OTEL_EXPORTER_OTLP_*), unless that provider feeds the Prometheus registry that already shows them"))
+        lines.append(("info", f"spans: one '{SPAN_NAME}' span per run, through lfx's outbound-call span helper, when lfx configures a tracer provider"))
     usage_log = os.environ.get(ENV_USAGE_LOG)
     target = f" and appended as JSON lines to {ENV_USAGE_LOG}={usage_log}" if usage_log else f" ({ENV_USAGE_LOG}=PATH also appends them as JSON lines)"
     lines.append(("info", f"usage records: one per destroyed guest on logger {USAGE_LOGGER} (INFO){target}"))
@@ -397,17 +433,19 @@ def drain(*, wait: bool = True) -> None:
 
 
 def _drain_locked() -> None:
-    events, dropped = _native.drain_events()
-    if not events and not dropped:
+    usage = _state.usage
+    tallies, run_seconds, usages, dropped = _native.drain_events(usage=usage.wanted())
+    if not tallies and not run_seconds and not usages and not dropped:
         return
     prometheus, otel = _state.prometheus, _state.otel
     if prometheus is not None:
-        _guarded("Prometheus", lambda: prometheus.handle(events, dropped))
+        _guarded("Prometheus", lambda: prometheus.handle(tallies, run_seconds, dropped))
     if otel is not None:
-        _guarded("OpenTelemetry", lambda: otel.handle(events))
-    _guarded("usage record", lambda: _state.usage.handle(events))
+        _guarded("OpenTelemetry", lambda: otel.handle(tallies, run_seconds))
+    if usages:
+        _guarded("usage record", lambda: usage.handle(usages))
     if dropped:
-        _logger.warning("createos: %d metric events were dropped before they were drained", dropped)
+        _logger.warning("createos: %d run durations or usage records were dropped before they were drained", dropped)
 
 
 def _pump(stop: threading.Event) -> None:
@@ -427,13 +465,133 @@ def _ensure_pump() -> None:
         thread.start()
 
 
-def after_run() -> None:
-    """A surface's run ended: drain now (unless another thread is at it), and keep the periodic
-    drain running in this process."""
+class RunSpan(Protocol):
+    """What :func:`run_scope` yields: lfx's span scope, or a stand-in that records nothing."""
+
+    def set_attribute(self, key: str, value: str) -> None:
+        """Records an identifier on the span (never code, output or a message)."""
+        ...
+
+    def record_error(self, error_type: str) -> None:
+        """Marks the span failed with ``error_type``, a type name."""
+        ...
+
+
+class _NoSpan:
+    """What :func:`run_scope` yields when no span is emitted: takes the same calls, does nothing."""
+
+    __slots__ = ()
+
+    def set_attribute(self, key: str, value: str) -> None:
+        """Nothing to record on."""
+
+    def record_error(self, error_type: str) -> None:
+        """Nothing to record on."""
+
+
+_NO_SPAN = _NoSpan()
+
+
+def _span_helper() -> Callable[[str, dict[str, str]], Any] | None:
+    """lfx's ``outbound_call_span`` when a span would go somewhere: lfx's observability
+    installed an SDK tracer provider (it does when OTLP traces are configured). ``None``
+    otherwise, without importing OpenTelemetry."""
+    if "opentelemetry.sdk.trace" not in sys.modules:
+        return None
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from lfx.observability import outbound_call_span
+    except ImportError:
+        return None
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        return None
+    return outbound_call_span
+
+
+@contextlib.contextmanager
+def run_scope(surface: str) -> Generator[RunSpan, None, None]:
+    """One run of ``surface``: its span, and in a forked process a drain when it is the last
+    run in flight.
+
+    Yields the span's scope: ``set_attribute`` for what the run learns (``createos.guest``,
+    ``createos.outcome``), ``record_error`` for a failure reported as a result. The span goes
+    through lfx's outbound-call span helper when lfx installed a tracer provider (a stand-in
+    that records nothing otherwise, or with metrics off); an exception marks it failed with
+    the exception's type, never its message (the helper's rule).
+
+    A process forked from the one that imported this module (a ``multiprocessing`` worker,
+    a pre-fork server's child) commonly ends with ``os._exit``, where no exit handler runs:
+    there, a run that ends with no other run in flight drains what was observed, so nothing
+    is lost to an exit right after it. Elsewhere the exit handler takes the last figures, and a run
+    drains nothing itself: a scrape, the daemon thread this starts (within
+    :data:`PUMP_SECONDS`) and the exit do, each covering many runs for about the cost of one.
+    """
     if not _state.installed:
+        yield _NO_SPAN
         return
-    _ensure_pump()
-    drain(wait=False)
+    with _state.flight_lock:
+        _state.in_flight += 1
+    try:
+        with _span(surface) as scope:
+            yield scope
+    finally:
+        with _state.flight_lock:
+            _state.in_flight = max(0, _state.in_flight - 1)
+            idle = _state.in_flight == 0
+        _ensure_pump()
+        if idle and os.getpid() != _IMPORTED_BY:
+            drain()
+
+
+@contextlib.contextmanager
+def _span(surface: str) -> Generator[RunSpan, None, None]:
+    helper = _span_helper() if _state.spans else None
+    if helper is None:
+        yield _NO_SPAN
+        return
+    stopped: GeneratorExit | None = None
+    with helper(SPAN_NAME, {"createos.surface": surface}) as scope:
+        span = _SpanScope(scope)
+        try:
+            yield span
+        except GeneratorExit as exc:
+            # The executor's consumer stopped reading (after the end, or early: its guest is
+            # destroyed all the same): not a failed call.
+            if span.outcome is None:
+                span.set_attribute("createos.outcome", "stopped")
+            stopped = exc
+    if stopped is not None:
+        raise stopped
+
+
+class _SpanScope:
+    """lfx's span scope, remembering whether the run's outcome was set."""
+
+    __slots__ = ("outcome", "scope")
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+        self.outcome: str | None = None
+
+    def set_attribute(self, key: str, value: str) -> None:
+        """Records an identifier on the span."""
+        if key == "createos.outcome":
+            self.outcome = value
+        self.scope.set_attribute(key, value)
+
+    def record_error(self, error_type: str) -> None:
+        """Marks the span failed with ``error_type`` (a type name, never a message)."""
+        self.scope.record_error(error_type)
+
+
+def run_outcome(exit_code: int, timed_out: bool = False) -> str:
+    """A finished run's outcome, as the ``createos_runs`` family labels it, from its result:
+    ``timed_out`` (``timed_out``, or exit code -1: the backend's "timed out"), ``ok`` (0) or
+    ``program_failed``."""
+    if timed_out or exit_code == -1:
+        return "timed_out"
+    return "ok" if exit_code == 0 else "program_failed"
 
 
 def _at_exit() -> None:

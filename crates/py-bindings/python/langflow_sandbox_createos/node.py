@@ -39,8 +39,9 @@ def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`. A program that
     fails is a result (``exit_code`` and ``error``), not an exception.
     """
-    try:
+    with metrics.run_scope("component") as span:
         out = _NATIVE.run(**inputs)
-    finally:
-        metrics.after_run()
-    return dict(out.results), [dict(row) for row in out.files]
+        results = dict(out.results)
+        span.set_attribute("createos.guest", str(results.get("sandbox_name") or ""))
+        span.set_attribute("createos.outcome", metrics.run_outcome(int(results.get("exit_code", 0)), bool(results.get("timed_out"))))
+    return results, [dict(row) for row in out.files]
