@@ -132,6 +132,32 @@ def test_doctor_reports_every_surface_and_what_the_executor_covers(clean_fake: F
     assert clean_fake.stats()["created"] == 0
 
 
+def test_doctor_reports_the_caps_wait_and_retry_every_surface_shares(clean_fake: Fake) -> None:
+    unset = _section(run_doctor(backend_env(clean_fake)).stdout, "Every surface: admission and control-plane retry")
+    assert any("no cap (CREATEOS_MAX_LIVE_GUESTS unset)" in line for line in unset), unset
+    assert any("retried for 30 s per call" in line for line in unset), unset
+    env = backend_env(
+        clean_fake,
+        CREATEOS_MAX_LIVE_GUESTS="16",
+        CREATEOS_MAX_LIVE_GUESTS_PER_FLOW="2",
+        CREATEOS_ADMISSION_WAIT_SECONDS="5",
+        CREATEOS_CONTROL_PLANE_RETRY_SECONDS="90",
+    )
+    proc = run_doctor(env)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
+    shared = _section(proc.stdout, "Every surface: admission and control-plane retry")
+    assert any("at most 16 (CREATEOS_MAX_LIVE_GUESTS=16)" in line for line in shared), shared
+    assert any("at most 2 (CREATEOS_MAX_LIVE_GUESTS_PER_FLOW=2)" in line for line in shared), shared
+    assert any("waits in line up to 5 s" in line for line in shared), shared
+    assert any("retried for 90 s per call" in line for line in shared), shared
+    # A bad cap refuses every surface's runs: doctor fails and names it.
+    bad = run_doctor(env | {"CREATEOS_MAX_LIVE_GUESTS_PER_FLOW": "0"})
+    assert bad.returncode == 1, bad.stdout
+    refused = [line for line in _section(bad.stdout, "Every surface: admission and control-plane retry") if line.startswith("  [refused]")]
+    assert len(refused) == 1 and "CREATEOS_MAX_LIVE_GUESTS_PER_FLOW" in refused[0], bad.stdout
+    assert clean_fake.stats()["created"] == 0
+
+
 def test_a_bad_executor_setting_fails_doctor_only_where_the_executor_is_selected(clean_fake: Fake) -> None:
     bad = {"CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "0"}
     selected = run_doctor(backend_env(clean_fake, LANGFLOW_EXECUTOR_KIND="createos", **bad))

@@ -344,6 +344,21 @@ mod tests {
     }
 }
 
+/// What every surface of this process shares, for `doctor`, as `(level, text)` lines: the
+/// live-guest caps, the admission wait and the control-plane retry budget (`info`), or the
+/// refusal a bad value gets (`refused`: every run of every surface is refused with it). Read
+/// from the environment now; no I/O.
+#[pyo3::pyfunction]
+pub fn shared_settings() -> Vec<(&'static str, String)> {
+    sandbox_core::settings::shared_summary(&|k| std::env::var(k).ok())
+        .into_iter()
+        .map(|line| match line {
+            Ok(text) => ("info", text),
+            Err(refusal) => ("refused", refusal),
+        })
+        .collect()
+}
+
 /// One native total: its family name (`createos_…`), its labels, its value.
 pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 

@@ -158,6 +158,56 @@ pub fn metrics_enabled(lookup: &dyn Fn(&str) -> Option<String>) -> bool {
     })
 }
 
+/// What every surface of a process shares, read through `lookup`, for `doctor`: the live-guest
+/// caps, the admission wait and the control-plane retry budget, one line each. `Ok` says what
+/// the setting does; `Err` is the refusal its bad value gets (every run of every surface is
+/// refused then), so each line stands on its own whatever the other settings hold.
+pub fn shared_summary(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
+    let line = |r: Result<String, SandboxError>| r.map_err(|e| e.message().to_owned());
+    let cap = |var: &'static str, what: &str, unset: &str| {
+        line(match non_blank(lookup, var) {
+            None => Ok(format!("{what}: no cap ({var} unset){unset}")),
+            Some(raw) => parse_cap(var, &raw).map(|n| format!("{what}: at most {n} ({var}={n})")),
+        })
+    };
+    let wait = match non_blank(lookup, ENV_ADMISSION_WAIT) {
+        None => Ok((DEFAULT_ADMISSION_WAIT, " unset")),
+        Some(raw) => parse_admission_wait(&raw).map(|d| (d, "")),
+    };
+    let default_retry = crate::retry::Backoff::default().budget;
+    let retry = match non_blank(lookup, ENV_CONTROL_PLANE_RETRY) {
+        None => Ok((default_retry, " unset")),
+        Some(raw) => parse_control_plane_retry(&raw).map(|d| (d, "")),
+    };
+    vec![
+        cap(
+            ENV_MAX_LIVE_GUESTS,
+            "live guests in this process, every surface and warm pool included",
+            ": every concurrent run creates its guest at once",
+        ),
+        cap(
+            ENV_MAX_LIVE_GUESTS_PER_FLOW,
+            "runs of one flow (by flow id) holding a guest at once, component and executor",
+            "",
+        ),
+        line(wait.map(|(d, unset)| {
+            format!(
+                "admission wait: a run over a cap, or declined by the account's quota, waits \
+                 in line up to {} s (never beyond its own budget), then is refused and nothing \
+                 runs ({ENV_ADMISSION_WAIT}{unset})",
+                d.as_secs_f64()
+            )
+        })),
+        line(retry.map(|(d, unset)| {
+            format!(
+                "control-plane retry: a failing control plane is retried for {} s per call \
+                 before the run gives up ({ENV_CONTROL_PLANE_RETRY}{unset})",
+                d.as_secs_f64()
+            )
+        })),
+    ]
+}
+
 /// The boolean setting `name` through `lookup`: unset is false, a bad value a refusal naming
 /// `name` (see [`parse_bool`]).
 pub fn read_flag(
@@ -395,6 +445,43 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn the_shared_summary_says_each_setting_and_refuses_each_bad_one_on_its_own_line() {
+        let unset = shared_summary(&env(&[]));
+        assert_eq!(unset.len(), 4);
+        let text: Vec<String> = unset.into_iter().map(Result::unwrap).collect();
+        assert!(
+            text[0].contains("no cap (CREATEOS_MAX_LIVE_GUESTS unset)"),
+            "{text:?}"
+        );
+        assert!(text[1].contains("no cap (CREATEOS_MAX_LIVE_GUESTS_PER_FLOW unset)"));
+        assert!(
+            text[2].contains("up to 30 s")
+                && text[2].contains("CREATEOS_ADMISSION_WAIT_SECONDS unset")
+        );
+        assert!(text[3].contains("retried for 30 s") && text[3].contains("SECONDS unset)"));
+        let set = shared_summary(&env(&[
+            (ENV_MAX_LIVE_GUESTS, "16"),
+            (ENV_MAX_LIVE_GUESTS_PER_FLOW, "0"),
+            (ENV_ADMISSION_WAIT, "2.5"),
+            (ENV_CONTROL_PLANE_RETRY, "90"),
+        ]));
+        assert_eq!(
+            set[0].as_deref(),
+            Ok(
+                "live guests in this process, every surface and warm pool included: at most 16 (CREATEOS_MAX_LIVE_GUESTS=16)"
+            )
+        );
+        assert!(
+            set[1]
+                .as_ref()
+                .unwrap_err()
+                .contains("CREATEOS_MAX_LIVE_GUESTS_PER_FLOW=\"0\"")
+        );
+        assert!(set[2].as_ref().unwrap().contains("up to 2.5 s (never"));
+        assert!(set[3].as_ref().unwrap().contains("retried for 90 s per call before the run gives up (CREATEOS_CONTROL_PLANE_RETRY_SECONDS)"), "{:?}", set[3]);
     }
 
     #[test]

@@ -24,6 +24,8 @@ def _doctor() -> int:
         print(f"doctor failed: {exc}", file=sys.stderr)
         return 1
     print(report)
+    shared = _native.shared_settings()
+    _print_section("Every surface: admission and control-plane retry", shared)
     _print_section(
         "CreateOS Sandbox component: settings",
         [
@@ -43,7 +45,7 @@ def _doctor() -> int:
     _print_section("Whole-flow executor: settings", executor)
     _print_section("Whole-flow executor: which Langflow paths reach it", reach.findings())
     _print_section("Metrics and usage records", metrics.findings())
-    return 0 if ok and all(level != "refused" for level, _ in executor) else 1
+    return 0 if ok and all(level != "refused" for level, _ in executor + shared) else 1
 
 
 def _print_section(title: str, lines: list[tuple[str, str]]) -> None:

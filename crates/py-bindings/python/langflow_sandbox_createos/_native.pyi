@@ -19,6 +19,7 @@ __all__ = [
     "ReapReport",
     "capabilities",
     "counters",
+    "shared_settings",
     "enable_events",
     "drain_events",
     "metrics_enabled",
@@ -158,6 +159,12 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
     ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+
+def shared_settings() -> list[tuple[str, str]]:
+    """What every surface of this process shares, for ``doctor``: ``(level, text)`` lines for
+    the live-guest caps (``CREATEOS_MAX_LIVE_GUESTS``, ``CREATEOS_MAX_LIVE_GUESTS_PER_FLOW``),
+    the admission wait and the control-plane retry budget; ``"info"``, or ``"refused"`` with
+    the refusal a bad value gets. No I/O."""
 
 def enable_events() -> None:
     """Start queueing this process's observation events (and its forked children's) for
