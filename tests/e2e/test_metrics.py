@@ -262,17 +262,21 @@ report()
     assert kept_record["session_hash"] == expected
 
 
-def test_an_executor_flow_that_times_out_is_counted_timed_out(clean_fake: Fake, tmp_path: Path) -> None:
-    usage_log = tmp_path / "usage.jsonl"
-    env = backend_env(
-        clean_fake,
+def executor_env(fake: Fake, **extra: str) -> dict[str, str]:
+    """The whole-flow executor selected alone: the backend and its egress opt-in unset."""
+    return backend_env(
+        fake,
         LANGFLOW_SANDBOX_BACKEND=None,
         LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
         LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
         LANGFLOW_EXECUTOR_KIND="createos",
-        CREATEOS_EXECUTOR_TIMEOUT_SECONDS="20",
-        CREATEOS_USAGE_LOG=str(usage_log),
+        **extra,
     )
+
+
+def test_an_executor_flow_that_times_out_is_counted_timed_out(clean_fake: Fake, tmp_path: Path) -> None:
+    usage_log = tmp_path / "usage.jsonl"
+    env = executor_env(clean_fake, CREATEOS_EXECUTOR_TIMEOUT_SECONDS="20", CREATEOS_USAGE_LOG=str(usage_log))
     # The slow flow's Slow node, made to sleep past the flow's 20 s timeout.
     slower = tmp_path / "slower_flow.json"
     text = SLOW.read_text()
@@ -481,13 +485,7 @@ asyncio.run(main())
 print("RESULT " + json.dumps(spans()), flush=True)
 report()
 """
-    env = backend_env(
-        clean_fake,
-        LANGFLOW_SANDBOX_BACKEND=None,
-        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
-        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
-        LANGFLOW_EXECUTOR_KIND="createos",
-    )
+    env = executor_env(clean_fake)
     ours = [s for s in run_script(script, env)["RESULT"] if s["name"] == "createos.sandbox.run"]
     assert [(s["attributes"]["createos.surface"], s["attributes"].get("createos.outcome"), s["status"]) for s in ours] == [
         ("executor", "ok", "UNSET")

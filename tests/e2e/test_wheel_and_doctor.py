@@ -136,13 +136,13 @@ def test_doctor_reports_the_caps_wait_and_retry_every_surface_shares(clean_fake:
     unset = _section(run_doctor(backend_env(clean_fake)).stdout, "Every surface: admission and control-plane retry")
     assert any("no cap (CREATEOS_MAX_LIVE_GUESTS unset)" in line for line in unset), unset
     assert any("retried for 30 s per call" in line for line in unset), unset
-    env = backend_env(
-        clean_fake,
-        CREATEOS_MAX_LIVE_GUESTS="16",
-        CREATEOS_MAX_LIVE_GUESTS_PER_FLOW="2",
-        CREATEOS_ADMISSION_WAIT_SECONDS="5",
-        CREATEOS_CONTROL_PLANE_RETRY_SECONDS="90",
-    )
+    shared_settings = {
+        "CREATEOS_MAX_LIVE_GUESTS": "16",
+        "CREATEOS_MAX_LIVE_GUESTS_PER_FLOW": "2",
+        "CREATEOS_ADMISSION_WAIT_SECONDS": "5",
+        "CREATEOS_CONTROL_PLANE_RETRY_SECONDS": "90",
+    }
+    env = backend_env(clean_fake) | shared_settings
     proc = run_doctor(env)
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
     shared = _section(proc.stdout, "Every surface: admission and control-plane retry")
