@@ -31,6 +31,8 @@ pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
 pub use lifecycle::Timings;
 use lifecycle::{RunSpec, run_on};
 pub use orphans::{Orphan, SweepReport};
+/// How a run got its guest from the warm pool (sandbox-core's, the same for every surface).
+pub use sandbox_core::observe::RunOutcome;
 /// The captured text of a stream and its pieces (re-exported so callers need not depend on
 /// sandbox-core).
 pub use sandbox_core::output::{Piece, Text};
@@ -38,7 +40,6 @@ pub use sandbox_core::output::{Piece, Text};
 pub use sandbox_core::pool::PoolStats;
 /// Builds a control plane from settings (re-exported from sandbox-core's session layer).
 pub use sandbox_core::session::Connector;
-/// How a run got its guest from the warm pool (sandbox-core's, the same for every surface).
 pub use sandbox_core::surface::PoolUse;
 /// The options every surface shares, embedded in [`BackendOptions`] (re-exported).
 pub use sandbox_core::surface::{EnvLookup, SurfaceOptions};
@@ -239,6 +240,8 @@ pub struct RunOutput {
     pub guest: String,
     /// Whether the guest came from the warm pool (`CREATEOS_SANDBOX_WARM_POOL`).
     pub pool: PoolUse,
+    /// How the run went (ok, program failed, timed out), as the metrics count it.
+    pub outcome: RunOutcome,
 }
 
 /// Why a run could not produce a result. `Display` is the message, which names the setting
@@ -423,6 +426,7 @@ impl Backend {
             stderr_truncated: report.stderr.truncated,
             guest: report.guest_name,
             pool: report.pool,
+            outcome: report.outcome,
         })
     }
 

@@ -141,6 +141,8 @@ pub struct RunReport {
     pub guest_id: String,
     /// How the run got its guest (the warm pool).
     pub pool: PoolUse,
+    /// How the run went (ok, program failed, timed out), as the metrics count it.
+    pub outcome: RunOutcome,
 }
 
 /// Runs `program` as a Python file in a fresh guest through `cp` and destroys the guest (a
@@ -254,6 +256,7 @@ pub(crate) async fn run_on(
         requests: cx.requests(),
     };
     let stats = surface.pool_stats();
+    let outcome = out.run_outcome();
     let report = RunReport {
         stdout: out.stdout,
         stderr: out.stderr,
@@ -265,6 +268,7 @@ pub(crate) async fn run_on(
         guest_name: ended.name,
         guest_id: ended.id,
         pool: pool_use,
+        outcome,
     };
     tracing::info!(
         target: LOG_TARGET,

@@ -256,6 +256,8 @@ pub struct ComponentOutput {
     pub notes: Vec<String>,
     /// Where the time went.
     pub timings: Timings,
+    /// How the run went (ok, program failed, timed out), as the metrics count it.
+    pub outcome: RunOutcome,
 }
 
 /// Why an execution produced no outcome: sandbox-core's error, whose kind says which lfx
@@ -703,6 +705,7 @@ impl SandboxComponent {
             files: ran.files,
             notes: ran.notes,
             timings,
+            outcome: out.run_outcome(),
         })
     }
 

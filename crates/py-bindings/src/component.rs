@@ -87,6 +87,8 @@ pub struct ComponentRun {
     /// The Files output: one dict per file, `path`, `size`, `text` (UTF-8 content or
     /// `None`) and `base64` (the content otherwise, or `None`).
     files: Py<PyList>,
+    /// How the run went, as the metrics count it: `ok`, `program_failed` or `timed_out`.
+    outcome: &'static str,
 }
 
 #[pymethods]
@@ -111,6 +113,7 @@ impl ComponentRun {
 
 impl ComponentRun {
     fn new(py: Python<'_>, out: ComponentOutput) -> PyResult<Self> {
+        let outcome = out.outcome.as_str();
         let results = PyDict::new(py);
         results.set_item("result", out.result)?;
         results.set_item("stderr", out.stderr)?;
@@ -148,6 +151,7 @@ impl ComponentRun {
         Ok(Self {
             results: results.unbind(),
             files: files.unbind(),
+            outcome,
         })
     }
 }

@@ -57,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(process::counters, m)?)?;
     m.add_function(wrap_pyfunction!(process::shared_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(process::forked_py, m)?)?;
     m.add_function(wrap_pyfunction!(events::enable_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::metrics_enabled, m)?)?;

@@ -45,6 +45,14 @@ pub fn forked() -> bool {
         .is_some_and(|&origin| origin != std::process::id())
 }
 
+/// [`forked`], for Python (`_native.forked()`): the metrics drain after a forked process's
+/// last run in flight, since such a process may end with `os._exit`. No I/O.
+#[pyo3::pyfunction]
+#[pyo3(name = "forked")]
+pub fn forked_py() -> bool {
+    forked()
+}
+
 /// The options every surface of this process is built with: the process's session, and the
 /// fork rule applied when this process was forked.
 pub fn surface_options() -> SurfaceOptions {

@@ -173,6 +173,8 @@ pub struct RunResult {
     stderr_truncated: bool,
     /// Name of the guest that ran the code (already destroyed).
     guest: String,
+    /// How the run went, as the metrics count it: `ok`, `program_failed` or `timed_out`.
+    outcome: &'static str,
     /// Where the time went.
     timings: Timings,
 }
@@ -201,6 +203,7 @@ impl RunResult {
             stdout_truncated: out.stdout_truncated,
             stderr_truncated: out.stderr_truncated,
             guest: out.guest,
+            outcome: out.outcome.as_str(),
             timings: Timings {
                 create_ms: out.timings.create_ms,
                 upload_ms: out.timings.upload_ms,

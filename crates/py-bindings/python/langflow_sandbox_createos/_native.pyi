@@ -20,6 +20,7 @@ __all__ = [
     "capabilities",
     "counters",
     "shared_settings",
+    "forked",
     "enable_events",
     "drain_events",
     "metrics_enabled",
@@ -121,6 +122,10 @@ class RunResult:
     @property
     def guest(self) -> str: ...
     @property
+    def outcome(self) -> str:
+        """How the run went, as the metrics count it: ``ok``, ``program_failed`` or
+        ``timed_out``."""
+    @property
     def timings(self) -> Timings: ...
 
 @final
@@ -159,6 +164,10 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
     ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+
+def forked() -> bool:
+    """Whether this process was forked from the one that imported the extension (such a
+    process commonly ends with ``os._exit``, which skips exit handlers). No I/O."""
 
 def shared_settings() -> list[tuple[str, str]]:
     """What every surface of this process shares, for ``doctor``: ``(level, text)`` lines for
@@ -244,6 +253,10 @@ class ComponentRun:
     @property
     def files(self) -> list[dict[str, Any]]:
         """The Files output: one ``{path, size, text, base64}`` dict per returned file."""
+    @property
+    def outcome(self) -> str:
+        """How the run went, as the metrics count it: ``ok``, ``program_failed`` or
+        ``timed_out``."""
 
 @final
 class NativeComponent:

@@ -72,7 +72,7 @@ class CreateOSBackend:
         with metrics.run_scope("backend") as span:
             out = self._native.run(code, env, _sandbox_settings())
             span.set_attribute("createos.guest", out.guest)
-            span.set_attribute("createos.outcome", metrics.run_outcome(out.exit_code))
+            span.set_attribute("createos.outcome", out.outcome)
         return SandboxResult(
             stdout=output_text(out.stdout),
             stderr=output_text(out.stderr),

@@ -28,13 +28,12 @@ The extension adds events up by label as they happen (counts and sums), keeping 
 run's duration and each destroyed guest's usage record one by one. A drain takes all of it:
 at each Prometheus scrape (a collector registered before the families, which drains and
 yields nothing), every :data:`PUMP_SECONDS` from a daemon thread that the first run of a
-process starts, at exit, and, in a process forked from the one that imported this module
+process starts, at exit, and, in a process forked from the one that imported the extension
 (which may end with ``os._exit``, skipping exit handlers), when a run ends with no other run
-in flight. A drain
-costs one step per label set that changed, however many runs it covers, so the cost per run
-falls as runs get more frequent instead of growing. ``CREATEOS_METRICS=off``
-registers no family and emits nothing through OpenTelemetry (no metric, no span); usage
-records are still written.
+in flight. A drain costs one step per label set that changed, however many runs it covers,
+so the cost per run falls as runs get more frequent instead of growing.
+``CREATEOS_METRICS=off`` registers no family and emits nothing through OpenTelemetry (no
+metric, no span); usage records are still written.
 
 Fork: a child starts with an empty event queue of its own (the extension's rule), a fresh
 drain lock, and restarts the daemon thread lazily on its first drain.
@@ -66,7 +65,6 @@ __all__ = [
     "findings",
     "install",
     "metrics_on",
-    "run_outcome",
     "run_scope",
 ]
 
@@ -337,9 +335,6 @@ class _State:
 
 
 _state = _State()
-# The process that imported this module; another one was forked from it (the extension's
-# own "forked" rule) and may end with os._exit.
-_IMPORTED_BY = os.getpid()
 _install_lock = threading.Lock()
 
 
@@ -520,12 +515,13 @@ def run_scope(surface: str) -> Generator[RunSpan, None, None]:
     that records nothing otherwise, or with metrics off); an exception marks it failed with
     the exception's type, never its message (the helper's rule).
 
-    A process forked from the one that imported this module (a ``multiprocessing`` worker,
-    a pre-fork server's child) commonly ends with ``os._exit``, where no exit handler runs:
-    there, a run that ends with no other run in flight drains what was observed, so nothing
-    is lost to an exit right after it. Elsewhere the exit handler takes the last figures, and a run
-    drains nothing itself: a scrape, the daemon thread this starts (within
-    :data:`PUMP_SECONDS`) and the exit do, each covering many runs for about the cost of one.
+    A process forked from the one that imported the extension (``_native.forked()``: a
+    ``multiprocessing`` worker, a pre-fork server's child) commonly ends with ``os._exit``,
+    where no exit handler runs: there, a run that ends with no other run in flight drains
+    what was observed, so nothing is lost to an exit right after it. Elsewhere the exit
+    handler takes the last figures, and a run drains nothing itself: a scrape, the daemon
+    thread this starts (within :data:`PUMP_SECONDS`) and the exit do, each covering many
+    runs for about the cost of one.
     """
     if not _state.installed:
         yield _NO_SPAN
@@ -540,7 +536,7 @@ def run_scope(surface: str) -> Generator[RunSpan, None, None]:
             _state.in_flight = max(0, _state.in_flight - 1)
             idle = _state.in_flight == 0
         _ensure_pump()
-        if idle and os.getpid() != _IMPORTED_BY:
+        if idle and _native.forked():
             drain()
 
 
@@ -583,15 +579,6 @@ class _SpanScope:
     def record_error(self, error_type: str) -> None:
         """Marks the span failed with ``error_type`` (a type name, never a message)."""
         self.scope.record_error(error_type)
-
-
-def run_outcome(exit_code: int, timed_out: bool = False) -> str:
-    """A finished run's outcome, as the ``createos_runs`` family labels it, from its result:
-    ``timed_out`` (``timed_out``, or exit code -1: the backend's "timed out"), ``ok`` (0) or
-    ``program_failed``."""
-    if timed_out or exit_code == -1:
-        return "timed_out"
-    return "ok" if exit_code == 0 else "program_failed"
 
 
 def _at_exit() -> None:

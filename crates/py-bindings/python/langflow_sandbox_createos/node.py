@@ -43,5 +43,5 @@ def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         out = _NATIVE.run(**inputs)
         results = dict(out.results)
         span.set_attribute("createos.guest", str(results.get("sandbox_name") or ""))
-        span.set_attribute("createos.outcome", metrics.run_outcome(int(results.get("exit_code", 0)), bool(results.get("timed_out"))))
+        span.set_attribute("createos.outcome", out.outcome)
     return results, [dict(row) for row in out.files]
