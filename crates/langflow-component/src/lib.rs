@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 pub mod archive;
 mod artifacts;
+pub mod identity;
 mod reap;
 
 pub use archive::{ArchiveLimits, Extracted, ReturnedFile, read_archive};
@@ -152,10 +153,14 @@ impl Reuse {
 /// One execution's inputs, gathered by the Python component.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ComponentInputs {
-    /// The flow's id (empty when the flow was never saved, e.g. `lfx run` of a JSON file:
-    /// Guest Reuse is then refused, since the node's id alone is copied by templates and
-    /// exports and would let two flows share a guest).
+    /// The flow's id as the graph carries it (`graph.flow_id`; empty for an unsaved flow and
+    /// under `lfx run` of a JSON file, whose exported id [`identity::resolve`] then reads).
+    /// Guest Reuse needs an id: the node's id alone is copied by templates and exports and
+    /// would let two flows share a guest.
     pub flow_id: String,
+    /// The process's command line (Python's `sys.argv`), read only to find the exported flow
+    /// `lfx run` was given when the graph carries no flow id ([`identity`]).
+    pub invocation: Vec<String>,
     /// The Langflow session id (`graph.session_id`; user-controlled text, of which only a
     /// digest enters a guest's name). Used by [`Reuse::Session`] only.
     pub session_id: String,
@@ -192,6 +197,7 @@ impl fmt::Debug for ComponentInputs {
             .field("flow_id", &self.flow_id)
             .field("component_id", &self.component_id)
             .field("has_session_id", &!self.session_id.is_empty())
+            .field("invocation_args", &self.invocation.len())
             .field("python_code_bytes", &self.python_code.len())
             .field("command_bytes", &self.command.len())
             .field("reuse", &self.reuse)
@@ -454,7 +460,6 @@ impl SandboxComponent {
             check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
-        check_identity(inputs)?;
         let shape = inputs.shape.trim();
         let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
             settings
@@ -546,6 +551,7 @@ impl SandboxComponent {
     pub async fn run(&self, inputs: &ComponentInputs) -> Result<ComponentOutput, ComponentError> {
         let t0 = Instant::now();
         let plan = self.plan(inputs)?;
+        let inputs = &*identity::resolve(inputs).await?;
         let opened = self.surface.open(&plan.settings).await?;
         let redactor = opened.redactor.clone();
         let shape = choose_shape(&opened.catalog, plan.pinned_shape.as_ref())?;
@@ -902,34 +908,6 @@ struct Ran {
     files: Vec<ReturnedFile>,
     notes: Vec<String>,
     files_ms: u64,
-}
-
-/// Refuses Guest Reuse that would let two different flows, or two sessions, share a guest: a
-/// kept guest needs the flow's id (the node's id alone is copied by templates and exports),
-/// and session reuse needs the session's.
-fn check_identity(inputs: &ComponentInputs) -> Result<(), SandboxError> {
-    let mode = inputs.reuse.as_str();
-    if inputs.reuse.keeps() && inputs.flow_id.trim().is_empty() {
-        return Err(SandboxError::refused(format!(
-            "{} is {mode}, but this flow has no flow id (an unsaved flow, or `lfx run` of a JSON \
-             file), and the node's id alone does not tell two flows apart: templates and \
-             exports copy it, so two different flows could share one guest and its files. Set \
-             {} to off, or run the flow saved in Langflow or with `lfx serve`, which give it \
-             an id",
-            input::REUSE,
-            input::REUSE
-        )));
-    }
-    if inputs.reuse == Reuse::Session && inputs.session_id.trim().is_empty() {
-        return Err(SandboxError::refused(format!(
-            "{} is session, but this run has no Langflow session id to keep a guest for. Set \
-             {} to flow (one guest for everyone who runs the flow) or off, or run the flow \
-             with a session id",
-            input::REUSE,
-            input::REUSE
-        )));
-    }
-    Ok(())
 }
 
 /// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL

@@ -190,10 +190,13 @@ impl NativeComponent {
     /// Runs one execution of the node and returns its [`ComponentRun`]. Blocks with the GIL
     /// released; Ctrl-C raises `KeyboardInterrupt` after the run's fresh guest is destroyed.
     /// `session_id` (the graph's Langflow session id) is optional: the node source that flows
-    /// saved before session reuse embed does not pass it.
+    /// saved before session reuse embed does not pass it. `invocation` is the process's
+    /// command line (`sys.argv`, which the package's glue adds), where Guest Reuse finds the
+    /// exported flow `lfx run` was given when the graph carries no flow id.
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
-        allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new()
+        allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new(),
+        invocation = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -210,12 +213,14 @@ impl NativeComponent {
         shape: String,
         session_id: Option<String>,
         allowed_domains: String,
+        invocation: Vec<String>,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
         let reuse = Reuse::parse(session_mode).map_err(|e| raise(py, &e))?;
         let inputs = ComponentInputs {
             flow_id,
+            invocation,
             session_id: session_id.unwrap_or_default(),
             component_id,
             python_code,

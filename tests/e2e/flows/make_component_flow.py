@@ -8,6 +8,11 @@
 - ``component_both_flow.json``: Results and Files each to a Chat Output (one build resolves
   both outputs of the node; they must come from one run).
 
+Each is written as Langflow's export writes a flow: the graph under ``data``, with the flow's
+``id``, ``name`` and ``description`` around it (a fixed id per file, so the files do not change
+when regenerated). ``lfx run`` of such a file keeps only the graph; Guest Reuse takes the flow's
+id from the file (the tests that need a flow without one remove it).
+
 The node's settings (Guest Reuse, Allow Network, Return Files, ...) are the component's
 defaults here; the tests edit them in a copy, as a user would on the canvas.
 
@@ -17,6 +22,7 @@ defaults here; the tests edit them in a copy, as a user would on the canvas.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +80,15 @@ FLOWS = {
 }
 
 
+def exported_id(file: str) -> str:
+    """The fixed flow id written into ``file``, as a Langflow export carries one."""
+    url = f"https://github.com/langflow-sandbox-createos/langflow-sandbox-createos/tests/e2e/flows/{file}"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, url))
+
+
 if __name__ == "__main__":
     here = Path(__file__).parent
     for file, outputs in FLOWS.items():
-        (here / file).write_text(json.dumps(dump(outputs), indent=1, sort_keys=True) + "\n")
+        flow = {**dump(outputs), "id": exported_id(file)}
+        (here / file).write_text(json.dumps(flow, indent=1, sort_keys=True) + "\n")
         print(f"wrote {here / file}")

@@ -4,7 +4,7 @@ Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
 (``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
 """
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Final, Protocol, final
 
 __all__ = [
@@ -277,8 +277,12 @@ class NativeComponent:
         shape: str,
         session_id: str | None = None,
         allowed_domains: str = ...,
+        invocation: Sequence[str] = ...,
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
+
+        ``invocation`` is the process's command line (``sys.argv``): under ``lfx run`` of a flow
+        exported from Langflow, Guest Reuse takes the flow's id from the file it names.
 
         Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
         """

@@ -10,6 +10,7 @@ Rust, which refuses, runs, reuses or destroys guests and shapes the outputs.
 from __future__ import annotations
 
 import atexit
+import sys
 from typing import Any
 
 from . import _native, metrics
@@ -40,7 +41,9 @@ def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     fails is a result (``exit_code`` and ``error``), not an exception.
     """
     with metrics.run_scope("component") as span:
-        out = _NATIVE.run(**inputs)
+        # The command line, where Rust finds the exported flow `lfx run` was given when the
+        # graph carries no flow id (lfx keeps only the file's graph, not its id).
+        out = _NATIVE.run(invocation=list(getattr(sys, "argv", None) or ()), **inputs)
         results = dict(out.results)
         span.set_attribute("createos.guest", str(results.get("sandbox_name") or ""))
         span.set_attribute("createos.outcome", out.outcome)
