@@ -13,7 +13,7 @@ building with it. This checks what can be checked from the manifests:
 ``cargo clippy`` does the other half on every change: its ``incompatible_msrv`` lint reads the
 same ``rust-version`` and rejects calls to standard-library APIs stabilised after it. Neither
 catches a language feature newer than the MSRV, nor a dependency that understates its own
-``rust-version`` (README.md, "Minimum supported Rust version").
+``rust-version`` (RELEASING.md, "Minimum supported Rust version").
 """
 
 from __future__ import annotations

@@ -362,7 +362,7 @@ BULK = E2E / "flows" / "bulk_flow.json"
 #: The host's bound on one frame line (``MAX_FRAME_BYTES``).
 FRAME_CAP = 16 * 1024 * 1024
 #: The most the host process's peak RSS may grow in one run of a hostile flow, whatever its
-#: guest writes, as a multiple of FRAME_CAP (the README's executor section states it too).
+#: guest writes, as a multiple of FRAME_CAP (docs/executor.md, "Bounds on what the guest sends", states it too).
 RSS_MULTIPLE = 8
 
 MEASURE = """
