@@ -1,12 +1,17 @@
 """Guest runner of the CreateOS whole-flow executor (embedded in langflow-executor).
 
-The host uploads this file next to its job document (``lfx_job.json``) and runs
-``python3 -u lfx_runner.py`` under ``timeout(1)``. The runner rebuilds the flow with ``Graph.from_payload``, runs it, and
-writes one JSON frame per line to its *original* standard output, which it keeps for itself:
-everything else the flow prints (its own ``print``s, subprocesses) goes to standard error, which
-the host turns into log lines. Frames, in order:
+The host uploads this file and runs ``python3 -u lfx_runner.py --wait lfx_job.json`` under
+``timeout(1)`` as soon as the guest exists: the runner imports lfx and warms its graph machinery
+(the seconds a cold run spends before its first vertex) while the host is still resolving what
+the flow needs and uploading the job document, then waits for the job (a file that parses whole),
+rebuilds the flow with ``Graph.from_payload``, runs it, and writes one JSON frame per line to its
+*original* standard output, which it keeps for itself: everything else the flow prints (its own
+``print``s, subprocesses) goes to standard error, which the host turns into log lines. Frames, in
+order:
 
-- ``{"frame": "hello", ...}`` once lfx is importable (versions, for the host's log);
+- ``{"frame": "hello", ...}`` once lfx is importable and the job was read (versions, for the
+  host's log, and how long the preload and the wait for the job took);
+- ``{"frame": "graph", "rebuild_ms": ...}`` once the flow is rebuilt, before its first vertex;
 - ``{"frame": "vertex", ...}`` each time a vertex finishes, flushed at once (live);
 - ``{"frame": "message", "op": ..., "id": ..., "message": ...}`` each time the flow stores,
   updates or deletes a chat message (the host stores it in its own message store);
@@ -700,6 +705,7 @@ def _bridge_memory(graph: Any, memory: dict[str, Any]) -> None:
 async def _main(job: dict[str, Any]) -> int:
     from lfx.graph import Graph
 
+    began = time.monotonic()
     _place_files(job["flow"], job.get("files") or {})
     graph = Graph.from_payload(
         job["flow"],
@@ -708,6 +714,7 @@ async def _main(job: dict[str, Any]) -> int:
         user_id=job.get("user_id"),
     )
     _install_host_context(graph, job)
+    emit({"frame": "graph", "rebuild_ms": _ms(time.monotonic() - began)})
     options = job.get("options") or {}
     if job.get("mode") == "legacy":
         outputs = await _run_legacy(graph, job, options)
@@ -717,9 +724,14 @@ async def _main(job: dict[str, Any]) -> int:
     return 0
 
 
-def _run_job(job: dict[str, Any], lfx_version: str) -> int:
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def _run_job(job: dict[str, Any], lfx_version: str, timings: dict[str, int] | None = None) -> int:
     """Runs one job whose lfx is importable: the ``hello`` frame, then the run's frames."""
-    emit({"frame": "hello", "protocol": PROTOCOL, "lfx": lfx_version, "python": sys.version.split()[0]})
+    hello = {"frame": "hello", "protocol": PROTOCOL, "lfx": lfx_version, "python": sys.version.split()[0]}
+    emit({**hello, **(timings or {})})
     try:
         return asyncio.run(_main(job))
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
@@ -728,10 +740,49 @@ def _run_job(job: dict[str, Any], lfx_version: str) -> int:
         return 1
 
 
-def _read_job(job_path: str) -> dict[str, Any] | None:
-    """The job document, or None after reporting a protocol mismatch."""
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
+#: How long a job file that exists but does not parse is waited for before the runner gives
+#: up (the host writes it in one upload; a partial file is one still being written).
+JOB_PARSE_GRACE = 60.0
+
+
+def _await_job(job_path: str) -> dict[str, Any] | None:
+    """The job document once the host has written it whole: the file parses as one JSON object
+    (a prefix of an object never does), or None after reporting a protocol error."""
+    delay = 0.002
+    unreadable_since: float | None = None
+    while True:
+        try:
+            with open(job_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        if data:
+            try:
+                job = json.loads(data)
+            except ValueError:
+                now = time.monotonic()
+                unreadable_since = unreadable_since or now
+                if now - unreadable_since > JOB_PARSE_GRACE:
+                    emit({"frame": "error", "kind": "protocol", "message": "the job document never parsed"})
+                    return None
+            else:
+                if isinstance(job, dict):
+                    return job
+                emit({"frame": "error", "kind": "protocol", "message": "the job document is not an object"})
+                return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def _read_job(job_path: str, *, wait: bool = False) -> dict[str, Any] | None:
+    """The job document (waited for, with ``wait``), or None after reporting a protocol error."""
+    if wait:
+        job = _await_job(job_path)
+        if job is None:
+            return None
+    else:
+        with open(job_path, encoding="utf-8") as f:
+            job = json.load(f)
     # It holds the values of the flow's variables: gone before any flow code runs.
     try:
         os.unlink(job_path)
@@ -752,15 +803,29 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         return serve(sys.argv[2])
     _take_stdout()
-    job_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "lfx_job.json")
-    job = _read_job(job_path)
+    wait = len(sys.argv) > 2 and sys.argv[1] == "--wait"
+    default_job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lfx_job.json")
+    job_path = sys.argv[2] if wait else (sys.argv[1] if len(sys.argv) > 1 else default_job)
+    # lfx and the graph machinery first: the host uploads the job meanwhile.
+    began = time.monotonic()
+    lfx_version = _import_lfx({})
+    if lfx_version is not None:
+        try:
+            _preload()
+        except Exception:  # noqa: BLE001 - the flow's own build reports what is broken
+            traceback.print_exc(file=sys.stderr)
+    preloaded = time.monotonic()
+    job = _read_job(job_path, wait=wait)
     if job is None:
         return 2
-    lfx_version = _import_lfx(job)
+    timings = {"preload_ms": _ms(preloaded - began), "wait_ms": _ms(time.monotonic() - preloaded)}
+    if lfx_version is None:
+        # Not in the image: the job says whether to install it (CREATEOS_EXECUTOR_INSTALL_LFX).
+        lfx_version = _import_lfx(job)
     if lfx_version is None:
         emit({"frame": "error", "kind": "missing_lfx", "message": "lfx is not installed in the guest"})
         return 3
-    return _run_job(job, lfx_version)
+    return _run_job(job, lfx_version, timings)
 
 
 # --- Preloaded mode (the executor's warm pool) -----------------------------------------------

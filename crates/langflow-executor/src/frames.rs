@@ -189,12 +189,22 @@ impl fmt::Debug for Payload {
 /// One frame of the runner's protocol.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunnerFrame {
-    /// lfx is importable in the guest.
+    /// lfx is importable in the guest and the runner read its job.
     Hello {
         /// lfx's version in the guest (cut and escaped).
         lfx: String,
         /// Python's version in the guest (cut and escaped).
         python: String,
+        /// How long the runner's import of lfx took, as the guest reports it (bounded by
+        /// [`crate::timings::reported`]).
+        preload_ms: Option<u64>,
+        /// How long the runner then waited for the job, as the guest reports it.
+        wait_ms: Option<u64>,
+    },
+    /// The flow was rebuilt in the guest; its vertices run next.
+    Graph {
+        /// How long the rebuild took, as the guest reports it.
+        rebuild_ms: Option<u64>,
     },
     /// A vertex finished (the whole frame object).
     Vertex(Payload),
@@ -407,6 +417,12 @@ struct Head<'a> {
     python: Option<&'a RawValue>,
     #[serde(borrow)]
     op: Option<&'a RawValue>,
+    #[serde(borrow)]
+    preload_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    wait_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    rebuild_ms: Option<&'a RawValue>,
 }
 
 /// What a message frame asks of the host's message store.
@@ -423,6 +439,12 @@ fn text<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
         .starts_with('"')
         .then(|| serde_json::from_str::<Cow<'a, str>>(raw.get()).ok())
         .flatten()
+}
+
+/// A duration field the guest reported, bounded ([`crate::timings::reported`]).
+fn millis(raw: Option<&RawValue>) -> Option<u64> {
+    let value: Value = serde_json::from_str(raw?.get()).ok()?;
+    crate::timings::reported(&value)
 }
 
 /// A short field: cut to [`MAX_FIELD_BYTES`] and escaped.
@@ -456,6 +478,11 @@ pub fn parse_line(line: &Bytes, limits: &FrameLimits) -> Line {
         "hello" => RunnerFrame::Hello {
             lfx: field(head.lfx).unwrap_or_default(),
             python: field(head.python).unwrap_or_default(),
+            preload_ms: millis(head.preload_ms),
+            wait_ms: millis(head.wait_ms),
+        },
+        "graph" => RunnerFrame::Graph {
+            rebuild_ms: millis(head.rebuild_ms),
         },
         "vertex" if head.id.is_some_and(is_text) => RunnerFrame::Vertex(Payload {
             json: trimmed.clone(),
@@ -609,9 +636,36 @@ mod tests {
             Line::Frame(
                 RunnerFrame::Hello {
                     lfx: "1.13.0".into(),
-                    python: "3.11".into()
+                    python: "3.11".into(),
+                    preload_ms: None,
+                    wait_ms: None,
                 },
                 4
+            )
+        );
+        assert_eq!(
+            parse(br#"{"frame":"hello","lfx":"1","python":"3","preload_ms":2400,"wait_ms":-3}"#),
+            Line::Frame(
+                RunnerFrame::Hello {
+                    lfx: "1".into(),
+                    python: "3".into(),
+                    preload_ms: Some(2400),
+                    wait_ms: None,
+                },
+                6
+            )
+        );
+        assert_eq!(
+            parse(br#"{"frame":"graph","rebuild_ms":"soon"}"#),
+            Line::Frame(RunnerFrame::Graph { rebuild_ms: None }, 3)
+        );
+        assert_eq!(
+            parse(br#"{"frame":"graph","rebuild_ms":160.4}"#),
+            Line::Frame(
+                RunnerFrame::Graph {
+                    rebuild_ms: Some(160)
+                },
+                3
             )
         );
         let Line::Frame(RunnerFrame::Vertex(v), 4) =

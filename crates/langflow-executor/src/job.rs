@@ -79,6 +79,70 @@ pub struct HostFile {
     pub component: String,
 }
 
+/// What a run needs to know before its flow is known in full: enough to admit it, refuse it
+/// and create its guest, so the glue's slower work (dumping the graph, resolving variables,
+/// reading history) overlaps the create and the guest's import of lfx. The rest comes as the
+/// [`FlowRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunHead {
+    /// The graph's flow id (for the per-flow cap and usage records).
+    pub flow_id: Option<String>,
+    /// The run's chat session (for usage records).
+    pub session_id: Option<String>,
+    /// How the guest runs the flow.
+    pub mode: Mode,
+    /// The uploaded files the flow's file inputs read (measured and read before any guest).
+    pub files: Vec<HostFile>,
+}
+
+impl RunHead {
+    /// Parses the head document the glue sends first: `{"flow_id"?, "session_id"?,
+    /// "options"?: {"_use_arun_legacy"?}, "files"?: [{"host_path", "guest_path",
+    /// "component"}]}` (any other key is ignored).
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let Value::Object(mut o) = v else {
+            return Err("not a JSON object".to_owned());
+        };
+        let text_field = |o: &mut Map<String, Value>, k: &str| match o.remove(k) {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        };
+        let mode = match o.get("options") {
+            None | Some(Value::Null) => Mode::Stream,
+            Some(Value::Object(m)) => mode_of(m),
+            Some(_) => return Err("`options` is not an object".to_owned()),
+        };
+        Ok(Self {
+            flow_id: text_field(&mut o, "flow_id"),
+            session_id: text_field(&mut o, "session_id"),
+            mode,
+            files: files_of(o.remove("files"))?,
+        })
+    }
+
+    /// Checks the uploaded files against [`MAX_FILES`] and [`MAX_FILE_BYTES`] and reads them
+    /// (see [`read_files`]).
+    pub async fn read_files(&self) -> Result<Vec<(String, bytes::Bytes)>, String> {
+        read_files(&self.files).await
+    }
+}
+
+fn mode_of(options: &Map<String, Value>) -> Mode {
+    match options.get(LEGACY_FLAG) {
+        Some(Value::Bool(true)) => Mode::Legacy,
+        _ => Mode::Stream,
+    }
+}
+
+fn files_of(raw: Option<Value>) -> Result<Vec<HostFile>, String> {
+    match raw {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(host_file).collect(),
+        Some(_) => Err("`files` is not a list".to_owned()),
+    }
+}
+
 /// A run request, as the glue converted it. `Debug` shows ids, names and counts, never the
 /// flow, the inputs, option values, variable values or history (a flow's component fields,
 /// inputs and variables may carry keys).
@@ -117,6 +181,9 @@ pub struct FlowRequest {
     pub files: Vec<HostFile>,
     /// The guest's values of those file inputs, per vertex id: `{field: path or [paths]}`.
     pub file_params: Map<String, Value>,
+    /// What the glue spent on this request (the graph's dump, variables, history, files), as
+    /// it reported it (bounded), for the run's timings.
+    pub host_context_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for FlowRequest {
@@ -142,6 +209,7 @@ impl std::fmt::Debug for FlowRequest {
             .field("history", &self.memory.as_ref().map(|h| h.messages.len()))
             .field("files", &self.files.len())
             .field("file_params", &self.file_params.len())
+            .field("host_context_ms", &self.host_context_ms)
             .finish()
     }
 }
@@ -207,14 +275,11 @@ impl FlowRequest {
             }),
             Some(_) => return Err("`memory` is not an object".to_owned()),
         };
-        let files = match o.remove("files") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .into_iter()
-                .map(|f| host_file(&f))
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err("`files` is not a list".to_owned()),
-        };
+        let files = files_of(o.remove("files"))?;
+        let host_context_ms = o
+            .remove("host_context_ms")
+            .as_ref()
+            .and_then(crate::timings::reported);
         Ok(Self {
             flow,
             flow_id,
@@ -231,7 +296,18 @@ impl FlowRequest {
             memory,
             files,
             file_params,
+            host_context_ms,
         })
+    }
+
+    /// What the run needs before the rest of this request (see [`RunHead`]).
+    pub fn head(&self) -> RunHead {
+        RunHead {
+            flow_id: self.flow_id.clone(),
+            session_id: self.session_id.clone(),
+            mode: self.mode(),
+            files: self.files.clone(),
+        }
     }
 
     /// The values the host resolved for fields that load from global variables (credentials
@@ -286,69 +362,15 @@ impl FlowRequest {
         Some((kept, note))
     }
 
-    /// Checks the uploaded files against [`MAX_FILES`] and [`MAX_FILE_BYTES`] and reads them.
-    /// A refusal (over a bound, not a regular file, unreadable) says which file and why;
-    /// nothing has been sent anywhere when it happens.
+    /// Checks the uploaded files against [`MAX_FILES`] and [`MAX_FILE_BYTES`] and reads them
+    /// (see [`read_files`]).
     pub async fn read_files(&self) -> Result<Vec<(String, bytes::Bytes)>, String> {
-        use tokio::io::AsyncReadExt as _;
-        let fix = "upload fewer or smaller files for this flow, or run it in-process (unset \
-                   LANGFLOW_EXECUTOR_KIND)";
-        if self.files.len() > MAX_FILES {
-            return Err(format!(
-                "the flow's file inputs read {} uploaded files; the executor sends at most \
-                 MAX_FILES={MAX_FILES} to a guest. Nothing was created: {fix}",
-                self.files.len()
-            ));
-        }
-        let mut total = 0u64;
-        let mut sized = Vec::with_capacity(self.files.len());
-        for f in &self.files {
-            let meta = tokio::fs::metadata(&f.host_path)
-                .await
-                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
-            if !meta.is_file() {
-                return Err(format!(
-                    "{}: {} is not a regular file",
-                    f.component,
-                    describe(f)
-                ));
-            }
-            total = total.saturating_add(meta.len());
-            if total > MAX_FILE_BYTES {
-                return Err(format!(
-                    "{}: the flow's uploaded files come to more than {MAX_FILE_BYTES} bytes \
-                     with {} ({} bytes); the executor sends at most \
-                     MAX_FILE_BYTES={MAX_FILE_BYTES} bytes of files to a guest. Nothing was \
-                     created: {fix}",
-                    f.component,
-                    describe(f),
-                    meta.len()
-                ));
-            }
-            sized.push((f, meta.len()));
-        }
-        let mut out = Vec::with_capacity(sized.len());
-        for (f, size) in sized {
-            let file = tokio::fs::File::open(&f.host_path)
-                .await
-                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
-            let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-            // A file that grew since it was measured is read no further than its size.
-            file.take(size)
-                .read_to_end(&mut data)
-                .await
-                .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
-            out.push((f.guest_path.clone(), bytes::Bytes::from(data)));
-        }
-        Ok(out)
+        read_files(&self.files).await
     }
 
     /// The mode the caller asked for: the legacy passthrough when `_use_arun_legacy` is set.
     pub fn mode(&self) -> Mode {
-        match self.options.get(LEGACY_FLAG) {
-            Some(Value::Bool(true)) => Mode::Legacy,
-            _ => Mode::Stream,
-        }
+        mode_of(&self.options)
     }
 
     /// The job document for the runner. `install` is the pip requirements the runner installs
@@ -438,6 +460,63 @@ impl FlowRequest {
             "files": self.file_params,
         })
     }
+}
+
+/// Checks `files` against [`MAX_FILES`] and [`MAX_FILE_BYTES`] and reads them. A refusal (over
+/// a bound, not a regular file, unreadable) says which file and why; nothing has been sent
+/// anywhere when it happens.
+pub async fn read_files(files: &[HostFile]) -> Result<Vec<(String, bytes::Bytes)>, String> {
+    use tokio::io::AsyncReadExt as _;
+    let fix = "upload fewer or smaller files for this flow, or run it in-process (unset \
+               LANGFLOW_EXECUTOR_KIND)";
+    if files.len() > MAX_FILES {
+        return Err(format!(
+            "the flow's file inputs read {} uploaded files; the executor sends at most \
+             MAX_FILES={MAX_FILES} to a guest. Nothing was created: {fix}",
+            files.len()
+        ));
+    }
+    let mut total = 0u64;
+    let mut sized = Vec::with_capacity(files.len());
+    for f in files {
+        let meta = tokio::fs::metadata(&f.host_path)
+            .await
+            .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+        if !meta.is_file() {
+            return Err(format!(
+                "{}: {} is not a regular file",
+                f.component,
+                describe(f)
+            ));
+        }
+        total = total.saturating_add(meta.len());
+        if total > MAX_FILE_BYTES {
+            return Err(format!(
+                "{}: the flow's uploaded files come to more than {MAX_FILE_BYTES} bytes \
+                 with {} ({} bytes); the executor sends at most \
+                 MAX_FILE_BYTES={MAX_FILE_BYTES} bytes of files to a guest. Nothing was \
+                 created: {fix}",
+                f.component,
+                describe(f),
+                meta.len()
+            ));
+        }
+        sized.push((f, meta.len()));
+    }
+    let mut out = Vec::with_capacity(sized.len());
+    for (f, size) in sized {
+        let file = tokio::fs::File::open(&f.host_path)
+            .await
+            .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        // A file that grew since it was measured is read no further than its size.
+        file.take(size)
+            .read_to_end(&mut data)
+            .await
+            .map_err(|e| format!("{}: cannot read {}: {e}", f.component, describe(f)))?;
+        out.push((f.guest_path.clone(), bytes::Bytes::from(data)));
+    }
+    Ok(out)
 }
 
 /// A file of the request: its guest path must stay under [`FILES_DIR`].

@@ -3,8 +3,10 @@
 //!
 //! An entire flow runs in one fresh CreateOS guest: [`Executor::start`] creates the guest
 //! (reaper-guarded), uploads the guest runner ([`runner::SOURCE`], a Python script embedded in
-//! this crate) and the job document ([`job::FlowRequest::job`]), reads the egress back, and
-//! dispatches the runner as a streaming exec under `timeout(1)`. [`FlowRun::next`] yields each
+//! this crate) and dispatches it at once as a streaming exec under `timeout(1)`, so the guest
+//! imports lfx while the host reads the egress back and completes and uploads the job document
+//! ([`job::FlowRequest::job`]; [`Executor::start_with`] takes the request's [`job::RunHead`]
+//! first and the rest as it is ready). Each run measures its phases ([`timings`]). [`FlowRun::next`] yields each
 //! vertex the moment its frame arrives ([`frames`]: the host's own bounds on everything the
 //! guest sends, checked before anything is built; log lines for everything that is not a frame) and ends with the run's outputs; the guest is destroyed on completion,
 //! on an error, and when the consumer stops early ([`FlowRun::close`], or dropping the run).
@@ -20,10 +22,12 @@ mod run;
 pub mod runner;
 pub mod settings;
 pub mod template;
+pub mod timings;
 
 pub use frames::{Bound, FrameLimits, Payload};
-pub use job::{FlowRequest, Mode};
+pub use job::{FlowRequest, Mode, RunHead};
 pub use run::{
     DEFAULT_MAX_FRAME_BYTES, EnvLookup, Event, Executor, ExecutorError, ExecutorOptions, FlowRun,
     Plan,
 };
+pub use timings::FlowTimings;

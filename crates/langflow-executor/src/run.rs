@@ -15,11 +15,14 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use createos_api::{LineFramer, LineTooLong};
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use sandbox_core::admission::Caps;
 use sandbox_core::classify;
 use sandbox_core::control::ExecFrame;
@@ -40,7 +43,7 @@ use crate::frames::{
     Bound, FrameLimits, Line, LogLines, MAX_FRAME_BYTES, Payload, RunnerFrame, cut,
     escape_controls, parse_line,
 };
-use crate::job::{FlowRequest, Mode};
+use crate::job::{FlowRequest, Mode, RunHead};
 use crate::runner::{
     EXIT_NO_RUNNER, EXIT_RUNNER_LOST, HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE,
     socket_name,
@@ -48,6 +51,7 @@ use crate::runner::{
 use crate::settings::{
     ENV_ALLOWED_DOMAINS, ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, ExecutorSettings,
 };
+use crate::timings::{self, FlowTimings};
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
 /// outputs. The same as [`MAX_FRAME_BYTES`].
@@ -243,14 +247,37 @@ impl Executor {
         request: &FlowRequest,
         host_lfx_version: Option<&str>,
     ) -> Result<FlowRun, ExecutorError> {
+        let body = request.clone();
+        self.start_with(&request.head(), async move { Ok(body) }, host_lfx_version)
+            .await
+    }
+
+    /// [`Executor::start`] for a request whose flow is still being prepared: `head` admits,
+    /// refuses and creates the guest, whose runner starts importing lfx at once, while `body`
+    /// (the glue's dump of the graph and what it resolves for the flow) completes; the job is
+    /// uploaded once both the body and the guest's egress read-back are there. `body` failing
+    /// ends the run (the guest destroyed) with its error.
+    pub async fn start_with(
+        &self,
+        head: &RunHead,
+        body: impl Future<Output = Result<FlowRequest, ExecutorError>> + Send + 'static,
+        host_lfx_version: Option<&str>,
+    ) -> Result<FlowRun, ExecutorError> {
+        let began = Instant::now();
+        let mut t = FlowTimings::default();
         let plan = self.plan()?;
+        t.plan_ms = Some(timings::since(began));
         // Uploaded files are measured and read before anything is sent: over a bound, the run
         // is refused before any guest exists.
-        let files = request
+        let at = Instant::now();
+        let files = head
             .read_files()
             .await
             .map_err(|why| ExecutorError::Unavailable(escape_controls(&why).into_owned()))?;
+        t.files_ms = Some(timings::since(at));
+        let at = Instant::now();
         let opened = self.surface.open(&plan.settings).await?;
+        t.open_ms = Some(timings::since(at));
         let catalog = &opened.catalog;
         if !catalog.iter().any(|s| s.id == plan.executor.shape) {
             let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
@@ -270,7 +297,9 @@ impl Executor {
         } else {
             Vec::new()
         };
-        let job = request.job(&install);
+        // The body is awaited by whichever guest gets the run (a pool guest that cannot take
+        // it hands the run to a fresh one, which awaits the same body).
+        let body: Body = body.map(|r| r.map(Arc::new)).boxed().shared();
         let spec = GuestSpec {
             shape: plan.executor.shape.clone(),
             rootfs: plan.rootfs().to_owned(),
@@ -283,37 +312,39 @@ impl Executor {
             auto_pause_after_seconds: plan.limits.auto_pause_seconds(),
         };
         let cx = self.surface.context(&opened);
-        let started = Instant::now();
         let req = Acquire {
             cx: &cx,
             spec: &spec,
             want: Want::OneShot,
             pool_size: plan.executor.warm_pool,
             caps: Caps::of(&plan.settings),
-            flow: request.flow_id.as_deref(),
+            flow: head.flow_id.as_deref(),
             run_budget: plan.limits.budget,
             node: None,
-            session: request.session_id.as_deref(),
+            session: head.session_id.as_deref(),
         };
-        let (plan, spec, files) = (&plan, &spec, &files[..]);
-        let acquired = self
-            .surface
-            .acquire(&req, |guest, begin| {
-                let job = &job;
-                async move {
-                    let run = if begin.origin == Origin::Pooled {
-                        self.start_warm(&guest, plan, request, job, files, host_lfx_version)
-                            .await
-                    } else {
-                        let at = (started, begin.deadline);
-                        let job = (job, files);
-                        self.start_cold(&guest, plan, spec, request, job, host_lfx_version, at)
-                            .await
-                    };
-                    (guest, run)
-                }
-            })
-            .await?;
+        let at = Instant::now();
+        let job = Job {
+            body: &body,
+            install: &install,
+            files: &files,
+            host_lfx: host_lfx_version,
+            began,
+            acquire_began: at,
+            timings: t,
+        };
+        let (plan, spec, job) = (&plan, &spec, &job);
+        // Boxed: the guest's start holds the exec stream and the uploads' futures.
+        let acquired = Box::pin(self.surface.acquire(&req, |guest, begin| async move {
+            let run = if begin.origin == Origin::Pooled {
+                self.start_warm(&guest, plan, job).await
+            } else {
+                self.start_cold(&guest, plan, spec, head, job, begin.deadline)
+                    .await
+            };
+            (guest, run)
+        }))
+        .await?;
         let lease = acquired.lease;
         match acquired.result {
             Ok(mut run) => {
@@ -321,7 +352,7 @@ impl Executor {
                     tracing::info!(
                         target: LOG_TARGET,
                         guest = %lease.guest().name(),
-                        mode = request.mode().as_str(),
+                        mode = head.mode.as_str(),
                         pool = ?self.surface.pool_stats(),
                         "flow run: a warm guest took the flow (preloaded runner)"
                     );
@@ -342,54 +373,75 @@ impl Executor {
         }
     }
 
-    /// Starts the runner on a guest created for this run: upload the runner, the job and the
-    /// run's files ∥ read the egress back, then dispatch the runner, all by `deadline` (the
-    /// create's too: one budget from `started`).
-    #[allow(clippy::too_many_arguments)]
+    /// Starts the runner on a guest created for this run at once, so it imports lfx while the
+    /// host reads the egress back, writes the run's files and waits for the body; the job is
+    /// uploaded once all of that is done (the runner waits for it), all by `deadline` (the
+    /// create's too: one budget from when the run was admitted).
     async fn start_cold(
         &self,
         guest: &Guest,
         plan: &Plan,
         spec: &GuestSpec,
-        request: &FlowRequest,
-        (job, files): (&serde_json::Value, &[(String, Bytes)]),
-        host_lfx_version: Option<&str>,
-        (started, deadline): (Instant, Instant),
+        head: &RunHead,
+        job: &Job<'_>,
+        deadline: Instant,
     ) -> Result<FlowRun, StartError<ExecutorError>> {
+        let created = Instant::now();
+        let mut t = job.timings;
+        t.create_ms = Some(timings::ms(created - job.acquire_began));
         tracing::info!(
             target: LOG_TARGET,
             guest = %guest.name(),
             rootfs = %spec.rootfs,
             shape = %spec.shape,
-            mode = request.mode().as_str(),
+            mode = head.mode.as_str(),
             pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
-        let job_bytes =
-            job_for(job, plan.grant.as_ref(), guest.name()).map_err(StartError::NotStarted)?;
-        let dispatched = async {
-            let (runner, job, uploads, egress) = tokio::join!(
-                guest.upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline),
-                guest.upload(JOB_PATH, job_bytes, deadline),
-                upload_files(guest, files, deadline),
-                guest.verify_egress(&spec.egress, deadline),
-            );
-            egress?;
-            runner?;
-            job?;
-            uploads?;
+        let mut dispatched = created;
+        let runner = async {
             guest
+                .upload(RUNNER_PATH, Bytes::from_static(SOURCE.as_bytes()), deadline)
+                .await?;
+            let exec = guest
                 .exec(
-                    &Command::python(RUNNER_PATH),
+                    &cold_runner(),
                     &plan.limits,
                     &ExecInput::default(),
                     deadline,
                 )
+                .await;
+            dispatched = Instant::now();
+            exec
+        };
+        // The job goes only to a guest whose egress was read back and matched: until then the
+        // runner has the image's lfx to import and nothing of the flow.
+        let job_written = async {
+            let (egress, uploads, body) = tokio::join!(
+                guest.verify_egress(&spec.egress, deadline),
+                upload_files(guest, job.files, deadline),
+                job.body_within(plan),
+            );
+            egress.map_err(ExecutorError::from)?;
+            uploads.map_err(ExecutorError::from)?;
+            let request = body?;
+            let bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())?;
+            guest
+                .upload(JOB_PATH, bytes, deadline)
                 .await
-        }
-        .await;
-        let exec = dispatched.map_err(|e| StartError::Failed(e.into()))?;
-        Ok(self.flow_run(exec, plan, request, host_lfx_version, started, false))
+                .map_err(ExecutorError::from)?;
+            Ok::<_, ExecutorError>(request)
+        };
+        let (exec, request) = tokio::join!(runner, job_written);
+        t.job_ms = Some(timings::since(created));
+        t.dispatch_ms = Some(timings::ms(dispatched - created));
+        let exec = exec.map_err(|e| StartError::Failed(e.into()))?;
+        let request = request.map_err(StartError::Failed)?;
+        t.host_context_ms = request.host_context_ms;
+        let mut run = self.flow_run(exec, plan, &request, job, false);
+        run.timings = t;
+        run.dispatched = dispatched;
+        Ok(run)
     }
 
     fn flow_run(
@@ -397,10 +449,10 @@ impl Executor {
         exec: ExecRun,
         plan: &Plan,
         request: &FlowRequest,
-        host_lfx_version: Option<&str>,
-        started: Instant,
+        job: &Job<'_>,
         preloaded: bool,
     ) -> FlowRun {
+        let (host_lfx_version, started) = (job.host_lfx, job.began);
         let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
         // The values of the flow's variables are masked like the key in what the guest prints.
         let mut redactor = plan.settings.redactor();
@@ -436,36 +488,39 @@ impl Executor {
             hello: false,
             not_handed_over: false,
             timed_out: false,
+            dispatched: Instant::now(),
+            timings: FlowTimings::default(),
         }
     }
 
-    /// Hands the flow to a pooled guest's preloaded runner: upload the job, exec the hand-off,
-    /// wait for the runner's hello. Anything that fails before the hello (nothing of the flow
-    /// ran) is [`StartError::NotStarted`]: the kit destroys the guest and the run goes to a
-    /// fresh one.
+    /// Hands the flow to a pooled guest's preloaded runner: wait for the body, upload the job,
+    /// exec the hand-off, wait for the runner's hello. Anything that fails before the hello
+    /// (nothing of the flow ran) is [`StartError::NotStarted`]: the kit destroys the guest and
+    /// the run goes to a fresh one.
     async fn start_warm(
         &self,
         guest: &Guest,
         plan: &Plan,
-        request: &FlowRequest,
-        job: &serde_json::Value,
-        files: &[(String, Bytes)],
-        host_lfx_version: Option<&str>,
+        job: &Job<'_>,
     ) -> Result<FlowRun, StartError<ExecutorError>> {
-        let job_bytes =
-            job_for(job, plan.grant.as_ref(), guest.name()).map_err(StartError::NotStarted)?;
-        let started = Instant::now();
-        let deadline = started + guest.context().backoff.budget;
-        let (job, uploads) = tokio::join!(
+        let taken = Instant::now();
+        let mut t = job.timings;
+        t.create_ms = Some(timings::ms(taken - job.acquire_began));
+        let request = job.body_within(plan).await.map_err(StartError::Failed)?;
+        let job_bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())
+            .map_err(StartError::NotStarted)?;
+        let deadline = Instant::now() + guest.context().backoff.budget;
+        let (uploaded, uploads) = tokio::join!(
             guest.upload(JOB_PATH, job_bytes, deadline),
-            upload_files(guest, files, deadline),
+            upload_files(guest, job.files, deadline),
         );
-        if let Err(e) = job.and(uploads) {
+        if let Err(e) = uploaded.and(uploads) {
             return Err(StartError::NotStarted(ExecutorError::Execution(format!(
                 "the job upload failed: {}",
                 e.message()
             ))));
         }
+        t.job_ms = Some(timings::since(taken));
         let command = Command::shell(format!(
             "exec python3 -S {HANDOFF_PATH} job {} {JOB_PATH}",
             socket_name(guest.name())
@@ -485,7 +540,10 @@ impl Executor {
                 ))));
             }
         };
-        let mut run = self.flow_run(exec, plan, request, host_lfx_version, started, true);
+        t.dispatch_ms = Some(timings::since(taken));
+        t.host_context_ms = request.host_context_ms;
+        let mut run = self.flow_run(exec, plan, &request, job, true);
+        run.timings = t;
         match run.until_hello().await {
             Ok(true) => Ok(run),
             Ok(false) => {
@@ -503,6 +561,47 @@ impl Executor {
     pub async fn shutdown(&self) {
         self.surface.shutdown().await;
     }
+}
+
+/// The rest of a run's request, as the glue completes it (shared: a pool guest that cannot
+/// take the run hands it to a fresh guest, which awaits the same body).
+type Body = Shared<BoxFuture<'static, Result<Arc<FlowRequest>, ExecutorError>>>;
+
+/// What every guest a run tries needs from the run's start.
+struct Job<'a> {
+    body: &'a Body,
+    /// The pip requirements of the per-run install (empty: none).
+    install: &'a [String],
+    /// The uploaded files, read before any guest existed.
+    files: &'a [(String, Bytes)],
+    host_lfx: Option<&'a str>,
+    /// When the run started, and when it asked for its guest.
+    began: Instant,
+    acquire_began: Instant,
+    /// The phases measured before the guest.
+    timings: FlowTimings,
+}
+
+impl Job<'_> {
+    /// The rest of the request, waited for no longer than the run's own host deadline.
+    async fn body_within(&self, plan: &Plan) -> Result<Arc<FlowRequest>, ExecutorError> {
+        let within = plan.limits.host_deadline();
+        tokio::time::timeout(within, self.body.clone())
+            .await
+            .unwrap_or_else(|_| {
+                Err(ExecutorError::Execution(format!(
+                    "the host did not complete the flow's request within {}s (resolving its \
+                     variables, history and files); nothing of the flow ran and the guest was \
+                     destroyed",
+                    within.as_secs()
+                )))
+            })
+    }
+}
+
+/// The cold runner's exec: it imports lfx at once and waits for the job (`--wait`).
+fn cold_runner() -> Command {
+    Command::shell(format!("exec python3 -u {RUNNER_PATH} --wait {JOB_PATH}"))
 }
 
 /// The job document for a run in `guest`: with a domain grant, it carries the proxy
@@ -653,6 +752,10 @@ pub struct FlowRun {
     /// The flow did not finish within its timeout (the guest's clock or the host's deadline):
     /// counted as timed out, whatever error reports it.
     timed_out: bool,
+    /// When the runner's exec was accepted.
+    dispatched: Instant,
+    /// Where the run's time went so far.
+    timings: FlowTimings,
 }
 
 impl fmt::Debug for FlowRun {
@@ -674,6 +777,11 @@ impl FlowRun {
     /// The mode the guest runs.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Where the run's time went so far (complete once the run ended).
+    pub fn timings(&self) -> FlowTimings {
+        self.timings
     }
 
     /// When the host gives up on the run's exec (the guest clock plus its grace), whatever the
@@ -795,11 +903,12 @@ impl FlowRun {
         if let Some(mut lease) = self.lease.take() {
             lease.set_outcome(outcome, self.run_bytes);
             let ended = lease.end(End::Destroy).await;
+            self.timings.total_ms = Some(timings::since(self.started));
             tracing::info!(
                 target: LOG_TARGET,
                 guest = %ended.name,
                 vertices = self.vertices,
-                total_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                timings = %self.timings.summary(),
                 "flow run finished; guest destroyed"
             );
         }
@@ -889,8 +998,19 @@ impl FlowRun {
 
     async fn frame(&mut self, frame: RunnerFrame) -> Result<(), ExecutorError> {
         match frame {
-            RunnerFrame::Hello { lfx, python } => {
+            RunnerFrame::Hello {
+                lfx,
+                python,
+                preload_ms,
+                wait_ms,
+            } => {
                 self.hello = true;
+                self.timings.runner_ready_ms = Some(timings::since(self.dispatched));
+                if !self.preloaded {
+                    // A pool guest's preload happened before the run; the hand-off is its wait.
+                    self.timings.guest_preload_ms = preload_ms;
+                    self.timings.guest_wait_ms = wait_ms;
+                }
                 tracing::debug!(target: LOG_TARGET, lfx = %lfx, python = %python, "guest runner started");
                 if let Some(host) = &self.host_lfx
                     && *host != lfx
@@ -902,7 +1022,11 @@ impl FlowRun {
                     );
                 }
             }
+            RunnerFrame::Graph { rebuild_ms } => self.timings.rebuild_ms = rebuild_ms,
             RunnerFrame::Vertex(v) => {
+                if self.vertices == 0 {
+                    self.timings.first_event_ms = Some(timings::since(self.started));
+                }
                 self.vertices += 1;
                 self.pending.push_back(Event::Vertex(v));
             }

@@ -147,9 +147,12 @@ fn assert_no_key(text: &str) {
     }
 }
 
-/// The stub checks it was given the real runner and its job, then speaks the protocol.
-const RUNNER_CHECK: &str = r#"case "$2" in */lfx_runner.py) ;; *) echo "bad args $*" >&2; exit 9;; esac
+/// The stub checks it was given the real runner, waits for its job as the runner does (the host
+/// starts the runner before it uploads the job), then speaks the protocol.
+const RUNNER_CHECK: &str = r#"case "$2 $3" in */lfx_runner.py\ --wait) ;; *) echo "bad args $*" >&2; exit 9;; esac
 grep -q Graph.from_payload "$2" || { echo "not the runner" >&2; exit 9; }
+n=0; while [ ! -s "$(dirname "$2")/lfx_job.json" ] && [ $n -lt 500 ]; do sleep 0.01; n=$((n+1)); done
+sleep 0.05
 grep -q '"protocol":1' "$(dirname "$2")/lfx_job.json" || { echo "no job" >&2; exit 9; }"#;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1410,7 +1413,8 @@ async fn a_file_above_the_bound_is_refused_before_any_guest_is_created() {
 async fn allowed_domains_send_the_gateway_as_egress_and_the_proxy_variables_in_the_job() {
     // The stub runner answers with the `env` of the job it was handed.
     let stub = format!(
-        "exec {} -c 'import json, sys; j = json.load(open(sys.argv[1])); \
+        "while [ ! -s \"$(dirname \"$2\")/lfx_job.json\" ]; do sleep 0.01; done; sleep 0.05\n\
+         exec {} -c 'import json, sys; j = json.load(open(sys.argv[1])); \
          print(json.dumps({{\"frame\": \"complete\", \"outputs\": [j.get(\"env\")]}}))' \
          \"$(dirname \"$2\")/lfx_job.json\"",
         system_python()

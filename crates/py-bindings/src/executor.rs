@@ -35,10 +35,12 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use langflow_executor::frames::{MAX_FRAME_BYTES, escape_controls};
-use langflow_executor::{Event, Executor, ExecutorError, ExecutorOptions, FlowRequest, FlowRun};
+use langflow_executor::{
+    Event, Executor, ExecutorError, ExecutorOptions, FlowRequest, FlowRun, FlowTimings, RunHead,
+};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::wait::block_bounded;
@@ -149,6 +151,10 @@ struct Shared {
     stop: Arc<Notify>,
     stopping: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
+    /// The run's phases so far, published by the producer.
+    timings: Arc<Mutex<FlowTimings>>,
+    /// Where the rest of the request goes ([`FlowEvents::supply`]), until it is sent.
+    body: Mutex<Option<oneshot::Sender<Result<FlowRequest, ExecutorError>>>>,
 }
 
 impl Shared {
@@ -362,6 +368,50 @@ impl FlowEvents {
         self.mode
     }
 
+    /// Hands the run the rest of its request: the JSON request document (`flow`, `inputs`,
+    /// `options`, the resolved `variables`, `memory`, `file_params`, `host_context_ms`, ...).
+    /// Its job is uploaded to the guest once it is there. A malformed request raises
+    /// `CreateOSExecutionError` and ends the run (its guest destroyed); a second call raises.
+    fn supply(&self, py: Python<'_>, request: &str) -> PyResult<()> {
+        self.check_process()?;
+        let sender = self
+            .shared
+            .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(sender) = sender else {
+            return Err(errors::execution(
+                py,
+                "this flow run was already handed its flow",
+            ));
+        };
+        match FlowRequest::from_json(request) {
+            Ok(request) => {
+                // A run already over (stopped, refused) no longer listens: nothing to do.
+                let _ = sender.send(Ok(request));
+                Ok(())
+            }
+            Err(why) => {
+                let message = format!("the flow run request is malformed: {why}");
+                let _ = sender.send(Err(ExecutorError::Execution(message.clone())));
+                Err(errors::execution(py, message))
+            }
+        }
+    }
+
+    /// Where the run's time went so far, in milliseconds per phase (`None` for a phase not
+    /// reached): complete once the run ended. See `langflow_executor::timings`.
+    #[getter]
+    fn timings(&self) -> std::collections::BTreeMap<&'static str, Option<u64>> {
+        let t = *self
+            .shared
+            .timings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        t.fields().into_iter().collect()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<FlowEvents mode={} finished={}>",
@@ -390,22 +440,25 @@ impl NativeExecutor {
     const HISTORY_MESSAGES: usize = langflow_executor::job::MAX_HISTORY_MESSAGES;
 
     /// Starts a flow run and returns its events at once; the guest is created by the run's
-    /// producer. `request` is the JSON request document (`flow`, `inputs`, `options`, ...);
-    /// `lfx_version` the host's lfx version. A malformed request raises
-    /// `CreateOSExecutionError`; every other failure comes out of the events.
-    #[pyo3(signature = (request, lfx_version = None))]
+    /// producer. `head` is the JSON head document (`flow_id`, `session_id`, `options`, the
+    /// uploaded `files`), enough to admit the run, refuse it and create its guest, whose runner
+    /// starts importing lfx at once; the rest of the request follows with
+    /// [`FlowEvents::supply`] (the job is uploaded once it is there). `lfx_version` is the
+    /// host's lfx version. A malformed head raises `CreateOSExecutionError`; every other failure
+    /// comes out of the events.
+    #[pyo3(signature = (head, lfx_version = None))]
     fn start(
         &self,
         py: Python<'_>,
-        request: &str,
+        head: &str,
         lfx_version: Option<String>,
     ) -> PyResult<FlowEvents> {
         logbridge::install();
         logbridge::sync_level(py);
-        let request = FlowRequest::from_json(request).map_err(|why| {
+        let head = RunHead::from_json(head).map_err(|why| {
             errors::execution(py, format!("the flow run request is malformed: {why}"))
         })?;
-        let mode = request.mode().as_str();
+        let mode = head.mode.as_str();
         let rt = runtime::get()
             .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
         // `lfx run` and container stops end a process with SIGTERM: destroy the flow's guest.
@@ -418,6 +471,17 @@ impl NativeExecutor {
             }
         })?;
         let executor = executor();
+        let (body_tx, body_rx) = oneshot::channel();
+        *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body_tx);
+        let body = async move {
+            body_rx.await.unwrap_or_else(|_| {
+                Err(ExecutorError::Execution(
+                    "the flow run was never handed its flow (the caller went away); nothing of \
+                     the flow ran and the guest was destroyed"
+                        .to_owned(),
+                ))
+            })
+        };
         // Driven on a blocking-pool thread by `block_on` (sandbox-core's futures are not
         // provably `Send`), on this process's runtime. Never cancelled from outside: the
         // producer stops itself when asked, so the guest is always closed.
@@ -425,7 +489,7 @@ impl NativeExecutor {
         rt.spawn_blocking(move || {
             let _done = done;
             driver.block_on(async move {
-                let start = executor.start(&request, lfx_version.as_deref());
+                let start = executor.start_with(&head, body, lfx_version.as_deref());
                 Box::pin(producer.run(start)).await;
             });
         });
@@ -520,12 +584,14 @@ fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
         flag: Arc::clone(&finished),
         wake: wake_write.try_clone()?,
     };
+    let timings = Arc::new(Mutex::new(FlowTimings::default()));
     let producer = Producer {
         tx,
         room: Arc::new(Semaphore::new(QUEUE_BYTES)),
         wake: wake_write,
         stop: Arc::clone(&stop),
         stopping: Arc::clone(&stopping),
+        timings: Arc::clone(&timings),
     };
     let shared = Shared {
         rx: Mutex::new(rx),
@@ -533,6 +599,8 @@ fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
         stop,
         stopping,
         finished,
+        timings,
+        body: Mutex::new(None),
     };
     Ok((producer, shared, done))
 }
@@ -545,6 +613,10 @@ trait Run {
     fn close(&mut self) -> impl Future<Output = ()>;
     /// When the host gives up on the run, whatever the guest does.
     fn host_deadline(&self) -> Instant;
+    /// Where the run's time went so far.
+    fn timings(&self) -> FlowTimings {
+        FlowTimings::default()
+    }
 }
 
 impl Run for FlowRun {
@@ -558,6 +630,40 @@ impl Run for FlowRun {
 
     fn host_deadline(&self) -> Instant {
         FlowRun::host_deadline(self)
+    }
+
+    fn timings(&self) -> FlowTimings {
+        FlowRun::timings(self)
+    }
+}
+
+/// A run whose phases are published when it is dropped (however the producer's loop ends).
+struct Published<'a, R: Run> {
+    run: &'a mut R,
+    producer: &'a Producer,
+}
+
+impl<R: Run> Published<'_, R> {
+    fn publish(&self) {
+        self.producer.publish(&*self.run);
+    }
+
+    async fn next(&mut self) -> Result<Option<Event>, ExecutorError> {
+        self.run.next().await
+    }
+
+    async fn close(&mut self) {
+        self.run.close().await;
+    }
+
+    fn host_deadline(&self) -> Instant {
+        self.run.host_deadline()
+    }
+}
+
+impl<R: Run> Drop for Published<'_, R> {
+    fn drop(&mut self) {
+        self.publish();
     }
 }
 
@@ -578,9 +684,15 @@ struct Producer {
     wake: UnixStream,
     stop: Arc<Notify>,
     stopping: Arc<AtomicBool>,
+    timings: Arc<Mutex<FlowTimings>>,
 }
 
 impl Producer {
+    /// Publishes `run`'s phases so far to the consumer.
+    fn publish<R: Run>(&self, run: &R) {
+        *self.timings.lock().unwrap_or_else(PoisonError::into_inner) = run.timings();
+    }
+
     fn wake(&self) {
         // Non-blocking: a full socket already holds a pending wake.
         let _ = (&self.wake).write(&[1]);
@@ -643,6 +755,11 @@ impl Producer {
             Some(Err(e)) => return self.fail(e),
             Some(Ok(run)) => run,
         };
+        // The run's phases reach the consumer as they are known, and once it ended.
+        let mut run = Published {
+            run: &mut run,
+            producer: self,
+        };
         loop {
             if self.stopped() {
                 return run.close().await;
@@ -659,9 +776,13 @@ impl Producer {
                     return self.fail(panicked());
                 }
                 Some(Ok(Ok(None))) => return,
-                Some(Ok(Err(e))) => return self.fail(e),
+                Some(Ok(Err(e))) => {
+                    run.publish();
+                    return self.fail(e);
+                }
                 Some(Ok(Ok(Some(event)))) => event,
             };
+            run.publish();
             let last = matches!(event, Event::Complete(_));
             match self.send(event, run.host_deadline()).await {
                 Sent::Queued if last => return,
@@ -669,6 +790,7 @@ impl Producer {
                 Sent::Stopped => return run.close().await,
                 Sent::Late => {
                     run.close().await;
+                    run.publish();
                     return self.fail(too_slow());
                 }
             }

@@ -340,6 +340,16 @@ class FlowEvents:
     @property
     def mode(self) -> str:
         """``"legacy"`` (``Graph.arun``) or ``"stream"`` (``lfx run``, ``lfx serve``, Loop)."""
+    def supply(self, request: str) -> None:
+        """Hand the run the rest of its JSON request (the flow, inputs, options and what the
+        host resolved); its job is uploaded once it is there. Raises ``CreateOSExecutionError``
+        for a malformed request (the run then ends, its guest destroyed) or a second call."""
+    @property
+    def timings(self) -> dict[str, int | None]:
+        """Milliseconds per phase of the run so far (``None``: not reached); complete once the
+        run ended: ``plan_ms``, ``files_ms``, ``open_ms``, ``create_ms``, ``dispatch_ms``,
+        ``host_context_ms``, ``job_ms``, ``runner_ready_ms``, ``guest_preload_ms``,
+        ``guest_wait_ms``, ``rebuild_ms``, ``first_event_ms``, ``total_ms``."""
 
 @final
 class FlowWake:
@@ -355,11 +365,13 @@ class NativeExecutor:
     """The most chat-history messages of the run's session a run sends to its guest."""
 
     def __init__(self) -> None: ...
-    def start(self, request: str, lfx_version: str | None = None) -> FlowEvents:
-        """Start a flow run from its JSON request; its guest is created in the background.
+    def start(self, head: str, lfx_version: str | None = None) -> FlowEvents:
+        """Start a flow run from its JSON head (``flow_id``, ``session_id``, ``options``,
+        ``files``); its guest is created, and its runner starts importing lfx, in the
+        background, and :meth:`FlowEvents.supply` hands it the rest of the request.
 
-        Raises ``CreateOSExecutionError`` for a malformed request; every other failure is
-        raised by the events.
+        Raises ``CreateOSExecutionError`` for a malformed head; every other failure is raised
+        by the events.
         """
     def shutdown(self) -> None:
         """Destroy the guests of this process's flow runs and its warm pool (bounded)."""

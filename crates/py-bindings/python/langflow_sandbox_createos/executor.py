@@ -46,6 +46,7 @@ import importlib
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
@@ -509,27 +510,41 @@ def _files(graph: Any) -> tuple[list[dict[str, str]], dict[str, Any], dict[str, 
     return uploads, params, back
 
 
-async def _host_context(unit: Unit, history_limit: int) -> tuple[dict[str, Any], dict[str, str]]:
-    """What the host resolves for the run (added to the request), and the way back from the
-    guest's file paths to the host's."""
+def _session_id(unit: Unit) -> str | None:
+    """The run's chat session: the caller's ``session_id`` option, else the graph's."""
+    return _text(unit.runtime_options.get("session_id") or getattr(unit.graph, "session_id", None) or None)
+
+
+def _head(unit: Unit, uploads: list[dict[str, str]]) -> dict[str, Any]:
+    """The head document for the native executor: what admits the run, refuses it and creates
+    its guest (the flow's id, the session, the mode flag, the uploaded files), so the rest of
+    the request is prepared while the guest is created and imports lfx."""
+    legacy = unit.runtime_options.get("_use_arun_legacy")
+    return {
+        "flow_id": _text(getattr(unit.graph, "flow_id", None)),
+        "session_id": _session_id(unit),
+        "options": {"_use_arun_legacy": legacy} if isinstance(legacy, bool) else {},
+        "files": uploads,
+    }
+
+
+async def _host_context(unit: Unit, history_limit: int) -> dict[str, Any]:
+    """What the host resolves for the run (added to the request): the run's ids, the values of
+    the fields that load from global variables, and the session's history."""
     graph: Any = unit.graph
     options = unit.runtime_options
-    session_id = _text(options.get("session_id") or getattr(graph, "session_id", None) or None)
+    session_id = _session_id(unit)
     end_user = getattr(graph, "end_user_id", None)
-    uploads, file_params, back = _files(graph)
     if not getattr(graph, "_run_id", None) and hasattr(graph, "set_run_id"):
         graph.set_run_id()  # as the in-process run's initialize_run does: messages carry it
-    context: dict[str, Any] = {
+    return {
         "session_id": session_id,
         "run_id": _text(getattr(graph, "_run_id", None) or None),
         "end_user_id": _text(end_user),
         "persist_messages": bool(getattr(graph, "persist_messages", True)),
         "variables": await _variables(graph, bool(options.get("fallback_to_env_vars", False))),
         "memory": await _history(graph, session_id, history_limit),
-        "files": uploads,
-        "file_params": file_params,
     }
-    return context, back
 
 
 class _MessageSink:
@@ -649,19 +664,24 @@ class CreateOSExecutor(Executor):
         # Before the shutdown _register_shutdown adds (exit handlers run last-registered
         # first): the guests it destroys still reach the metrics and usage records.
         metrics.install()
-        await _say_what_is_sandboxed()
         with metrics.run_scope("executor") as span:
-            request = _request(unit)
             try:
-                context, files_back = await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1)
+                uploads, file_params, files_back = _files(unit.graph)
             except _Unbridged as exc:
                 raise CreateOSUnavailableError(str(exc)) from None
-            request.update(context)
-            events = _native.NativeExecutor().start(json.dumps(request), _lfx_version())
-            del request, context  # the variables' values: not kept past the start
+            # The guest is created, and starts importing lfx, while the rest is prepared here.
+            events = _native.NativeExecutor().start(json.dumps(_head(unit, uploads)), _lfx_version())
             _register_shutdown()
             sink = _MessageSink(unit.graph, files_back)
             try:
+                await _say_what_is_sandboxed()
+                began = time.perf_counter()
+                request = _request(unit)
+                request.update(await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1))
+                request.update(files=uploads, file_params=file_params)
+                request["host_context_ms"] = round((time.perf_counter() - began) * 1000)
+                events.supply(json.dumps(request))
+                del request  # the variables' values: not kept past the hand-over
                 async for kind, data in events:
                     if kind == "vertex":
                         yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
@@ -680,6 +700,9 @@ class CreateOSExecutor(Executor):
                     if events.mode == "stream":
                         yield StepResult(payload=Finish())
                     span.set_attribute("createos.outcome", "ok")
+                    for phase, value in events.timings.items():
+                        if value is not None:
+                            span.set_attribute(f"createos.timings.{phase}", value)
                     yield RunComplete(outputs=outputs)
                     return
             finally:
