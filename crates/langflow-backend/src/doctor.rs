@@ -310,7 +310,7 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
             match select_shape(
                 &catalog,
                 policy.memory_mb,
-                settings.pinned_shape.as_deref(),
+                settings.shape_pin(),
                 ENV_LF_MEMORY,
             ) {
                 Ok(c) => out.push(DoctorLevel::Ok, describe_shape(&c)),

@@ -16,6 +16,7 @@ use sandbox_core::admission::Caps;
 use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
 use sandbox_core::exec::{ExecLimits, is_valid_env_name};
 use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
+use sandbox_core::plan::{self, Base, NetworkAsk, SurfaceError};
 use sandbox_core::session::Account;
 use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
 use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
@@ -203,17 +204,27 @@ impl LfxPolicy {
         settings: &Settings,
         budget: Duration,
     ) -> Result<(EgressPolicy, Option<Grant>), SandboxError> {
+        // A bad entry is refused even with the network off, where the list is not used.
         let domains = Domains::parse(ENV_LF_ALLOWED_DOMAINS, &self.allowed_domains)?;
-        if !self.allow_network {
-            let deny = EgressPolicy::restricted(&[], accept, &SETTING_NAMES)?;
-            return Ok((deny, None));
-        }
-        if domains.is_empty() {
-            return Ok((EgressPolicy::AllowAll, None));
-        }
-        let gateway = settings.gateway.require(ENV_LF_ALLOWED_DOMAINS)?;
-        let egress = gateway.egress(&[], accept, &DOMAIN_SETTING_NAMES)?;
-        Ok((egress, Some(gateway.grant(&domains, budget))))
+        let unused = Domains::default();
+        let ask = NetworkAsk {
+            base: if self.allow_network {
+                Base::Open
+            } else {
+                Base::Off
+            },
+            domains: if self.allow_network {
+                &domains
+            } else {
+                &unused
+            },
+            domains_setting: ENV_LF_ALLOWED_DOMAINS,
+            accept_exceptions: accept,
+            names: &SETTING_NAMES,
+            domain_names: &DOMAIN_SETTING_NAMES,
+        };
+        let net = plan::network(&settings.gateway, &ask)?;
+        Ok((net.egress.clone(), net.grant(budget)))
     }
 }
 
@@ -244,29 +255,11 @@ pub struct RunOutput {
     pub outcome: RunOutcome,
 }
 
-/// Why a run could not produce a result. `Display` is the message, which names the setting
-/// involved and the fix; it never contains the API key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BackendError {
-    /// Configured but unusable, or the policy cannot be honoured (lfx:
-    /// `SandboxUnavailableError`). Nothing ran.
-    #[error("{0}")]
-    Unavailable(String),
-    /// An infrastructure failure (lfx: `SandboxExecutionError`). The message says whether the
-    /// code may have run.
-    #[error("{0}")]
-    Execution(String),
-}
-
-impl From<SandboxError> for BackendError {
-    fn from(e: SandboxError) -> Self {
-        if e.kind().is_unavailable() {
-            BackendError::Unavailable(e.message().to_owned())
-        } else {
-            BackendError::Execution(e.message().to_owned())
-        }
-    }
-}
+/// Why a run could not produce a result: sandbox-core's one mapping of a core error onto lfx's
+/// two classes ([`SurfaceError`]: `Unavailable`, nothing ran; `Execution`, saying whether the
+/// code may have run). `Display` is the message, which names the setting involved and the fix;
+/// it never contains the API key.
+pub type BackendError = SurfaceError;
 
 /// Knobs for tests, benchmarks and embedders; [`Backend::new`] uses the defaults. The backend
 /// has no knob of its own: every one is the surface kit's ([`SurfaceOptions`]: the clocks, the
@@ -392,7 +385,7 @@ impl Backend {
         let choice = select_shape(
             &opened.catalog,
             policy.memory_mb,
-            plan.settings.pinned_shape.as_deref(),
+            plan.settings.shape_pin(),
             ENV_LF_MEMORY,
         )?;
         let spec = RunSpec {

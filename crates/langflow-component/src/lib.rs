@@ -26,9 +26,10 @@ use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
 use sandbox_core::names::{REUSED_PREFIX, derived_name};
 use sandbox_core::observe::RunOutcome;
+use sandbox_core::plan::{self, Base, NetworkAsk};
 use sandbox_core::pool::PoolStats;
 use sandbox_core::settings::{SettingNames, Settings, parse_bool, read_flag};
-use sandbox_core::shapes::{Shape, select_shape};
+use sandbox_core::shapes::{Pin, Shape, select_shape};
 use sandbox_core::surface::{Acquire, End, StartError, Surface, SurfaceKind, Want};
 use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
@@ -480,20 +481,20 @@ impl SandboxComponent {
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(inputs.timeout_seconds)));
+        // A bad entry is refused even with Allow Network off, where the list is not used.
         let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)?;
-        let (egress, grant) = if !inputs.allow_network {
-            let deny = EgressPolicy::restricted(&[], accept_exceptions, &SETTING_NAMES)?;
-            (deny, None)
-        } else if domains.is_empty() {
-            (EgressPolicy::AllowAll, None)
-        } else {
-            let gateway = settings.gateway.require(input::ALLOWED_DOMAINS)?;
-            let egress = gateway.egress(&[], accept_exceptions, &DOMAIN_SETTING_NAMES)?;
-            (
-                egress,
-                Some(gateway.grant(&domains, limits.host_deadline())),
-            )
+        let unused = Domains::default();
+        let on = inputs.allow_network;
+        let ask = NetworkAsk {
+            base: if on { Base::Open } else { Base::Off },
+            domains: if on { &domains } else { &unused },
+            domains_setting: input::ALLOWED_DOMAINS,
+            accept_exceptions,
+            names: &SETTING_NAMES,
+            domain_names: &DOMAIN_SETTING_NAMES,
         };
+        let net = plan::network(&settings.gateway, &ask)?;
+        let (egress, grant) = (net.egress.clone(), net.grant(limits.host_deadline()));
         settings.require_key()?;
         Ok(Plan {
             settings,
@@ -934,20 +935,13 @@ fn choose_shape(
     catalog: &[Shape],
     pinned: Option<&(String, &'static str)>,
 ) -> Result<Shape, SandboxError> {
-    if let Some((id, source)) = pinned
-        && !catalog.iter().any(|s| &s.id == id)
-    {
-        let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
-        ids.sort_unstable();
-        return Err(SandboxError::refused(format!(
-            "{source}={id} is not in the CreateOS shape catalog (available: {}); pick one of \
-             those or leave it blank",
-            ids.join(", ")
-        )));
-    }
     // A pinned shape is the user's choice, whatever its memory; otherwise at least 4 GiB.
-    let choice = select_shape(catalog, 0, pinned.map(|(id, _)| id.as_str()), input::SHAPE)?;
-    Ok(choice.shape)
+    let pin = pinned.map(|(id, setting)| Pin {
+        id,
+        setting,
+        otherwise: "leave it blank",
+    });
+    Ok(select_shape(catalog, 0, pin, input::SHAPE)?.shape)
 }
 
 fn random48() -> u64 {

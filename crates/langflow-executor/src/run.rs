@@ -31,8 +31,10 @@ use sandbox_core::exec::{Command, EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, class
 use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, ExecRun, ExecStep, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
+use sandbox_core::plan::SurfaceError;
 use sandbox_core::pool::{PoolStats, Warmer};
 use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
+use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
     Acquire, End, Lease, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
@@ -80,13 +82,19 @@ pub enum ExecutorError {
     },
 }
 
-impl From<SandboxError> for ExecutorError {
-    fn from(e: SandboxError) -> Self {
-        if e.kind().is_unavailable() {
-            ExecutorError::Unavailable(e.message().to_owned())
-        } else {
-            ExecutorError::Execution(e.message().to_owned())
+impl From<SurfaceError> for ExecutorError {
+    fn from(e: SurfaceError) -> Self {
+        match e {
+            SurfaceError::Unavailable(m) => ExecutorError::Unavailable(m),
+            SurfaceError::Execution(m) => ExecutorError::Execution(m),
         }
+    }
+}
+
+impl From<SandboxError> for ExecutorError {
+    /// sandbox-core's one mapping of a core error onto lfx's classes.
+    fn from(e: SandboxError) -> Self {
+        SurfaceError::from(e).into()
     }
 }
 
@@ -278,17 +286,12 @@ impl Executor {
         let at = Instant::now();
         let opened = self.surface.open(&plan.settings).await?;
         t.open_ms = Some(timings::since(at));
-        let catalog = &opened.catalog;
-        if !catalog.iter().any(|s| s.id == plan.executor.shape) {
-            let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
-            ids.sort_unstable();
-            return Err(ExecutorError::Unavailable(format!(
-                "{ENV_SHAPE}={} is not in the CreateOS shape catalog (available: {}); pick one \
-                 of those",
-                plan.executor.shape,
-                ids.join(", ")
-            )));
-        }
+        let pin = Pin {
+            id: &plan.executor.shape,
+            setting: ENV_SHAPE,
+            otherwise: "",
+        };
+        in_catalog(&opened.catalog, &pin)?;
         let install: Vec<String> = if plan.executor.install_lfx {
             let lfx = host_lfx_version.map_or_else(|| "lfx".to_owned(), |v| format!("lfx=={v}"));
             std::iter::once(lfx)

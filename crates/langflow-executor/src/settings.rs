@@ -6,7 +6,8 @@
 
 use sandbox_core::SandboxError;
 use sandbox_core::egress::{ALLOW_ALL_RULE, EgressPolicy};
-use sandbox_core::gateway::{Domains, GatewaySetting};
+use sandbox_core::gateway::{Domains, ENV_GATEWAY_SECRET, ENV_GATEWAY_URL, GatewaySetting};
+use sandbox_core::plan::{self, Base, NetworkAsk};
 use sandbox_core::settings::{SettingNames, non_blank, parse_bool, parse_pool_size};
 
 /// `CREATEOS_EXECUTOR_ROOTFS`: the guest image (a template with lfx and the flow's components).
@@ -196,15 +197,12 @@ impl ExecutorSettings {
             None => Domains::default(),
         };
         let raw_egress = non_blank(lookup, ENV_EGRESS);
-        let egress = if domains.is_empty() {
-            egress_from(raw_egress.as_deref(), accept)?
-        } else {
-            domains_egress(
-                raw_egress.as_deref(),
-                accept,
-                &GatewaySetting::from_lookup(lookup),
-            )?
-        };
+        let egress = egress_of(
+            raw_egress.as_deref(),
+            &domains,
+            accept,
+            &GatewaySetting::from_lookup(lookup),
+        )?;
         let install_lfx = match lookup(ENV_INSTALL_LFX) {
             Some(raw) => parse_bool(ENV_INSTALL_LFX, &raw)?,
             None => false,
@@ -256,54 +254,26 @@ impl ExecutorSettings {
     }
 }
 
-/// The egress `CREATEOS_EXECUTOR_EGRESS` asks for: unset or `*` is unrestricted (flows call
-/// model providers), `none` is deny-all, anything else is a comma-separated list of address
-/// rules validated strictly (hostnames refused: CreateOS does not enforce them; a single
-/// address is sent as `/32` or `/128`). Every restricted policy needs the link-local opt-in.
-pub fn egress_from(
+/// The egress of a run: what `CREATEOS_EXECUTOR_EGRESS` (`raw`) asks for, through
+/// sandbox-core's one network decision ([`sandbox_core::plan::network`]). Without domains,
+/// unset or `*` is unrestricted (flows call model providers), `none` is deny-all, anything else
+/// a comma-separated list of address rules validated strictly (host names refused: CreateOS does
+/// not enforce them; a single address is sent as `/32` or `/128`). With
+/// `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`, the gateway's `IP:port` plus those address rules; `*`
+/// and `none` contradict a domain list and are refused, and so is a missing or unusable gateway.
+/// Every restricted policy needs the link-local opt-in. Refusals name the variable.
+pub fn egress_of(
     raw: Option<&str>,
-    accept_exceptions: bool,
-) -> Result<EgressPolicy, SandboxError> {
-    let raw = raw.map_or(ALLOW_ALL_RULE, str::trim);
-    if raw == ALLOW_ALL_RULE {
-        return Ok(EgressPolicy::AllowAll);
-    }
-    let rules: Vec<String> = if raw.eq_ignore_ascii_case("none") {
-        Vec::new()
-    } else {
-        raw.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    if rules.iter().any(|r| r == ALLOW_ALL_RULE) {
-        return Err(SandboxError::refused(format!(
-            "{ENV_EGRESS}={raw:?} mixes `*` with address rules; set it to `*` alone for \
-             unrestricted egress, or list only address rules"
-        )));
-    }
-    EgressPolicy::restricted(&rules, accept_exceptions, &SETTING_NAMES).map_err(|e| {
-        // Name the variable the bad rule came from.
-        if e.message().contains(ENV_EGRESS) || e.message().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS) {
-            e
-        } else {
-            SandboxError::refused(format!("{ENV_EGRESS}: {}", e.message()))
-        }
-    })
-}
-
-/// The egress of a run with `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`: the gateway's `IP:port`
-/// plus the address rules of `CREATEOS_EXECUTOR_EGRESS` (`raw`, unset for none). `*` and
-/// `none` contradict a domain list and are refused; so is a missing or unusable gateway.
-pub fn domains_egress(
-    raw: Option<&str>,
+    domains: &Domains,
     accept_exceptions: bool,
     gateway: &GatewaySetting,
 ) -> Result<EgressPolicy, SandboxError> {
-    let rules: Vec<String> = match raw.map(str::trim) {
-        None => Vec::new(),
-        Some(r) if r == ALLOW_ALL_RULE || r.eq_ignore_ascii_case("none") => {
+    let raw = raw.map(str::trim);
+    let base = match raw {
+        None => Base::Open,
+        Some(r)
+            if !domains.is_empty() && (r == ALLOW_ALL_RULE || r.eq_ignore_ascii_case("none")) =>
+        {
             return Err(SandboxError::refused(format!(
                 "{ENV_EGRESS}={r:?} contradicts {ENV_ALLOWED_DOMAINS}: with domains, the \
                  guest's egress is the egress gateway plus any address rules listed in \
@@ -311,20 +281,44 @@ pub fn domains_egress(
                  {ENV_ALLOWED_DOMAINS}"
             )));
         }
-        Some(r) => r
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        Some(r) if r == ALLOW_ALL_RULE => Base::Open,
+        Some(r) if r.eq_ignore_ascii_case("none") => Base::Off,
+        Some(r) => {
+            let rules: Vec<String> = r
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if rules.iter().any(|rule| rule == ALLOW_ALL_RULE) {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_EGRESS}={r:?} mixes `*` with address rules; set it to `*` alone for \
+                     unrestricted egress, or list only address rules"
+                )));
+            }
+            Base::Rules(rules)
+        }
     };
-    let gateway = gateway.require(ENV_ALLOWED_DOMAINS)?;
-    gateway
-        .egress(&rules, accept_exceptions, &DOMAIN_SETTING_NAMES)
+    let ask = NetworkAsk {
+        base,
+        domains,
+        domains_setting: ENV_ALLOWED_DOMAINS,
+        accept_exceptions,
+        names: &SETTING_NAMES,
+        domain_names: &DOMAIN_SETTING_NAMES,
+    };
+    plan::network(gateway, &ask)
+        .map(|net| net.egress)
         .map_err(|e| {
-            if e.message().contains(ENV_EGRESS)
-                || e.message().contains(ENV_ACCEPT_EGRESS_EXCEPTIONS)
-            {
+            // Name the variable the bad rule came from.
+            let named = [
+                ENV_EGRESS,
+                ENV_ACCEPT_EGRESS_EXCEPTIONS,
+                ENV_ALLOWED_DOMAINS,
+                ENV_GATEWAY_URL,
+                ENV_GATEWAY_SECRET,
+            ];
+            if named.iter().any(|n| e.message().contains(n)) {
                 e
             } else {
                 SandboxError::refused(format!("{ENV_EGRESS}: {}", e.message()))
@@ -479,7 +473,13 @@ mod tests {
 
     #[test]
     fn link_local_refusal_names_executor_settings() {
-        let e = egress_from(Some("203.0.113.7"), false).unwrap_err();
+        let e = egress_of(
+            Some("203.0.113.7"),
+            &Domains::default(),
+            false,
+            &GatewaySetting::Off,
+        )
+        .unwrap_err();
         let text = e.to_string();
         assert!(text.contains("169.254.0.0/16"), "{text}");
         assert!(

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use langflow_backend::{
-    Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, LfxPolicy, SurfaceOptions,
+    Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, ENV_LF_ALLOW_NETWORK,
+    ENV_LF_ALLOWED_DOMAINS, ENV_LF_MEMORY, ENV_LF_TIMEOUT, LfxPolicy, SurfaceOptions,
 };
 use pyo3::prelude::*;
 
@@ -59,7 +60,7 @@ fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
             .extract::<bool>()
             .map_err(|_| format!("{var}: expected true or false, got {value}"))
     }
-    const DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+    const DOMAINS: &str = ENV_LF_ALLOWED_DOMAINS;
     let domains = field(settings, "allowed_domains", DOMAINS)?;
     let allowed_domains = domains
         .try_iter()
@@ -70,13 +71,9 @@ fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
         })
         .map_err(|_| format!("{DOMAINS}: expected a list of domain names"))?;
     Ok(LfxPolicy {
-        timeout_seconds: whole(
-            settings,
-            "timeout_seconds",
-            "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
-        )?,
-        memory_mb: whole(settings, "memory_mb", "LANGFLOW_SANDBOX_MEMORY_MB")?,
-        allow_network: flag(settings, "allow_network", "LANGFLOW_SANDBOX_ALLOW_NETWORK")?,
+        timeout_seconds: whole(settings, "timeout_seconds", ENV_LF_TIMEOUT)?,
+        memory_mb: whole(settings, "memory_mb", ENV_LF_MEMORY)?,
+        allow_network: flag(settings, "allow_network", ENV_LF_ALLOW_NETWORK)?,
         allowed_domains,
     })
 }
@@ -158,7 +155,7 @@ impl NativeBackend {
             // langflow-backend logs each run's timings (`sandbox run finished`); the drain
             // below hands that record to Python's logging.
             Waited::Finished(Ok(out)) => RunResult::new(py, out),
-            Waited::Finished(Err(err)) => Err(errors::from_backend(py, err)),
+            Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
             Waited::Panicked => Err(errors::execution(
                 py,
                 "the sandbox run failed with an internal error (panic); its guest is \
@@ -310,7 +307,7 @@ pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
         backend.sweep_orphans(dry_run).await
     }) {
         Waited::Finished(Ok(report)) => Ok(ReapReport::from(report)),
-        Waited::Finished(Err(err)) => Err(errors::from_backend(py, err)),
+        Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
         Waited::Panicked => Err(errors::execution(
             py,
             "the orphan sweep failed with an internal error",

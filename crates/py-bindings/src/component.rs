@@ -64,11 +64,7 @@ pub(crate) async fn shutdown_component() {
 }
 
 fn raise(py: Python<'_>, err: &ComponentError) -> PyErr {
-    if err.kind().is_unavailable() {
-        errors::unavailable(py, err.message())
-    } else {
-        errors::execution(py, err.message())
-    }
+    errors::from_surface(py, err.clone())
 }
 
 fn runtime_or_err(py: Python<'_>) -> PyResult<&'static runtime::Rt> {

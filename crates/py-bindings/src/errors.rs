@@ -8,11 +8,11 @@
 //! `RuntimeError` with the same message whose `__cause__` is the import failure, so the
 //! original message is never lost.
 
-use langflow_backend::BackendError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+use sandbox_core::plan::SurfaceError;
 
 /// The public module that defines the classes.
 const EXCEPTIONS: &str = "langflow_sandbox_createos.exceptions";
@@ -70,11 +70,11 @@ pub fn execution(py: Python<'_>, message: impl Into<String>) -> PyErr {
     raise(py, Kind::Execution, message)
 }
 
-/// A backend error as the matching public exception (its message is already redacted by
-/// `langflow-backend`).
-pub fn from_backend(py: Python<'_>, err: BackendError) -> PyErr {
-    match err {
-        BackendError::Unavailable(message) => unavailable(py, message),
-        BackendError::Execution(message) => execution(py, message),
+/// A surface's error (sandbox-core's one mapping of a core error onto lfx's classes) as the
+/// matching public exception; its message is already redacted.
+pub fn from_surface(py: Python<'_>, err: impl Into<SurfaceError>) -> PyErr {
+    match err.into() {
+        SurfaceError::Unavailable(message) => unavailable(py, message),
+        SurfaceError::Execution(message) => execution(py, message),
     }
 }

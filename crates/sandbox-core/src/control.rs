@@ -12,7 +12,16 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
-use crate::shapes::Shape;
+/// One catalog entry (`GET /v1/shapes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// Shape id, e.g. `s-2vcpu-4gb`.
+    pub id: String,
+    /// Virtual CPUs.
+    pub vcpu: u32,
+    /// Memory in MiB.
+    pub mem_mib: u32,
+}
 
 /// How a control-plane call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::error::SandboxError;
-use crate::settings::SettingNames;
+use crate::vars::SettingNames;
 
 /// The rule that spells deny-all: IANA-reserved and unroutable, so only the final DROP applies.
 pub const DENY_ALL_RULE: &str = "240.0.0.0/4";

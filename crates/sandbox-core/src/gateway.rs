@@ -25,7 +25,7 @@ use egress_gateway::token::{MAX_ENTRIES, MAX_TTL, MIN_SECRET_BYTES, TokenError};
 
 use crate::egress::{EgressPolicy, validate_address_rule};
 use crate::error::SandboxError;
-use crate::settings::{SettingNames, non_blank};
+use crate::vars::{SettingNames, non_blank};
 
 /// `CREATEOS_GATEWAY_URL`: the gateway as guests reach it, `http://IP:PORT`.
 pub const ENV_GATEWAY_URL: &str = "CREATEOS_GATEWAY_URL";

@@ -36,13 +36,13 @@ use crate::control::{
 use crate::egress::EgressPolicy;
 use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::exec::{Command, EXIT_TIMED_OUT, ExecLimits, classify_exit};
+use crate::kind::SurfaceKind;
 use crate::names::{is_valid_name, mint_name};
 use crate::observe::{DestroyReason, Observation, RunUsage, Tracked, egress_kind};
 use crate::output::{Captured, TailBuffer};
 use crate::reaper::{GuestGuard, Reaper};
 use crate::retry::{Backoff, attempt_floor, clipped, retry_until, worth_retrying};
 use crate::settings::ENV_ADMISSION_WAIT;
-use crate::surface::SurfaceKind;
 
 /// What a guest is created with. `Debug` shows the environment's names, never its values.
 #[derive(Clone, PartialEq, Eq)]

@@ -18,10 +18,13 @@
 //! - [`reaper`]: a registry of guests with guards whose drop guarantees destroy.
 //! - [`orphans`]: finding and deleting paused one-shot guests that a dead process left.
 //! - [`pool`]: a warm pool of one-shot guests, created and verified ahead of the runs.
+//! - [`plan`]: the decisions every surface makes before any I/O, made once: the network (egress,
+//!   domains, the gateway grant) and how a core error is raised.
 //! - [`surface`]: the surface kit every surface is built on: shared options, the one acquire
 //!   path (pool, create or acquire by name, the fallback from a pooled guest that refused, the
 //!   fork rule) and the lease that ends a run's guest.
-//! - [`output`], [`exec`], [`retry`], [`error`]: the pieces those are built from.
+//! - [`output`], [`exec`], [`retry`], [`error`], [`vars`], [`kind`]: the pieces those are
+//!   built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
 pub mod admission;
@@ -33,10 +36,12 @@ pub mod error;
 pub mod exec;
 pub mod gateway;
 pub mod guest;
+pub mod kind;
 pub mod names;
 pub mod observe;
 pub mod orphans;
 pub mod output;
+pub mod plan;
 pub mod pool;
 pub mod reaper;
 pub mod retry;
@@ -44,6 +49,7 @@ pub mod session;
 pub mod settings;
 pub mod shapes;
 pub mod surface;
+pub mod vars;
 
 pub use error::{ErrorKind, Redactor, SandboxError};
 

@@ -29,8 +29,8 @@ use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecRequest,
     ExecStream, GuestInfo, ProcessSpec, TemplateInfo, TemplateLogStream,
 };
+use crate::kind::SurfaceKind;
 use crate::shapes::Shape;
-use crate::surface::SurfaceKind;
 
 /// Why a guest was destroyed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -51,8 +51,7 @@ use crate::guest::{Guest, GuestContext, GuestSpec};
 use crate::observe::DestroyReason;
 use crate::retry::Backoff;
 
-/// The largest pool size accepted (`CREATEOS_SANDBOX_WARM_POOL`).
-pub const MAX_WARM_POOL: usize = 64;
+pub use crate::settings::MAX_WARM_POOL;
 /// How many runs in a row must ask for another policy before the pool switches to it.
 pub const SWITCH_AFTER: u32 = 2;
 /// How long before its auto-pause backstop a pooled guest is retired.

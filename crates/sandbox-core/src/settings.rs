@@ -14,6 +14,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::error::SandboxError;
+pub use crate::vars::{SettingNames, non_blank, parse_bool, read_flag};
 
 /// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling; the order is
 /// [`createos_api::api_key_from`]'s, shared with the client).
@@ -31,6 +32,8 @@ pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
 /// `CREATEOS_SANDBOX_WARM_POOL`: guests kept created, verified and idle for the next run.
 pub const ENV_WARM_POOL: &str = "CREATEOS_SANDBOX_WARM_POOL";
+/// The largest warm pool [`ENV_WARM_POOL`] may ask for.
+pub const MAX_WARM_POOL: usize = 64;
 
 /// `CREATEOS_MAX_LIVE_GUESTS`: the most guests a process keeps live at once, all surfaces and
 /// warm pools included (unset: unlimited). See [`crate::admission`].
@@ -68,23 +71,6 @@ pub const MIN_MAX_OUTPUT_BYTES: usize = 1024;
 /// Largest accepted per-stream cap.
 pub const MAX_MAX_OUTPUT_BYTES: usize = 256 * 1024 * 1024;
 
-/// The settings a calling surface reads, named in refusals so that a user is told to change
-/// a setting of the surface they use (the executor must not point at the backend's
-/// `LANGFLOW_SANDBOX_MEMORY_MB`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SettingNames {
-    /// How the user asked for restricted egress, as they would write it (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=false`).
-    pub restrict_egress: &'static str,
-    /// How they would ask for unrestricted egress instead (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=true`).
-    pub allow_egress: &'static str,
-    /// The variable of the link-local opt-in the surface reads (see [`read_flag`]).
-    pub accept_egress_exceptions: &'static str,
-    /// The memory floor (e.g. `LANGFLOW_SANDBOX_MEMORY_MB`).
-    pub memory: &'static str,
-}
-
 /// The CreateOS settings this package reads (a surface reads its own on top).
 #[derive(Clone)]
 pub struct Settings {
@@ -101,7 +87,7 @@ pub struct Settings {
     pub pinned_shape: Option<String>,
     /// Per-stream output cap in bytes.
     pub max_output_bytes: usize,
-    /// Warm pool size (0 = off, at most [`crate::pool::MAX_WARM_POOL`]).
+    /// Warm pool size (0 = off, at most [`MAX_WARM_POOL`]).
     pub warm_pool: usize,
     /// [`ENV_MAX_LIVE_GUESTS`] (`None`: unlimited).
     pub max_live_guests: Option<usize>,
@@ -136,13 +122,6 @@ impl fmt::Debug for Settings {
             .field("gateway", &self.gateway)
             .finish()
     }
-}
-
-/// The value of `name` through `lookup` when it is set and not blank, trimmed.
-pub fn non_blank(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
-    lookup(name)
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
 }
 
 /// Whether [`ENV_METRICS`] leaves metrics on: `off`, `0`, `false`, `no` or `disabled` (any
@@ -208,26 +187,6 @@ pub fn shared_summary(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<Str
     ]
 }
 
-/// The boolean setting `name` through `lookup`: unset is false, a bad value a refusal naming
-/// `name` (see [`parse_bool`]).
-pub fn read_flag(
-    lookup: &dyn Fn(&str) -> Option<String>,
-    name: &str,
-) -> Result<bool, SandboxError> {
-    lookup(name).map_or(Ok(false), |raw| parse_bool(name, &raw))
-}
-
-/// Parses a boolean the way pydantic and most shells spell it.
-pub fn parse_bool(name: &str, raw: &str) -> Result<bool, SandboxError> {
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
-        "0" | "false" | "no" | "off" | "n" | "f" | "" => Ok(false),
-        _ => Err(SandboxError::refused(format!(
-            "{name}={raw:?} is not a boolean; set it to true or false"
-        ))),
-    }
-}
-
 /// Checks a base URL: http(s), a host, no credentials, query or fragment. Returns it without a
 /// trailing `/`. A refusal shows the value through [`createos_api::redact_url`]: never its
 /// userinfo, query or fragment, even when it does not parse.
@@ -257,9 +216,9 @@ pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
     Ok(u.as_str().trim_end_matches('/').to_owned())
 }
 
-/// Parses [`ENV_WARM_POOL`]: a whole number from 0 to [`crate::pool::MAX_WARM_POOL`].
+/// Parses [`ENV_WARM_POOL`]: a whole number from 0 to [`MAX_WARM_POOL`].
 pub fn parse_warm_pool(raw: &str) -> Result<usize, SandboxError> {
-    parse_pool_size(ENV_WARM_POOL, raw, crate::pool::MAX_WARM_POOL)
+    parse_pool_size(ENV_WARM_POOL, raw, MAX_WARM_POOL)
 }
 
 /// Parses the pool size `raw` of the setting `var`: a whole number from 0 to `max`; the
@@ -321,6 +280,15 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 }
 
 impl Settings {
+    /// The shape [`ENV_SHAPE`] pins, if any, as [`crate::shapes::select_shape`] takes it.
+    pub fn shape_pin(&self) -> Option<crate::shapes::Pin<'_>> {
+        self.pinned_shape.as_deref().map(|id| crate::shapes::Pin {
+            id,
+            setting: ENV_SHAPE,
+            otherwise: "set it to auto",
+        })
+    }
+
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
         let (api_key, api_key_source) = match createos_api::api_key_from(lookup) {

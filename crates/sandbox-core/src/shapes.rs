@@ -1,23 +1,14 @@
 //! Shape selection. A CreateOS shape fixes vCPU and memory together; the configured memory is
-//! a floor, and the choice never rounds down.
+//! a floor, and the choice never rounds down. Every surface's shape goes through here: the one
+//! "not in the shape catalog" refusal ([`in_catalog`]) and the one choice ([`select_shape`]).
 
 use crate::error::SandboxError;
-use crate::settings::ENV_SHAPE;
 
 /// The smallest memory an automatically chosen shape gets, in MiB: a fresh guest importing
 /// numpy or pandas needs it, whatever lfx's 192 MB default says.
 pub const AUTO_MIN_MIB: u32 = 4096;
 
-/// One catalog entry (`GET /v1/shapes`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Shape {
-    /// Shape id, e.g. `s-2vcpu-4gb`.
-    pub id: String,
-    /// Virtual CPUs.
-    pub vcpu: u32,
-    /// Memory in MiB.
-    pub mem_mib: u32,
-}
+pub use crate::control::Shape;
 
 /// How a shape was chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,32 +21,55 @@ pub struct ShapeChoice {
     pub required_mib: u32,
 }
 
+/// A shape a setting (or a node's input) names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin<'a> {
+    /// The shape id.
+    pub id: &'a str,
+    /// The setting or input that names it (refusals name it).
+    pub setting: &'a str,
+    /// What else the user can do besides picking a listed shape (e.g. `set it to auto`).
+    pub otherwise: &'a str,
+}
+
+/// The pinned shape from `catalog`, or the refusal naming the setting and the shapes there are.
+pub fn in_catalog<'c>(catalog: &'c [Shape], pin: &Pin<'_>) -> Result<&'c Shape, SandboxError> {
+    catalog.iter().find(|s| s.id == pin.id).ok_or_else(|| {
+        let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
+        ids.sort_unstable();
+        let otherwise = if pin.otherwise.is_empty() {
+            String::new()
+        } else {
+            format!(" or {}", pin.otherwise)
+        };
+        SandboxError::refused(format!(
+            "{}={} is not in the CreateOS shape catalog (available: {}); pick one of those{otherwise}",
+            pin.setting,
+            pin.id,
+            ids.join(", ")
+        ))
+    })
+}
+
 /// Chooses the shape for a run: the pinned one if set (it must exist and hold at least
-/// `memory_mb`), else the smallest shape with at least `max(memory_mb, 4096)` MiB (ties broken
-/// by fewer vCPUs, then id). Refusals name `memory_setting`, the setting of the calling
-/// surface that carries `memory_mb`.
+/// `memory_mb`; 0 asks nothing of it), else the smallest shape with at least
+/// `max(memory_mb, 4096)` MiB (ties broken by fewer vCPUs, then id). Refusals name
+/// `memory_setting`, the setting of the calling surface that carries `memory_mb`, and the pin's.
 pub fn select_shape(
     catalog: &[Shape],
     memory_mb: u32,
-    pinned: Option<&str>,
+    pinned: Option<Pin<'_>>,
     memory_setting: &str,
 ) -> Result<ShapeChoice, SandboxError> {
     let mem = memory_setting;
-    if let Some(id) = pinned {
-        let Some(shape) = catalog.iter().find(|s| s.id == id) else {
-            let mut ids: Vec<&str> = catalog.iter().map(|s| s.id.as_str()).collect();
-            ids.sort_unstable();
-            return Err(SandboxError::refused(format!(
-                "{ENV_SHAPE}={id} is not in the CreateOS shape catalog (available: {}); pick one \
-                 of those or set it to auto",
-                ids.join(", ")
-            )));
-        };
+    if let Some(pin) = pinned {
+        let shape = in_catalog(catalog, &pin)?;
         if shape.mem_mib < memory_mb {
+            let (setting, id) = (pin.setting, pin.id);
             return Err(SandboxError::refused(format!(
-                "{ENV_SHAPE}={id} has {} MiB, below {mem}={memory_mb}; a smaller guest \
+                "{setting}={id} has {} MiB, below {mem}={memory_mb}; a smaller guest \
                  would turn memory exhaustion into confusing out-of-memory kills. Pin a larger \
-                 shape, lower {mem}, or set {ENV_SHAPE}=auto",
+                 shape, lower {mem}, or set {setting}=auto",
                 shape.mem_mib
             )));
         }
@@ -80,7 +94,8 @@ pub fn select_shape(
             SandboxError::refused(format!(
                 "no CreateOS shape has at least {required} MiB (max({mem}={memory_mb}, \
                  {AUTO_MIN_MIB})); the largest in the catalog has {largest} MiB. Lower \
-                 {mem} or pin a shape with {ENV_SHAPE}"
+                 {mem} or pin a shape with {}",
+                crate::settings::ENV_SHAPE
             ))
         })
 }
@@ -90,6 +105,16 @@ mod tests {
     use super::*;
 
     const M: &str = "SURFACE_MEMORY_MB";
+    const S: &str = crate::settings::ENV_SHAPE;
+
+    #[allow(clippy::unnecessary_wraps)] // what select_shape takes
+    fn pin(id: &str) -> Option<Pin<'_>> {
+        Some(Pin {
+            id,
+            setting: S,
+            otherwise: "set it to auto",
+        })
+    }
 
     fn cat() -> Vec<Shape> {
         [
@@ -139,12 +164,27 @@ mod tests {
 
     #[test]
     fn pinned_shape_checks() {
-        let c = select_shape(&cat(), 192, Some("s-1vcpu-256mb"), M).unwrap();
+        let c = select_shape(&cat(), 192, pin("s-1vcpu-256mb"), M).unwrap();
         assert!(c.pinned);
         assert_eq!(c.shape.mem_mib, 256);
-        let e = select_shape(&cat(), 512, Some("s-1vcpu-256mb"), M).unwrap_err();
-        assert!(e.to_string().contains(ENV_SHAPE) && e.to_string().contains(M));
-        let e = select_shape(&cat(), 192, Some("s-64vcpu-1tb"), M).unwrap_err();
+        let e = select_shape(&cat(), 512, pin("s-1vcpu-256mb"), M).unwrap_err();
+        assert!(e.to_string().contains(S) && e.to_string().contains(M));
+        let e = select_shape(&cat(), 192, pin("s-64vcpu-1tb"), M).unwrap_err();
         assert!(e.to_string().contains("not in the CreateOS shape catalog"));
+        assert!(
+            e.to_string()
+                .ends_with("pick one of those or set it to auto"),
+            "{e}"
+        );
+        let bare = Pin {
+            id: "x",
+            setting: "SOME_SHAPE",
+            otherwise: "",
+        };
+        let e = in_catalog(&cat(), &bare).unwrap_err().to_string();
+        assert!(
+            e.starts_with("SOME_SHAPE=x is not in") && e.ends_with("pick one of those"),
+            "{e}"
+        );
     }
 }
