@@ -1,17 +1,20 @@
 //! The egress gateway's figures in `BENCHMARKS.md`: added latency per connection, throughput
-//! through one `CONNECT` tunnel, memory per idle tunnel and connections per second.
+//! through one `CONNECT` tunnel, memory per idle tunnel, connections per second, and a
+//! well-behaved client's served rate and the gateway's memory under attack (slowloris, a
+//! `CONNECT` flood).
 //!
 //! ```sh
 //! cargo bench -p egress-gateway --bench gateway     # as root (a network namespace)
 //! cargo bench -p egress-gateway --bench gateway -- memory cps   # only these parts
 //! ```
 //!
-//! Parts: `latency`, `throughput`, `memory`, `cps`; all of them when none is named.
+//! Parts: `latency`, `throughput`, `memory`, `cps`, `attack`; all of them when none is named.
 //!
-//! The gateway never connects to loopback, so "loopback" here is a network namespace of its own
-//! whose `lo` also carries the public-looking address 11.0.0.1: the released `egress-gateway`
-//! binary (the one the wheel runs), the servers and the clients all run in it, on this
-//! machine's cores. The bench re-runs itself inside that namespace. Upstream servers:
+//! The gateway never connects to loopback nor to its own host's addresses, so "loopback" here is
+//! two network namespaces joined by a veth pair: one whose `lo` carries the public-looking
+//! address 11.0.0.1, where the servers and the clients run (the bench re-runs itself inside
+//! it), and one for the released `egress-gateway` binary (the one the wheel runs), listening on
+//! 10.1.0.1; all on this machine's cores. Upstream servers:
 //! 11.0.0.1:443 is HTTPS (rustls, `GET /hello`); :9443 reads the `ClientHello` and then streams
 //! zeros until the client leaves; :9444 reads the `ClientHello` and holds the connection.
 
@@ -29,6 +32,10 @@ use tokio_rustls::rustls::pki_types::{PrivateKeyDer, ServerName};
 
 const SECRET: &str = "egress-gateway-bench-secret-0123456789abcdef";
 const INSIDE: &str = "EGW_BENCH_INSIDE";
+/// The gateway's namespace, named to the process that runs inside the clients' one.
+const GATEWAY_NS: &str = "EGW_BENCH_GATEWAY_NS";
+/// Where the gateway listens, in its namespace.
+const GATEWAY_IP: &str = "10.1.0.1";
 const UPSTREAM: &str = "11.0.0.1";
 
 fn main() {
@@ -49,11 +56,24 @@ fn main() {
     let ns = createos_fake::netns::Netns::create("egw-bench").expect("namespace");
     ns.ip(&["addr", "add", &format!("{UPSTREAM}/32"), "dev", "lo"])
         .expect("address");
+    let gw_ns = createos_fake::netns::Netns::create("egw-bench").expect("gateway namespace");
+    ns.link(
+        "to-gw",
+        "10.1.0.0/31",
+        &gw_ns,
+        "eth0",
+        &format!("{GATEWAY_IP}/31"),
+    )
+    .expect("link");
+    gw_ns
+        .ip(&["route", "add", "default", "via", "10.1.0.0"])
+        .expect("gateway route");
     let status = ns
         .command(std::env::current_exe().expect("own path"))
         .expect("command")
         .args(std::env::args_os().skip(1))
         .env(INSIDE, "1")
+        .env(GATEWAY_NS, gw_ns.name())
         .status()
         .expect("run inside the namespace");
     assert!(status.success(), "the benchmark failed");
@@ -74,20 +94,31 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway whose limits stay out of the way of the measures.
     fn start() -> Gateway {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-gateway"))
+        Gateway::start_with(&[
+            "--max-connections",
+            "100000",
+            "--max-connections-per-credential",
+            "100000",
+            "--max-bytes-per-credential",
+            "1T",
+        ])
+    }
+
+    /// A gateway with the shipped defaults and `extra` options (the resolver aside).
+    fn start_with(extra: &[&str]) -> Gateway {
+        // `ip netns exec` runs the gateway in place (same pid) in its namespace.
+        let ns = std::env::var(GATEWAY_NS).expect("the gateway's namespace");
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_egress-gateway")])
             .args([
                 "--listen",
-                "127.0.0.1:0",
+                &format!("{GATEWAY_IP}:0"),
                 "--test-only-resolve",
                 &format!("bench.test={UPSTREAM}"),
-                "--max-connections",
-                "100000",
-                "--max-connections-per-credential",
-                "100000",
-                "--max-bytes-per-credential",
-                "1T",
             ])
+            .args(extra)
             .env("CREATEOS_GATEWAY_SECRET", SECRET)
             .env("CREATEOS_GATEWAY_LOG", "info")
             .stdout(Stdio::piped())
@@ -124,13 +155,22 @@ impl Gateway {
 
     /// Resident memory of the gateway process, in KiB.
     fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The most resident memory the gateway process has had, in KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
+            .expect("a memory figure")
     }
 }
 
@@ -142,10 +182,15 @@ impl Drop for Gateway {
 }
 
 fn auth() -> String {
+    auth_for("bench")
+}
+
+/// The `Proxy-Authorization` value of a token for `guest`.
+fn auth_for(guest: &str) -> String {
     let secret = egress_gateway::Secret::new(SECRET.as_bytes().to_vec()).expect("secret");
     let token = egress_gateway::mint(
         &secret,
-        "bench",
+        guest,
         &["bench.test", "bench.test:9443", "bench.test:9444"],
         Duration::from_secs(3600),
     )
@@ -312,7 +357,7 @@ fn summary(name: &str, mut samples: Vec<Duration>) -> f64 {
 
 async fn run() {
     let named: Vec<String> = std::env::args()
-        .filter(|a| ["latency", "throughput", "memory", "cps"].contains(&a.as_str()))
+        .filter(|a| ["latency", "throughput", "memory", "cps", "attack"].contains(&a.as_str()))
         .collect();
     let part = |name: &str| named.is_empty() || named.iter().any(|n| n == name);
     let (roots, _servers) = servers().await;
@@ -341,6 +386,10 @@ async fn run() {
     }
     if part("cps") {
         connections_per_second(&gw, &auth, &hello).await;
+    }
+    drop(gw);
+    if part("attack") {
+        under_attack(&tls, &hello).await;
     }
 }
 
@@ -465,4 +514,266 @@ async fn connections_per_second(gw: &Gateway, auth: &str, hello: &[u8]) {
         gw_cpu / wall,
         n / gw_cpu
     );
+}
+
+/// What attacks the gateway while a well-behaved client is measured.
+#[derive(Clone, Copy, Debug)]
+enum Attack {
+    /// Nothing: the reference.
+    None,
+    /// This many connections sending a request head one byte a second, re-opened when closed.
+    Slowloris(usize),
+    /// One token holds its 64 tunnels and 64 clients `CONNECT` again as fast as they can.
+    ConnectFlood,
+}
+
+/// The well-behaved client's served rate and the gateway's memory under each attack, each on a
+/// fresh gateway with the shipped defaults (4,096 connections at once, 64 per token, 10 s to
+/// send a request head, 60 s idle).
+#[allow(clippy::cast_precision_loss)]
+async fn under_attack(tls: &tokio_rustls::TlsConnector, hello: &[u8]) {
+    println!(
+        "\nunder attack (gateway defaults; a well-behaved client: 8 concurrent loops of CONNECT + TLS + GET /hello, 5 s):"
+    );
+    for attack in [
+        Attack::None,
+        Attack::Slowloris(2000),
+        Attack::Slowloris(6000),
+        Attack::ConnectFlood,
+    ] {
+        let gw = Gateway::start_with(&[]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rest = gw.rss_kib();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let attacked = Arc::new(AtomicU64::new(0));
+        // The attacker runs on a thread and runtime of its own (at most one core), as traffic
+        // from elsewhere would: not in the well-behaved client's runtime.
+        let attack_thread = {
+            let (stop, attacked, hello, addr) = (
+                Arc::clone(&stop),
+                Arc::clone(&attacked),
+                hello.to_vec(),
+                gw.addr,
+            );
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("attacker runtime")
+                    .block_on(attack_until_stopped(attack, addr, hello, stop, attacked));
+            })
+        };
+        // Let the attack build up (a slowloris connection lives up to the 10 s head timeout).
+        tokio::time::sleep(Duration::from_secs(match attack {
+            Attack::None => 0,
+            _ => 3,
+        }))
+        .await;
+        let attacked_before = attacked.load(Ordering::Relaxed);
+        let cpu_before = gw.cpu_seconds();
+        let (served, failed, worst, secs) = well_behaved(gw.addr, tls, &auth_for("good")).await;
+        let gw_cores = (gw.cpu_seconds() - cpu_before) / secs;
+        let attacked_n = attacked.load(Ordering::Relaxed) - attacked_before;
+        let (rss, peak) = (gw.rss_kib(), gw.peak_rss_kib());
+        stop.store(true, Ordering::Relaxed);
+        attack_thread.join().expect("attacker");
+        let what = match attack {
+            Attack::None => "no attack".to_owned(),
+            Attack::Slowloris(n) => format!("slowloris, {n} connections ({attacked_n} re-opened)"),
+            Attack::ConnectFlood => {
+                format!(
+                    "CONNECT flood ({:.0} refused 429/s)",
+                    attacked_n as f64 / secs
+                )
+            }
+        };
+        println!(
+            "  {what:<44} served {:6.0}/s ({failed} failed, slowest {:.1} ms); gateway RSS {rest} KiB at rest, {rss} KiB under attack, peak {peak} KiB; gateway CPU {gw_cores:.2} of the 2 cores",
+            served as f64 / secs,
+            worst.as_secs_f64() * 1e3
+        );
+        drop(gw);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Runs `attack` against the gateway at `gw` until `stop`, counting in `attacked`.
+async fn attack_until_stopped(
+    attack: Attack,
+    gw: SocketAddr,
+    hello: Vec<u8>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    attacked: Arc<AtomicU64>,
+) {
+    let mut attackers = Vec::new();
+    let mut held = Vec::new();
+    match attack {
+        Attack::None => {}
+        Attack::Slowloris(n) => {
+            for _ in 0..n {
+                attackers.push(tokio::spawn(slowloris(
+                    gw,
+                    Arc::clone(&stop),
+                    Arc::clone(&attacked),
+                )));
+            }
+        }
+        Attack::ConnectFlood => {
+            let flood = auth_for("flood");
+            for _ in 0..64 {
+                let mut s = tunnel(gw, "bench.test:9444", &flood).await;
+                s.write_all(&hello).await.expect("hello");
+                held.push(s);
+            }
+            for _ in 0..64 {
+                attackers.push(tokio::spawn(connect_flood(
+                    gw,
+                    flood.clone(),
+                    Arc::clone(&stop),
+                    Arc::clone(&attacked),
+                )));
+            }
+        }
+    }
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for a in attackers {
+        a.abort();
+    }
+}
+
+/// Eight loops of a whole HTTPS request through a new tunnel, for 5 s: served, failed (an
+/// error or over 10 s), the slowest, and the seconds measured.
+#[allow(clippy::cast_precision_loss)]
+async fn well_behaved(
+    gw: SocketAddr,
+    tls: &tokio_rustls::TlsConnector,
+    auth: &str,
+) -> (u64, u64, Duration, f64) {
+    let served = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let worst = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let start = Instant::now();
+    let stop = start + Duration::from_secs(5);
+    let mut loops = Vec::new();
+    for _ in 0..8 {
+        let (served, failed, worst) =
+            (Arc::clone(&served), Arc::clone(&failed), Arc::clone(&worst));
+        let (tls, auth) = (tls.clone(), auth.to_owned());
+        loops.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let one = async {
+                    let s = try_tunnel(gw, "bench.test:443", &auth).await?;
+                    let mut conn = tls
+                        .connect(ServerName::try_from("bench.test").expect("name"), s)
+                        .await?;
+                    conn.write_all(
+                        b"GET /hello HTTP/1.1\r\nHost: bench.test\r\nConnection: close\r\n\r\n",
+                    )
+                    .await?;
+                    let mut out = Vec::new();
+                    let _ = conn.read_to_end(&mut out).await;
+                    if out.ends_with(b"hello") {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::other("no answer"))
+                    }
+                };
+                match tokio::time::timeout(Duration::from_secs(10), one).await {
+                    Ok(Ok(())) => {
+                        served.fetch_add(1, Ordering::Relaxed);
+                        let took = t.elapsed();
+                        let mut w = worst.lock().expect("lock");
+                        *w = (*w).max(took);
+                    }
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for l in loops {
+        l.await.expect("client loop");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let worst = *worst.lock().expect("lock");
+    (
+        served.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        worst,
+        secs,
+    )
+}
+
+/// `CONNECT` to `target`; the stream after a `200`, or an error.
+async fn try_tunnel(gw: SocketAddr, target: &str, auth: &str) -> std::io::Result<TcpStream> {
+    let mut s = TcpStream::connect(gw).await?;
+    s.set_nodelay(true)?;
+    let head = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await?;
+    let mut got = Vec::new();
+    let mut byte = [0_u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await? == 0 {
+            return Err(std::io::Error::other("closed"));
+        }
+        got.push(byte[0]);
+    }
+    if got.starts_with(b"HTTP/1.1 200") {
+        Ok(s)
+    } else {
+        Err(std::io::Error::other(
+            String::from_utf8_lossy(&got).into_owned(),
+        ))
+    }
+}
+
+/// One slowloris connection: a request head one byte a second, never finished; re-opened when
+/// the gateway closes it, until `stop`. Counts each re-opening in `reopened`.
+async fn slowloris(
+    gw: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    reopened: Arc<AtomicU64>,
+) {
+    let head = b"CONNECT bench.test:443 HTTP/1.1\r\nHost: bench.test:443\r\nX-Padding: ";
+    let mut first = true;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(gw).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if !first {
+            reopened.fetch_add(1, Ordering::Relaxed);
+        }
+        first = false;
+        for b in head.iter().chain(std::iter::repeat(&b'a')) {
+            if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// One flooding client: `CONNECT` with a token whose connections are all taken, again and
+/// again, until `stop`. Counts each `429` in `refused`.
+async fn connect_flood(
+    gw: SocketAddr,
+    auth: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<AtomicU64>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        match try_tunnel(gw, "bench.test:9444", &auth).await {
+            Err(e) if e.to_string().starts_with("HTTP/1.1 429") => {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
 }

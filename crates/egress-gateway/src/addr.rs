@@ -7,8 +7,13 @@
 //! ranges of the IANA registry; IPv6 must be global unicast (`2000::/3`) outside its special-use
 //! blocks, and an IPv4 address carried inside IPv6 (`::ffff:a.b.c.d`, the NAT64 prefix
 //! `64:ff9b::/96`) is judged as that IPv4 address.
+//!
+//! A public address can still be the gateway's own (the public IP of the host it runs on):
+//! connecting to it would reach the host's own services, the gateway included.
+//! [`is_own_address`] tells, by asking the kernel which source address it would use to reach
+//! it: for an address of this host, the address itself.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 /// IPv4 ranges never connected to: (network, prefix length, why).
 const V4_FORBIDDEN: &[(Ipv4Addr, u8, &str)] = &[
@@ -169,9 +174,39 @@ pub fn forbidden_reason(ip: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// Whether `ip` is an address of the host the gateway runs on (any interface of its network
+/// namespace), asked of the kernel without sending anything: a UDP socket "connected" to `ip`
+/// gets the source address its route would use, which for a local address is that address.
+/// When the question cannot be asked (no socket), the answer is yes: the address is not used.
+pub fn is_own_address(ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    let any: SocketAddr = match ip {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let Ok(socket) = UdpSocket::bind(any) else {
+        return true;
+    };
+    // No route: nothing can be connected to there, by this check or by the gateway.
+    if socket.connect((ip, 9)).is_err() {
+        return false;
+    }
+    socket
+        .local_addr()
+        .map_or(true, |local| local.ip().to_canonical() == ip)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_own_addresses_are_recognised() {
+        // Loopback is this host's in every namespace; a documentation address is not.
+        assert!(is_own_address("127.0.0.1".parse().unwrap()));
+        assert!(is_own_address("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!is_own_address("192.0.2.1".parse().unwrap()));
+    }
 
     fn reason(s: &str) -> Option<&'static str> {
         forbidden_reason(s.parse().unwrap())

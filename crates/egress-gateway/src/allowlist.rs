@@ -43,9 +43,24 @@ pub enum HostError {
     BadPort,
 }
 
+/// Whether `name` (lowercase ASCII, no trailing dot) is an IPv4 address in one of the
+/// spellings `inet_aton` and URL parsers accept besides the dotted quad: one to four parts, each
+/// decimal, octal (a leading `0`) or hex (`0x`), such as `2130706433`, `0177.0.0.1`,
+/// `0x7f.1` or `127.1`. Whatever the value, such a name is an address, never a host name.
+fn is_legacy_ipv4(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.len() <= 4
+        && parts.iter().all(|part| match part.strip_prefix("0x") {
+            Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
+            None => !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()),
+        })
+}
+
 /// Normalises a host name to the form every comparison uses: ASCII (Punycode) labels,
-/// lowercase, no trailing dot. Refuses IP literals and anything that is not a DNS name.
+/// lowercase, no trailing dot. Refuses IP literals (in every spelling a resolver reads as an
+/// address) and anything that is not a DNS name; at most one trailing dot is dropped.
 pub fn normalize_host(input: &str) -> Result<String, HostError> {
+    let had_dot = input.ends_with('.');
     let trimmed = input.strip_suffix('.').unwrap_or(input);
     if trimmed.is_empty() {
         return Err(HostError::Empty);
@@ -53,11 +68,20 @@ pub fn normalize_host(input: &str) -> Result<String, HostError> {
     if trimmed.starts_with('[') || trimmed.parse::<IpAddr>().is_ok() {
         return Err(HostError::IpLiteral);
     }
+    // `pkg.test..` is not `pkg.test`: one trailing dot only.
+    if trimmed.ends_with('.') {
+        return Err(HostError::Invalid);
+    }
     let ascii = idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::STD3)
         .map_err(|_| HostError::Invalid)?;
-    // UTS 46 may map a character to a dot (an ideographic full stop): strip again.
-    let ascii = ascii.strip_suffix('.').unwrap_or(&ascii);
-    if ascii.parse::<IpAddr>().is_ok() {
+    // UTS 46 may map a character to a dot (an ideographic full stop): that is the one trailing
+    // dot when the input had no ASCII one.
+    let ascii = if had_dot {
+        &ascii
+    } else {
+        ascii.strip_suffix('.').unwrap_or(&ascii)
+    };
+    if ascii.parse::<IpAddr>().is_ok() || is_legacy_ipv4(ascii) {
         return Err(HostError::IpLiteral);
     }
     if ascii.len() > MAX_NAME {
@@ -277,6 +301,48 @@ mod tests {
         }
         for ip in ["127.0.0.1", "::1", "[::1]", "10.0.0.1.", "::ffff:127.0.0.1"] {
             assert_eq!(normalize_host(ip), Err(HostError::IpLiteral), "{ip}");
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_an_ipv4_address_is_an_ip_literal() {
+        for ip in [
+            "2130706433",
+            "017700000001",
+            "0177.0.0.1",
+            "0x7f.0.0.1",
+            "0X7F.0.0.1",
+            "0x7f000001",
+            "0x7f.1",
+            "127.1",
+            "127.0.1",
+            "0",
+            "0x",
+            "0xa9.0xfe.0xa9.0xfe",
+            "2852039166.",
+            // Fullwidth digits map to ASCII ones (UTS 46): still an address.
+            "１２７.０.０.１",
+        ] {
+            assert_eq!(normalize_host(ip), Err(HostError::IpLiteral), "{ip}");
+        }
+        // Numbers that are not an address are not names either.
+        for bad in ["1.2.3.4.5", "example.123", "0x7g.1", "08.1.1.1.1"] {
+            assert_eq!(normalize_host(bad), Err(HostError::Invalid), "{bad}");
+        }
+    }
+
+    #[test]
+    fn one_trailing_dot_in_any_form_is_dropped_and_no_more() {
+        assert_eq!(normalize_host("pkg.test.").unwrap(), "pkg.test");
+        assert_eq!(normalize_host("pkg.test\u{3002}").unwrap(), "pkg.test");
+        for bad in [
+            "pkg.test..",
+            "pkg.test.\u{3002}",
+            "pkg.test\u{3002}.",
+            "pkg.test\u{3002}\u{3002}",
+            "..",
+        ] {
+            assert!(normalize_host(bad).is_err(), "{bad:?} was accepted");
         }
     }
 

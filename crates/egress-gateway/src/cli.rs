@@ -28,7 +28,9 @@ pub struct Args {
     /// Connections one credential (one guest's run) may have open at once.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_connections_per_credential: u32,
-    /// Connections served at once, all credentials together; more wait to be accepted.
+    /// Connections served at once, all credentials together (at most what the open-files limit
+    /// allows, 3 each). When all are taken, a new connection closes the one that has waited
+    /// longest without sending its request head; with none such, it waits to be accepted.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub max_connections: usize,
     /// Bytes one credential may move, both directions, all its connections together

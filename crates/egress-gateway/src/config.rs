@@ -29,8 +29,10 @@ pub struct GatewayConfig {
     pub(crate) resolver: Resolver,
     /// Connections one credential may have open at once (default 64).
     pub max_connections_per_credential: u32,
-    /// Connections the gateway serves at once, all credentials together; more wait to be
-    /// accepted (default 4096).
+    /// Connections the gateway serves at once, all credentials together (default 4096; fewer,
+    /// with a warning, when the process may not open 3 files per connection). When all are
+    /// taken, a new connection closes the one that has waited longest without sending its
+    /// request head; with none such, it waits to be accepted.
     pub max_connections: usize,
     /// Bytes one credential may move through the gateway, both directions and all its
     /// connections together, counted as they are copied (default 8 GiB).

@@ -12,9 +12,12 @@
 //!   TLS (never decrypted; the `ClientHello`'s `server_name` must be the `CONNECT` host, see
 //!   [`tls`]) and absolute-form `http://` requests (forwarded without hop-by-hop headers and
 //!   without the credential). A host is admitted when the credential's [`allowlist`] names it;
-//!   the gateway resolves it itself and connects only to public addresses ([`addr`]).
+//!   the gateway resolves it itself, once per connection, and connects only to public
+//!   addresses that are not its own host's ([`addr`]).
 //! - Bounded: connections per credential and in total, idle and total connection time, bytes
-//!   per credential (metered while copying), the request head and the `ClientHello` size.
+//!   per credential (metered while copying), the request head and the `ClientHello` size and
+//!   time. When every slot is taken, a connection that has not sent its request head yet makes
+//!   room for a new one, so idle or slow connections cannot lock other guests out.
 //! - One `tracing` record per connection (target `egress_gateway::connection`): peer, guest,
 //!   kind, host, port, upstream address, bytes up and down, duration, verdict and reason. The
 //!   token is never logged.
@@ -26,6 +29,8 @@ pub mod addr;
 pub mod allowlist;
 pub mod cli;
 mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod server;
 pub mod tls;
 pub mod token;

@@ -10,8 +10,14 @@
 //! `CONNECT` host; after that the bytes are copied untouched, metered against the credential's
 //! byte budget as they pass, until either side closes, the connection is idle too long, or it
 //! reaches its maximum lifetime.
+//!
+//! When every connection slot is taken and another connection arrives, the one that has waited
+//! longest without sending a complete request head is closed to make room (reason `evicted`):
+//! a connection that has not yet shown a credential cannot hold a slot against the guests that
+//! have, so a flood of idle or slow connections does not lock the others out. Connections past
+//! their request head are bounded per credential instead, and are never evicted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -34,9 +40,9 @@ use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::addr::forbidden_reason;
+use crate::addr::{forbidden_reason, is_own_address};
 use crate::allowlist::{Decision, HostError, normalize_host};
 use crate::config::{GatewayConfig, Resolver};
 use crate::tls::{HelloError, MAX_HELLO_BYTES, parse_client_hello};
@@ -54,6 +60,8 @@ const UP_BUFFER: usize = 16 * 1024;
 const DOWN_BUFFER: usize = 64 * 1024;
 /// The most addresses of one name tried in turn.
 const MAX_ADDRESSES_TRIED: usize = 4;
+/// The longest requested host the log record shows (escaped), in bytes of the request.
+const MAX_LOGGED_HOST: usize = 255;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -68,44 +76,97 @@ pub async fn serve_until<F>(listener: TcpListener, config: GatewayConfig, shutdo
 where
     F: Future<Output = ()>,
 {
-    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
-    let shared = Arc::new(Shared {
-        config,
-        creds: Mutex::new(HashMap::new()),
-        last_sweep: Mutex::new(Instant::now()),
-    });
+    let slots = Arc::new(Semaphore::new(connection_slots(config.max_connections)));
+    let shared = Arc::new(Shared::new(config));
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => return,
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return, // the semaphore is never closed
-            },
-        };
         let accepted = tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => accepted,
         };
-        match accepted {
-            Ok((stream, peer)) => {
-                tokio::spawn(connection(Arc::clone(&shared), stream, peer, permit));
-            }
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(err) => {
                 // Out of descriptors, or a connection reset before it was accepted: wait a
                 // little rather than spin.
                 tracing::warn!(target: "egress_gateway", error = %err, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        }
+        };
+        let permit = if let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
+            permit
+        } else {
+            // Full: close the connection that has waited longest without a request, if
+            // any, and take its slot; otherwise this one waits for a connection to end.
+            shared.evict_oldest_pending();
+            tokio::select! {
+                () = &mut shutdown => return,
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return, // the semaphore is never closed
+                },
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(connection(Arc::clone(&shared), stream, peer, permit));
     }
 }
 
-/// Process-wide state: the settings and the per-credential counters.
+/// Descriptors kept for everything but connections (the listener, stdio, the runtime, ...).
+const RESERVED_FILES: u64 = 64;
+/// Descriptors one connection may hold at once: the client's, the upstream's, and the socket
+/// of the own-address check while it connects.
+const FILES_PER_CONNECTION: u64 = 3;
+
+/// How many connections to serve at once: `wanted`, or fewer when this process may not open
+/// the files they need (its soft `RLIMIT_NOFILE`, read from `/proc/self/limits`), with a
+/// warning. Past the descriptor limit `accept` fails and no connection can be evicted to make
+/// room, so the cap must be reached first.
+fn connection_slots(wanted: usize) -> usize {
+    let wanted = wanted.max(1);
+    let Some(limit) = open_files_limit() else {
+        return wanted;
+    };
+    let fit = usize::try_from(limit.saturating_sub(RESERVED_FILES) / FILES_PER_CONNECTION)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fit < wanted {
+        tracing::warn!(
+            target: "egress_gateway",
+            max_connections = wanted,
+            open_files_limit = limit,
+            serving_at_most = fit,
+            "--max-connections needs more open files than this process may have: serving fewer at once (raise the limit, e.g. `ulimit -n`, to serve more)"
+        );
+        fit
+    } else {
+        wanted
+    }
+}
+
+/// This process's soft limit on open files (`Max open files` in `/proc/self/limits`); `None`
+/// when unknown or unlimited.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().find_map(|w| w.parse::<u64>().ok())
+}
+
+/// Process-wide state: the settings, the per-credential counters and the connections that have
+/// not sent a request head yet.
 struct Shared {
     config: GatewayConfig,
     creds: Mutex<HashMap<[u8; 32], Arc<CredState>>>,
     last_sweep: Mutex<Instant>,
+    /// Connections still reading their request head, oldest first: what makes room when every
+    /// slot is taken (a notified connection closes).
+    pending: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    next_seq: AtomicU64,
+    /// Answer a request whose client has already shut down its sending side (hyper's
+    /// `half_close`): off for real connections (hyper's default), on in the fuzzing harness,
+    /// which sends its input and closes.
+    half_close: bool,
 }
 
 /// The counters of one credential (one token), kept while it is valid or in use.
@@ -129,6 +190,41 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    fn new(config: GatewayConfig) -> Self {
+        Self {
+            config,
+            creds: Mutex::new(HashMap::new()),
+            last_sweep: Mutex::new(Instant::now()),
+            pending: Mutex::new(BTreeMap::new()),
+            next_seq: AtomicU64::new(0),
+            half_close: false,
+        }
+    }
+
+    /// Registers a new connection as waiting for its request head; returns its number and what
+    /// tells it to close.
+    fn add_pending(&self) -> (u64, Arc<Notify>) {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let evicted = Arc::new(Notify::new());
+        lock(&self.pending).insert(seq, Arc::clone(&evicted));
+        (seq, evicted)
+    }
+
+    /// The connection `seq` has its request head (or has ended): it is no longer evictable.
+    fn pending_done(&self, seq: u64) {
+        lock(&self.pending).remove(&seq);
+    }
+
+    /// Tells the oldest connection still waiting for its request head to close; whether there
+    /// was one.
+    fn evict_oldest_pending(&self) -> bool {
+        let oldest = lock(&self.pending).pop_first();
+        oldest.is_some_and(|(_, evicted)| {
+            evicted.notify_one();
+            true
+        })
+    }
+
     /// The counters of `cred`, created on first use; expired, unused entries are dropped from
     /// time to time so the table holds only live credentials.
     fn cred_state(&self, cred: &Credential) -> Arc<CredState> {
@@ -161,6 +257,8 @@ struct ConnCtx {
     down: AtomicU64,
     /// A request was read (a connection that never sends one is logged at debug level).
     had_request: AtomicBool,
+    /// Its number in [`Shared::pending`] while it waits for its request head.
+    seq: u64,
     record: Mutex<Record>,
     /// The gateway-wide connection slot, held for the connection's whole life.
     _permit: OwnedSemaphorePermit,
@@ -256,15 +354,17 @@ impl Drop for ConnCtx {
     }
 }
 
-/// Serves one accepted connection.
-async fn connection(
+/// Serves one accepted connection (a TCP stream, or any byte stream in the fuzzing harness).
+async fn connection<S>(
     shared: Arc<Shared>,
-    stream: TcpStream,
+    stream: S,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let cfg = &shared.config;
+    let (seq, evicted) = shared.add_pending();
     let ctx = Arc::new(ConnCtx {
         started: Instant::now(),
         peer,
@@ -272,6 +372,7 @@ async fn connection(
         up: AtomicU64::new(0),
         down: AtomicU64::new(0),
         had_request: AtomicBool::new(false),
+        seq,
         record: Mutex::new(Record::default()),
         _permit: permit,
     });
@@ -284,6 +385,7 @@ async fn connection(
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.handshake_timeout)
         .keep_alive(false)
+        .half_close(shared.half_close)
         .max_buf_size(cfg.max_request_head_bytes.max(8192));
     let conn = builder
         .serve_connection(TokioIo::new(stream), service)
@@ -304,7 +406,9 @@ async fn connection(
         }
         () = idle(&ctx, cfg.idle_timeout) => ctx.end("idle_timeout"),
         () = tokio::time::sleep_until(deadline) => ctx.end("lifetime"),
+        () = evicted.notified() => ctx.refuse("evicted"),
     }
+    shared.pending_done(seq);
 }
 
 /// Completes once nothing moved to or from the upstream for `limit`.
@@ -393,8 +497,14 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     ctx.had_request.store(true, Ordering::Release);
+    shared.pending_done(ctx.seq);
     let connect = req.method() == Method::CONNECT;
     ctx.record().kind = if connect { "connect" } else { "http" };
+    if let Err(refusal) = framing(&req) {
+        ctx.record().host = raw_host(&req);
+        ctx.refuse(refusal.code);
+        return Ok(refusal.response());
+    }
     let admitted = match admit(&shared, &ctx, &req).await {
         Ok(admitted) => admitted,
         Err(refusal) => {
@@ -427,17 +537,97 @@ struct Admitted {
     expires_at: SystemTime,
 }
 
+/// Refuses a request whose message framing two parsers could read differently (the ground of
+/// request smuggling): `Content-Length` beside `Transfer-Encoding`, a transfer coding other than
+/// one `chunked`, more than one length, and any content on a `CONNECT`, which has none.
+fn framing<B>(req: &Request<B>) -> Result<(), Refusal> {
+    let bad = |msg: &str| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", msg);
+    let headers = req.headers();
+    let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+    let codings: Vec<&HeaderValue> = headers.get_all(header::TRANSFER_ENCODING).iter().collect();
+    if !lengths.is_empty() && !codings.is_empty() {
+        return Err(bad("Content-Length and Transfer-Encoding together"));
+    }
+    if lengths.len() > 1
+        || lengths
+            .first()
+            .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_digit) || v.is_empty())
+    {
+        return Err(bad("one Content-Length, a number"));
+    }
+    if codings.len() > 1
+        || codings
+            .first()
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"chunked"))
+    {
+        return Err(bad("the only transfer coding accepted is one `chunked`"));
+    }
+    if req.method() == Method::CONNECT
+        && (!codings.is_empty() || lengths.first().is_some_and(|v| v.as_bytes() != b"0"))
+    {
+        return Err(bad("a CONNECT request has no content"));
+    }
+    Ok(())
+}
+
+/// The port of an authority, strictly: one to five digits, not zero (no sign, no spaces).
+/// `None` when the authority names no port (or an empty one).
+fn strict_port(authority: &hyper::http::uri::Authority) -> Result<Option<u16>, ()> {
+    let Some(port) = authority.port() else {
+        return Ok(None);
+    };
+    let text = port.as_str();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if text.len() > 5 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(());
+    }
+    match text.parse::<u16>() {
+        Ok(0) | Err(_) => Err(()),
+        Ok(port) => Ok(Some(port)),
+    }
+}
+
+/// The host a request names, as it was sent, escaped for the log record (for refusals of a
+/// host that is not a name): every byte outside `A-Z a-z 0-9 . - _ : [ ]` as `\xNN`, cut at
+/// [`MAX_LOGGED_HOST`] bytes (`...` then).
+fn raw_host<B>(req: &Request<B>) -> Option<String> {
+    let host = req.uri().authority()?.host();
+    let mut out = String::with_capacity(host.len().min(MAX_LOGGED_HOST));
+    for &b in host.as_bytes().iter().take(MAX_LOGGED_HOST) {
+        if b.is_ascii_alphanumeric() || b".-_:[]".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            use std::fmt::Write as _;
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    if host.len() > MAX_LOGGED_HOST {
+        out.push_str("...");
+    }
+    Some(out)
+}
+
 /// The host and port a request asks for, with the host normalised.
-fn target(req: &Request<Incoming>) -> Result<(String, u16), Refusal> {
+fn target<B>(req: &Request<B>) -> Result<(String, u16), Refusal> {
     let bad = |msg: &str| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", msg);
     let uri = req.uri();
     let (host, port) = if req.method() == Method::CONNECT {
+        // Authority form only (RFC 9110 §9.3.6): no scheme, no path, no user information.
+        if uri.scheme().is_some() || uri.path_and_query().is_some() {
+            return Err(bad("CONNECT takes host:port, not a URL"));
+        }
         let authority = uri
             .authority()
             .ok_or_else(|| bad("CONNECT needs host:port"))?;
-        let port = authority
-            .port_u16()
-            .ok_or_else(|| bad("CONNECT needs host:port"))?;
+        if authority.as_str().contains('@') {
+            return Err(bad("user information in a CONNECT target is not a host"));
+        }
+        let port = strict_port(authority)
+            .ok()
+            .flatten()
+            .ok_or_else(|| bad("CONNECT needs host:port, the port a number from 1 to 65535"))?;
         (authority.host(), port)
     } else {
         match uri.scheme_str() {
@@ -457,7 +647,10 @@ fn target(req: &Request<Incoming>) -> Result<(String, u16), Refusal> {
         if authority.as_str().contains('@') {
             return Err(bad("user information in the URL is not forwarded"));
         }
-        (authority.host(), authority.port_u16().unwrap_or(80))
+        let port = strict_port(authority)
+            .map_err(|()| bad("the port must be a number from 1 to 65535"))?
+            .unwrap_or(80);
+        (authority.host(), port)
     };
     if port == 0 {
         return Err(bad("port 0"));
@@ -475,7 +668,7 @@ fn target(req: &Request<Incoming>) -> Result<(String, u16), Refusal> {
 
 /// The credential of a request, from `Proxy-Authorization: Basic base64(user:token)` (the
 /// token is the password, or the user name when the password is empty).
-fn credential(shared: &Shared, req: &Request<Incoming>) -> Result<Credential, Refusal> {
+fn credential<B>(shared: &Shared, req: &Request<B>) -> Result<Credential, Refusal> {
     let auth = |code: &'static str, msg: &str| {
         Refusal::new(StatusCode::PROXY_AUTHENTICATION_REQUIRED, code, msg)
     };
@@ -512,10 +705,16 @@ async fn admit(
     req: &Request<Incoming>,
 ) -> Result<Admitted, Refusal> {
     let target = target(req);
-    if let Ok((host, port)) = &target {
+    {
         let mut r = ctx.record();
-        r.host = Some(host.clone());
-        r.port = Some(*port);
+        match &target {
+            Ok((host, port)) => {
+                r.host = Some(host.clone());
+                r.port = Some(*port);
+            }
+            // What was asked for, escaped: an address, or something that is not a name.
+            Err(_) => r.host = raw_host(req),
+        }
     }
     let cred = credential(shared, req)?;
     ctx.record().guest = Some(cred.guest.clone());
@@ -611,8 +810,12 @@ async fn connect(
     let mut refused = None;
     for ip in resolved {
         match forbidden_reason(ip) {
-            None if !public.contains(&ip) => public.push(ip),
-            None => {}
+            None if public.contains(&ip) => {}
+            // A public address of the gateway's own host: its own services, itself included.
+            None if is_own_address(ip) => {
+                refused = refused.or(Some("host-local (one of the gateway's own)"));
+            }
+            None => public.push(ip),
             Some(why) => refused = refused.or(Some(why)),
         }
     }
@@ -630,6 +833,15 @@ async fn connect(
     for ip in public.into_iter().take(MAX_ADDRESSES_TRIED) {
         let addr = SocketAddr::new(ip, port);
         match TcpStream::connect(addr).await {
+            // The kernel reached this host itself after all (a route changed since the
+            // check): the connection is dropped before a byte is sent.
+            Ok(stream) if stream.local_addr().is_ok_and(|local| local.ip() == ip) => {
+                return Err(Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden_address",
+                    format!("{host} resolves to an address of the gateway's own host"),
+                ));
+            }
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 return Ok((stream, addr));
@@ -957,4 +1169,77 @@ async fn forward(
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, body.boxed()))
+}
+
+/// Fuzzing support ([`crate::fuzzing`]): one gateway, served connections held in memory.
+pub(crate) struct Harness {
+    shared: Arc<Shared>,
+}
+
+impl Harness {
+    /// A gateway with `config` (whose resolver must never answer a public address: the harness
+    /// connects to nothing).
+    pub(crate) fn new(config: GatewayConfig) -> Self {
+        let mut shared = Shared::new(config);
+        shared.half_close = true;
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Serves one connection that sends `input` and then closes its side, through the same
+    /// handler as a TCP connection; returns everything the gateway answered.
+    pub(crate) async fn serve(&self, input: &[u8]) -> Vec<u8> {
+        let (client, gateway_side) = tokio::io::duplex(64 * 1024);
+        let Ok(permit) = Arc::new(Semaphore::new(1)).try_acquire_owned() else {
+            return Vec::new();
+        };
+        let peer = SocketAddr::from(([192, 0, 2, 1], 1));
+        let served = connection(Arc::clone(&self.shared), gateway_side, peer, permit);
+        let talk = async move {
+            let (mut read, mut write) = tokio::io::split(client);
+            let send = async move {
+                let _ = write.write_all(input).await;
+                let _ = write.shutdown().await;
+            };
+            let mut out = Vec::new();
+            let receive = read.read_to_end(&mut out);
+            let ((), _) = tokio::join!(send, receive);
+            out
+        };
+        let ((), out) = tokio::join!(served, talk);
+        out
+    }
+
+    /// The request-target check of `method` and `target`: the host and port, or the reason
+    /// code of the refusal.
+    pub(crate) fn target(
+        method: &[u8],
+        request_target: &[u8],
+    ) -> Result<(String, u16), &'static str> {
+        let method = Method::from_bytes(method).map_err(|_| "bad_method")?;
+        let uri = Uri::try_from(request_target).map_err(|_| "bad_uri")?;
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())
+            .map_err(|_| "bad_request")?;
+        framing(&req).map_err(|r| r.code)?;
+        target(&req).map_err(|r| r.code)
+    }
+
+    /// The credential check of one `Proxy-Authorization` value: the guest, or the reason
+    /// code of the refusal.
+    pub(crate) fn credential(&self, value: &[u8]) -> Result<String, &'static str> {
+        let value = HeaderValue::from_bytes(value).map_err(|_| "bad_header")?;
+        let req = Request::builder()
+            .method(Method::CONNECT)
+            .uri("pkg.test:443")
+            .header(header::PROXY_AUTHORIZATION, value)
+            .body(())
+            .map_err(|_| "bad_request")?;
+        credential(&self.shared, &req)
+            .map(|c| c.guest)
+            .map_err(|r| r.code)
+    }
 }

@@ -237,10 +237,9 @@ pub fn verify(secret: &Secret, token: &str, now: SystemTime) -> Result<Credentia
         return Err(TokenError::Malformed);
     }
     let (payload, tag) = raw.split_at(raw.len() - MAC_LEN);
-    let mut mac = secret.mac();
-    mac.update(payload);
-    mac.verify_slice(tag)
-        .map_err(|_| TokenError::BadSignature)?;
+    if !mac_matches(secret, payload, tag) {
+        return Err(TokenError::BadSignature);
+    }
     let mut id = [0; MAC_LEN];
     id.copy_from_slice(tag);
     // Authentic from here on; still parsed with bounds, as a bug elsewhere must not panic here.
@@ -278,6 +277,16 @@ pub fn verify(secret: &Secret, token: &str, now: SystemTime) -> Result<Credentia
         expires_at,
         id,
     })
+}
+
+/// Whether `tag` is the MAC of `payload`. The comparison is `hmac`'s `verify_slice`, which
+/// compares in constant time (`subtle::ConstantTimeEq`): how long it takes does not depend on
+/// where a wrong tag first differs, so a guest cannot find a valid MAC byte by byte. Never
+/// compare the tag with `==`.
+fn mac_matches(secret: &Secret, payload: &[u8], tag: &[u8]) -> bool {
+    let mut mac = secret.mac();
+    mac.update(payload);
+    mac.verify_slice(tag).is_ok()
 }
 
 fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8], TokenError> {
@@ -496,6 +505,49 @@ mod tests {
         let token = mint(&s, &"g".repeat(MAX_GUEST), &long[..30], ttl).unwrap();
         assert!(token.len() <= MAX_TOKEN_CHARS, "{}", token.len());
         assert!(verify(&s, &token, SystemTime::now()).is_ok());
+    }
+
+    #[test]
+    fn a_wrong_mac_differing_in_its_first_or_last_byte_is_refused_alike() {
+        let s = secret(1);
+        let token = mint(&s, "g", &["pypi.org"], Duration::from_secs(60)).unwrap();
+        let raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
+        let (payload, tag) = raw.split_at(raw.len() - MAC_LEN);
+        assert!(mac_matches(&s, payload, tag));
+        for at in [0, MAC_LEN - 1] {
+            let mut wrong = tag.to_vec();
+            wrong[at] ^= 0x80;
+            assert!(!mac_matches(&s, payload, &wrong), "byte {at}");
+            let forged = [payload, &wrong].concat();
+            assert_eq!(
+                verify(&s, &URL_SAFE_NO_PAD.encode(forged), SystemTime::now()).unwrap_err(),
+                TokenError::BadSignature,
+                "byte {at}"
+            );
+        }
+        // A tag of another length is never a match (no prefix comparison).
+        assert!(!mac_matches(&s, payload, &tag[..MAC_LEN - 1]));
+        assert!(!mac_matches(&s, payload, &[tag, &[0]].concat()));
+        assert!(!mac_matches(&s, payload, &[]));
+    }
+
+    #[test]
+    fn the_mac_is_compared_in_constant_time_and_nowhere_else() {
+        // By structure: the one comparison of a tag is `hmac`'s constant-time `verify_slice`,
+        // inside `mac_matches`, which `verify` calls. A `==` on a tag or a MAC output would be
+        // a timing oracle; this source must hold none.
+        let source = include_str!("token.rs");
+        let code: String = source
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let code = code.split("#[cfg(test)]").next().unwrap();
+        assert_eq!(code.matches("verify_slice(tag)").count(), 1);
+        assert!(code.contains("if !mac_matches(secret, payload, tag)"));
+        for oracle in ["== tag", "tag ==", "into_bytes() ==", "== mac", "ct_eq"] {
+            assert!(!code.contains(oracle), "{oracle:?} in token.rs");
+        }
     }
 
     #[test]

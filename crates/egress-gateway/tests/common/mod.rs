@@ -3,21 +3,30 @@
 //! ```text
 //!   guests (createos-fake --enforce-egress, one namespace each, firewall = egress rules)
 //!      \
-//!       hub (a router) ---- gw (the egress-gateway binary, 10.214.0.1)
-//!                      \--- inet (the test "internet": pkg.test 11.0.0.1, api.test 11.0.0.2,
-//!                                 and 10.99.0.1, 169.254.169.254 to prove refusals matter)
+//!       hub (a router) ---- gw (the egress-gateway binary, 10.214.0.1; also 11.0.0.9, "its
+//!                      \        public address", with listeners of its own on :80 and :443)
+//!                       \--- inet (the test "internet": pkg.test 11.0.0.1, api.test 11.0.0.2,
+//!                                  evil.test 11.0.0.66, a DNS server on 11.0.0.53, and
+//!                                  10.99.0.1, 169.254.169.254 to prove refusals matter)
 //! ```
 //!
 //! The "internet" serves HTTP on port 80 and HTTPS on 443 (a certificate for `pkg.test` and
-//! `api.test`, signed by a CA made at start) from this test process: its listeners are bound
-//! inside `inet`. The gateway resolves names only through `--test-only-resolve`. Raw protocol
-//! checks connect from the hub namespace.
+//! `api.test`, signed by a CA made at start), and on 9444 a raw TCP sink that holds what
+//! connects, from this test process: its listeners are bound inside `inet`. Every listener,
+//! the gateway namespace's own included, counts the connections it accepts by the address they
+//! were made to ([`Net::accepts`]), so a test proves that a refusal reached nothing. The gateway
+//! resolves names through `--test-only-resolve` ([`Gateway::start`]) or through the system
+//! resolver, whose `resolv.conf` in the gateway's namespace names the test DNS server
+//! ([`Gateway::start_system_dns`], [`dns::Dns`]). Raw protocol checks connect from the hub
+//! namespace.
 #![allow(dead_code)]
+
+pub mod dns;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
@@ -42,6 +51,32 @@ pub const SECRET: &[u8] = b"egress-gateway-test-secret-0123456789abcdef";
 /// Where the gateway listens.
 pub const GW_IP: &str = "10.214.0.1";
 
+/// A public-looking address of the gateway's own namespace (as a gateway host's public IP):
+/// listeners of the gateway's namespace answer on it.
+pub const GW_PUBLIC_IP: &str = "11.0.0.9";
+
+/// The test DNS server's address (in the "internet").
+pub const DNS_IP: &str = "11.0.0.53";
+
+/// An address in the "internet" that no test allowlist names: where a bypass would land.
+pub const EVIL_IP: &str = "11.0.0.66";
+
+/// The raw TCP sink's port in the "internet" (it holds every connection, reading and
+/// discarding).
+pub const SINK_PORT: u16 = 9444;
+
+/// Accepted connections, by the address they were made to.
+pub type Accepts = Arc<Mutex<BTreeMap<SocketAddr, u64>>>;
+
+fn count(accepts: &Accepts, local: &std::io::Result<SocketAddr>) {
+    if let Ok(addr) = local {
+        let mut map = accepts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *map.entry(*addr).or_insert(0) += 1;
+    }
+}
+
 /// The names the gateway resolves, and to what.
 pub const NAMES: &[(&str, &str)] = &[
     ("pkg.test", "11.0.0.1"),
@@ -50,6 +85,8 @@ pub const NAMES: &[(&str, &str)] = &[
     ("private.test", "10.99.0.1"),
     ("metadata.test", "169.254.169.254"),
     ("mixed.test", "10.99.0.1,11.0.0.1"),
+    ("evil.test", "11.0.0.66"),
+    ("self.test", "11.0.0.9"),
 ];
 
 /// Whether `python3 -m pip` works on this machine (the guests' Python is the host's).
@@ -73,7 +110,20 @@ pub struct Net {
     /// The CA that signed the servers' certificate, PEM.
     pub ca_pem: String,
     ca_der: CertificateDer<'static>,
+    /// The test DNS server (on [`DNS_IP`]), whose table a test fills.
+    pub dns: dns::Dns,
+    accepts: Accepts,
+    /// `HOST PATH` of every request the "internet"'s HTTP and HTTPS servers answered.
+    requests: Arc<Mutex<Vec<String>>>,
+    /// `/etc/netns/GW`, holding the gateway namespace's `resolv.conf`.
+    resolv_dir: PathBuf,
     _servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.resolv_dir);
+    }
 }
 
 /// A small wheel the index serves: `tinypkg` 0.1 (a valid zip with its metadata).
@@ -116,6 +166,7 @@ fn answer(
     req: &Request<hyper::body::Incoming>,
     wheel: &[u8],
     scheme: &'static str,
+    requests: &Mutex<Vec<String>>,
 ) -> Response<Full<Bytes>> {
     let host = req
         .headers()
@@ -124,6 +175,10 @@ fn answer(
         .unwrap_or("-")
         .to_owned();
     let path = req.uri().path().to_owned();
+    requests
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("{host} {path}"));
     let body: Vec<u8> = if path == "/hello" {
         format!("hello from {host} over {scheme}").into_bytes()
     } else if path == "/headers" {
@@ -138,6 +193,20 @@ fn answer(
             "host: {host}\nproxy-authorization: {}\nproxy-connection: {}\n",
             seen("proxy-authorization"),
             seen("proxy-connection")
+        )
+        .into_bytes()
+    } else if path == "/framing" {
+        let seen = |name: hyper::header::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("absent")
+                .to_owned()
+        };
+        format!(
+            "content-length: {}\ntransfer-encoding: {}\n",
+            seen(hyper::header::CONTENT_LENGTH),
+            seen(hyper::header::TRANSFER_ENCODING)
         )
         .into_bytes()
     } else if path == "/simple/" {
@@ -176,6 +245,18 @@ impl Net {
             return None;
         }
         netns::remove_stale("egw-test");
+        // The `resolv.conf` directories of namespaces a killed run left (named by its pid).
+        if let Ok(entries) = std::fs::read_dir("/etc/netns") {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name
+                    .strip_prefix("egw-test-")
+                    .and_then(|rest| rest.split('-').next());
+                if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
         let hub = Netns::create("egw-test").expect("hub");
         let gw = Netns::create("egw-test").expect("gw");
         let inet = Netns::create("egw-test").expect("inet");
@@ -188,12 +269,36 @@ impl Net {
             .expect("gw route");
         inet.ip(&["route", "add", "default", "via", "10.215.0.0"])
             .expect("inet route");
-        for addr in ["11.0.0.1", "11.0.0.2", "10.99.0.1", "169.254.169.254"] {
+        for addr in [
+            "11.0.0.1",
+            "11.0.0.2",
+            EVIL_IP,
+            DNS_IP,
+            "10.99.0.1",
+            "169.254.169.254",
+        ] {
             inet.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])
                 .expect("inet address");
             hub.ip(&["route", "add", addr, "via", "10.215.0.1"])
                 .expect("hub route");
         }
+        // The gateway's own public-looking address, and a second source address in the hub
+        // (another guest's, for tests that need two peers).
+        gw.ip(&["addr", "add", &format!("{GW_PUBLIC_IP}/32"), "dev", "eth0"])
+            .expect("gw public address");
+        hub.ip(&["route", "add", GW_PUBLIC_IP, "via", "10.214.0.1"])
+            .expect("hub route to the gateway's public address");
+        hub.ip(&["addr", "add", "10.216.0.1/32", "dev", "lo"])
+            .expect("hub second address");
+        // The gateway's namespace resolves through the test DNS server (used by a gateway
+        // started with the system resolver; `ip netns exec` mounts this file).
+        let resolv_dir = PathBuf::from("/etc/netns").join(gw.name());
+        std::fs::create_dir_all(&resolv_dir).expect("/etc/netns");
+        std::fs::write(
+            resolv_dir.join("resolv.conf"),
+            format!("nameserver {DNS_IP}\noptions timeout:2 attempts:2\n"),
+        )
+        .expect("resolv.conf");
 
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
@@ -222,6 +327,8 @@ impl Net {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
 
         let wheel = Arc::new(tiny_wheel());
+        let accepts: Accepts = Arc::default();
+        let requests: Arc<Mutex<Vec<String>>> = Arc::default();
         let mut servers = Vec::new();
         for (port, tls) in [(80_u16, false), (443, true)] {
             let std = inet
@@ -229,14 +336,17 @@ impl Net {
                 .expect("inet listener");
             let listener = tokio::net::TcpListener::from_std(std).expect("tokio listener");
             let (acceptor, wheel) = (acceptor.clone(), Arc::clone(&wheel));
+            let (accepts, requests) = (Arc::clone(&accepts), Arc::clone(&requests));
             servers.push(tokio::spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
+                    count(&accepts, &stream.local_addr());
                     let (acceptor, wheel) = (acceptor.clone(), Arc::clone(&wheel));
+                    let requests = Arc::clone(&requests);
                     tokio::spawn(async move {
                         let scheme = if tls { "https" } else { "http" };
                         let service = hyper::service::service_fn(move |req| {
                             std::future::ready(Ok::<_, std::convert::Infallible>(answer(
-                                &req, &wheel, scheme,
+                                &req, &wheel, scheme, &requests,
                             )))
                         });
                         let builder = hyper::server::conn::http1::Builder::new();
@@ -253,14 +363,86 @@ impl Net {
                 }
             }));
         }
+        // The sink: holds what connects, reading and discarding.
+        let sink = inet
+            .bind_tcp(([0, 0, 0, 0], SINK_PORT).into())
+            .expect("sink listener");
+        servers.push(hold(sink, &accepts));
+        // Listeners of the gateway's own namespace (as services on the gateway's host would
+        // be): what the gateway must never reach through its loopback or its own addresses.
+        for addr in ["0.0.0.0:443", "0.0.0.0:80", "[::1]:443"] {
+            match gw.bind_tcp(addr.parse().expect("addr")) {
+                Ok(listener) => servers.push(hold(listener, &accepts)),
+                Err(e) if addr.starts_with('[') => {
+                    eprintln!("(no IPv6 loopback listener in the gateway's namespace: {e})");
+                }
+                Err(e) => panic!("gw listener {addr}: {e}"),
+            }
+        }
+        let dns = dns::Dns::default();
+        let udp = inet
+            .enter(|| {
+                let s = std::net::UdpSocket::bind((DNS_IP, 53))?;
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })
+            .expect("DNS socket");
+        servers.push(dns.serve(udp));
         Some(Net {
             hub,
             gw,
             inet,
             ca_pem: ca.pem(),
             ca_der: ca.der().clone(),
+            dns,
+            accepts,
+            requests,
+            resolv_dir,
             _servers: servers,
         })
+    }
+
+    /// Connections accepted so far at `addr` (`IP:port`), by any listener of the network.
+    pub fn accepts(&self, addr: &str) -> u64 {
+        let addr: SocketAddr = addr.parse().expect("IP:port");
+        self.accepts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&addr)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every count of [`Net::accepts`] at once.
+    pub fn all_accepts(&self) -> BTreeMap<SocketAddr, u64> {
+        self.accepts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// `HOST PATH` of every request the "internet"'s servers answered so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A TCP connection to `addr` from the hub namespace, from the source address `src`.
+    pub async fn connect_from_hub_as(&self, src: IpAddr, addr: SocketAddr) -> TcpStream {
+        let socket = self
+            .hub
+            .enter(|| {
+                let s = tokio::net::TcpSocket::new_v4()?;
+                s.bind(SocketAddr::new(src, 0))?;
+                Ok(s)
+            })
+            .expect("socket in the hub");
+        tokio::time::timeout(Duration::from_secs(5), socket.connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect from the hub")
     }
 
     /// A TCP connection to `addr` from the hub namespace.
@@ -284,6 +466,73 @@ impl Net {
             .with_root_certificates(roots)
             .with_no_client_auth();
         tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+}
+
+/// Serves `listener` by holding every connection (reading and discarding until the peer
+/// leaves), counting accepts in `accepts`.
+fn hold(listener: std::net::TcpListener, accepts: &Accepts) -> tokio::task::JoinHandle<()> {
+    let accepts = Arc::clone(accepts);
+    tokio::spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count(&accepts, &stream.local_addr());
+            tokio::spawn(async move {
+                let mut sink = [0_u8; 4096];
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    })
+}
+
+/// `program` found on `PATH` or in the usual directories.
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/bin", "/bin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// This process's soft and hard limits on open files, from `/proc/self/limits`.
+pub fn open_files_limits() -> Option<(u64, u64)> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut numbers = line
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok());
+    Some((numbers.next()?, numbers.next()?))
+}
+
+/// Makes sure this process (and the gateways it starts afterwards) may open `wanted` files,
+/// raising its limits with util-linux's `prlimit` (root) when they are lower; `Some(why)` when
+/// that cannot be done.
+pub fn raise_open_files(wanted: u64) -> Option<String> {
+    let Some((soft, _)) = open_files_limits() else {
+        return Some("the open-files limit cannot be read (/proc/self/limits)".to_owned());
+    };
+    if soft >= wanted {
+        return None;
+    }
+    let Some(prlimit) = find_program("prlimit") else {
+        return Some(format!(
+            "{wanted} open files needed, the limit is {soft} and `prlimit` is not installed"
+        ));
+    };
+    let _ = std::process::Command::new(prlimit)
+        .args([
+            "--pid",
+            &std::process::id().to_string(),
+            &format!("--nofile={wanted}:{wanted}"),
+        ])
+        .status();
+    match open_files_limits() {
+        Some((soft, _)) if soft >= wanted => None,
+        other => Some(format!(
+            "{wanted} open files needed, the limit stays {other:?}"
+        )),
     }
 }
 
@@ -314,16 +563,35 @@ impl Gateway {
         Gateway::start_command(net, &[gateway_bin().into_os_string()], extra, false)
     }
 
+    /// Starts this crate's `egress-gateway` binary with the system resolver (no
+    /// `--test-only-resolve`): names are looked up with `getaddrinfo`, which asks the test DNS
+    /// server ([`Net::dns`]), and `extra` options.
+    pub fn start_system_dns(net: &Net, extra: &[&str]) -> Gateway {
+        Gateway::spawn(net, &[gateway_bin().into_os_string()], extra, false, false)
+    }
+
     /// Starts `program` (a command line whose options are the gateway's, e.g. the wheel's
     /// `python -m langflow_sandbox_createos gateway`) with the test resolver and `extra`
     /// options. With `echo`, every line it logs is also written to this process's stderr.
     pub fn start_command(net: &Net, program: &[OsString], extra: &[&str], echo: bool) -> Gateway {
+        Gateway::spawn(net, program, extra, echo, true)
+    }
+
+    fn spawn(
+        net: &Net,
+        program: &[OsString],
+        extra: &[&str],
+        echo: bool,
+        test_resolver: bool,
+    ) -> Gateway {
         let (bin, args) = program.split_first().expect("a gateway command");
         let mut cmd = net.gw.command(bin).expect("gateway command");
         cmd.args(args);
         cmd.args(["--listen", &format!("{GW_IP}:0")]);
-        for (name, ips) in NAMES {
-            cmd.args(["--test-only-resolve", &format!("{name}={ips}")]);
+        if test_resolver {
+            for (name, ips) in NAMES {
+                cmd.args(["--test-only-resolve", &format!("{name}={ips}")]);
+            }
         }
         let mut child = cmd
             .args(extra)
@@ -352,18 +620,42 @@ impl Gateway {
         let sink = Arc::clone(&log);
         let stderr = child.stderr.take().expect("stderr");
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            // Bytes, not `lines()`: a byte that is not UTF-8 must not end the capture (it shows
+            // as U+FFFD, which the adversarial tests look for).
+            let mut reader = BufReader::new(stderr);
+            let mut raw = Vec::new();
+            while matches!(reader.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
+                let text = String::from_utf8_lossy(&raw);
+                let line = text.strip_suffix('\n').unwrap_or(&text);
                 let mut log = sink
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                log.push_str(&line);
+                log.push_str(line);
                 log.push('\n');
                 if echo {
                     eprintln!("{line}");
                 }
+                drop(log);
+                raw.clear();
             }
         });
         Gateway { child, addr, log }
+    }
+
+    /// The gateway's process id (`ip netns exec` execs it in place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The gateway's resident memory (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("/proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
     }
 
     /// Everything logged so far.
