@@ -14,7 +14,8 @@
 //! destroyed (bounded).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use langflow_backend::{
@@ -24,8 +25,9 @@ use langflow_backend::{
 use pyo3::prelude::*;
 
 use crate::errors;
-use crate::process::{self, InFlight, Live, PerProcess, SHUTDOWN_BUDGET, State};
+use crate::perprocess::{PerProcess, State, forked};
 use crate::results::{ReapReport, RunResult};
+use crate::session::{SHUTDOWN_BUDGET, surface_options};
 use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
 
@@ -137,8 +139,8 @@ impl NativeBackend {
         logbridge::sync_level(py);
         let policy = policy_from(settings).map_err(|message| errors::unavailable(py, message))?;
         let rt = runtime_or_err(py)?;
-        sigterm::arm(py, rt, process::shutdown_every_surface);
-        let live = process::backend_of(&self.held);
+        sigterm::arm_every_surface(py, rt);
+        let live = backend_of(&self.held);
         let in_flight = InFlight::new(Arc::clone(&live));
         let outcome = drive(py, rt, move || async move {
             let outcome = in_flight.0.backend.run(&code, env, &policy).await;
@@ -254,7 +256,7 @@ impl NativeBackend {
             Some(Err(message)) => refused(message),
             Some(Ok(policy)) => {
                 let rt = runtime_or_err(py)?;
-                let live = process::backend_of(&self.held);
+                let live = backend_of(&self.held);
                 match drive(
                     py,
                     rt,
@@ -316,4 +318,143 @@ pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {
     };
     logbridge::drain(py);
     result
+}
+
+// --- This process's backends, remembered for SIGTERM --------------------------------------
+
+/// One process's backend and the number of its runs in flight.
+pub struct Live {
+    /// The backend itself.
+    pub backend: Backend,
+    inflight: AtomicUsize,
+    /// Built in a process forked from the one that imported the extension. Such a process
+    /// commonly ends with `os._exit` (multiprocessing, pre-fork servers), which skips `atexit`
+    /// and kills background work, so every run settles its guest before `run()` returns.
+    pub forked: bool,
+}
+
+impl Live {
+    /// Waits until this process holds no more guests than other runs in flight can account
+    /// for: the interrupted run's guest, handed to the reaper when its future was dropped, is
+    /// then destroyed (or the reaper is still retrying when the caller's bound expires). The
+    /// warm pool's idle guests (`CREATEOS_SANDBOX_WARM_POOL`) belong to no run and are not
+    /// waited for; shutdown destroys them.
+    pub async fn settle_interrupted(&self) {
+        loop {
+            if self.backend.unpooled_guests() <= self.inflight.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Counts a run as in flight for as long as it lives.
+pub struct InFlight(pub Arc<Live>);
+
+impl InFlight {
+    /// Counts one more run of `live`.
+    pub fn new(live: Arc<Live>) -> Self {
+        live.inflight.fetch_add(1, Ordering::SeqCst);
+        Self(live)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Every backend built in this process image, with the id of the process that built it.
+static LIVES: Mutex<Vec<(u32, Weak<Live>)>> = Mutex::new(Vec::new());
+
+fn remember(live: &Arc<Live>) {
+    let pid = std::process::id();
+    let mut lives = LIVES.lock().unwrap_or_else(PoisonError::into_inner);
+    // Entries of other processes (a parent) and of dropped backends are dead weight here.
+    lives.retain(|(owner, weak)| *owner == pid && weak.strong_count() > 0);
+    lives.push((pid, Arc::downgrade(live)));
+}
+
+/// Shuts down every backend of this process, concurrently, within [`SHUTDOWN_BUDGET`].
+pub async fn shutdown_all() {
+    let pid = std::process::id();
+    let lives: Vec<Arc<Live>> = LIVES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|(owner, _)| *owner == pid)
+        .filter_map(|(_, weak)| weak.upgrade())
+        .collect();
+    let all = futures::future::join_all(lives.iter().map(|live| live.backend.shutdown()));
+    if tokio::time::timeout(SHUTDOWN_BUDGET, all).await.is_err() {
+        tracing::warn!(
+            target: "langflow_sandbox_createos",
+            "shutdown did not finish within {}s; remaining guests are bounded by auto-pause",
+            SHUTDOWN_BUDGET.as_secs()
+        );
+    }
+}
+
+/// This process's backend held by one `NativeBackend`, built on first use (see
+/// [`PerProcess`]), and remembered for SIGTERM's [`shutdown_all`].
+pub fn backend_of(held: &PerProcess<Arc<Live>>) -> Arc<Live> {
+    held.get_or_init(|| {
+        let live = Arc::new(Live {
+            backend: Backend::with_options(BackendOptions {
+                surface: surface_options(),
+            }),
+            inflight: AtomicUsize::new(0),
+            forked: forked(),
+        });
+        remember(&live);
+        live
+    })
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+
+    #[test]
+    fn holds_nothing_until_first_use_then_the_callers_backend() {
+        let held = PerProcess::new();
+        assert_eq!(held.state(), State::Idle);
+        assert!(held.current().is_none());
+        let first = backend_of(&held);
+        assert_eq!(held.state(), State::Active);
+        // The same process gets the same backend back, not a new one.
+        assert!(Arc::ptr_eq(&first, &backend_of(&held)));
+        let taken = held.take().expect("this process's backend");
+        assert!(Arc::ptr_eq(&first, &taken));
+        assert_eq!(held.state(), State::Idle);
+        assert!(held.take().is_none());
+    }
+
+    #[test]
+    fn a_child_starts_with_an_empty_warm_pool_of_its_own() {
+        let held = PerProcess::new();
+        let parent = backend_of(&held);
+        held.pretend_inherited();
+        let own = backend_of(&held);
+        // The pool lives inside the backend: a child's new backend holds none of the
+        // parent's idle guests and has counted nothing yet.
+        assert!(!Arc::ptr_eq(&parent, &own));
+        assert_eq!(
+            own.backend.warm_pool(),
+            langflow_backend::PoolStats::default()
+        );
+        assert_eq!(own.backend.unpooled_guests(), 0);
+    }
+
+    #[test]
+    fn in_flight_counts_while_alive() {
+        let held = PerProcess::new();
+        let live = backend_of(&held);
+        let run = InFlight::new(Arc::clone(&live));
+        assert_eq!(live.inflight.load(Ordering::SeqCst), 1);
+        drop(run);
+        assert_eq!(live.inflight.load(Ordering::SeqCst), 0);
+    }
 }

@@ -3,7 +3,7 @@
 //! deletion of old reused guests).
 //!
 //! One `langflow_component::SandboxComponent` per process, on the process's shared session
-//! ([`crate::process::session`]); a forked child builds its own and never touches the
+//! ([`crate::session::session`]); a forked child builds its own and never touches the
 //! parent's. Every call blocks with the GIL released and stays interruptible by Ctrl-C
 //! ([`crate::wait`]); failures are raised as the public classes of
 //! `langflow_sandbox_createos.exceptions` ([`crate::errors`]):
@@ -22,7 +22,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors;
-use crate::process::{self, PerProcess};
+use crate::perprocess::PerProcess;
+use crate::session::{self, SHUTDOWN_BUDGET, surface_options};
 use crate::wait::{Waited, block_bounded, drive};
 use crate::{logbridge, runtime, sigterm};
 
@@ -43,7 +44,7 @@ fn held() -> Arc<Held> {
     HELD.get_or_init(|| {
         Arc::new(Held {
             component: SandboxComponent::with_options(ComponentOptions {
-                surface: process::surface_options(),
+                surface: surface_options(),
                 ..ComponentOptions::default()
             }),
             running: AtomicUsize::new(0),
@@ -230,7 +231,7 @@ impl NativeComponent {
             shape,
         };
         let rt = runtime_or_err(py)?;
-        sigterm::arm(py, rt, process::shutdown_every_surface);
+        sigterm::arm_every_surface(py, rt);
         let h = held();
         let running = Running::new(Arc::clone(&h));
         let result = match drive(py, rt, move || async move {
@@ -279,7 +280,7 @@ impl NativeComponent {
             return;
         };
         logbridge::install();
-        let _ = block_bounded(py, rt, process::SHUTDOWN_BUDGET, async move {
+        let _ = block_bounded(py, rt, SHUTDOWN_BUDGET, async move {
             h.component.shutdown().await;
         });
         logbridge::drain(py);
@@ -372,7 +373,7 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
     let rt = runtime_or_err(py)?;
     // Taken here, with the GIL held, not on the driver thread: `os.fork` holds the GIL, so a
     // child never inherits the session's lock taken by another thread.
-    let session = process::session();
+    let session = session::session();
     let waited = drive(py, rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
             surface: SurfaceOptions {

@@ -12,7 +12,7 @@
 //! it about what one does. No callback from a runtime thread into Python, so no GIL is ever
 //! taken by a tokio worker and nothing can run during interpreter finalisation.
 //!
-//! Fork: the queue is held per process ([`crate::process::PerProcess`]), so a forked child
+//! Fork: the queue is held per process ([`crate::perprocess::PerProcess`]), so a forked child
 //! starts with an empty queue of its own, installed on the session the child builds; the
 //! parent's queue, and the events it held at the fork, are never seen in the child. The
 //! switch [`enable_events`] set is inherited (a child of a process that asked for events
@@ -31,7 +31,7 @@ use sandbox_core::observe::{DestroyReason, Event, GuestUsage, Observer, RunOutco
 use sandbox_core::session::Session;
 use sandbox_core::surface::SurfaceKind;
 
-use crate::process::PerProcess;
+use crate::perprocess::PerProcess;
 
 /// Run durations and usage records kept while nobody drains (each); the oldest are dropped
 /// first (and counted) past it. Counts and sums are added up in place, so they never drop.
@@ -163,15 +163,10 @@ pub fn observe_session(session: &Session) {
     }
 }
 
-/// Starts queueing this process's events (and its forked children's) for
-/// [`drain_events`]. Idempotent; no thread, no I/O (a session not built yet gets the queue
-/// when it is).
-#[pyfunction]
-pub fn enable_events() {
+/// Turns queueing on for every session this process (and its forked children) builds from now
+/// on; `crate::session::enable_events` also installs the queue on a session already built.
+pub fn enable() {
     ENABLED.store(true, Ordering::Release);
-    if let Some(session) = crate::process::current_session() {
-        observe_session(&session);
-    }
 }
 
 /// Whether `CREATEOS_METRICS` leaves this process's metrics and spans on (sandbox-core's

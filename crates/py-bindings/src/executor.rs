@@ -43,8 +43,9 @@ use pyo3::prelude::*;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::perprocess::PerProcess;
 use crate::wait::block_bounded;
-use crate::{errors, logbridge, payload, process, runtime, sigterm};
+use crate::{errors, logbridge, payload, runtime, session, sigterm};
 
 /// Bytes of events held between the producer and a consumer that has not taken them yet: the
 /// largest frame the executor admits fits alone.
@@ -100,13 +101,13 @@ fn too_slow() -> ExecutorError {
     ))
 }
 
-/// This process's executor (see [`process::PerProcess`]).
-static EXECUTOR: process::PerProcess<Arc<Executor>> = process::PerProcess::new();
+/// This process's executor (see [`PerProcess`]).
+static EXECUTOR: PerProcess<Arc<Executor>> = PerProcess::new();
 
 fn executor() -> Arc<Executor> {
     EXECUTOR.get_or_init(|| {
         Arc::new(Executor::with_options(ExecutorOptions {
-            surface: process::surface_options(),
+            surface: session::surface_options(),
             ..ExecutorOptions::default()
         }))
     })
@@ -462,7 +463,7 @@ impl NativeExecutor {
         let rt = runtime::get()
             .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
         // `lfx run` and container stops end a process with SIGTERM: destroy the flow's guest.
-        sigterm::arm(py, rt, process::shutdown_every_surface);
+        sigterm::arm_every_surface(py, rt);
         let (producer, shared, done) = pipe().map_err(|e| {
             if e.kind() == std::io::ErrorKind::Unsupported {
                 errors::unavailable(py, e.to_string())
@@ -839,7 +840,7 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
     let rt = runtime::get()
         .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
     // Taken here, with the GIL held (see `process`'s fork rule).
-    let session = process::session();
+    let session = session::session();
     let result = match crate::wait::drive(py, rt, move || async move {
         let env: langflow_executor::EnvLookup = Arc::new(|k| std::env::var(k).ok());
         langflow_executor::template::build(&env, &session, &name, &dockerfile, |line| {

@@ -9,9 +9,11 @@
 //!   `reap_reused()`;
 //! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
 //! - [`gateway`]: `gateway_main()`, the egress gateway behind `python -m ... gateway`;
-//! - [`process`]: `PerProcess<T>`, every per-process value (runtime, session, backends,
+//! - [`perprocess`]: `PerProcess<T>`, every per-process value (runtime, session, backends,
 //!   component, executor) keyed on the process id with the fork rule stated once, so a forked
-//!   child builds its own while the parent's is untouched; SIGTERM's shutdown of them all;
+//!   child builds its own while the parent's is untouched;
+//! - [`session`]: what every surface of a process shares (the session, the surfaces' options,
+//!   the shutdown budget) and what Python reads of it (`counters`, `shared_settings`);
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
 //! - [`events`]: observation events queued per process for Python to drain (metrics, usage
 //!   records);
@@ -31,9 +33,10 @@ mod executor;
 mod gateway;
 mod logbridge;
 mod payload;
-mod process;
+mod perprocess;
 mod results;
 mod runtime;
+mod session;
 mod sigterm;
 mod wait;
 
@@ -41,7 +44,8 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    process::note_import();
+    perprocess::note_import();
+    sigterm::set_every_surface(|| Box::pin(shutdown_every_surface()));
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LOGGER_NAME", logbridge::LOGGER_NAME)?;
     m.add("OUTPUT_PIECE_BYTES", results::STEP_BYTES)?;
@@ -55,10 +59,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<executor::FlowEvents>()?;
     m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
-    m.add_function(wrap_pyfunction!(process::counters, m)?)?;
-    m.add_function(wrap_pyfunction!(process::shared_settings, m)?)?;
-    m.add_function(wrap_pyfunction!(process::forked_py, m)?)?;
-    m.add_function(wrap_pyfunction!(events::enable_events, m)?)?;
+    m.add_function(wrap_pyfunction!(session::counters, m)?)?;
+    m.add_function(wrap_pyfunction!(session::shared_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(perprocess::forked_py, m)?)?;
+    m.add_function(wrap_pyfunction!(session::enable_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::metrics_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
@@ -74,4 +78,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(component::reap_reused, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::gateway_main, m)?)?;
     Ok(())
+}
+
+/// Every surface's shutdown at once (the sandbox backends, the component's fresh guests, the
+/// executor's flow runs): SIGTERM's cleanup, whichever surface armed the handler first.
+async fn shutdown_every_surface() {
+    tokio::join!(
+        backend::shutdown_all(),
+        component::shutdown_component(),
+        executor::shutdown_executor()
+    );
 }

@@ -22,7 +22,7 @@ use tokio::runtime::{Builder, Runtime};
 use tokio::sync::mpsc;
 use tokio::task::LocalSet;
 
-use crate::process::PerProcess;
+use crate::perprocess::PerProcess;
 
 /// Work handed to the driver thread: called there, inside the [`LocalSet`].
 type Job = Box<dyn FnOnce() + Send>;

@@ -97,6 +97,27 @@ pub enum Armed {
     AlreadyDecided,
 }
 
+/// What SIGTERM's watcher runs: every surface's shutdown, registered once by the module's
+/// initialisation ([`set_every_surface`]), so a surface arms the handler without naming the
+/// others.
+static EVERY_SURFACE: std::sync::OnceLock<fn() -> futures::future::BoxFuture<'static, ()>> =
+    std::sync::OnceLock::new();
+
+/// Registers the shutdown of every surface of the process (the module's initialisation).
+pub fn set_every_surface(shutdown: fn() -> futures::future::BoxFuture<'static, ()>) {
+    let _ = EVERY_SURFACE.set(shutdown);
+}
+
+/// [`arm`] with the shutdown of every surface of the process (see [`set_every_surface`]).
+pub fn arm_every_surface(py: Python<'_>, rt: &'static Runtime) -> Armed {
+    let shutdown = EVERY_SURFACE.get().copied();
+    arm(py, rt, move || async move {
+        if let Some(shutdown) = shutdown {
+            shutdown().await;
+        }
+    })
+}
+
 /// Installs the SIGTERM handler if SIGTERM is at its default, and starts this process's
 /// watcher, once per process. `cleanup` runs (on the runtime) when SIGTERM arrives; the
 /// process then dies of SIGTERM.

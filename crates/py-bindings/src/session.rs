@@ -1,0 +1,107 @@
+//! What every surface of this process shares: the session (one control plane and connection
+//! pool per account, one credential check and one shape-catalog fetch, the admission state and
+//! the observation), the options every surface is built with, the shutdown budget, and what
+//! Python reads of them (`counters()`, `shared_settings()`, `enable_events()`).
+
+use std::time::Duration;
+
+use sandbox_core::session::Session;
+use sandbox_core::surface::SurfaceOptions;
+
+use crate::events;
+use crate::perprocess::{PerProcess, forked};
+
+/// Time allowed for a shutdown to destroy every live guest.
+pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(30);
+
+/// The options every surface of this process is built with: the process's session, and the
+/// fork rule applied when this process was forked.
+pub fn surface_options() -> SurfaceOptions {
+    SurfaceOptions {
+        session: Some(session()),
+        ..SurfaceOptions::default()
+    }
+    .for_process(forked())
+}
+
+/// The session (one control plane and connection pool per account, one credential check and
+/// one shape-catalog fetch) that every surface of this process shares.
+static SESSION: PerProcess<Session> = PerProcess::new();
+
+/// This process's session, built on first use (a child after `fork()` builds its own).
+pub fn session() -> Session {
+    SESSION.get_or_init(|| {
+        let session = Session::default();
+        events::observe_session(&session);
+        session
+    })
+}
+
+/// This process's session, if it built one already.
+pub fn current_session() -> Option<Session> {
+    SESSION.current()
+}
+
+/// Starts queueing this process's events (and its forked children's) for
+/// [`events::drain_events`]. Idempotent; no thread, no I/O (a session not built yet gets the
+/// queue when it is).
+#[pyo3::pyfunction]
+pub fn enable_events() {
+    events::enable();
+    if let Some(session) = current_session() {
+        events::observe_session(&session);
+    }
+}
+
+/// What every surface of this process shares, for `doctor`, as `(level, text)` lines: the
+/// live-guest caps, the admission wait and the control-plane retry budget (`info`), or the
+/// refusal a bad value gets (`refused`: every run of every surface is refused with it). Read
+/// from the environment now; no I/O.
+#[pyo3::pyfunction]
+pub fn shared_settings() -> Vec<(&'static str, String)> {
+    sandbox_core::settings::shared_summary(&|k| std::env::var(k).ok())
+        .into_iter()
+        .map(|line| match line {
+            Ok(text) => ("info", text),
+            Err(refusal) => ("refused", refusal),
+        })
+        .collect()
+}
+
+/// One native total: its family name (`createos_…`), its labels, its value.
+pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
+
+/// This process's native totals (see `sandbox_core::observe::Counters::snapshot`), with the
+/// admission state now: `createos_admission_live` (guests holding a slot) and
+/// `createos_admission_waiting` (runs in line for one). A forked child's are its own. No I/O;
+/// never a key, code or output.
+#[pyo3::pyfunction]
+pub fn counters() -> Vec<Sample> {
+    let session = session();
+    let adm = session.admission().stats();
+    let mut out: Vec<Sample> = session
+        .observation()
+        .counters()
+        .snapshot()
+        .into_iter()
+        .map(|s| {
+            let labels = s
+                .labels
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+            (s.name.to_owned(), labels, s.value)
+        })
+        .collect();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    for (name, value) in [
+        ("createos_admission_live", adm.live as f64),
+        (
+            "createos_admission_waiting",
+            (adm.waiting + adm.waiting_per_flow) as f64,
+        ),
+    ] {
+        out.push((name.to_owned(), std::collections::BTreeMap::new(), value));
+    }
+    out
+}
