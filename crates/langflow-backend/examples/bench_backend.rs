@@ -134,7 +134,8 @@ fn main() {
         let first = backend.run("print(1)", None, &policy).await.expect("warm-up run");
         println!(
             "first run (includes credential check + catalog): {} ms, {} requests",
-            first.timings.total_ms, first.timings.requests
+            first.timings.total_ms.unwrap_or_default(),
+            first.timings.requests.unwrap_or_default()
         );
 
         // 1. Peak RSS growth while the guest prints 200 MiB (measured first, on a quiet heap).
@@ -172,7 +173,7 @@ fn main() {
             let t = Instant::now();
             let o = backend.run("print(1)", None, &policy).await.expect("run");
             lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            crit.push(o.timings.requests);
+            crit.push(o.timings.requests.unwrap_or_default());
             assert_eq!(o.stdout, "1\n");
         }
         let p90 = pct(&lat, 0.9);

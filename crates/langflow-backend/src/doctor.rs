@@ -310,7 +310,7 @@ pub(crate) async fn run(backend: &Backend, policy: &LfxPolicy) -> DoctorReport {
             match select_shape(
                 &catalog,
                 policy.memory_mb,
-                settings.shape_pin(),
+                sandbox_core::shapes::pin_of(&settings),
                 ENV_LF_MEMORY,
             ) {
                 Ok(c) => out.push(DoctorLevel::Ok, describe_shape(&c)),

@@ -29,7 +29,7 @@ mod orphans;
 pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
-pub use lifecycle::Timings;
+pub use lifecycle::{RunOutput, Timings};
 use lifecycle::{RunSpec, run_on};
 pub use orphans::{Orphan, SweepReport};
 /// How a run got its guest from the warm pool (sandbox-core's, the same for every surface).
@@ -228,33 +228,6 @@ impl LfxPolicy {
     }
 }
 
-/// The result of a run whose program executed. A failing program is a result, not an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunOutput {
-    /// Standard output (its tail, with a visible marker, if over the cap), as pieces that
-    /// can be taken one at a time (see [`Text`]); `to_string()` joins them.
-    pub stdout: Text,
-    /// Standard error (likewise).
-    pub stderr: Text,
-    /// Exit code: `-1` when the run hit its timeout (lfx: "timed out"), `137` for a kill inside
-    /// the budget (lfx: memory), otherwise the program's status.
-    pub exit_code: i32,
-    /// Exec wall time.
-    pub execution_time_ms: u64,
-    /// Per-phase timings.
-    pub timings: Timings,
-    /// Stdout was truncated to the cap.
-    pub stdout_truncated: bool,
-    /// Stderr was truncated to the cap.
-    pub stderr_truncated: bool,
-    /// The guest's name.
-    pub guest: String,
-    /// Whether the guest came from the warm pool (`CREATEOS_SANDBOX_WARM_POOL`).
-    pub pool: PoolUse,
-    /// How the run went (ok, program failed, timed out), as the metrics count it.
-    pub outcome: RunOutcome,
-}
-
 /// Why a run could not produce a result: sandbox-core's one mapping of a core error onto lfx's
 /// two classes ([`SurfaceError`]: `Unavailable`, nothing ran; `Execution`, saying whether the
 /// code may have run). `Display` is the message, which names the setting involved and the fix;
@@ -385,7 +358,7 @@ impl Backend {
         let choice = select_shape(
             &opened.catalog,
             policy.memory_mb,
-            plan.settings.shape_pin(),
+            sandbox_core::shapes::pin_of(&plan.settings),
             ENV_LF_MEMORY,
         )?;
         let spec = RunSpec {
@@ -400,7 +373,7 @@ impl Backend {
             grant: plan.grant,
         };
         let cx = self.surface.context(&opened);
-        let report = run_on(
+        run_on(
             &self.surface,
             &cx,
             &spec,
@@ -408,19 +381,8 @@ impl Backend {
             Caps::of(&plan.settings),
             Bytes::copy_from_slice(code.as_bytes()),
         )
-        .await?;
-        Ok(RunOutput {
-            stdout: report.stdout.text,
-            stderr: report.stderr.text,
-            exit_code: report.exit_code,
-            execution_time_ms: report.execution_time_ms,
-            timings: report.timings,
-            stdout_truncated: report.stdout.truncated,
-            stderr_truncated: report.stderr.truncated,
-            guest: report.guest_name,
-            pool: report.pool,
-            outcome: report.outcome,
-        })
+        .await
+        .map_err(Into::into)
     }
 
     /// Destroys every guest still registered (runs in flight, pending destroys and the warm

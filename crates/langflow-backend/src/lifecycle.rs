@@ -18,13 +18,14 @@ use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestContext, GuestSpec};
 use sandbox_core::observe::RunOutcome;
-use sandbox_core::output::Captured;
+use sandbox_core::output::Text;
 use sandbox_core::pool::WarmPool;
 use sandbox_core::reaper::Reaper;
 use sandbox_core::retry::Backoff;
 use sandbox_core::surface::{
     Acquire, Begin, End, Origin, PoolUse, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
+pub use sandbox_core::timings::Timings;
 use sandbox_core::{LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
@@ -101,31 +102,21 @@ impl RunSpec {
     }
 }
 
-/// Per-phase timings of a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Timings {
-    /// Create (including retries and lost-response recovery).
-    pub create_ms: u64,
-    /// Upload and egress read-back (concurrent).
-    pub upload_ms: u64,
-    /// Streaming exec, dispatch to exit.
-    pub exec_ms: u64,
-    /// Destroy, when it ran before returning; `None` when handed to the reaper.
-    pub destroy_ms: Option<u64>,
-    /// The whole run.
-    pub total_ms: u64,
-    /// Control-plane requests this run made (every attempt counts).
-    pub requests: u32,
-}
-
-/// The result of a program that ran.
+/// The result of a program that ran, as it is carried up to Python: one report from the run to
+/// the glue. A failing program is a result, not an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunReport {
-    /// Captured standard output (tail, with a marker if truncated).
-    pub stdout: Captured,
-    /// Captured standard error.
-    pub stderr: Captured,
-    /// The exit code lfx should see (-1 = timed out).
+pub struct RunOutput {
+    /// Standard output (its tail, with a visible marker, if over the cap), as pieces that
+    /// can be taken one at a time (see [`Text`]); `to_string()` joins them.
+    pub stdout: Text,
+    /// Standard error (likewise).
+    pub stderr: Text,
+    /// Stdout was truncated to the cap.
+    pub stdout_truncated: bool,
+    /// Stderr was truncated to the cap.
+    pub stderr_truncated: bool,
+    /// Exit code: `-1` when the run hit its timeout (lfx: "timed out"), `137` for a kill inside
+    /// the budget (lfx: memory), otherwise the program's status.
     pub exit_code: i32,
     /// The raw exit status from the guest, if one arrived.
     pub raw_exit_code: Option<i32>,
@@ -133,11 +124,12 @@ pub struct RunReport {
     pub host_timed_out: bool,
     /// Exec wall time in milliseconds.
     pub execution_time_ms: u64,
-    /// Phase timings.
+    /// Phase timings: `acquire_ms` (create, or a pool guest), `upload_ms`, `exec_ms`,
+    /// `destroy_ms` (`None` when handed to the reaper), `total_ms`, `requests`.
     pub timings: Timings,
-    /// Guest name.
-    pub guest_name: String,
-    /// Guest id.
+    /// The guest's name.
+    pub guest: String,
+    /// The guest's id.
     pub guest_id: String,
     /// How the run got its guest (the warm pool).
     pub pool: PoolUse,
@@ -158,7 +150,7 @@ pub async fn run_python(
     spec: &RunSpec,
     program: Bytes,
     redactor: &Redactor,
-) -> Result<RunReport, SandboxError> {
+) -> Result<RunOutput, SandboxError> {
     run_python_pooled(cp, reaper, None, spec, program, redactor).await
 }
 
@@ -172,7 +164,7 @@ pub async fn run_python_pooled(
     spec: &RunSpec,
     program: Bytes,
     redactor: &Redactor,
-) -> Result<RunReport, SandboxError> {
+) -> Result<RunOutput, SandboxError> {
     let opts = SurfaceOptions {
         backoff: spec.backoff,
         background_destroy: spec.background_destroy,
@@ -200,7 +192,7 @@ pub(crate) async fn run_on(
     pool_size: usize,
     caps: Caps,
     program: Bytes,
-) -> Result<RunReport, SandboxError> {
+) -> Result<RunOutput, SandboxError> {
     let t_start = Instant::now();
     let guest_spec = spec.guest_spec();
     let path = format!(
@@ -248,44 +240,47 @@ pub(crate) async fn run_on(
     let (out, upload_ms) = ran?;
 
     let timings = Timings {
-        create_ms,
-        upload_ms,
-        exec_ms: out.exec_ms,
+        acquire_ms: Some(create_ms),
+        upload_ms: Some(upload_ms),
+        exec_ms: Some(out.exec_ms),
         destroy_ms,
-        total_ms: ms(t_start.elapsed()),
-        requests: cx.requests(),
+        total_ms: Some(ms(t_start.elapsed())),
+        requests: Some(u64::from(cx.requests())),
+        ..Timings::default()
     };
     let stats = surface.pool_stats();
     let outcome = out.run_outcome();
-    let report = RunReport {
-        stdout: out.stdout,
-        stderr: out.stderr,
+    let report = RunOutput {
+        stdout: out.stdout.text,
+        stderr: out.stderr.text,
+        stdout_truncated: out.stdout.truncated,
+        stderr_truncated: out.stderr.truncated,
         exit_code: out.exit_code,
         raw_exit_code: out.raw_exit_code,
         host_timed_out: out.host_timed_out,
         execution_time_ms: out.exec_ms,
         timings,
-        guest_name: ended.name,
+        guest: ended.name,
         guest_id: ended.id,
         pool: pool_use,
         outcome,
     };
     tracing::info!(
         target: LOG_TARGET,
-        guest = %report.guest_name,
+        guest = %report.guest,
         exit_code = report.exit_code,
         raw_exit_code = ?report.raw_exit_code,
-        create_ms = timings.create_ms,
-        upload_ms = timings.upload_ms,
-        exec_ms = timings.exec_ms,
+        create_ms = create_ms,
+        upload_ms = upload_ms,
+        exec_ms = report.execution_time_ms,
         // `background`: the reaper destroys the guest off the critical path and logs the time.
         destroy_ms = %timings
             .destroy_ms
             .map_or_else(|| "background".to_owned(), |ms| ms.to_string()),
-        total_ms = timings.total_ms,
-        requests = timings.requests,
-        stdout_truncated = report.stdout.truncated,
-        stderr_truncated = report.stderr.truncated,
+        total_ms = timings.total_ms.unwrap_or_default(),
+        requests = cx.requests(),
+        stdout_truncated = report.stdout_truncated,
+        stderr_truncated = report.stderr_truncated,
         pool = pool_use.as_str(),
         pool_size = stats.size,
         pool_ready = stats.ready,

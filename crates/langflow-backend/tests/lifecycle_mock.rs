@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use langflow_backend::lifecycle::{RunReport, RunSpec, run_python};
+use langflow_backend::lifecycle::{RunOutput, RunSpec, run_python};
 use sandbox_core::control::{
     CallError, CallFailure, ControlPlane, CreateGuest, ExecFrame, ExecRequest, ExecStream,
     GuestInfo,
@@ -287,7 +287,7 @@ fn ok_frames() -> Vec<(Duration, ExecFrame)> {
     ]
 }
 
-async fn run(m: &Arc<Mock>, r: &Reaper, s: &RunSpec) -> Result<RunReport, SandboxError> {
+async fn run(m: &Arc<Mock>, r: &Reaper, s: &RunSpec) -> Result<RunOutput, SandboxError> {
     run_python(
         Arc::new(Cp(m.clone())),
         r,
@@ -318,12 +318,12 @@ async fn happy_path_destroys_inline() {
     m.frames(ok_frames());
     let r = reaper();
     let rep = run(&m, &r, &spec()).await.unwrap();
-    assert_eq!(rep.stdout.text, "hello\n");
-    assert_eq!(rep.stderr.text, "warn\n");
+    assert_eq!(rep.stdout, "hello\n");
+    assert_eq!(rep.stderr, "warn\n");
     assert_eq!(rep.exit_code, 0);
     assert!(rep.timings.destroy_ms.is_some());
     // create, upload, egress, exec, delete
-    assert_eq!(rep.timings.requests, 5);
+    assert_eq!(rep.timings.requests, Some(5));
     assert_eq!(m.live(), 0);
     assert_eq!(r.registered(), 0);
     let up = m.uploaded.lock().unwrap();
@@ -340,7 +340,7 @@ async fn background_destroy_is_guaranteed() {
     s.background_destroy = true;
     let rep = run(&m, &r, &s).await.unwrap();
     assert_eq!(rep.timings.destroy_ms, None);
-    assert_eq!(rep.timings.requests, 4);
+    assert_eq!(rep.timings.requests, Some(4));
     settle(&m).await;
     assert_eq!(m.live(), 0);
     assert_eq!(r.registered(), 0);
@@ -503,7 +503,7 @@ async fn stalled_control_plane_gives_timeout_with_partial_output() {
     let rep = run(&m, &r, &spec()).await.unwrap();
     assert_eq!(rep.exit_code, -1);
     assert!(rep.host_timed_out);
-    assert_eq!(rep.stdout.text, "before the stall\n");
+    assert_eq!(rep.stdout, "before the stall\n");
     assert!(
         rep.timings.destroy_ms.is_some(),
         "a host timeout destroys inline"
@@ -531,7 +531,7 @@ async fn exit_classification_uses_elapsed_time() {
     let rep = run(&m, &r, &spec()).await.unwrap();
     assert_eq!(rep.exit_code, -1);
     assert_eq!(rep.raw_exit_code, Some(124));
-    assert_eq!(rep.stdout.text, "tick\n");
+    assert_eq!(rep.stdout, "tick\n");
 }
 
 #[tokio::test]
@@ -544,12 +544,12 @@ async fn output_is_capped_while_streaming() {
     m.frames(frames);
     let r = reaper();
     let rep = run(&m, &r, &spec()).await.unwrap();
-    assert!(rep.stdout.truncated);
-    let stdout = rep.stdout.text.to_string();
+    assert!(rep.stdout_truncated);
+    let stdout = rep.stdout.to_string();
     assert!(stdout.starts_with("[... "));
     assert!(stdout.ends_with("line 0499\n"));
-    assert!(rep.stdout.text.len() < 1024 + 64);
-    assert!(!rep.stderr.truncated);
+    assert!(rep.stdout.len() < 1024 + 64);
+    assert!(!rep.stderr_truncated);
 }
 
 #[tokio::test]
@@ -776,7 +776,7 @@ async fn agent_error_text_is_kept_next_to_an_exit_code() {
     let r = reaper();
     let rep = run(&m, &r, &spec()).await.unwrap();
     assert_eq!(rep.exit_code, 137);
-    let err = rep.stderr.text.to_string();
+    let err = rep.stderr.to_string();
     assert!(err.starts_with("boom\n"), "{err}");
     assert!(err.contains("process killed: OOM"), "{err}");
 }
@@ -853,7 +853,7 @@ async fn run_with_a_create_in_flight(
 ) -> (
     Arc<Mock>,
     Reaper,
-    tokio::task::JoinHandle<Result<RunReport, SandboxError>>,
+    tokio::task::JoinHandle<Result<RunOutput, SandboxError>>,
 ) {
     let m = Mock::new();
     m.frames(ok_frames());

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use createos_fake::{FakeOptions, FakeServer};
 use futures::future::BoxFuture;
 use langflow_backend::PoolUse;
-use langflow_backend::lifecycle::{RunReport, RunSpec, run_python_pooled};
+use langflow_backend::lifecycle::{RunOutput, RunSpec, run_python_pooled};
 use sandbox_core::Redactor;
 use sandbox_core::control::{
     CallError, ControlPlane, CreateGuest, Download, ExecRequest, ExecStream, GuestInfo, GuestStatus,
@@ -110,7 +110,7 @@ async fn run(
     p: &WarmPool,
     s: &RunSpec,
     code: &str,
-) -> RunReport {
+) -> RunOutput {
     run_python_pooled(
         cp.clone(),
         r,
@@ -199,12 +199,12 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
     // for its policy in the background.
     let first = run(&cp, &r, &p, &s, "print(1)").await;
     assert_eq!(first.pool, PoolUse::Miss);
-    assert_eq!(first.stdout.text, "1\n");
+    assert_eq!(first.stdout, "1\n");
     until(&p, "two ready guests", |s| s.ready == 2).await;
     let pooled: HashSet<String> = live_guests(&cp)
         .await
         .into_iter()
-        .filter(|g| name(g) != first.guest_name)
+        .filter(|g| name(g) != first.guest)
         .map(|g| name(&g).to_owned())
         .collect();
     assert_eq!(pooled.len(), 2, "{pooled:?}");
@@ -213,20 +213,16 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
     for _ in 0..2 {
         let out = run(&cp, &r, &p, &s, "print('warm')").await;
         assert_eq!(out.pool, PoolUse::Hit);
-        assert_eq!(out.stdout.text, "warm\n");
+        assert_eq!(out.stdout, "warm\n");
         assert_eq!(out.exit_code, 0);
+        assert!(pooled.contains(&out.guest), "{} not pooled", out.guest);
         assert!(
-            pooled.contains(&out.guest_name),
-            "{} not pooled",
-            out.guest_name
-        );
-        assert!(
-            used.insert(out.guest_name.clone()),
+            used.insert(out.guest.clone()),
             "a pooled guest was used twice"
         );
         // One round trip: the program travels inside the exec request.
-        assert_eq!(out.timings.requests, 1, "{:?}", out.timings);
-        assert_eq!(out.timings.create_ms, 0);
+        assert_eq!(out.timings.requests, Some(1), "{:?}", out.timings);
+        assert_eq!(out.timings.acquire_ms, Some(0));
         assert!(gone(&cp, &out.guest_id).await, "used guest not destroyed");
     }
     // No run uploads: the cold run's create response showed its egress, so its program
@@ -241,10 +237,10 @@ async fn a_pooled_guest_is_used_once_and_destroyed() {
     );
     let again = run(&cp, &r, &p, &s, &big).await;
     assert_eq!(again.pool, PoolUse::Hit);
-    assert_eq!(again.stdout.text, "2\n");
-    assert_eq!(again.timings.requests, 2, "{:?}", again.timings);
+    assert_eq!(again.stdout, "2\n");
+    assert_eq!(again.timings.requests, Some(2), "{:?}", again.timings);
     assert_eq!(requests(&fake, "upload"), 1);
-    assert!(!used.contains(&again.guest_name));
+    assert!(!used.contains(&again.guest));
     let st = p.stats();
     assert_eq!((st.hits, st.misses), (3, 1), "{st:?}");
     finish(p, r, fake).await;
@@ -262,7 +258,7 @@ async fn a_policy_mismatch_bypasses_the_pool() {
     let deny_guests: Vec<GuestInfo> = live_guests(&cp)
         .await
         .into_iter()
-        .filter(|g| name(g) != first.guest_name)
+        .filter(|g| name(g) != first.guest)
         .collect();
     assert_eq!(deny_guests.len(), 2);
 
@@ -270,7 +266,7 @@ async fn a_policy_mismatch_bypasses_the_pool() {
     let allow = spec(EgressPolicy::AllowAll);
     let out = run(&cp, &r, &p, &allow, "print('open')").await;
     assert_eq!(out.pool, PoolUse::Miss);
-    assert!(deny_guests.iter().all(|g| name(g) != out.guest_name));
+    assert!(deny_guests.iter().all(|g| name(g) != out.guest));
     assert_eq!(
         cp.egress(out.guest_id.clone()).await.unwrap(),
         Some(vec!["*".to_owned()])
@@ -319,18 +315,18 @@ async fn a_policy_mismatch_bypasses_the_pool() {
     for _ in 0..2 {
         let greeted = run(&cp, &r, &p, &with_env, greet).await;
         assert_eq!(greeted.pool, PoolUse::Miss);
-        assert_eq!(greeted.stdout.text, "hej\n");
+        assert_eq!(greeted.stdout, "hej\n");
     }
     until(&p, "warm for the env", |s| s.ready == 2 && s.discarded >= 4).await;
     let greeted = run(&cp, &r, &p, &with_env, greet).await;
     assert_eq!(greeted.pool, PoolUse::Hit);
-    assert_eq!(greeted.stdout.text, "hej\n");
+    assert_eq!(greeted.stdout, "hej\n");
     with_env
         .envs
         .insert("GREETING".to_owned(), "hallo".to_owned());
     let e2 = run(&cp, &r, &p, &with_env, greet).await;
     assert_eq!(e2.pool, PoolUse::Miss);
-    assert_eq!(e2.stdout.text, "hallo\n");
+    assert_eq!(e2.stdout, "hallo\n");
     // A longer timeout means a later auto-pause backstop: another policy too.
     let mut longer = with_env.clone();
     longer.limits.budget = Duration::from_secs(200);
@@ -358,7 +354,7 @@ async fn an_idled_out_guest_is_replaced_before_it_would_pause() {
     let before: Vec<GuestInfo> = live_guests(&cp)
         .await
         .into_iter()
-        .filter(|g| name(g) != first.guest_name)
+        .filter(|g| name(g) != first.guest)
         .collect();
     assert_eq!(before.len(), 1);
     // Past its idle limit it is retired and replaced, without any run asking.
@@ -366,7 +362,7 @@ async fn an_idled_out_guest_is_replaced_before_it_would_pause() {
     assert!(gone(&cp, &before[0].id).await, "the idled-out guest stays");
     let out = run(&cp, &r, &p, &s, "print('fresh')").await;
     assert_eq!(out.pool, PoolUse::Hit);
-    assert_ne!(out.guest_name, name(&before[0]));
+    assert_ne!(out.guest, name(&before[0]));
     assert_eq!(requests(&fake, "resume"), 0, "a pooled guest was resumed");
     finish(p, r, fake).await;
 }
@@ -383,7 +379,7 @@ async fn a_guest_the_control_plane_paused_is_never_handed_out_paused() {
     let pooled: Vec<GuestInfo> = live_guests(&cp)
         .await
         .into_iter()
-        .filter(|g| name(g) != first.guest_name)
+        .filter(|g| name(g) != first.guest)
         .collect();
     assert_eq!(pooled.len(), 1);
     // The control plane's clock jumps past the auto-pause backstop: the idle guest pauses
@@ -395,8 +391,8 @@ async fn a_guest_the_control_plane_paused_is_never_handed_out_paused() {
 
     let out = run(&cp, &r, &p, &s, "print('still works')").await;
     assert_eq!(out.pool, PoolUse::Replaced);
-    assert_eq!(out.stdout.text, "still works\n");
-    assert_ne!(out.guest_name, name(&pooled[0]));
+    assert_eq!(out.stdout, "still works\n");
+    assert_ne!(out.guest, name(&pooled[0]));
     assert!(gone(&cp, &pooled[0].id).await, "the paused guest stays");
     assert_eq!(requests(&fake, "resume"), 0, "the paused guest was resumed");
     // The run's program travels inside the exec request: the paused guest's control plane
@@ -513,7 +509,7 @@ async fn a_guest_failing_its_read_back_is_destroyed_and_the_run_uses_a_fresh_one
     liar.lie.store(false, Ordering::SeqCst);
     let out = run(&cp, &r, &p, &s, "print('fresh')").await;
     assert_eq!(out.pool, PoolUse::Miss);
-    assert_eq!(out.stdout.text, "fresh\n");
+    assert_eq!(out.stdout, "fresh\n");
     assert!(!bad.contains(&out.guest_id));
     // The run's own guest was read back honestly before its program ran.
     assert_eq!(requests(&fake, "egress_get"), 1);
@@ -565,7 +561,7 @@ async fn failing_refills_never_fail_a_run_and_back_off() {
     for _ in 0..2 {
         let out = run(&cp, &r, &p, &s, "print('warm')").await;
         assert_eq!(out.pool, PoolUse::Hit);
-        assert_eq!(out.stdout.text, "warm\n");
+        assert_eq!(out.stdout, "warm\n");
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let tried = requests(&fake, "create") - creates_before;
@@ -629,8 +625,8 @@ async fn a_declined_warm_exec_is_retried_on_the_same_pooled_guest() {
         let out = run(&cp, &r, &p, &s, "print('warm')").await;
         // Declined means not started: the same pooled guest gets the program again.
         assert_eq!(out.pool, PoolUse::Hit, "{faults}");
-        assert_eq!(out.stdout.text, "warm\n", "{faults}");
-        assert_eq!(out.timings.requests, 2, "{faults}: {:?}", out.timings);
+        assert_eq!(out.stdout, "warm\n", "{faults}");
+        assert_eq!(out.timings.requests, Some(2), "{faults}: {:?}", out.timings);
         assert_eq!(requests(&fake, "exec_stream"), execs + 2, "{faults}");
         assert_eq!(p.stats().discarded, 0, "{faults}");
         // No guest was created for the run (the refill's may have started).
@@ -726,7 +722,7 @@ async fn idle_counts_from_the_guests_last_accepted_call() {
     assert_eq!((st.ready, st.discarded), (1, 0), "{st:?}");
     let out = run(&cp, &r, &p, &s, "print(2)").await;
     assert_eq!(out.pool, PoolUse::Hit);
-    assert_eq!(out.stdout.text, "2\n");
+    assert_eq!(out.stdout, "2\n");
     finish(p, r, fake).await;
 }
 

@@ -119,7 +119,7 @@ async fn off_by_default_changes_nothing() {
         let out = b.run("print(1)", None, &policy()).await.unwrap();
         assert_eq!(out.pool, PoolUse::Off);
         // create, then the exec with the program (the create response showed the egress).
-        assert_eq!(out.timings.requests, 2, "{setting:?}");
+        assert_eq!(out.timings.requests, Some(2), "{setting:?}");
         assert_eq!(b.warm_pool(), PoolStats::default());
         assert!(doctor_line(&b.doctor(&policy()).await).contains("off"));
         b.shutdown().await;
@@ -135,7 +135,7 @@ async fn a_warm_run_is_one_exec_request() {
     let b = backend(&fake, Some("2"));
     let cold = b.run("print(1)", None, &policy()).await.unwrap();
     assert_eq!(cold.pool, PoolUse::Miss);
-    assert_eq!(cold.timings.requests, 2);
+    assert_eq!(cold.timings.requests, Some(2));
     until(&b, "two ready guests", |s| s.ready == 2).await;
     // The pool's idle guests belong to no run: a forked worker settling its run's guest
     // does not wait for them.
@@ -152,7 +152,7 @@ async fn a_warm_run_is_one_exec_request() {
     assert_eq!(warm.pool, PoolUse::Hit);
     assert_eq!(warm.stdout, "warm\n");
     // The pooled guest was verified when it was pooled; the program rides in the exec.
-    assert_eq!(warm.timings.requests, 1, "{:?}", warm.timings);
+    assert_eq!(warm.timings.requests, Some(1), "{:?}", warm.timings);
     assert_ne!(warm.guest, cold.guest);
 
     // Another policy (network on) is a miss, served as without a pool.
@@ -162,7 +162,7 @@ async fn a_warm_run_is_one_exec_request() {
     };
     let other = b.run("print('open')", None, &open).await.unwrap();
     assert_eq!(other.pool, PoolUse::Miss);
-    assert_eq!(other.timings.requests, 2);
+    assert_eq!(other.timings.requests, Some(2));
 
     let line = doctor_line(&b.doctor(&policy()).await);
     assert!(line.contains("2 guest(s)") && line.contains(VAR), "{line}");
@@ -212,7 +212,7 @@ async fn a_backend_without_pool_permission_keeps_no_idle_guest() {
     for _ in 0..2 {
         let out = b.run("print(1)", None, &policy()).await.unwrap();
         assert_eq!(out.pool, PoolUse::Off);
-        assert_eq!(out.timings.requests, 2);
+        assert_eq!(out.timings.requests, Some(2));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(fake.stats().created, 2, "guests were created ahead of time");

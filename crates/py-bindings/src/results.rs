@@ -69,6 +69,23 @@ pub struct Timings {
     requests: u32,
 }
 
+impl Timings {
+    /// The backend's phases of sandbox-core's one timings type, under the names this class has
+    /// always had (`create_ms` is getting the guest: a create, or a warm pool guest).
+    fn of(t: &sandbox_core::timings::Timings) -> Self {
+        Self {
+            create_ms: t.acquire_ms.unwrap_or_default(),
+            upload_ms: t.upload_ms.unwrap_or_default(),
+            exec_ms: t.exec_ms.unwrap_or_default(),
+            destroy_ms: t.destroy_ms,
+            total_ms: t.total_ms.unwrap_or_default(),
+            requests: t
+                .requests
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
 #[pymethods]
 impl Timings {
     fn __repr__(&self) -> String {
@@ -204,14 +221,7 @@ impl RunResult {
             stderr_truncated: out.stderr_truncated,
             guest: out.guest,
             outcome: out.outcome.as_str(),
-            timings: Timings {
-                create_ms: out.timings.create_ms,
-                upload_ms: out.timings.upload_ms,
-                exec_ms: out.timings.exec_ms,
-                destroy_ms: out.timings.destroy_ms,
-                total_ms: out.timings.total_ms,
-                requests: out.timings.requests,
-            },
+            timings: Timings::of(&out.timings),
         })
     }
 }

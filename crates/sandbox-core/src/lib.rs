@@ -23,6 +23,7 @@
 //! - [`surface`]: the surface kit every surface is built on: shared options, the one acquire
 //!   path (pool, create or acquire by name, the fallback from a pooled guest that refused, the
 //!   fork rule) and the lease that ends a run's guest.
+//! - [`timings`]: where a run's time went, phase by phase, one type for every surface.
 //! - [`output`], [`exec`], [`retry`], [`error`], [`vars`], [`kind`]: the pieces those are
 //!   built from.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
@@ -49,6 +50,7 @@ pub mod session;
 pub mod settings;
 pub mod shapes;
 pub mod surface;
+pub mod timings;
 pub mod vars;
 
 pub use error::{ErrorKind, Redactor, SandboxError};

@@ -280,15 +280,6 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 }
 
 impl Settings {
-    /// The shape [`ENV_SHAPE`] pins, if any, as [`crate::shapes::select_shape`] takes it.
-    pub fn shape_pin(&self) -> Option<crate::shapes::Pin<'_>> {
-        self.pinned_shape.as_deref().map(|id| crate::shapes::Pin {
-            id,
-            setting: ENV_SHAPE,
-            otherwise: "set it to auto",
-        })
-    }
-
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
         let (api_key, api_key_source) = match createos_api::api_key_from(lookup) {

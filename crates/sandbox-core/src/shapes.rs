@@ -32,6 +32,16 @@ pub struct Pin<'a> {
     pub otherwise: &'a str,
 }
 
+/// The shape [`crate::settings::ENV_SHAPE`] pins in `settings`, if any, as [`select_shape`]
+/// takes it.
+pub fn pin_of(settings: &crate::settings::Settings) -> Option<Pin<'_>> {
+    settings.pinned_shape.as_deref().map(|id| Pin {
+        id,
+        setting: crate::settings::ENV_SHAPE,
+        otherwise: "set it to auto",
+    })
+}
+
 /// The pinned shape from `catalog`, or the refusal naming the setting and the shapes there are.
 pub fn in_catalog<'c>(catalog: &'c [Shape], pin: &Pin<'_>) -> Result<&'c Shape, SandboxError> {
     catalog.iter().find(|s| s.id == pin.id).ok_or_else(|| {
