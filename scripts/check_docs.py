@@ -47,6 +47,7 @@ DOCS = (
     "README.md",
     "RELEASING.md",
     "CONTRIBUTING.md",
+    "CHANGELOG.md",
     "docs/*.md",
     "crates/*/README.md",
     "tests/*/README.md",

@@ -16,18 +16,20 @@
 //! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
 //! what a flow's guest image needs and bakes it as a CreateOS template.
 
+mod error;
+mod flow_run;
 pub mod frames;
 pub mod job;
-mod run;
 pub mod runner;
 pub mod settings;
+mod start;
 pub mod template;
 pub mod timings;
+mod warm;
 
+pub use error::ExecutorError;
+pub use flow_run::{Event, FlowRun};
 pub use frames::{Bound, FrameLimits, Payload};
 pub use job::{FlowRequest, Mode, RunHead};
-pub use run::{
-    DEFAULT_MAX_FRAME_BYTES, EnvLookup, Event, Executor, ExecutorError, ExecutorOptions, FlowRun,
-    Plan,
-};
-pub use timings::FlowTimings;
+pub use start::{DEFAULT_MAX_FRAME_BYTES, EnvLookup, Executor, ExecutorOptions, Plan};
+pub use timings::Timings;

@@ -15,8 +15,8 @@ use sandbox_core::retry::{Backoff, retry_until};
 use sandbox_core::session::Session;
 use tokio::time::Instant;
 
-use crate::run::{EnvLookup, ExecutorError};
 use crate::settings::{ENV_ROOTFS, valid_requirement};
+use crate::{EnvLookup, ExecutorError};
 
 /// The image every template starts from (the CreateOS base with `python3` and GNU `timeout`).
 pub const BASE_IMAGE: &str = "nodeops/sandbox:debian";

@@ -124,13 +124,13 @@ impl ComponentRun {
         results.set_item("stdout_truncated", out.stdout_truncated)?;
         results.set_item("stderr_truncated", out.stderr_truncated)?;
         let t = PyDict::new(py);
-        t.set_item("acquire_ms", out.timings.acquire_ms)?;
-        t.set_item("upload_ms", out.timings.upload_ms)?;
-        t.set_item("exec_ms", out.timings.exec_ms)?;
-        t.set_item("files_ms", out.timings.files_ms)?;
-        t.set_item("destroy_ms", out.timings.destroy_ms)?;
-        t.set_item("total_ms", out.timings.total_ms)?;
-        t.set_item("requests", out.timings.requests)?;
+        // The component's phases of the shared timings type, as whole numbers (the keys its
+        // Results have always had).
+        for (phase, value) in out.timings.fields() {
+            if let Some(value) = value {
+                t.set_item(phase, value)?;
+            }
+        }
         results.set_item("timings", t)?;
         results.set_item("notes", out.notes)?;
         if let Some(e) = out.error {

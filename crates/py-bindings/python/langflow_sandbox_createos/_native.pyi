@@ -347,9 +347,11 @@ class FlowEvents:
     @property
     def timings(self) -> dict[str, int | None]:
         """Milliseconds per phase of the run so far (``None``: not reached); complete once the
-        run ended: ``plan_ms``, ``files_ms``, ``open_ms``, ``create_ms``, ``dispatch_ms``,
+        run ended: ``plan_ms``, ``files_ms``, ``open_ms``, ``acquire_ms``, ``dispatch_ms``,
         ``host_context_ms``, ``job_ms``, ``runner_ready_ms``, ``guest_preload_ms``,
-        ``guest_wait_ms``, ``rebuild_ms``, ``first_event_ms``, ``total_ms``."""
+        ``guest_wait_ms``, ``rebuild_ms``, ``first_event_ms``, ``total_ms`` (and, always ``None``
+        for a flow run, the other phases every surface's timings share: ``upload_ms``,
+        ``exec_ms``, ``destroy_ms``, ``requests``)."""
 
 @final
 class FlowWake:

@@ -642,6 +642,16 @@ async def _say_what_is_sandboxed() -> None:
     _logger.log(logging.INFO if covered else logging.WARNING, "%s", text)
 
 
+def _report(span: Any, events: Any) -> None:
+    """The run's outcome and phase timings on its span, as the native side decided them (the
+    outcome only once the run ended; ``stopped`` when the reader stopped before the end)."""
+    if events.outcome is not None:
+        span.set_attribute("createos.outcome", events.outcome)
+    for phase, value in events.timings.items():
+        if value is not None:
+            span.set_attribute(f"createos.timings.{phase}", value)
+
+
 class CreateOSExecutor(Executor):
     """Runs each flow in a fresh CreateOS microVM and streams its vertices back live.
 
@@ -699,14 +709,12 @@ class CreateOSExecutor(Executor):
                     outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=sink.ids), data)
                     if events.mode == "stream":
                         yield StepResult(payload=Finish())
-                    span.set_attribute("createos.outcome", "ok")
-                    for phase, value in events.timings.items():
-                        if value is not None:
-                            span.set_attribute(f"createos.timings.{phase}", value)
+                    _report(span, events)
                     yield RunComplete(outputs=outputs)
                     return
             finally:
                 await events.aclose()
+                _report(span, events)
 
     def __repr__(self) -> str:
         return "<CreateOSExecutor kind='createos'>"

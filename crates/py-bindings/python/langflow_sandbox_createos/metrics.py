@@ -463,8 +463,9 @@ def _ensure_pump() -> None:
 class RunSpan(Protocol):
     """What :func:`run_scope` yields: lfx's span scope, or a stand-in that records nothing."""
 
-    def set_attribute(self, key: str, value: str) -> None:
-        """Records an identifier on the span (never code, output or a message)."""
+    def set_attribute(self, key: str, value: str | int) -> None:
+        """Records an identifier or a phase's milliseconds on the span (never code, output or a
+        message)."""
         ...
 
     def record_error(self, error_type: str) -> None:
@@ -477,7 +478,7 @@ class _NoSpan:
 
     __slots__ = ()
 
-    def set_attribute(self, key: str, value: str) -> None:
+    def set_attribute(self, key: str, value: str | int) -> None:
         """Nothing to record on."""
 
     def record_error(self, error_type: str) -> None:
@@ -553,27 +554,22 @@ def _span(surface: str) -> Generator[RunSpan, None, None]:
             yield span
         except GeneratorExit as exc:
             # The executor's consumer stopped reading (after the end, or early: its guest is
-            # destroyed all the same): not a failed call.
-            if span.outcome is None:
-                span.set_attribute("createos.outcome", "stopped")
+            # destroyed all the same, and the native side reports `stopped`): not a failed call.
             stopped = exc
     if stopped is not None:
         raise stopped
 
 
 class _SpanScope:
-    """lfx's span scope, remembering whether the run's outcome was set."""
+    """lfx's span scope, as a run's code sees it."""
 
-    __slots__ = ("outcome", "scope")
+    __slots__ = ("scope",)
 
     def __init__(self, scope: Any) -> None:
         self.scope = scope
-        self.outcome: str | None = None
 
-    def set_attribute(self, key: str, value: str) -> None:
-        """Records an identifier on the span."""
-        if key == "createos.outcome":
-            self.outcome = value
+    def set_attribute(self, key: str, value: str | int) -> None:
+        """Records an identifier (or a phase's milliseconds) on the span."""
         self.scope.set_attribute(key, value)
 
     def record_error(self, error_type: str) -> None:

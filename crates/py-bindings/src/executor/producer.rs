@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt as _;
-use langflow_executor::{Event, ExecutorError, FlowRun, FlowTimings};
+use langflow_executor::{Event, ExecutorError, FlowRun, Timings};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 
@@ -48,8 +48,12 @@ pub(super) trait Run {
     /// When the host gives up on the run, whatever the guest does.
     fn host_deadline(&self) -> Instant;
     /// Where the run's time went so far.
-    fn timings(&self) -> FlowTimings {
-        FlowTimings::default()
+    fn timings(&self) -> Timings {
+        Timings::default()
+    }
+    /// How the run ended, once it ended.
+    fn outcome(&self) -> Option<&'static str> {
+        None
     }
 }
 
@@ -66,8 +70,12 @@ impl Run for FlowRun {
         FlowRun::host_deadline(self)
     }
 
-    fn timings(&self) -> FlowTimings {
+    fn timings(&self) -> Timings {
         FlowRun::timings(self)
+    }
+
+    fn outcome(&self) -> Option<&'static str> {
+        FlowRun::outcome(self)
     }
 }
 
@@ -118,13 +126,17 @@ pub(super) struct Producer {
     pub(super) wake: UnixStream,
     pub(super) stop: Arc<Notify>,
     pub(super) stopping: Arc<AtomicBool>,
-    pub(super) timings: Arc<Mutex<FlowTimings>>,
+    pub(super) timings: Arc<Mutex<Timings>>,
+    pub(super) outcome: Arc<Mutex<Option<&'static str>>>,
 }
 
 impl Producer {
-    /// Publishes `run`'s phases so far to the consumer.
+    /// Publishes `run`'s phases so far, and its outcome once it ended, to the consumer.
     fn publish<R: Run>(&self, run: &R) {
         *self.timings.lock().unwrap_or_else(PoisonError::into_inner) = run.timings();
+        if let Some(outcome) = run.outcome() {
+            *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+        }
     }
 
     fn wake(&self) {

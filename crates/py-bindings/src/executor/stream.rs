@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use langflow_executor::frames::{MAX_FRAME_BYTES, escape_controls};
-use langflow_executor::{Event, ExecutorError, FlowRequest, FlowTimings};
+use langflow_executor::{Event, ExecutorError, FlowRequest, Timings};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration};
 use pyo3::prelude::*;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -63,7 +63,9 @@ pub(super) struct Shared {
     pub(super) stopping: Arc<AtomicBool>,
     pub(super) finished: Arc<AtomicBool>,
     /// The run's phases so far, published by the producer.
-    pub(super) timings: Arc<Mutex<FlowTimings>>,
+    pub(super) timings: Arc<Mutex<Timings>>,
+    /// How the run ended, published by the producer once it did.
+    pub(super) outcome: Arc<Mutex<Option<&'static str>>>,
     /// Where the rest of the request goes ([`FlowEvents::supply`]), until it is sent.
     pub(super) body: Mutex<Option<oneshot::Sender<Result<FlowRequest, ExecutorError>>>>,
 }
@@ -311,6 +313,18 @@ impl FlowEvents {
         }
     }
 
+    /// How the run ended, as its span reports it (`ok`, `program_failed`, `timed_out`,
+    /// `refused`, `may_have_run`, or `stopped` when the consumer stopped reading before the
+    /// end), decided by the native side; `None` until it ended.
+    #[getter]
+    fn outcome(&self) -> Option<&'static str> {
+        *self
+            .shared
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Where the run's time went so far, in milliseconds per phase (`None` for a phase not
     /// reached): complete once the run ended. See `langflow_executor::timings`.
     #[getter]
@@ -379,7 +393,8 @@ pub(super) fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
         flag: Arc::clone(&finished),
         wake: wake_write.try_clone()?,
     };
-    let timings = Arc::new(Mutex::new(FlowTimings::default()));
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let outcome = Arc::new(Mutex::new(None));
     let producer = Producer {
         tx,
         room: Arc::new(Semaphore::new(QUEUE_BYTES)),
@@ -387,6 +402,7 @@ pub(super) fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
         stop: Arc::clone(&stop),
         stopping: Arc::clone(&stopping),
         timings: Arc::clone(&timings),
+        outcome: Arc::clone(&outcome),
     };
     let shared = Shared {
         rx: Mutex::new(rx),
@@ -395,6 +411,7 @@ pub(super) fn pipe() -> std::io::Result<(Producer, Shared, Finished)> {
         stopping,
         finished,
         timings,
+        outcome,
         body: Mutex::new(None),
     };
     Ok((producer, shared, done))

@@ -1,7 +1,8 @@
-//! Deleting the component's reused guests (`lf-c-…`) older than a limit:
-//! `python -m langflow_sandbox_createos reap --older-than 1h`.
+//! The operator's listing and deletion of old kept guests: the component's reused guests
+//! (`lf-c-…`, Guest Reuse: flow or session) created longer ago than a limit,
+//! `python -m langflow_sandbox_createos reap --older-than 1h` (`--dry-run` only lists them).
 //!
-//! A reused guest outlives the flow run by design; auto-pause bounds its cost but nothing
+//! A kept guest outlives the flow run by design; auto-pause bounds its cost but nothing
 //! deletes it. The orphan sweep never touches one (it may be needed by the next run), so
 //! bounding their age is the operator's call, made here.
 

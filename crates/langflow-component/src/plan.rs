@@ -1,0 +1,253 @@
+//! What an execution decides before any I/O: the `Plan` (settings, egress, the domain grant,
+//! the clocks, the `Program` and the pinned shape), and the refusals that need no guest, in the
+//! order a user would fix them (`SandboxComponent::plan`, `check_command`; `choose_shape` once
+//! the catalog is read). Also the two pure helpers the Python component calls: [`strip_fence`]
+//! and [`describe`].
+
+use std::time::Duration;
+
+use sandbox_core::SandboxError;
+use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
+use sandbox_core::exec::ExecLimits;
+use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
+use sandbox_core::plan::{self, Base, NetworkAsk};
+use sandbox_core::settings::{Settings, parse_bool, read_flag};
+use sandbox_core::shapes::{Pin, Shape, select_shape};
+
+use crate::{
+    ARTIFACTS_DIR, ARTIFACTS_ENV, ComponentInputs, DOMAIN_SETTING_NAMES,
+    ENV_ACCEPT_EGRESS_EXCEPTIONS, MAX_COMMAND_BYTES, MAX_TIMEOUT_SECONDS, Reuse, SETTING_NAMES,
+    SandboxComponent, input,
+};
+
+/// What a run executes.
+pub(crate) enum Program {
+    /// Python source, uploaded and run with `python3 -u`.
+    Python(String),
+    /// A shell script run with `sh -c`.
+    Shell(String),
+}
+
+/// Everything an execution decides before any I/O.
+pub(crate) struct Plan {
+    pub(crate) settings: Settings,
+    pub(crate) egress: EgressPolicy,
+    pub(crate) grant: Option<Grant>,
+    pub(crate) limits: ExecLimits,
+    pub(crate) program: Program,
+    pub(crate) pinned_shape: Option<(String, &'static str)>,
+}
+
+/// Removes one markdown fence around the whole text (```` ```python … ``` ````), as agents
+/// write code; anything else is left as it is.
+pub fn strip_fence(code: &str) -> &str {
+    let t = code.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return code;
+    };
+    let Some(body) = rest.strip_suffix("```") else {
+        return code;
+    };
+    match body.split_once('\n') {
+        Some((lang, inner)) if lang.trim().chars().all(|c| c.is_ascii_alphanumeric()) => inner,
+        _ => code,
+    }
+}
+
+/// The node's description for a user or an agent: the effective network policy and the
+/// reuse mode, as a run with these inputs would get them under `env`'s settings.
+pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
+    let network = if allow_network {
+        if GatewaySetting::from_lookup(env).is_ready() {
+            "Network: on, unrestricted egress; with Allowed Domains, only those names, through \
+             the operator's egress gateway (a program that ignores the proxy settings reaches \
+             nothing)."
+                .to_owned()
+        } else {
+            "Network: on, unrestricted egress (CreateOS cannot restrict by domain, and no \
+             egress gateway is configured, so Allowed Domains is refused)."
+                .to_owned()
+        }
+    } else {
+        let accepted = env(ENV_ACCEPT_EGRESS_EXCEPTIONS)
+            .and_then(|raw| parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw).ok())
+            .unwrap_or(false);
+        if accepted {
+            format!(
+                "Network: off, deny-all egress; only {LINK_LOCAL_HOLE} (the VM metadata \
+                 service) stays reachable."
+            )
+        } else {
+            format!(
+                "Network: off, deny-all egress, which CreateOS cannot make complete \
+                 ({LINK_LOCAL_HOLE} stays reachable), so runs are refused until the operator \
+                 sets {ENV_ACCEPT_EGRESS_EXCEPTIONS}=true."
+            )
+        }
+    };
+    let reuse = match reuse {
+        Reuse::Off => "Guest reuse: off, a fresh microVM per run, destroyed afterwards.",
+        Reuse::Flow => {
+            "Guest reuse: flow, one microVM per flow and node kept between runs (installed \
+             packages and files carry over; every user and concurrent run of the flow shares \
+             it)."
+        }
+        Reuse::Session => {
+            "Guest reuse: session, one microVM per flow, node and Langflow session kept \
+             between that session's runs (installed packages and files carry over; other \
+             sessions get their own)."
+        }
+    };
+    format!(
+        "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
+         {reuse} Files a run writes to {ARTIFACTS_DIR} (${ARTIFACTS_ENV}) can be returned, only \
+         that run's."
+    )
+}
+
+impl SandboxComponent {
+    /// The refusals that need no I/O, in the order a user would fix them.
+    pub(crate) fn plan(&self, inputs: &ComponentInputs) -> Result<Plan, SandboxError> {
+        let settings = self.surface.settings()?;
+        let accept_exceptions =
+            read_flag(&|k| self.surface.lookup(k), ENV_ACCEPT_EGRESS_EXCEPTIONS)?;
+        if !(1..=MAX_TIMEOUT_SECONDS).contains(&inputs.timeout_seconds) {
+            return Err(SandboxError::refused(format!(
+                "{} is {}; set it between 1 and {MAX_TIMEOUT_SECONDS}",
+                input::TIMEOUT,
+                inputs.timeout_seconds
+            )));
+        }
+        let program = if inputs.command.trim().is_empty() {
+            let code = strip_fence(&inputs.python_code);
+            if code.trim().is_empty() {
+                return Err(SandboxError::refused(format!(
+                    "nothing to run: {} and {} are both empty",
+                    input::PYTHON_CODE,
+                    input::COMMAND
+                )));
+            }
+            Program::Python(code.to_owned())
+        } else {
+            check_command(&inputs.command)?;
+            Program::Shell(inputs.command.clone())
+        };
+        let shape = inputs.shape.trim();
+        let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
+            settings
+                .pinned_shape
+                .clone()
+                .map(|s| (s, sandbox_core::settings::ENV_SHAPE))
+        } else if shape
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            Some((shape.to_owned(), input::SHAPE))
+        } else {
+            return Err(SandboxError::refused(format!(
+                "{} is {shape:?}, which is not a shape id (e.g. s-2vcpu-4gb)",
+                input::SHAPE
+            )));
+        };
+        let limits = self
+            .surface
+            .limits(Duration::from_secs(u64::from(inputs.timeout_seconds)));
+        // A bad entry is refused even with Allow Network off, where the list is not used.
+        let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)?;
+        let unused = Domains::default();
+        let on = inputs.allow_network;
+        let ask = NetworkAsk {
+            base: if on { Base::Open } else { Base::Off },
+            domains: if on { &domains } else { &unused },
+            domains_setting: input::ALLOWED_DOMAINS,
+            accept_exceptions,
+            names: &SETTING_NAMES,
+            domain_names: &DOMAIN_SETTING_NAMES,
+        };
+        let net = plan::network(&settings.gateway, &ask)?;
+        let (egress, grant) = (net.egress.clone(), net.grant(limits.host_deadline()));
+        settings.require_key()?;
+        Ok(Plan {
+            settings,
+            egress,
+            grant,
+            limits,
+            program,
+            pinned_shape,
+        })
+    }
+}
+
+/// Refuses a Command that cannot travel as one argument of the exec request: one with a NUL
+/// byte (no argument can carry it) or longer than [`MAX_COMMAND_BYTES`]. Either would cost a
+/// guest and then fail in it.
+fn check_command(command: &str) -> Result<(), SandboxError> {
+    let why = if let Some(at) = command.bytes().position(|b| b == 0) {
+        format!("contains a NUL byte (at byte {at}), which no command argument can carry")
+    } else if command.len() > MAX_COMMAND_BYTES {
+        format!("is {} bytes long", command.len())
+    } else {
+        return Ok(());
+    };
+    Err(SandboxError::refused(format!(
+        "{} {why}; a command is sent as one argument of the exec request, at most \
+         {MAX_COMMAND_BYTES} bytes and with no NUL byte. Put a long script in {} instead: it \
+         is uploaded as a file (a shell script can run from there with subprocess)",
+        input::COMMAND,
+        input::PYTHON_CODE
+    )))
+}
+
+pub(crate) fn choose_shape(
+    catalog: &[Shape],
+    pinned: Option<&(String, &'static str)>,
+) -> Result<Shape, SandboxError> {
+    // A pinned shape is the user's choice, whatever its memory; otherwise at least 4 GiB.
+    let pin = pinned.map(|(id, setting)| Pin {
+        id,
+        setting,
+        otherwise: "leave it blank",
+    });
+    Ok(select_shape(catalog, 0, pin, input::SHAPE)?.shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_are_removed_only_around_the_whole_text() {
+        assert_eq!(strip_fence("```python\nprint(1)\n```"), "print(1)\n");
+        assert_eq!(strip_fence("```\nprint(1)\n```"), "print(1)\n");
+        assert_eq!(strip_fence("print('```')"), "print('```')");
+        assert_eq!(strip_fence("x = 1"), "x = 1");
+    }
+
+    #[test]
+    fn descriptions_state_policy_and_reuse() {
+        let none = |_: &str| None;
+        let accepted = |k: &str| (k == ENV_ACCEPT_EGRESS_EXCEPTIONS).then(|| "true".to_owned());
+        let d = describe(false, Reuse::Off, &none);
+        assert!(d.contains("deny-all") && d.contains("refused"), "{d}");
+        assert!(d.contains("fresh microVM per run"), "{d}");
+        let d = describe(false, Reuse::Flow, &accepted);
+        assert!(d.contains("deny-all") && !d.contains("refused"), "{d}");
+        assert!(d.contains("kept between runs"), "{d}");
+        let d = describe(true, Reuse::Off, &none);
+        assert!(d.contains("unrestricted"), "{d}");
+        let d = describe(true, Reuse::Session, &none);
+        assert!(
+            d.contains("Langflow session") && d.contains("only that run's"),
+            "{d}"
+        );
+        assert!(d.contains("Allowed Domains is refused"), "{d}");
+        let gateway = |k: &str| match k {
+            "CREATEOS_GATEWAY_URL" => Some("http://10.0.0.5:3128".to_owned()),
+            "CREATEOS_GATEWAY_SECRET" => Some("0123456789abcdef0123456789abcdef".to_owned()),
+            _ => None,
+        };
+        let d = describe(true, Reuse::Off, &gateway);
+        assert!(d.contains("with Allowed Domains, only those names"), "{d}");
+        assert!(!d.contains("0123456789abcdef"), "{d}");
+    }
+}
