@@ -26,14 +26,14 @@
 //!   one address the limits hold per replica.
 
 pub mod addr;
-pub mod allowlist;
+pub use egress_credential::allowlist;
 pub mod cli;
 mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 mod server;
 pub mod tls;
-pub mod token;
+pub use egress_credential::token;
 
 pub use config::GatewayConfig;
 pub use server::{REASON_HEADER, serve, serve_until};

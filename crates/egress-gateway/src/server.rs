@@ -236,7 +236,7 @@ impl Shared {
             *last = Instant::now();
         }
         drop(last);
-        Arc::clone(creds.entry(cred.id).or_insert_with(|| {
+        Arc::clone(creds.entry(cred.id()).or_insert_with(|| {
             Arc::new(CredState {
                 active: AtomicU32::new(0),
                 bytes: AtomicU64::new(0),

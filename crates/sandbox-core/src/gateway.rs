@@ -18,10 +18,10 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use egress_gateway::allowlist::Pattern;
+use egress_credential::allowlist::Pattern;
 /// The shared secret (re-exported from the gateway crate; its `Debug` never shows it).
-pub use egress_gateway::token::Secret;
-use egress_gateway::token::{MAX_ENTRIES, MAX_TTL, MIN_SECRET_BYTES, TokenError};
+pub use egress_credential::token::Secret;
+use egress_credential::token::{MAX_ENTRIES, MAX_TTL, MIN_SECRET_BYTES, TokenError};
 
 use crate::egress::{EgressPolicy, validate_address_rule};
 use crate::error::SandboxError;
@@ -30,7 +30,7 @@ use crate::vars::{SettingNames, non_blank};
 /// `CREATEOS_GATEWAY_URL`: the gateway as guests reach it, `http://IP:PORT`.
 pub const ENV_GATEWAY_URL: &str = "CREATEOS_GATEWAY_URL";
 /// `CREATEOS_GATEWAY_SECRET`: the secret shared with the gateway (at least 32 bytes).
-pub const ENV_GATEWAY_SECRET: &str = egress_gateway::token::SECRET_ENV;
+pub const ENV_GATEWAY_SECRET: &str = egress_credential::token::SECRET_ENV;
 /// `CREATEOS_GATEWAY_TOKEN_TTL_SECONDS`: the lifetime of a run's token (default: the run's
 /// budget plus [`TOKEN_SLACK`]).
 pub const ENV_GATEWAY_TOKEN_TTL: &str = "CREATEOS_GATEWAY_TOKEN_TTL_SECONDS";
@@ -349,7 +349,8 @@ impl Gateway {
             .strip_prefix(&format!("http://{PROXY_USER}:"))
             .and_then(|rest| rest.strip_suffix(&format!("@{}", self.addr)))
             .ok_or_else(|| format!("the proxy is not http://{PROXY_USER}:TOKEN@{}", self.addr))?;
-        let cred = egress_gateway::verify(&self.secret, token, now).map_err(|e| e.to_string())?;
+        let cred =
+            egress_credential::verify(&self.secret, token, now).map_err(|e| e.to_string())?;
         Ok(Granted {
             domains: cred
                 .allowlist
@@ -416,7 +417,7 @@ impl Grant {
     /// the proxy ones set to `http://run:TOKEN@IP:PORT` with a fresh token for `guest` and
     /// these domains, the no-proxy ones empty.
     pub fn env_for(&self, guest: &str) -> Result<BTreeMap<String, String>, SandboxError> {
-        let token = egress_gateway::mint(
+        let token = egress_credential::mint(
             &self.gateway.secret,
             guest,
             self.domains.entries(),

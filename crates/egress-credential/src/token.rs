@@ -47,7 +47,8 @@ pub const MAX_GUEST: usize = 128;
 /// The longest token accepted, in characters (checked before decoding).
 pub const MAX_TOKEN_CHARS: usize = 4096;
 
-const MAC_LEN: usize = 32;
+/// The length of a token's MAC (HMAC-SHA256), and so of [`Credential::id`].
+pub const MAC_LEN: usize = 32;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -150,7 +151,15 @@ pub struct Credential {
     pub expires_at: SystemTime,
     /// The token's MAC: a stable identity for per-credential limits (not secret on its own,
     /// never logged).
-    pub(crate) id: [u8; MAC_LEN],
+    id: [u8; MAC_LEN],
+}
+
+impl Credential {
+    /// The token's MAC: one key per credential for the gateway's per-credential limits (two
+    /// tokens minted alike are still two credentials). Not secret on its own; never logged.
+    pub fn id(&self) -> [u8; MAC_LEN] {
+        self.id
+    }
 }
 
 fn valid_guest(guest: &str) -> bool {
