@@ -32,13 +32,10 @@ from conftest import FAKE_KEY, start_fake  # noqa: E402
 PROGRAM = "import time; print('%.6f' % time.time())"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--latency-ms", type=int, default=20)
-    parser.add_argument("--runs", type=int, default=14, help="runs per spacing (the first 2 are not counted)")
-    args = parser.parse_args()
-    fake = start_fake(latency_ms=args.latency_ms)
-    hostport = fake.url.split("//", 1)[1].split("/", 1)[0]
+def floor_runs(url: str, runs: int, space: float) -> list[tuple[float, float]]:
+    """``runs`` warm runs against the fake at ``url``, ``space`` seconds apart: for each, the
+    milliseconds from the request to the guest's print and from the print to the response's end."""
+    hostport = url.split("//", 1)[1].split("/", 1)[0]
     headers = {"x-api-key": FAKE_KEY, "content-type": "application/json"}
     local = threading.local()
 
@@ -65,26 +62,41 @@ def main() -> int:
             pool.append(new)
 
     background: list[threading.Thread] = []
+    rows = []
+    try:
+        for _ in range(runs):
+            time.sleep(space)
+            while True:
+                with lock:
+                    if pool:
+                        sid = pool.popleft()
+                        break
+                time.sleep(0.001)
+            start = time.time()
+            body = call("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "python3", "args": ["-c", PROGRAM], "stream": True})
+            end = time.time()
+            printed = float(json.loads(body.decode().splitlines()[0])["stdout"])
+            rows.append(((printed - start) * 1000, (end - printed) * 1000))
+            t = threading.Thread(target=replace, args=(sid,))
+            t.start()
+            background.append(t)
+    finally:
+        for t in background:
+            t.join(timeout=60)
+        for sid in pool:
+            call("DELETE", f"/v1/sandboxes/{sid}")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-ms", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=14, help="runs per spacing (the first 2 are not counted)")
+    args = parser.parse_args()
+    fake = start_fake(latency_ms=args.latency_ms)
     try:
         for space in (0.0, 0.3):
-            rows = []
-            for _ in range(args.runs):
-                time.sleep(space)
-                while True:
-                    with lock:
-                        if pool:
-                            sid = pool.popleft()
-                            break
-                    time.sleep(0.001)
-                start = time.time()
-                body = call("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "python3", "args": ["-c", PROGRAM], "stream": True})
-                end = time.time()
-                printed = float(json.loads(body.decode().splitlines()[0])["stdout"])
-                rows.append(((printed - start) * 1000, (end - printed) * 1000))
-                t = threading.Thread(target=replace, args=(sid,))
-                t.start()
-                background.append(t)
-            kept = rows[2:]
+            kept = floor_runs(fake.url, args.runs, space)[2:]
             print(
                 f"{'back to back' if not space else f'{space * 1000:.0f} ms apart'}: "
                 f"median {statistics.median(a + b for a, b in kept):.1f} ms; "
@@ -92,8 +104,6 @@ def main() -> int:
                 f"print to end {statistics.median(b for _, b in kept):.0f} ms"
             )
     finally:
-        for t in background:
-            t.join(timeout=60)
         fake.stop()
     return 0
 

@@ -808,12 +808,7 @@ def main() -> int:
     job_path = sys.argv[2] if wait else (sys.argv[1] if len(sys.argv) > 1 else default_job)
     # lfx and the graph machinery first: the host uploads the job meanwhile.
     began = time.monotonic()
-    lfx_version = _import_lfx({})
-    if lfx_version is not None:
-        try:
-            _preload()
-        except Exception:  # noqa: BLE001 - the flow's own build reports what is broken
-            traceback.print_exc(file=sys.stderr)
+    lfx_version = _preloaded()
     preloaded = time.monotonic()
     job = _read_job(job_path, wait=wait)
     if job is None:
@@ -844,6 +839,34 @@ def main() -> int:
 #   expired, or the host stopped the run), the runner exits at once.
 
 EXIT_CLIENT_GONE = 125
+
+
+def _preloaded(*, strict: bool = False) -> str | None:
+    """lfx's version once it and the graph machinery are imported (None when lfx is missing,
+    and with ``strict`` when the preload failed: the warm pool then does not use the guest).
+
+    The cyclic garbage collector is paused meanwhile: importing lfx creates hundreds of
+    thousands of long-lived objects (modules, classes, pydantic models), and collecting among
+    them is most of a second of the import's CPU for nothing. What was built is then moved to
+    the permanent generation (``gc.freeze``), so the flow's own collections do not walk it
+    either, and the collector runs as usual for the flow.
+    """
+    import gc
+
+    gc.disable()
+    try:
+        lfx_version = _import_lfx({})
+        if lfx_version is not None:
+            try:
+                _preload()
+            except Exception:  # noqa: BLE001 - the flow's own build (or the pool) reports it
+                traceback.print_exc(file=sys.stderr)
+                if strict:
+                    lfx_version = None
+        gc.freeze()
+    finally:
+        gc.enable()
+    return lfx_version
 
 
 def _preload() -> None:
@@ -897,13 +920,7 @@ def serve(name: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(8)
-    lfx_version = _import_lfx({})
-    if lfx_version is not None:
-        try:
-            _preload()
-        except Exception:  # noqa: BLE001 - reported to the pool, which does not use this guest
-            traceback.print_exc(file=sys.stderr)
-            lfx_version = None
+    lfx_version = _preloaded(strict=True)
     print(f"preloaded runner: lfx {lfx_version or 'missing'}; listening", file=sys.stderr, flush=True)
     while True:
         conn, _ = listener.accept()
