@@ -72,6 +72,8 @@ def child(python: Path, what: str, runs: int, env: dict[str, str]) -> dict[str, 
 def command(args: argparse.Namespace) -> str:
     """The options that shaped the figures, as a reader would type them (``--write`` left out)."""
     words = [f"--rounds {args.rounds}"]
+    if args.ours_venv:
+        words.append(f"--ours-venv {args.ours_venv.name}")
     if args.backend_runs != 50:
         words.append(f"--backend-runs {args.backend_runs}")
     if args.before_venv:
@@ -90,9 +92,14 @@ def main() -> int:
     parser.add_argument("--backend-runs", type=int, default=50)
     parser.add_argument("--write", type=Path, default=None)
     parser.add_argument("--before-venv", type=Path, default=None)
+    # A venv like a user's (lfx 1.13.0 and this wheel only). The CI venv's extra packages (the
+    # stub checkers, selenium, the release tools) made each backend run cost ~25% more host CPU
+    # in one measurement, which says nothing about this project.
+    parser.add_argument("--ours-venv", type=Path, default=None)
     parser.add_argument("--before-label", default="before")
     args = parser.parse_args()
-    ours, plugin = Path(sys.executable), plugin_venv(args.plugin_venv)
+    ours = args.ours_venv / "bin" / "python" if args.ours_venv else Path(sys.executable)
+    plugin = plugin_venv(args.plugin_venv)
     fake = start_fake(latency_ms=LATENCY_MS)
     try:
         env = backend_env(fake)
