@@ -190,7 +190,9 @@ def drain_events(
     """What this process observed since the last call, added up: ``(tallies, run_seconds,
     usages, dropped)``. ``tallies``: one ``(kind, label, label, value)`` per family and labels
     that changed: ``("guest_created", surface, "", n)``, ``("guest_destroyed", surface,
-    reason, n)``, ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
+    reason, n)``, ``("guest_adopted", surface, "", n)`` and ``("guest_let_go", surface, "",
+    n)`` (a kept guest of another process held here, and one released alive: with created
+    and destroyed they make the live gauge), ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
     outcome, n)``, ``("control_request", route, status_class, n)``, ``("pool", surface,
     "hit" | "miss", n)``, ``("admission_wait", surface, "", n)``,
     ``("admission_wait_seconds", surface, "", seconds)``, ``("admission_refused", surface,
@@ -198,7 +200,8 @@ def drain_events(
     run, oldest first. ``usages``: with ``usage=True``, a dict per destroyed guest, oldest
     first (``surface``, ``guest``, ``flow_id``, ``node_id``, ``session_hash``, ``shape``,
     ``rootfs``, ``egress``, ``created_at`` and ``destroyed_at`` (Unix seconds),
-    ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``); with
+    ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``, ``worker``
+    (the pid that held it) and ``host``); with
     ``usage=False`` they are discarded. ``dropped``: run durations and usage records dropped
     meanwhile (each list holds 65 536; counts never drop). Empty before ``enable_events()``;
     a forked child starts empty. Never a key, code or output."""

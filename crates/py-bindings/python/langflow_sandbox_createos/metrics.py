@@ -201,6 +201,10 @@ class _Prometheus:
             elif kind == "guest_destroyed":
                 child(self.destroyed, a, b).inc(n)
                 child(self.live, a).dec(n)
+            elif kind == "guest_adopted":
+                child(self.live, a).inc(n)
+            elif kind == "guest_let_go":
+                child(self.live, a).dec(n)
             elif kind == "guest_seconds":
                 child(self.guest_seconds, a, b).inc(n)
             elif kind == "run_finished":
@@ -298,6 +302,10 @@ class _OTel:
                 i["live"].add(n, {"surface": a})
             elif kind == "guest_destroyed":
                 i["destroyed"].add(n, {"surface": a, "reason": b})
+                i["live"].add(-n, {"surface": a})
+            elif kind == "guest_adopted":
+                i["live"].add(n, {"surface": a})
+            elif kind == "guest_let_go":
                 i["live"].add(-n, {"surface": a})
             elif kind == "guest_seconds":
                 i["guest_seconds"].add(n, {"surface": a, "shape": b})
