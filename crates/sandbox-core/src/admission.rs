@@ -335,6 +335,38 @@ impl Admission {
         Ok(d)
     }
 
+    /// The create lock of the kept guest `name` in the deployment's store, when `caps` name
+    /// one: the worker that holds it creates the guest (or finds it), the others wait for it
+    /// and then find the guest by name, so two workers never race one create. Waits until
+    /// `until` at most; then, or when the store fails under `local`, `Ok(None)`: the run goes
+    /// on without it (the control plane's name uniqueness still allows one create). A store
+    /// that fails under `refuse` refuses the run.
+    pub async fn create_lock(
+        &self,
+        caps: Caps,
+        name: &str,
+        until: Instant,
+    ) -> Result<Option<StoreLease>, SandboxError> {
+        let Some(config) = caps.store else {
+            return Ok(None);
+        };
+        let dep = self.deployment(config)?;
+        match dep
+            .lease(&config.create_lock_key(name), Some(1), until, || {})
+            .await
+        {
+            Ok(lock) => Ok(Some(lock)),
+            Err(Denied::AtCap { .. }) => Ok(None),
+            Err(Denied::Store(e)) => match config.on_failure {
+                OnFailure::Refuse => Err(dep.store_refusal(&e)),
+                OnFailure::Local => {
+                    dep.note_fallback(&e);
+                    Ok(None)
+                }
+            },
+        }
+    }
+
     /// Uses `deployment` for its store's config (tests hand one on their own store).
     pub fn set_deployment(&self, deployment: Deployment) {
         *self

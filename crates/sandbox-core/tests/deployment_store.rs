@@ -487,3 +487,48 @@ async fn without_servers_the_reason_is_said() {
     assert_eq!(e.kind(), ErrorKind::Refused);
     assert!(e.to_string().contains("redis://127.0.0.1:1/0"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_at_a_time_holds_a_kept_guests_create_lock() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        let c = caps(4, 5_000, store);
+        let first = ws[0]
+            .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_secs(2))
+            .await
+            .unwrap()
+            .expect("the first worker creates");
+        let other = ws[1].clone();
+        let t0 = Instant::now();
+        let second = tokio::spawn(async move {
+            other
+                .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_secs(5))
+                .await
+        });
+        // Another guest's lock is its own.
+        assert!(
+            ws[1]
+                .create_lock(c, "lf-c-other", Instant::now() + Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "{name}: the second worker waits");
+        drop(first);
+        let got = second.await.unwrap().unwrap();
+        assert!(
+            got.is_some(),
+            "{name}: then takes the lock (and finds the guest by name)"
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(300), "{name}");
+        // A lock held past the wait: the run goes on without it (the name is the backstop).
+        let e = ws[0]
+            .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(e.is_none(), "{name}");
+    }
+}

@@ -163,7 +163,10 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     figure (guests created, destroyed and live by surface; runs by outcome; control-plane
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
-    ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+    ``createos_admission_waiting``, and once a run named an admission store
+    ``createos_admission_store_leases_held``, ``createos_admission_store_errors_total``,
+    ``createos_admission_store_fallbacks_total``, ``createos_admission_store_leases_lost_total``
+    and ``createos_admission_deployment_refusals_total``. A forked child's are its own. No I/O."""
 
 def forked() -> bool:
     """Whether this process was forked from the one that imported the extension (such a
