@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Fake, backend_env, free_port
+from conftest import Fake, backend_env, free_port, run_doctor
 
 CAP = 8
 
@@ -304,3 +304,29 @@ def test_the_store_stopped_mid_run(clean_fake: Fake, redis_server: Redis, tmp_pa
     assert result["counters"]["createos_admission_store_errors_total"] >= 4
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=30)
     assert stats["created"] == (4 if on_failure == "refuse" else 8), stats
+
+
+def test_doctor_reports_the_store_its_reachability_and_the_deployments_count(clean_fake: Fake, redis_server: Redis) -> None:
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    # Two places held by "another worker" (leases added straight into the store).
+    far = int(time.time() * 1000) + 60_000
+    for i in range(2):
+        redis_server.command("ZADD", f"{namespace}:guests", str(far), f"other/1/{i}")
+    with_password = redis_server.url.replace("redis://", "redis://:pw-secret-123@")
+    redis_server.command("CONFIG", "SET", "requirepass", "pw-secret-123")
+    env = deployment_env(clean_fake, with_password, namespace)
+    proc = run_doctor(env)
+    out = proc.stdout + proc.stderr
+    assert "pw-secret-123" not in out
+    section = out.split("the deployment's admission store", 1)[1]
+    assert f"admission store: redis redis://***@127.0.0.1:{redis_server.port}/0" in section, section
+    assert "reachable, answered in" in section, section
+    assert "deployment: 2 guest(s) live of the deployment-wide cap CREATEOS_MAX_LIVE_GUESTS=8" in section, section
+    # The store gone: doctor says so, and fails under the default (runs would be refused).
+    redis_server.stop()
+    proc = run_doctor(env)
+    out = proc.stdout + proc.stderr
+    assert "pw-secret-123" not in out
+    assert "[refused] admission store: unreachable" in out, out[-3000:]
+    assert "CREATEOS_ADMISSION_STORE_ON_FAILURE=refuse" in out
+    assert proc.returncode == 1

@@ -68,6 +68,36 @@ pub fn shared_settings() -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// What `doctor` says about the deployment's admission store, as `(level, text)` lines: the
+/// store, whether it answers (and how fast), the deployment's live guests against its cap
+/// (`info`), or why runs are refused (`refused`). Read from the environment now; one bounded
+/// round trip to the store (at most 2 s), with the GIL released.
+#[pyo3::pyfunction]
+pub fn admission_store(py: pyo3::Python<'_>) -> pyo3::PyResult<Vec<(&'static str, String)>> {
+    let rt = crate::runtime::get().map_err(|err| {
+        crate::errors::execution(py, format!("cannot start the async runtime: {err}"))
+    })?;
+    let lines = match crate::wait::drive(py, rt, || async {
+        sandbox_core::lease::doctor_lines(&|k| std::env::var(k).ok()).await
+    }) {
+        crate::wait::Waited::Finished(lines) => lines,
+        crate::wait::Waited::Panicked => {
+            return Err(crate::errors::execution(
+                py,
+                "doctor's admission store check failed with an internal error",
+            ));
+        }
+        crate::wait::Waited::Interrupted(interrupt) => return Err(interrupt),
+    };
+    Ok(lines
+        .into_iter()
+        .map(|line| match line {
+            Ok(text) => ("info", text),
+            Err(refusal) => ("refused", refusal),
+        })
+        .collect())
+}
+
 /// One native total: its family name (`createos_…`), its labels, its value.
 pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 

@@ -1179,6 +1179,82 @@ impl Deployment {
     }
 }
 
+/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
+/// a finding; `Err`: a refusal every run gets): the store (kind, URL without its password,
+/// the variable), whether it answers and how fast, and the deployment's live guests against
+/// its cap. One count per line of the store, each bounded by [`STORE_CALL_TIMEOUT`].
+pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
+    let config = match StoreConfig::from_lookup(lookup) {
+        Ok(None) => {
+            return vec![Ok(format!(
+                "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per process; \
+                 set it to the deployment's Redis or PostgreSQL for one cap across every \
+                 worker and host"
+            ))];
+        }
+        Ok(Some(c)) => c,
+        Err(e) => return vec![Err(e.message().to_owned())],
+    };
+    let mut lines = vec![Ok(format!(
+        "admission store: {} {} ({}); on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
+         lease {} s ({ENV_ADMISSION_LEASE}); namespace {:?}",
+        config.kind.as_str(),
+        config.shown,
+        config.source,
+        match config.on_failure {
+            OnFailure::Refuse => "refuse runs",
+            OnFailure::Local => "fall back to each process's own cap",
+        },
+        config.lease.as_secs_f64(),
+        config.namespace,
+    ))];
+    let dep = match Deployment::new(config) {
+        Ok(d) => d,
+        Err(e) => {
+            lines.push(Err(e.message().to_owned()));
+            return lines;
+        }
+    };
+    let t0 = Instant::now();
+    match dep.count(&config.guests_key()).await {
+        Ok(live) => {
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let cap = non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
+                crate::settings::parse_cap(crate::settings::ENV_MAX_LIVE_GUESTS, &raw).ok()
+            });
+            lines.push(Ok(format!(
+                "admission store: reachable, answered in {ms:.1} ms"
+            )));
+            lines.push(Ok(match cap {
+                Some(cap) => format!(
+                    "deployment: {live} guest(s) live of the deployment-wide cap \
+                     {}={cap}",
+                    crate::settings::ENV_MAX_LIVE_GUESTS
+                ),
+                None => format!(
+                    "deployment: {live} guest(s) live, no cap ({} unset)",
+                    crate::settings::ENV_MAX_LIVE_GUESTS
+                ),
+            }));
+        }
+        Err(e) => {
+            let text = format!("admission store: unreachable ({e})");
+            lines.push(match config.on_failure {
+                OnFailure::Refuse => Err(format!(
+                    "{text}: every run is refused while it is ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); \
+                     bring it back or fix {}",
+                    config.source
+                )),
+                OnFailure::Local => Ok(format!(
+                    "{text}: runs fall back to each process's own cap \
+                     ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
+                )),
+            });
+        }
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,7 @@ __all__ = [
     "capabilities",
     "counters",
     "shared_settings",
+    "admission_store",
     "forked",
     "enable_events",
     "drain_events",
@@ -171,6 +172,13 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
 def forked() -> bool:
     """Whether this process was forked from the one that imported the extension (such a
     process commonly ends with ``os._exit``, which skips exit handlers). No I/O."""
+
+def admission_store() -> list[tuple[str, str]]:
+    """What ``doctor`` says about the deployment's admission store (``CREATEOS_ADMISSION_STORE``),
+    as ``(level, text)`` lines: the store (its URL without the password), whether it answers
+    and in how many milliseconds, and the deployment's live guests against its cap (``info``),
+    or why every run is refused (``refused``). One round trip to the store, at most 2 s, with
+    the GIL released."""
 
 def shared_settings() -> list[tuple[str, str]]:
     """What every surface of this process shares, for ``doctor``: ``(level, text)`` lines for
