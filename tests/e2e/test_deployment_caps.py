@@ -330,3 +330,50 @@ def test_doctor_reports_the_store_its_reachability_and_the_deployments_count(cle
     assert "[refused] admission store: unreachable" in out, out[-3000:]
     assert "CREATEOS_ADMISSION_STORE_ON_FAILURE=refuse" in out
     assert proc.returncode == 1
+
+
+@pytest.mark.skipif(
+    not os.environ.get("LANGFLOW_SERVER_VENV"),
+    reason="LANGFLOW_SERVER_VENV is not set: a real Langflow server needs the slow suite's venv "
+    "(scripts/test prepares one)",
+)
+def test_a_langflow_server_with_two_workers_holds_one_cap_in_redis(
+    clean_fake: Fake, redis_server: Redis, tmp_path: Path
+) -> None:
+    """``LANGFLOW_WORKERS=2``: the server's two worker processes, each its own session, share
+    ``CREATEOS_MAX_LIVE_GUESTS=2`` through Redis (per process they would admit 4)."""
+    import concurrent.futures
+
+    from test_langflow_server import run_flow, start_server, upload_flow
+
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    usage_log = tmp_path / "usage.jsonl"
+    # Langflow's own Redis holds the caps (`langflow-redis`); its job queue, which two workers
+    # need, uses another database of the same server.
+    env = deployment_env(
+        clean_fake,
+        "langflow-redis",
+        namespace,
+        LANGFLOW_REDIS_URL=redis_server.url,
+        LANGFLOW_JOB_QUEUE_TYPE="redis",
+        LANGFLOW_REDIS_QUEUE_URL=redis_server.url.replace("/0", "/1"),
+        CREATEOS_USAGE_LOG=str(usage_log),
+        CREATEOS_MAX_LIVE_GUESTS="2",
+    )
+    # Two workers migrate a fresh database at once and one of them fails to boot: one worker
+    # creates it first, then the two-worker server starts on it.
+    start_server(env, tmp_path).stop()
+    server = start_server(env, tmp_path, workers=2)
+    try:
+        flow_id = upload_flow(server, Path(__file__).parent / "flows" / "component_flow.json", "deployment cap")
+        code = "import time\ntime.sleep(1.5)\nprint(6 * 7)"
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda _: run_flow(server, flow_id, code), range(12)))
+    finally:
+        server.stop()
+    assert all(any("42" in t for t in texts) for texts in answers), answers
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=60)
+    assert stats["created"] == 12, stats
+    assert stats["peak_live"] <= 2, f"the account saw {stats['peak_live']} guests live under a deployment cap of 2"
+    workers = {json.loads(line)["worker"] for line in usage_log.read_text().splitlines()}
+    assert len(workers) == 2, f"both of the server's workers ran guests: {workers}"
