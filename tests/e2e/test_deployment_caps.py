@@ -70,7 +70,15 @@ for w, count in enumerate(waves):
 from langflow_sandbox_createos import _native
 counters = {name: value for name, _, value in _native.counters() if name.startswith("createos_admission")}
 backend.shutdown()
-print("RESULT " + json.dumps({"waves": results, "counters": counters, "pid": os.getpid()}), flush=True)
+scrape = []
+try:
+    from prometheus_client import REGISTRY, generate_latest
+    from langflow_sandbox_createos import metrics
+    metrics.drain()
+    scrape = [l for l in generate_latest(REGISTRY).decode().splitlines() if l.startswith("createos_admission_store")]
+except ImportError:
+    scrape = None
+print("RESULT " + json.dumps({"waves": results, "counters": counters, "pid": os.getpid(), "scrape": scrape}), flush=True)
 """
 
 NAP = "import time\ntime.sleep(0.2)\nprint('ok')"
@@ -301,6 +309,9 @@ def test_the_store_stopped_mid_run(clean_fake: Fake, redis_server: Redis, tmp_pa
     else:
         assert [o for o, _ in second] == ["ok"] * 4, second
         assert result["counters"]["createos_admission_store_fallbacks_total"] == 4
+        # The same count on Langflow's Prometheus endpoint (where prometheus_client is installed).
+        if result["scrape"] is not None:
+            assert "createos_admission_store_fallbacks_total 4.0" in result["scrape"], result["scrape"]
     assert result["counters"]["createos_admission_store_errors_total"] >= 4
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=30)
     assert stats["created"] == (4 if on_failure == "refuse" else 8), stats

@@ -53,6 +53,7 @@ enum Tally {
     WaitSeconds(SurfaceKind),
     Refusals(SurfaceKind),
     Orphans,
+    Store(sandbox_core::observe::StoreEvent),
 }
 
 impl Tally {
@@ -71,6 +72,7 @@ impl Tally {
             Tally::WaitSeconds(s) => ("admission_wait_seconds", s.as_str(), ""),
             Tally::Refusals(s) => ("admission_refused", s.as_str(), ""),
             Tally::Orphans => ("orphans_reaped", "", ""),
+            Tally::Store(what) => ("admission_store", what.as_str(), ""),
         }
     }
 }
@@ -128,6 +130,7 @@ impl Held {
             Event::AdmissionRefused { surface } => self.add(Tally::Refusals(surface), 1.0),
             #[allow(clippy::cast_precision_loss)] // counts far below 2^52
             Event::OrphansReaped { count } => self.add(Tally::Orphans, count as f64),
+            Event::AdmissionStore(what) => self.add(Tally::Store(what), 1.0),
         }
     }
 }

@@ -104,8 +104,9 @@ pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 /// This process's native totals (see `sandbox_core::observe::Counters::snapshot`), with the
 /// admission state now: `createos_admission_live` (guests holding a slot) and
 /// `createos_admission_waiting` (runs in line for one), and, once a run named an admission
-/// store, this process's side of it (`createos_admission_store_leases_held`, `_errors_total`,
-/// `_fallbacks_total`, `_leases_lost_total`, `createos_admission_deployment_refusals_total`).
+/// store, the leases it holds (`createos_admission_store_leases_held`) and the runs refused at
+/// a deployment-wide cap (`createos_admission_deployment_refusals_total`); the store's errors,
+/// fallbacks and lost leases are among the native totals.
 /// A forked child's are its own. No I/O;
 /// never a key, code or output.
 #[pyo3::pyfunction]
@@ -141,15 +142,6 @@ pub fn counters() -> Vec<Sample> {
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
         for (name, value) in [
             ("createos_admission_store_leases_held", d.held as f64),
-            (
-                "createos_admission_store_errors_total",
-                d.store_errors as f64,
-            ),
-            (
-                "createos_admission_store_fallbacks_total",
-                d.fallbacks as f64,
-            ),
-            ("createos_admission_store_leases_lost_total", d.lost as f64),
             (
                 "createos_admission_deployment_refusals_total",
                 d.refusals as f64,

@@ -169,6 +169,8 @@ struct Inner {
     reclaimers: Mutex<Vec<Weak<Reclaim>>>,
     /// This process's use of the deployment's store, once a run named one.
     deployment: Mutex<Option<Deployment>>,
+    /// Where the store's errors, fallbacks and lost leases are counted.
+    observation: Mutex<Option<crate::observe::Observation>>,
 }
 
 /// What an [`Admission`] holds right now.
@@ -277,6 +279,7 @@ impl Admission {
                 state: Mutex::new(State::default()),
                 reclaimers: Mutex::new(Vec::new()),
                 deployment: Mutex::new(None),
+                observation: Mutex::new(None),
             }),
         }
     }
@@ -330,9 +333,24 @@ impl Admission {
         if let Some(d) = held.as_ref().filter(|d| std::ptr::eq(d.config(), config)) {
             return Ok(d.clone());
         }
-        let d = Deployment::new(config)?;
+        let obs = self
+            .inner
+            .observation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let d = Deployment::observed(config, obs)?;
         *held = Some(d.clone());
         Ok(d)
+    }
+
+    /// Counts the store's errors, fallbacks and lost leases in `obs` (the session's).
+    pub fn observe_with(&self, obs: &crate::observe::Observation) {
+        *self
+            .inner
+            .observation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(obs.clone());
     }
 
     /// The create lock of the kept guest `name` in the deployment's store, when `caps` name

@@ -238,6 +238,26 @@ impl StoreConfig {
         leaked
     }
 
+    /// `e` with the URL's password masked (a client's message should never hold it; this makes
+    /// sure).
+    pub fn scrub(&self, e: StoreError) -> StoreError {
+        let Ok(u) = url::Url::parse(self.url.expose_secret()) else {
+            return e;
+        };
+        let mut r = crate::error::Redactor::default();
+        if let Some(pw) = u.password().filter(|p| !p.is_empty()) {
+            r = r.with(&SecretString::from(pw.to_owned()));
+            if let Ok(decoded) = url::form_urlencoded::parse(format!("p={pw}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .ok_or(())
+            {
+                r = r.with(&SecretString::from(decoded));
+            }
+        }
+        StoreError(r.apply(&e.0))
+    }
+
     /// How the store is named in messages: kind, redacted URL and the variable.
     pub fn describe(&self) -> String {
         format!(
@@ -852,6 +872,8 @@ struct DeploymentInner {
     fallbacks: AtomicU64,
     lost: AtomicU64,
     refusals: AtomicU64,
+    /// Where errors, fallbacks and lost leases are counted for the exporters.
+    obs: Option<crate::observe::Observation>,
 }
 
 /// One process's use of the deployment's store (see the module docs). Cheap to clone.
@@ -938,14 +960,31 @@ impl Drop for StoreLease {
 impl Deployment {
     /// This process's use of the store of `config` (connects on first use).
     pub fn new(config: &'static StoreConfig) -> Result<Self, SandboxError> {
+        Self::observed(config, None)
+    }
+
+    /// [`Deployment::new`], counting store errors, fallbacks and lost leases in `obs`
+    /// ([`crate::observe::Event::AdmissionStore`]).
+    pub fn observed(
+        config: &'static StoreConfig,
+        obs: Option<crate::observe::Observation>,
+    ) -> Result<Self, SandboxError> {
         let store = open_store(config).map_err(|e| {
             SandboxError::refused(format!("{} cannot be used: {e}", config.describe()))
         })?;
-        Ok(Self::with_store(config, store))
+        Ok(Self::build(config, store, obs))
     }
 
     /// This process's use of `store` under `config` (tests hand their own store).
     pub fn with_store(config: &'static StoreConfig, store: Arc<dyn LeaseStore>) -> Self {
+        Self::build(config, store, None)
+    }
+
+    fn build(
+        config: &'static StoreConfig,
+        store: Arc<dyn LeaseStore>,
+        obs: Option<crate::observe::Observation>,
+    ) -> Self {
         let holder = Holder::current();
         let holder_text = holder.to_string();
         Self {
@@ -962,6 +1001,7 @@ impl Deployment {
                 fallbacks: AtomicU64::new(0),
                 lost: AtomicU64::new(0),
                 refusals: AtomicU64::new(0),
+                obs,
             }),
         }
     }
@@ -993,8 +1033,16 @@ impl Deployment {
         }
     }
 
+    fn emit(&self, what: crate::observe::StoreEvent) {
+        if let Some(obs) = &self.inner.obs {
+            obs.emit(&crate::observe::Event::AdmissionStore(what));
+        }
+    }
+
     fn note_error(&self, e: &StoreError, during: &str) {
+        let e = &self.inner.config.scrub(e.clone());
         self.inner.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.emit(crate::observe::StoreEvent::Error);
         tracing::warn!(
             target: LOG_TARGET,
             store = %self.inner.config.shown,
@@ -1006,6 +1054,7 @@ impl Deployment {
     /// Counts a run admitted under the per-process cap because the store failed, and warns.
     pub fn note_fallback(&self, e: &StoreError) {
         self.inner.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.emit(crate::observe::StoreEvent::Fallback);
         tracing::warn!(
             target: LOG_TARGET,
             store = %self.inner.config.shown,
@@ -1033,7 +1082,7 @@ impl Deployment {
         // A call always gets a few milliseconds: a wait of 0 still asks once.
         let limit = left.max(Duration::from_millis(50)).min(STORE_CALL_TIMEOUT);
         match tokio::time::timeout(limit, call).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(|e| self.inner.config.scrub(e)),
             Err(_) => Err(StoreError(format!(
                 "no answer within {} ms",
                 limit.as_millis()
@@ -1154,6 +1203,9 @@ impl Deployment {
             };
             if still > 0 {
                 self.inner.lost.fetch_add(still as u64, Ordering::Relaxed);
+                for _ in 0..still {
+                    self.emit(crate::observe::StoreEvent::LeaseLost);
+                }
                 tracing::warn!(
                     target: LOG_TARGET,
                     store = %self.inner.config.shown,
@@ -1409,6 +1461,41 @@ mod tests {
             assert!(e.message().contains(want), "{want}: {e}");
             assert!(!e.message().contains("pw-secret"), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn store_errors_and_fallbacks_are_counted_for_the_exporters() {
+        let c = StoreConfig::from_lookup(&env(&[(ENV_ADMISSION_STORE, "redis://127.0.0.1:1/0")]))
+            .unwrap()
+            .unwrap();
+        let obs = crate::observe::Observation::new();
+        let dep = Deployment::observed(c, Some(obs.clone())).unwrap();
+        let until = Instant::now() + Duration::from_millis(500);
+        let e = dep
+            .try_lease(&c.guests_key(), Some(1), until)
+            .await
+            .unwrap_err();
+        dep.note_fallback(&e);
+        let value = |name: &str| obs.counters().value(name, &[]).unwrap_or(-1.0);
+        // The failed acquire, and the release of its maybe-added lease (spawned) may add one.
+        assert!(value("createos_admission_store_errors_total") >= 1.0);
+        assert!((value("createos_admission_store_fallbacks_total") - 1.0).abs() < f64::EPSILON);
+        assert!(value("createos_admission_store_leases_lost_total").abs() < f64::EPSILON);
+        assert_eq!(dep.stats().fallbacks, 1);
+    }
+
+    #[test]
+    fn a_store_error_never_shows_the_password() {
+        let c = StoreConfig::from_lookup(&env(&[(
+            ENV_ADMISSION_STORE,
+            "redis://u:p%40ss-secret-1@127.0.0.1:6379/0",
+        )]))
+        .unwrap()
+        .unwrap();
+        let e = c.scrub(StoreError(
+            "auth p%40ss-secret-1 or p@ss-secret-1 failed".into(),
+        ));
+        assert!(!e.0.contains("secret-1"), "{e}");
     }
 
     #[test]

@@ -288,11 +288,52 @@ pub enum Event<'a> {
         /// Its surface.
         surface: SurfaceKind,
     },
+    /// Something happened with the deployment's admission store ([`crate::lease`]).
+    AdmissionStore(StoreEvent),
     /// The orphan sweep deleted this many guests of earlier processes.
     OrphansReaped {
         /// How many.
         count: u64,
     },
+}
+
+/// What the deployment's admission store did that an operator counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreEvent {
+    /// A store call failed or did not answer in time.
+    Error,
+    /// A run was admitted under this process's own cap because the store failed (`local`).
+    Fallback,
+    /// A held lease was found expired at renewal (the store was away longer than a lease).
+    LeaseLost,
+}
+
+impl StoreEvent {
+    /// Every kind, in index order.
+    pub const ALL: [StoreEvent; 3] = [
+        StoreEvent::Error,
+        StoreEvent::Fallback,
+        StoreEvent::LeaseLost,
+    ];
+
+    /// `error`, `fallback` or `lease_lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreEvent::Error => "error",
+            StoreEvent::Fallback => "fallback",
+            StoreEvent::LeaseLost => "lease_lost",
+        }
+    }
+
+    /// Its native family: `createos_admission_store_errors_total`, `..._fallbacks_total`,
+    /// `..._leases_lost_total`.
+    pub fn family(self) -> &'static str {
+        match self {
+            StoreEvent::Error => "createos_admission_store_errors_total",
+            StoreEvent::Fallback => "createos_admission_store_fallbacks_total",
+            StoreEvent::LeaseLost => "createos_admission_store_leases_lost_total",
+        }
+    }
 }
 
 /// A sink for [`Event`]s (the metrics and usage-record exporters). Called inline: keep it
@@ -347,6 +388,7 @@ pub struct Counters {
     admission_wait_micros: [AtomicU64; SURFACES],
     admission_refusals: [AtomicU64; SURFACES],
     orphans_reaped: AtomicU64,
+    store_events: [AtomicU64; StoreEvent::ALL.len()],
     requests: Mutex<HashMap<(&'static str, StatusClass), u64>>,
     guest_micros: Mutex<HashMap<(SurfaceKind, String), u64>>,
 }
@@ -415,6 +457,7 @@ impl Counters {
                 add(&self.admission_refusals[surface.index()], 1);
             }
             Event::OrphansReaped { count } => add(&self.orphans_reaped, count),
+            Event::AdmissionStore(what) => add(&self.store_events[what as usize], 1),
         }
     }
 
@@ -509,6 +552,13 @@ impl Counters {
             labels: Vec::new(),
             value: get(&self.orphans_reaped) as f64,
         });
+        for what in StoreEvent::ALL {
+            out.push(Sample {
+                name: what.family(),
+                labels: Vec::new(),
+                value: get(&self.store_events[what as usize]) as f64,
+            });
+        }
         let mut requests: Vec<_> = self
             .requests
             .lock()

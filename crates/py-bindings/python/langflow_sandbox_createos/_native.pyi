@@ -164,10 +164,10 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     figure (guests created, destroyed and live by surface; runs by outcome; control-plane
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
-    ``createos_admission_waiting``, and once a run named an admission store
-    ``createos_admission_store_leases_held``, ``createos_admission_store_errors_total``,
-    ``createos_admission_store_fallbacks_total``, ``createos_admission_store_leases_lost_total``
-    and ``createos_admission_deployment_refusals_total``. A forked child's are its own. No I/O."""
+    ``createos_admission_waiting``; the admission store's ``createos_admission_store_errors_total``,
+    ``createos_admission_store_fallbacks_total`` and ``createos_admission_store_leases_lost_total``;
+    and once a run named a store ``createos_admission_store_leases_held`` and
+    ``createos_admission_deployment_refusals_total``. A forked child's are its own. No I/O."""
 
 def forked() -> bool:
     """Whether this process was forked from the one that imported the extension (such a
@@ -207,7 +207,8 @@ def drain_events(
     outcome, n)``, ``("control_request", route, status_class, n)``, ``("pool", surface,
     "hit" | "miss", n)``, ``("admission_wait", surface, "", n)``,
     ``("admission_wait_seconds", surface, "", seconds)``, ``("admission_refused", surface,
-    "", n)``, ``("orphans_reaped", "", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
+    "", n)``, ``("orphans_reaped", "", "", n)``, ``("admission_store", "error" | "fallback" |
+    "lease_lost", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
     run, oldest first. ``usages``: with ``usage=True``, a dict per destroyed guest, oldest
     first (``surface``, ``guest``, ``flow_id``, ``node_id``, ``session_hash``, ``shape``,
     ``rootfs``, ``egress``, ``created_at`` and ``destroyed_at`` (Unix seconds),
