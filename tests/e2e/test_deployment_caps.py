@@ -388,3 +388,87 @@ def test_a_langflow_server_with_two_workers_holds_one_cap_in_redis(
     assert stats["peak_live"] <= 2, f"the account saw {stats['peak_live']} guests live under a deployment cap of 2"
     workers = {json.loads(line)["worker"] for line in usage_log.read_text().splitlines()}
     assert len(workers) == 2, f"both of the server's workers ran guests: {workers}"
+
+
+KEPT = r"""
+import json, os, sys, time
+from langflow_sandbox_createos import node
+inputs, flag = json.loads(sys.argv[1]), sys.argv[2]
+print("READY", flush=True)
+while not os.path.exists(flag):
+    time.sleep(0.01)
+try:
+    results, _ = node.run(**inputs)
+    print("RESULT " + json.dumps(str(results.get("stdout", results))), flush=True)
+except Exception as e:
+    print("RESULT " + json.dumps(f"{type(e).__name__}: {e}"), flush=True)
+"""
+
+
+def kept_inputs(code: str) -> dict[str, Any]:
+    return {
+        "flow_id": "flow-deployment-1",
+        "session_id": "session-deployment-1",
+        "component_id": "createos_sandbox-dep01",
+        "python_code": code,
+        "command": "",
+        "session_mode": "session",
+        "collect_artifacts": False,
+        "allow_network": False,
+        "allowed_domains": "",
+        "timeout_seconds": 60,
+        "shape": "",
+    }
+
+
+def run_kept_together(env: dict[str, str], tmp_path: Path, hosts: list[str], code: str) -> list[str]:
+    """Every worker runs the same kept guest's node at the same moment; their outputs."""
+    flag = tmp_path / f"go-{uuid.uuid4().hex[:6]}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", KEPT, json.dumps(kept_inputs(code)), str(flag)],
+            env={**env, "CREATEOS_HOST_ID": host},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for host in hosts
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "READY"
+    flag.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        assert lines, (out[-2000:], err[-3000:])
+        outs.append(json.loads(lines[-1].removeprefix("RESULT ")))
+    return outs
+
+
+def test_two_workers_running_one_kept_guest_create_it_once_and_see_its_destroy(
+    clean_fake: Fake, redis_server: Redis, tmp_path: Path
+) -> None:
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = deployment_env(clean_fake, redis_server.url, namespace)
+    # Four workers at once (without the store, two or more of them send a create now and then,
+    # the losers answered 409).
+    outs = run_kept_together(env, tmp_path, ["host-a", "host-a", "host-b", "host-b"], "print('kept')")
+    assert all("kept" in o for o in outs), outs
+    stats = clean_fake.stats()
+    # One create sent: the others waited for the create lock, then found the guest.
+    assert stats["requests"].get("create", 0) == 1 and stats["created"] == 1, stats
+    assert stats["live"] == 1, stats
+    # One worker destroys it (its exec's outcome unknown: a broken stream)...
+    clean_fake.set_faults("exec_stream=reset-after#1")
+    (broken,) = run_kept_together(env, tmp_path, ["host-a"], "print('kept')")
+    assert "CreateOS" in broken, broken
+    clean_fake.wait_for(lambda s: s["live"] == 0)
+    clean_fake.set_faults("")
+    # ...and the other finds it gone and gets a fresh one.
+    (again,) = run_kept_together(env, tmp_path, ["host-b"], "print('fresh')")
+    assert "fresh" in again, again
+    stats = clean_fake.stats()
+    assert stats["created"] == 2 and stats["live"] == 1, stats
