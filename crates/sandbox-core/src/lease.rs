@@ -395,7 +395,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local n = redis.call('ZCARD', KEYS[1])
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ttl * 2)
+  if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
   return {1, n}
 end
 local cap = tonumber(ARGV[1])
@@ -403,7 +403,7 @@ if cap >= 0 and n >= cap then
   return {0, n}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ttl * 2)
+if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
 return {1, n + 1}
 ";
 
@@ -417,7 +417,7 @@ for i, key in ipairs(KEYS) do
   local score = redis.call('ZSCORE', key, id)
   if score and tonumber(score) > now then
     redis.call('ZADD', key, 'XX', now + ttl, id)
-    redis.call('PEXPIRE', key, ttl * 2)
+    if redis.call('PTTL', key) < ttl * 2 then redis.call('PEXPIRE', key, ttl * 2) end
   else
     if score then redis.call('ZREM', key, id) end
     table.insert(lost, id)
@@ -434,7 +434,8 @@ return redis.call('ZCARD', KEYS[1])
 ";
 
 /// The Redis store: one sorted set per key, members the lease ids scored by their expiry (ms,
-/// the server's `TIME`). Keys are not spread over a Redis Cluster (a renewal names several).
+/// the server's `TIME`). The key itself expires twice a lease after its last write, and its
+/// expiry is only ever pushed later (a worker with a shorter lease never cuts another's). Keys are not spread over a Redis Cluster (a renewal names several).
 pub struct RedisStore {
     client: redis::Client,
     conn: AsyncMutex<Option<redis::aio::ConnectionManager>>,
