@@ -113,8 +113,9 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def start_server(env: dict[str, str], workdir: Path) -> Server:
-    """``langflow run`` (frontend included) on a free loopback port; waits for ``/health``."""
+def start_server(env: dict[str, str], workdir: Path, *, workers: int = 1) -> Server:
+    """``langflow run`` (frontend included) on a free loopback port; waits for ``/health``.
+    ``workers``: ``LANGFLOW_WORKERS``."""
     port = free_port()
     metrics_port = free_port()
     log = workdir / "langflow.log"
@@ -126,7 +127,7 @@ def start_server(env: dict[str, str], workdir: Path) -> Server:
         "LANGFLOW_CONFIG_DIR": str(workdir / "config"),
         "LANGFLOW_AUTO_LOGIN": "true",
         "DO_NOT_TRACK": "true",
-        "LANGFLOW_WORKERS": "1",
+        "LANGFLOW_WORKERS": str(workers),
         # Each server its own database (by default it lives in the langflow package's
         # directory, shared by every server of the venv and kept from one run to the next).
         "LANGFLOW_SAVE_DB_IN_CONFIG_DIR": "true",

@@ -95,6 +95,8 @@ FIELDS = {
     "outcome",
     "bytes_returned",
     "reason",
+    "worker",
+    "host",
 }
 
 
@@ -103,11 +105,13 @@ def assert_nothing_secret(text: str, key: str) -> None:
         assert needle not in text, needle
 
 
-def assert_matches_fake(fam: dict[str, Any], stats: dict[str, Any], surface: str) -> None:
-    """Our families against the fake's counts: creates, deletes, live, control requests."""
+def assert_matches_fake(fam: dict[str, Any], stats: dict[str, Any], surface: str, *, kept_idle: int = 0) -> None:
+    """Our families against the fake's counts: creates, deletes, live, control requests.
+    ``kept_idle``: kept guests released alive, live on the account but held by no process (the
+    live gauge counts the guests a process holds, so the workers' sum never double-counts)."""
     assert value(fam, "createos_guests_created_total", surface=surface) == stats["created"]
     assert value(fam, "createos_guests_destroyed_total", surface=surface) == stats["requests"].get("delete", 0)
-    assert value(fam, "createos_guests_live", surface=surface) == stats["live"]
+    assert value(fam, "createos_guests_live", surface=surface) == stats["live"] - kept_idle
     for route in ("create", "delete", "exec_stream"):
         assert value(fam, "createos_control_requests_total", route=route) == stats["requests"].get(route, 0), route
 
@@ -224,12 +228,13 @@ report()
     fam = out["FAMILIES"]
     # One fresh guest (destroyed) and one kept guest (created, alive, reused once).
     assert stats["created"] == 2
-    assert_matches_fake(fam, stats, "component")
+    assert_matches_fake(fam, stats, "component", kept_idle=1)
     assert value(fam, "createos_runs_total", surface="component", outcome="ok") == 3
     records = usage_lines(usage_log)
     assert len(records) == 1, records
     (fresh,) = records
     assert set(fresh) == FIELDS
+    assert fresh["worker"] == out["RESULT"] and fresh["host"], fresh
     assert fresh["surface"] == "component" and fresh["flow_id"] == "flow-metrics-1"
     assert fresh["node_id"] == "createos_sandbox-abc12"
     expected = hashlib.sha256(b"langflow-sandbox-createos/session\0" + SESSION_ID.encode()).hexdigest()[:16]

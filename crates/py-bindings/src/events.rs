@@ -42,6 +42,8 @@ pub const EVENT_CAP: usize = 65_536;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Tally {
     Created(SurfaceKind),
+    Adopted(SurfaceKind),
+    LetGo(SurfaceKind),
     Destroyed(SurfaceKind, DestroyReason),
     GuestSeconds(SurfaceKind, String),
     Runs(SurfaceKind, RunOutcome),
@@ -51,6 +53,7 @@ enum Tally {
     WaitSeconds(SurfaceKind),
     Refusals(SurfaceKind),
     Orphans,
+    Store(sandbox_core::observe::StoreEvent),
 }
 
 impl Tally {
@@ -58,6 +61,8 @@ impl Tally {
     fn labels(&self) -> (&'static str, &str, &str) {
         match self {
             Tally::Created(s) => ("guest_created", s.as_str(), ""),
+            Tally::Adopted(s) => ("guest_adopted", s.as_str(), ""),
+            Tally::LetGo(s) => ("guest_let_go", s.as_str(), ""),
             Tally::Destroyed(s, r) => ("guest_destroyed", s.as_str(), r.as_str()),
             Tally::GuestSeconds(s, shape) => ("guest_seconds", s.as_str(), shape),
             Tally::Runs(s, o) => ("run_finished", s.as_str(), o.as_str()),
@@ -67,6 +72,7 @@ impl Tally {
             Tally::WaitSeconds(s) => ("admission_wait_seconds", s.as_str(), ""),
             Tally::Refusals(s) => ("admission_refused", s.as_str(), ""),
             Tally::Orphans => ("orphans_reaped", "", ""),
+            Tally::Store(what) => ("admission_store", what.as_str(), ""),
         }
     }
 }
@@ -97,6 +103,8 @@ impl Held {
     fn observe(&mut self, event: &Event<'_>) {
         match *event {
             Event::GuestCreated { surface, .. } => self.add(Tally::Created(surface), 1.0),
+            Event::GuestAdopted { surface } => self.add(Tally::Adopted(surface), 1.0),
+            Event::GuestLetGo { surface } => self.add(Tally::LetGo(surface), 1.0),
             Event::GuestDestroyed(u) => {
                 self.add(Tally::Destroyed(u.surface, u.reason), 1.0);
                 self.add(
@@ -122,6 +130,7 @@ impl Held {
             Event::AdmissionRefused { surface } => self.add(Tally::Refusals(surface), 1.0),
             #[allow(clippy::cast_precision_loss)] // counts far below 2^52
             Event::OrphansReaped { count } => self.add(Tally::Orphans, count as f64),
+            Event::AdmissionStore(what) => self.add(Tally::Store(what), 1.0),
         }
     }
 }
@@ -199,6 +208,8 @@ fn usage_dict<'py>(py: Python<'py>, u: &GuestUsage) -> PyResult<Bound<'py, PyDic
     d.set_item("outcome", u.outcome.map(RunOutcome::as_str))?;
     d.set_item("bytes_returned", u.bytes_returned)?;
     d.set_item("reason", u.reason.as_str())?;
+    d.set_item("worker", u.worker)?;
+    d.set_item("host", &u.host)?;
     Ok(d)
 }
 
@@ -320,6 +331,8 @@ mod tests {
             outcome: Some(RunOutcome::TimedOut),
             bytes_returned: 7,
             reason: DestroyReason::Timeout,
+            worker: 42,
+            host: "host-a".into(),
         };
         q.observe(&Event::GuestDestroyed(&usage));
         q.observe(&Event::GuestDestroyed(&usage));

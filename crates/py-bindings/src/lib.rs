@@ -61,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(session::counters, m)?)?;
     m.add_function(wrap_pyfunction!(session::shared_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(session::admission_store, m)?)?;
     m.add_function(wrap_pyfunction!(perprocess::forked_py, m)?)?;
     m.add_function(wrap_pyfunction!(session::enable_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;

@@ -68,12 +68,46 @@ pub fn shared_settings() -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// What `doctor` says about the deployment's admission store, as `(level, text)` lines: the
+/// store, whether it answers (and how fast), the deployment's live guests against its cap
+/// (`info`), or why runs are refused (`refused`). Read from the environment now; one bounded
+/// round trip to the store (at most 2 s), with the GIL released.
+#[pyo3::pyfunction]
+pub fn admission_store(py: pyo3::Python<'_>) -> pyo3::PyResult<Vec<(&'static str, String)>> {
+    let rt = crate::runtime::get().map_err(|err| {
+        crate::errors::execution(py, format!("cannot start the async runtime: {err}"))
+    })?;
+    let lines = match crate::wait::drive(py, rt, || async {
+        sandbox_core::lease::doctor_lines(&|k| std::env::var(k).ok()).await
+    }) {
+        crate::wait::Waited::Finished(lines) => lines,
+        crate::wait::Waited::Panicked => {
+            return Err(crate::errors::execution(
+                py,
+                "doctor's admission store check failed with an internal error",
+            ));
+        }
+        crate::wait::Waited::Interrupted(interrupt) => return Err(interrupt),
+    };
+    Ok(lines
+        .into_iter()
+        .map(|line| match line {
+            Ok(text) => ("info", text),
+            Err(refusal) => ("refused", refusal),
+        })
+        .collect())
+}
+
 /// One native total: its family name (`createos_…`), its labels, its value.
 pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 
 /// This process's native totals (see `sandbox_core::observe::Counters::snapshot`), with the
 /// admission state now: `createos_admission_live` (guests holding a slot) and
-/// `createos_admission_waiting` (runs in line for one). A forked child's are its own. No I/O;
+/// `createos_admission_waiting` (runs in line for one), and, once a run named an admission
+/// store, the leases it holds (`createos_admission_store_leases_held`) and the runs refused at
+/// a deployment-wide cap (`createos_admission_deployment_refusals_total`); the store's errors,
+/// fallbacks and lost leases are among the native totals.
+/// A forked child's are its own. No I/O;
 /// never a key, code or output.
 #[pyo3::pyfunction]
 pub fn counters() -> Vec<Sample> {
@@ -102,6 +136,19 @@ pub fn counters() -> Vec<Sample> {
         ),
     ] {
         out.push((name.to_owned(), std::collections::BTreeMap::new(), value));
+    }
+    // The deployment's store, once a run named one: this process's side of it.
+    if let Some(d) = adm.deployment {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        for (name, value) in [
+            ("createos_admission_store_leases_held", d.held as f64),
+            (
+                "createos_admission_deployment_refusals_total",
+                d.refusals as f64,
+            ),
+        ] {
+            out.push((name.to_owned(), std::collections::BTreeMap::new(), value));
+        }
     }
     out
 }

@@ -23,7 +23,17 @@
 //!   ([`Admission::try_guest_slot`]), which fails while anyone waits; and a run that has to
 //!   wait asks the registered pools to give up one idle guest ([`Admission::reclaim_with`]).
 //!
-//! Cheap: one short mutex section per slot taken or given back.
+//! - **Deployment-wide, with a store** (`CREATEOS_ADMISSION_STORE`, [`crate::lease`]): the
+//!   same caps then hold for every worker process and host of the deployment. A run first takes
+//!   its place in this process's queue as above (fairness within a process; the local cap is the
+//!   same number, so a process never holds more than the deployment may), then a lease in the
+//!   store, polling with short jittered backoff while the deployment is at its cap, never past
+//!   its own wait. The slot holds the lease: it is released when the slot is given back, and
+//!   renewed while it is held. When the store fails, `CREATEOS_ADMISSION_STORE_ON_FAILURE`
+//!   refuses the run (the default) or admits it under this process's own cap (`local`).
+//!
+//! Cheap: one short mutex section per slot taken or given back (plus one store round trip per
+//! slot with a store).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -34,6 +44,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, SandboxError};
+use crate::lease::{Denied, Deployment, DeploymentStats, OnFailure, StoreConfig, StoreLease};
 use crate::settings::{ENV_ADMISSION_WAIT, ENV_MAX_LIVE_GUESTS, ENV_MAX_LIVE_GUESTS_PER_FLOW};
 
 /// The caps and the wait of one run, read from its settings.
@@ -45,6 +56,8 @@ pub struct Caps {
     pub max_live_per_flow: Option<usize>,
     /// The longest a run waits for a slot (before its own budget cuts it shorter).
     pub wait: Duration,
+    /// The deployment's store (`None`: the caps are per process).
+    pub store: Option<&'static StoreConfig>,
 }
 
 impl Default for Caps {
@@ -53,6 +66,7 @@ impl Default for Caps {
             max_live: None,
             max_live_per_flow: None,
             wait: crate::settings::DEFAULT_ADMISSION_WAIT,
+            store: None,
         }
     }
 }
@@ -64,6 +78,7 @@ impl Caps {
             max_live: settings.max_live_guests,
             max_live_per_flow: settings.max_live_guests_per_flow,
             wait: settings.admission_wait,
+            store: settings.admission_store,
         }
     }
 }
@@ -141,6 +156,8 @@ struct State {
     next_id: u64,
     waits: u64,
     refusals: u64,
+    /// The store the last run read (pool refills use it, as they use the last cap).
+    store: Option<&'static StoreConfig>,
 }
 
 /// A warm pool's way of giving up one idle guest for a waiting run: true when it did.
@@ -150,6 +167,10 @@ struct Inner {
     state: Mutex<State>,
     /// The pools that can give up an idle guest for a waiting run.
     reclaimers: Mutex<Vec<Weak<Reclaim>>>,
+    /// This process's use of the deployment's store, once a run named one.
+    deployment: Mutex<Option<Deployment>>,
+    /// Where the store's errors, fallbacks and lost leases are counted.
+    observation: Mutex<Option<crate::observe::Observation>>,
 }
 
 /// What an [`Admission`] holds right now.
@@ -167,8 +188,10 @@ pub struct AdmissionStats {
     pub flows: Vec<(String, usize)>,
     /// Runs that had to wait, so far.
     pub waits: u64,
-    /// Runs refused at capacity, so far.
+    /// Runs refused at capacity, so far (deployment-wide refusals included).
     pub refusals: u64,
+    /// The deployment's store, once a run named one.
+    pub deployment: Option<DeploymentStats>,
 }
 
 /// The process's admission control (see the module docs). Cheap to clone (shared state).
@@ -255,6 +278,8 @@ impl Admission {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 reclaimers: Mutex::new(Vec::new()),
+                deployment: Mutex::new(None),
+                observation: Mutex::new(None),
             }),
         }
     }
@@ -284,6 +309,140 @@ impl Admission {
             flows,
             waits: st.waits,
             refusals: st.refusals,
+            deployment: self.current_deployment().map(|d| d.stats()),
+        }
+    }
+
+    /// This process's use of the deployment's store, if a run named one.
+    pub fn current_deployment(&self) -> Option<Deployment> {
+        self.inner
+            .deployment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// This process's use of the store of `config`, made on first use (a changed setting makes
+    /// a new one; leases held under the old one stay with their slots).
+    pub fn deployment(&self, config: &'static StoreConfig) -> Result<Deployment, SandboxError> {
+        let mut held = self
+            .inner
+            .deployment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = held.as_ref().filter(|d| std::ptr::eq(d.config(), config)) {
+            return Ok(d.clone());
+        }
+        let obs = self
+            .inner
+            .observation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let d = Deployment::observed(config, obs)?;
+        *held = Some(d.clone());
+        Ok(d)
+    }
+
+    /// Counts the store's errors, fallbacks and lost leases in `obs` (the session's).
+    pub fn observe_with(&self, obs: &crate::observe::Observation) {
+        *self
+            .inner
+            .observation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(obs.clone());
+    }
+
+    /// The create lock of the kept guest `name` in the deployment's store, when `caps` name
+    /// one: the worker that holds it creates the guest (or finds it), the others wait for it
+    /// and then find the guest by name, so two workers never race one create. Waits until
+    /// `until` at most; then, or when the store fails under `local`, `Ok(None)`: the run goes
+    /// on without it (the control plane's name uniqueness still allows one create). A store
+    /// that fails under `refuse` refuses the run.
+    pub async fn create_lock(
+        &self,
+        caps: Caps,
+        name: &str,
+        until: Instant,
+    ) -> Result<Option<StoreLease>, SandboxError> {
+        let Some(config) = caps.store else {
+            return Ok(None);
+        };
+        let dep = self.deployment(config)?;
+        match dep
+            .lease(&config.create_lock_key(name), Some(1), until, || {})
+            .await
+        {
+            Ok(lock) => Ok(Some(lock)),
+            Err(Denied::AtCap { .. }) => Ok(None),
+            Err(Denied::Store(e)) => match config.on_failure {
+                OnFailure::Refuse => Err(dep.store_refusal(&e)),
+                OnFailure::Local => {
+                    dep.note_fallback(&e);
+                    Ok(None)
+                }
+            },
+        }
+    }
+
+    /// Uses `deployment` for its store's config (tests hand one on their own store).
+    pub fn set_deployment(&self, deployment: Deployment) {
+        *self
+            .inner
+            .deployment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(deployment);
+    }
+
+    /// A lease under `scope`'s deployment-wide cap, when `caps` name a store: `Ok((None, _))`
+    /// without a store, or when it failed under `local`. Also says how long it polled.
+    async fn deploy(
+        &self,
+        scope: Scope<'_>,
+        cap: Option<usize>,
+        caps: Caps,
+        until: Instant,
+    ) -> Result<(Option<StoreLease>, Option<Duration>), SandboxError> {
+        let Some(config) = caps.store else {
+            return Ok((None, None));
+        };
+        let dep = self.deployment(config)?;
+        let key = match scope {
+            Scope::Guests => config.guests_key(),
+            Scope::Flow(flow) => config.flow_key(flow),
+        };
+        let started = Instant::now();
+        let mut waited = false;
+        let got = dep
+            .lease(&key, cap, until, || {
+                waited = true;
+                self.lock().waits += 1;
+                if scope == Scope::Guests {
+                    self.reclaim_one();
+                }
+            })
+            .await;
+        match got {
+            Ok(lease) => Ok((Some(lease), waited.then(|| started.elapsed()))),
+            Err(Denied::AtCap { live }) => {
+                dep.note_refusal();
+                self.lock().refusals += 1;
+                Err(deployment_at_capacity(
+                    scope,
+                    cap.unwrap_or(0),
+                    live,
+                    started.elapsed(),
+                    caps,
+                    config,
+                ))
+            }
+            Err(Denied::Store(e)) => match config.on_failure {
+                OnFailure::Refuse => Err(dep.store_refusal(&e)),
+                OnFailure::Local => {
+                    dep.note_fallback(&e);
+                    Ok((None, None))
+                }
+            },
         }
     }
 
@@ -319,10 +478,40 @@ impl Admission {
     /// A guest slot now, for a warm pool's refill: only when there is room and no run waits
     /// (a refill never takes a slot a waiting run needs). Uses the cap the last run read.
     pub fn try_guest_slot(&self) -> Option<GuestSlot> {
-        self.lock()
-            .guests
-            .take_now()
-            .then(|| GuestSlot { adm: self.clone() })
+        self.lock().guests.take_now().then(|| GuestSlot {
+            adm: self.clone(),
+            lease: None,
+        })
+    }
+
+    /// [`Admission::try_guest_slot`], also under the deployment-wide cap when the last run
+    /// named a store: one try at a lease, no waiting. A store that fails gives no slot under
+    /// `refuse`, and the local one alone under `local` (counted as a fallback).
+    pub async fn try_guest_slot_deployed(&self) -> Option<GuestSlot> {
+        let (store, cap) = {
+            let st = self.lock();
+            (st.store, st.guests.cap)
+        };
+        let mut slot = self.try_guest_slot()?;
+        let Some(config) = store else {
+            return Some(slot);
+        };
+        let dep = self.deployment(config).ok()?;
+        let until = Instant::now() + crate::lease::STORE_CALL_TIMEOUT;
+        match dep.try_lease(&config.guests_key(), cap, until).await {
+            Ok((Some(lease), _)) => {
+                slot.lease = Some(lease);
+                Some(slot)
+            }
+            Ok((None, _)) => None,
+            Err(e) => match config.on_failure {
+                OnFailure::Refuse => None,
+                OnFailure::Local => {
+                    dep.note_fallback(&e);
+                    Some(slot)
+                }
+            },
+        }
     }
 
     /// Whether any run waits for a guest slot.
@@ -333,9 +522,9 @@ impl Admission {
     /// A guest slot under `caps`, waiting in line until `until` if the process is at its cap.
     /// A run that has to wait first asks the warm pools to give up an idle guest.
     pub async fn guest_slot(&self, caps: Caps, until: Instant) -> Result<GuestSlot, SandboxError> {
-        self.wait_in(Scope::Guests, caps.max_live, caps, until)
-            .await?;
-        Ok(GuestSlot { adm: self.clone() })
+        self.guest_slot_timed(caps, until)
+            .await
+            .map(|(slot, _)| slot)
     }
 
     /// [`Admission::guest_slot`], also saying how long it queued (`None`: it did not).
@@ -347,7 +536,19 @@ impl Admission {
         let queued = self
             .wait_in(Scope::Guests, caps.max_live, caps, until)
             .await?;
-        Ok((GuestSlot { adm: self.clone() }, queued))
+        let mut slot = GuestSlot {
+            adm: self.clone(),
+            lease: None,
+        };
+        // Boxed: the store's state machine stays off the run's own future (and the path
+        // without a store allocates nothing).
+        let (lease, polled) = if caps.store.is_some() {
+            Box::pin(self.deploy(Scope::Guests, caps.max_live, caps, until)).await?
+        } else {
+            (None, None)
+        };
+        slot.lease = lease;
+        Ok((slot, add(queued, polled)))
     }
 
     /// A slot of `flow` under `caps`, waiting in line until `until` if the flow is at its cap.
@@ -371,11 +572,20 @@ impl Admission {
         let queued = self
             .wait_in(Scope::Flow(flow), caps.max_live_per_flow, caps, until)
             .await?;
-        let slot = FlowSlot {
+        let mut slot = FlowSlot {
             adm: self.clone(),
             flow: flow.to_owned(),
+            lease: None,
         };
-        Ok((slot, queued))
+        // Boxed: the store's state machine stays off the run's own future (and the path
+        // without a store allocates nothing).
+        let (lease, polled) = if caps.store.is_some() {
+            Box::pin(self.deploy(Scope::Flow(flow), caps.max_live_per_flow, caps, until)).await?
+        } else {
+            (None, None)
+        };
+        slot.lease = lease;
+        Ok((slot, add(queued, polled)))
     }
 
     async fn wait_in(
@@ -388,6 +598,9 @@ impl Admission {
         let (mut rx, id) = {
             let mut guard = self.lock();
             let st = &mut *guard;
+            if scope == Scope::Guests {
+                st.store = caps.store;
+            }
             let pool = match scope {
                 Scope::Guests => &mut st.guests,
                 Scope::Flow(flow) => st.flows.entry(flow.to_owned()).or_default(),
@@ -446,6 +659,50 @@ impl Admission {
         }
         st.tidy(scope);
     }
+}
+
+fn add(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or_default() + b.unwrap_or_default()),
+    }
+}
+
+/// The refusal of a run that waited in vain for a place under a deployment-wide cap: the cap,
+/// the deployment's live count, the store (redacted) and the setting.
+fn deployment_at_capacity(
+    scope: Scope<'_>,
+    cap: usize,
+    live: u64,
+    waited: Duration,
+    caps: Caps,
+    config: &StoreConfig,
+) -> SandboxError {
+    let what = match scope {
+        Scope::Guests => format!(
+            "{live} guest(s) are live in the whole deployment, the deployment-wide cap \
+             {ENV_MAX_LIVE_GUESTS}={cap}"
+        ),
+        Scope::Flow(flow) => format!(
+            "flow {flow:?} has {live} run(s) holding a guest in the whole deployment, the \
+             deployment-wide cap {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
+        ),
+    };
+    let setting = match scope {
+        Scope::Guests => ENV_MAX_LIVE_GUESTS,
+        Scope::Flow(_) => ENV_MAX_LIVE_GUESTS_PER_FLOW,
+    };
+    SandboxError::new(
+        ErrorKind::AtCapacity,
+        format!(
+            "the CreateOS sandbox is at capacity: {what}, held in {}. The run waited {:.1}s \
+             for a slot ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing \
+             ran; raise {setting} or retry later",
+            config.describe(),
+            waited.as_secs_f64(),
+            caps.wait.as_secs_f64()
+        ),
+    )
 }
 
 /// The refusal of a run that waited for a slot in vain: it names the cap, the live count, the
@@ -545,6 +802,8 @@ impl Ticket {
 /// the first waiting run).
 pub struct GuestSlot {
     adm: Admission,
+    /// Its lease under the deployment-wide cap, when a store holds the caps.
+    lease: Option<StoreLease>,
 }
 
 impl fmt::Debug for GuestSlot {
@@ -553,8 +812,16 @@ impl fmt::Debug for GuestSlot {
     }
 }
 
+impl GuestSlot {
+    /// Whether it holds a lease in the deployment's store.
+    pub fn is_deployed(&self) -> bool {
+        self.lease.is_some()
+    }
+}
+
 impl Drop for GuestSlot {
     fn drop(&mut self) {
+        drop(self.lease.take());
         self.adm.give_back(Scope::Guests);
     }
 }
@@ -563,6 +830,8 @@ impl Drop for GuestSlot {
 pub struct FlowSlot {
     adm: Admission,
     flow: String,
+    /// Its lease under the flow's deployment-wide cap, when a store holds the caps.
+    lease: Option<StoreLease>,
 }
 
 impl fmt::Debug for FlowSlot {
@@ -575,6 +844,7 @@ impl fmt::Debug for FlowSlot {
 
 impl Drop for FlowSlot {
     fn drop(&mut self) {
+        drop(self.lease.take());
         self.adm.give_back(Scope::Flow(&self.flow));
     }
 }
@@ -590,6 +860,7 @@ mod tests {
             max_live: Some(max),
             max_live_per_flow: Some(max),
             wait: Duration::from_secs(30),
+            store: None,
         }
     }
 

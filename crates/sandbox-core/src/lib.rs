@@ -38,6 +38,7 @@ pub mod exec;
 pub mod gateway;
 pub mod guest;
 pub mod kind;
+pub mod lease;
 pub mod names;
 pub mod observe;
 pub mod orphans;

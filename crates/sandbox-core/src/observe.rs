@@ -222,6 +222,11 @@ pub struct GuestUsage {
     pub bytes_returned: u64,
     /// Why it was destroyed.
     pub reason: DestroyReason,
+    /// The process that held it when it was destroyed (its pid).
+    pub worker: u32,
+    /// The host of that process ([`crate::lease::host_name`]: `CREATEOS_HOST_ID` or the
+    /// machine's name).
+    pub host: String,
 }
 
 /// Something worth counting. Cheap to build: borrowed strings, no allocation.
@@ -236,6 +241,18 @@ pub enum Event<'a> {
     },
     /// A created guest is gone.
     GuestDestroyed(&'a GuestUsage),
+    /// A kept guest created elsewhere (an earlier process, another worker) is held here now:
+    /// counted live here until it is destroyed or let go.
+    GuestAdopted {
+        /// Its surface.
+        surface: SurfaceKind,
+    },
+    /// A kept guest this process held was released alive: no longer counted live here (the
+    /// worker that takes it next counts it).
+    GuestLetGo {
+        /// Its surface.
+        surface: SurfaceKind,
+    },
     /// A run ended.
     RunFinished {
         /// Its surface.
@@ -271,11 +288,52 @@ pub enum Event<'a> {
         /// Its surface.
         surface: SurfaceKind,
     },
+    /// Something happened with the deployment's admission store ([`crate::lease`]).
+    AdmissionStore(StoreEvent),
     /// The orphan sweep deleted this many guests of earlier processes.
     OrphansReaped {
         /// How many.
         count: u64,
     },
+}
+
+/// What the deployment's admission store did that an operator counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreEvent {
+    /// A store call failed or did not answer in time.
+    Error,
+    /// A run was admitted under this process's own cap because the store failed (`local`).
+    Fallback,
+    /// A held lease was found expired at renewal (the store was away longer than a lease).
+    LeaseLost,
+}
+
+impl StoreEvent {
+    /// Every kind, in index order.
+    pub const ALL: [StoreEvent; 3] = [
+        StoreEvent::Error,
+        StoreEvent::Fallback,
+        StoreEvent::LeaseLost,
+    ];
+
+    /// `error`, `fallback` or `lease_lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreEvent::Error => "error",
+            StoreEvent::Fallback => "fallback",
+            StoreEvent::LeaseLost => "lease_lost",
+        }
+    }
+
+    /// Its native family: `createos_admission_store_errors_total`, `..._fallbacks_total`,
+    /// `..._leases_lost_total`.
+    pub fn family(self) -> &'static str {
+        match self {
+            StoreEvent::Error => "createos_admission_store_errors_total",
+            StoreEvent::Fallback => "createos_admission_store_fallbacks_total",
+            StoreEvent::LeaseLost => "createos_admission_store_leases_lost_total",
+        }
+    }
 }
 
 /// A sink for [`Event`]s (the metrics and usage-record exporters). Called inline: keep it
@@ -319,6 +377,8 @@ fn secs(micros: u64) -> f64 {
 #[derive(Default)]
 pub struct Counters {
     created: [AtomicU64; SURFACES],
+    adopted: [AtomicU64; SURFACES],
+    let_go: [AtomicU64; SURFACES],
     destroyed: [[AtomicU64; DestroyReason::ALL.len()]; SURFACES],
     runs: [[AtomicU64; RunOutcome::ALL.len()]; SURFACES],
     run_micros: [AtomicU64; SURFACES],
@@ -328,6 +388,7 @@ pub struct Counters {
     admission_wait_micros: [AtomicU64; SURFACES],
     admission_refusals: [AtomicU64; SURFACES],
     orphans_reaped: AtomicU64,
+    store_events: [AtomicU64; StoreEvent::ALL.len()],
     requests: Mutex<HashMap<(&'static str, StatusClass), u64>>,
     guest_micros: Mutex<HashMap<(SurfaceKind, String), u64>>,
 }
@@ -350,6 +411,8 @@ impl Counters {
     fn apply(&self, e: &Event<'_>) {
         match *e {
             Event::GuestCreated { surface, .. } => add(&self.created[surface.index()], 1),
+            Event::GuestAdopted { surface } => add(&self.adopted[surface.index()], 1),
+            Event::GuestLetGo { surface } => add(&self.let_go[surface.index()], 1),
             Event::GuestDestroyed(u) => {
                 add(&self.destroyed[u.surface.index()][u.reason.index()], 1);
                 *self
@@ -394,6 +457,7 @@ impl Counters {
                 add(&self.admission_refusals[surface.index()], 1);
             }
             Event::OrphansReaped { count } => add(&self.orphans_reaped, count),
+            Event::AdmissionStore(what) => add(&self.store_events[what as usize], 1),
         }
     }
 
@@ -442,7 +506,11 @@ impl Counters {
             out.push(Sample {
                 name: "createos_guests_live",
                 labels: vec![s(k)],
-                value: created.saturating_sub(destroyed) as f64,
+                // Every guest counted here came in once (created or adopted) and goes once
+                // (destroyed or let go): never below zero, and the workers' sum is the
+                // deployment's.
+                value: (created + get(&self.adopted[i]))
+                    .saturating_sub(destroyed + get(&self.let_go[i])) as f64,
             });
             for o in RunOutcome::ALL {
                 out.push(Sample {
@@ -484,6 +552,13 @@ impl Counters {
             labels: Vec::new(),
             value: get(&self.orphans_reaped) as f64,
         });
+        for what in StoreEvent::ALL {
+            out.push(Sample {
+                name: what.family(),
+                labels: Vec::new(),
+                value: get(&self.store_events[what as usize]) as f64,
+            });
+        }
         let mut requests: Vec<_> = self
             .requests
             .lock()
@@ -764,6 +839,8 @@ impl Tracked {
                 outcome: None,
                 bytes_returned: 0,
                 reason: DestroyReason::Reaper,
+                worker: std::process::id(),
+                host: crate::lease::host_name(),
             },
             created: tokio::time::Instant::now(),
             reason: None,
@@ -780,11 +857,18 @@ impl Tracked {
         rootfs: &str,
         egress: &'static str,
     ) -> Self {
+        obs.emit(&Event::GuestAdopted { surface });
         Self::new(obs, surface, guest, shape, rootfs, egress)
     }
 
-    /// Drops the account without reporting (a kept guest released alive).
+    /// Drops the account without a usage record (a kept guest released alive); it is no
+    /// longer counted live here ([`Event::GuestLetGo`]).
     pub fn forget(mut self) {
+        if !self.usage.guest.is_empty() {
+            self.obs.emit(&Event::GuestLetGo {
+                surface: self.usage.surface,
+            });
+        }
         self.usage.guest.clear();
     }
 
@@ -814,6 +898,7 @@ impl Tracked {
         }
         self.usage.reason = self.reason.unwrap_or(DestroyReason::Reaper);
         self.usage.destroyed_at = SystemTime::now();
+        self.usage.worker = std::process::id();
         self.usage.guest_seconds = self.created.elapsed().as_secs_f64();
         self.obs.emit(&Event::GuestDestroyed(&self.usage));
         self.usage.guest.clear();
@@ -887,6 +972,58 @@ mod tests {
 
     fn value(obs: &Observation, name: &str, labels: &[(&str, &str)]) -> f64 {
         obs.counters().value(name, labels).unwrap_or(-1.0)
+    }
+
+    #[test]
+    fn a_kept_guest_destroyed_by_another_worker_drives_no_gauge_below_zero() {
+        let c = ("surface", "component");
+        // Worker A creates the kept guest and releases it alive; worker B finds it by name and
+        // destroys it. Each gauge is back at 0, neither below, and the sum is right.
+        let (a, b) = (Observation::new(), Observation::new());
+        let made = Tracked::created(
+            a.clone(),
+            SurfaceKind::Component,
+            "lf-c-x",
+            "s",
+            "r",
+            "none",
+        );
+        assert_eq!(value(&a, "createos_guests_live", &[c]), 1.0);
+        made.forget();
+        let found = Tracked::adopted(
+            b.clone(),
+            SurfaceKind::Component,
+            "lf-c-x",
+            "s",
+            "r",
+            "none",
+        );
+        assert_eq!(value(&b, "createos_guests_live", &[c]), 1.0);
+        found.finish();
+        for obs in [&a, &b] {
+            assert_eq!(value(obs, "createos_guests_live", &[c]), 0.0);
+        }
+        assert_eq!(value(&b, "createos_guests_destroyed_total", &[c]), 1.0);
+    }
+
+    #[test]
+    fn a_usage_record_names_its_worker_and_host() {
+        struct Keep(Arc<Mutex<Vec<GuestUsage>>>);
+        impl Observer for Keep {
+            fn observe(&self, event: &Event<'_>) {
+                if let Event::GuestDestroyed(u) = event {
+                    self.0.lock().unwrap().push((*u).clone());
+                }
+            }
+        }
+        let obs = Observation::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        obs.set_observer(Some(Arc::new(Keep(Arc::clone(&seen)))));
+        Tracked::created(obs, SurfaceKind::Backend, "lf-w", "s", "r", "none").finish();
+        let got = seen.lock().unwrap();
+        assert_eq!(got[0].worker, std::process::id());
+        assert_eq!(got[0].host, crate::lease::host_name());
+        assert!(!got[0].host.is_empty());
     }
 
     #[test]

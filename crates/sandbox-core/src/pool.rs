@@ -693,7 +693,7 @@ async fn prepare(
 ) -> Result<Guest, Refill> {
     let cx = &want.cx;
     let slot = match admission {
-        Some(a) => Some(a.try_guest_slot().ok_or(Refill::NoSlot)?),
+        Some(a) => Some(a.try_guest_slot_deployed().await.ok_or(Refill::NoSlot)?),
         None => None,
     };
     // Exactly one create attempt (the pool's backoff spaces the next); it and the read-back

@@ -219,13 +219,16 @@ impl Session {
     /// A session whose accounts are built by `connector`, each control call bounded by
     /// `request_timeout`.
     pub fn new(connector: Connector, request_timeout: Duration) -> Self {
+        let admission = Admission::new();
+        let observation = Observation::new();
+        admission.observe_with(&observation);
         Self {
             inner: Arc::new(Inner {
                 connector,
                 request_timeout,
                 accounts: Mutex::new(HashMap::new()),
-                admission: Admission::new(),
-                observation: Observation::new(),
+                admission,
+                observation,
             }),
         }
     }

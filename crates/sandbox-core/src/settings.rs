@@ -100,6 +100,9 @@ pub struct Settings {
     /// The egress gateway (`CREATEOS_GATEWAY_*`): a bad value refuses only the runs that ask
     /// for domains.
     pub gateway: crate::gateway::GatewaySetting,
+    /// The deployment's admission store ([`crate::lease::ENV_ADMISSION_STORE`]; `None`: the
+    /// caps are per process).
+    pub admission_store: Option<&'static crate::lease::StoreConfig>,
 }
 
 impl fmt::Debug for Settings {
@@ -120,6 +123,7 @@ impl fmt::Debug for Settings {
             .field("admission_wait", &self.admission_wait)
             .field("control_plane_retry", &self.control_plane_retry)
             .field("gateway", &self.gateway)
+            .field("admission_store", &self.admission_store)
             .finish()
     }
 }
@@ -364,6 +368,7 @@ impl Settings {
             admission_wait,
             control_plane_retry,
             gateway: crate::gateway::GatewaySetting::from_lookup(lookup),
+            admission_store: crate::lease::StoreConfig::from_lookup(lookup)?,
         })
     }
 

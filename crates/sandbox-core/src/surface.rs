@@ -50,6 +50,10 @@ use crate::session::{Account, Connector, Session, http_connector};
 use crate::settings::Settings;
 use crate::shapes::Shape;
 
+/// The least a kept run waits for another worker's create of the same guest (its admission
+/// wait may be 0), before it goes on without the lock.
+const CREATE_LOCK_WAIT: Duration = Duration::from_secs(10);
+
 /// Reads one environment variable.
 pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
@@ -814,13 +818,22 @@ impl Surface {
                 Origin::Created,
                 None,
             ),
-            Want::Kept(name) => (
-                Guest::acquire(&cx, req.spec, name, deadline)
+            Want::Kept(name) => {
+                // With a deployment store, one worker at a time looks up or creates the guest
+                // of this name; the others wait for it, then find it by name.
+                let lock = Box::pin(self.session.admission().create_lock(
+                    req.caps,
+                    name,
+                    deadline.min(ticket.until().max(t0 + CREATE_LOCK_WAIT)),
+                ))
+                .await
+                .map_err(|e| self.no_guest::<E>(e, t_admit))?;
+                let got = Guest::acquire(&cx, req.spec, name, deadline)
                     .await
-                    .map_err(|e| self.no_guest::<E>(e, t_admit))?,
-                Origin::Kept,
-                Some(slot),
-            ),
+                    .map_err(|e| self.no_guest::<E>(e, t_admit));
+                drop(lock);
+                (got?, Origin::Kept, Some(slot))
+            }
         };
         let create_time = t0.elapsed();
         let quota_waited = guest.quota_waited();

@@ -26,6 +26,9 @@ def _doctor() -> int:
     print(report)
     shared = _native.shared_settings()
     _print_section("Every surface: admission and control-plane retry", shared)
+    store = _native.admission_store()
+    _print_section("Every surface: the deployment's admission store", store)
+    shared = shared + store
     _print_section(
         "CreateOS Sandbox component: settings",
         [

@@ -20,6 +20,7 @@ __all__ = [
     "capabilities",
     "counters",
     "shared_settings",
+    "admission_store",
     "forked",
     "enable_events",
     "drain_events",
@@ -163,11 +164,21 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     figure (guests created, destroyed and live by surface; runs by outcome; control-plane
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
     guest-seconds by surface and shape), plus ``createos_admission_live`` and
-    ``createos_admission_waiting``. A forked child's are its own. No I/O."""
+    ``createos_admission_waiting``; the admission store's ``createos_admission_store_errors_total``,
+    ``createos_admission_store_fallbacks_total`` and ``createos_admission_store_leases_lost_total``;
+    and once a run named a store ``createos_admission_store_leases_held`` and
+    ``createos_admission_deployment_refusals_total``. A forked child's are its own. No I/O."""
 
 def forked() -> bool:
     """Whether this process was forked from the one that imported the extension (such a
     process commonly ends with ``os._exit``, which skips exit handlers). No I/O."""
+
+def admission_store() -> list[tuple[str, str]]:
+    """What ``doctor`` says about the deployment's admission store (``CREATEOS_ADMISSION_STORE``),
+    as ``(level, text)`` lines: the store (its URL without the password), whether it answers
+    and in how many milliseconds, and the deployment's live guests against its cap (``info``),
+    or why every run is refused (``refused``). One round trip to the store, at most 2 s, with
+    the GIL released."""
 
 def shared_settings() -> list[tuple[str, str]]:
     """What every surface of this process shares, for ``doctor``: ``(level, text)`` lines for
@@ -190,15 +201,19 @@ def drain_events(
     """What this process observed since the last call, added up: ``(tallies, run_seconds,
     usages, dropped)``. ``tallies``: one ``(kind, label, label, value)`` per family and labels
     that changed: ``("guest_created", surface, "", n)``, ``("guest_destroyed", surface,
-    reason, n)``, ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
+    reason, n)``, ``("guest_adopted", surface, "", n)`` and ``("guest_let_go", surface, "",
+    n)`` (a kept guest of another process held here, and one released alive: with created
+    and destroyed they make the live gauge), ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
     outcome, n)``, ``("control_request", route, status_class, n)``, ``("pool", surface,
     "hit" | "miss", n)``, ``("admission_wait", surface, "", n)``,
     ``("admission_wait_seconds", surface, "", seconds)``, ``("admission_refused", surface,
-    "", n)``, ``("orphans_reaped", "", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
+    "", n)``, ``("orphans_reaped", "", "", n)``, ``("admission_store", "error" | "fallback" |
+    "lease_lost", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
     run, oldest first. ``usages``: with ``usage=True``, a dict per destroyed guest, oldest
     first (``surface``, ``guest``, ``flow_id``, ``node_id``, ``session_hash``, ``shape``,
     ``rootfs``, ``egress``, ``created_at`` and ``destroyed_at`` (Unix seconds),
-    ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``); with
+    ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``, ``worker``
+    (the pid that held it) and ``host``); with
     ``usage=False`` they are discarded. ``dropped``: run durations and usage records dropped
     meanwhile (each list holds 65 536; counts never drop). Empty before ``enable_events()``;
     a forked child starts empty. Never a key, code or output."""

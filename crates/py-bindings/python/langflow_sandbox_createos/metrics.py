@@ -172,6 +172,15 @@ class _Prometheus:
         self.wait_seconds = Counter("createos_admission_wait_seconds", "Seconds runs waited for admission.", s)
         self.refusals = Counter("createos_admission_refusals", "Runs refused at capacity.", s)
         self.orphans = Counter("createos_orphans_reaped", "Guests of earlier processes deleted by the orphan sweep.")
+        self.store = {
+            "error": Counter("createos_admission_store_errors", "Admission store calls that failed or timed out."),
+            "fallback": Counter(
+                "createos_admission_store_fallbacks", "Runs admitted under the per-process cap because the store failed."
+            ),
+            "lease_lost": Counter(
+                "createos_admission_store_leases_lost", "Leases found expired at renewal (the store was away too long)."
+            ),
+        }
         self.guest_seconds = Counter("createos_guest_seconds", "Seconds CreateOS guests lived (the cost figure).", [*s, "shape"])
         self.dropped = Counter("createos_events_dropped", "Events the native queue dropped before they were drained.")
         for surface in ("backend", "component", "executor"):
@@ -201,6 +210,10 @@ class _Prometheus:
             elif kind == "guest_destroyed":
                 child(self.destroyed, a, b).inc(n)
                 child(self.live, a).dec(n)
+            elif kind == "guest_adopted":
+                child(self.live, a).inc(n)
+            elif kind == "guest_let_go":
+                child(self.live, a).dec(n)
             elif kind == "guest_seconds":
                 child(self.guest_seconds, a, b).inc(n)
             elif kind == "run_finished":
@@ -215,6 +228,8 @@ class _Prometheus:
                 child(self.refusals, a).inc(n)
             elif kind == "orphans_reaped":
                 self.orphans.inc(n)
+            elif kind == "admission_store" and a in self.store:
+                self.store[a].inc(n)
         for surface, seconds in run_seconds:
             child(self.run_seconds, surface).observe(seconds)
 
@@ -282,6 +297,11 @@ class _OTel:
                 "wait_seconds": m.create_counter("createos.admission.wait_time", unit="s", description="Seconds runs waited for admission."),
                 "refusals": m.create_counter("createos.admission.refusals", unit="{run}", description="Runs refused at capacity."),
                 "orphans": m.create_counter("createos.orphans.reaped", unit="{guest}", description="Orphaned guests deleted."),
+                "store": m.create_counter(
+                    "createos.admission.store.events",
+                    unit="{event}",
+                    description="Admission store errors, fallbacks to the per-process cap and lost leases.",
+                ),
                 "guest_seconds": m.create_counter("createos.guest.time", unit="s", description="Seconds CreateOS guests lived (the cost figure)."),
             }
         return self._i or None
@@ -299,6 +319,10 @@ class _OTel:
             elif kind == "guest_destroyed":
                 i["destroyed"].add(n, {"surface": a, "reason": b})
                 i["live"].add(-n, {"surface": a})
+            elif kind == "guest_adopted":
+                i["live"].add(n, {"surface": a})
+            elif kind == "guest_let_go":
+                i["live"].add(-n, {"surface": a})
             elif kind == "guest_seconds":
                 i["guest_seconds"].add(n, {"surface": a, "shape": b})
             elif kind == "run_finished":
@@ -313,6 +337,8 @@ class _OTel:
                 i["refusals"].add(n, {"surface": a})
             elif kind == "orphans_reaped":
                 i["orphans"].add(n)
+            elif kind == "admission_store":
+                i["store"].add(n, {"event": a})
         for surface, seconds in run_seconds:
             i["run_seconds"].record(seconds, {"surface": surface})
 

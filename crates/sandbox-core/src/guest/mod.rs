@@ -208,7 +208,8 @@ enum Hold {
 /// A kept guest's usage account: reported destroyed only when this handle destroys it (a
 /// guest released alive is forgotten, not reported). Created by this process: its create was
 /// reported; found by name: its record counts from when this process found it.
-struct KeptTrack(std::sync::Mutex<Option<Tracked>>);
+/// (Boxed: a usage record is large next to a one-shot guest's guard.)
+struct KeptTrack(std::sync::Mutex<Option<Box<Tracked>>>);
 
 impl KeptTrack {
     fn new(cx: &GuestContext, spec: &GuestSpec, name: &str, created: bool) -> Self {
@@ -220,7 +221,7 @@ impl KeptTrack {
                 Tracked::adopted(obs, *surface, name, &spec.shape, &spec.rootfs, egress)
             }
         });
-        Self(std::sync::Mutex::new(tracked))
+        Self(std::sync::Mutex::new(tracked.map(Box::new)))
     }
 
     fn with(&self, f: impl FnOnce(&mut Tracked)) {
@@ -239,6 +240,7 @@ impl KeptTrack {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
+            .map(|b| *b)
     }
 }
 

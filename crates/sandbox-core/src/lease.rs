@@ -1,0 +1,1512 @@
+//! The deployment's admission store: caps on live guests that hold across every worker process
+//! and host of one Langflow deployment, kept in the Redis or PostgreSQL it already runs.
+//!
+//! A place under a deployment-wide cap is a **lease**: a row (PostgreSQL) or a sorted-set member
+//! (Redis) under the cap's key, with an expiry set by the store's own clock (so the workers'
+//! clocks do not matter). Taking one is one atomic step in the store: drop the expired leases of
+//! the key, count the rest, add ours only if the count is under the cap. A lease is never
+//! counted twice (its id is unique and the add is conditional) and never lost while its holder
+//! lives: one background task per process renews all the leases it holds every third of the
+//! lease time, in one round trip per period. A worker killed with SIGKILL renews nothing, so its
+//! leases expire and are dropped by the next acquire: its places come back within one lease
+//! time ([`ENV_ADMISSION_LEASE`], default 30 s).
+//!
+//! The store failing (unreachable, slow, refusing) is handled by [`OnFailure`]: refuse the run
+//! (the default: fail closed, naming the store and [`ENV_ADMISSION_STORE_ON_FAILURE`]) or fall
+//! back to the per-process cap, with a warning and a counter. Every store call is bounded by
+//! [`STORE_CALL_TIMEOUT`] and by what is left of the run's own admission wait.
+//!
+//! The store URL carries a password more often than not: it is held as a secret and shown only
+//! through [`createos_api::redact_url`] (no userinfo, no query), in every error, log and `Debug`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::time::Instant;
+
+use crate::LOG_TARGET;
+use crate::error::{ErrorKind, SandboxError};
+use crate::vars::non_blank;
+
+/// `CREATEOS_ADMISSION_STORE`: where the deployment-wide caps are held: a `redis://` URL or a
+/// `postgres://` / `postgresql://` URL, or `langflow-redis` / `langflow-database` to use
+/// Langflow's own [`ENV_LANGFLOW_REDIS_URL`] / [`ENV_LANGFLOW_DATABASE_URL`]. Unset: the caps
+/// are per process.
+pub const ENV_ADMISSION_STORE: &str = "CREATEOS_ADMISSION_STORE";
+/// `CREATEOS_ADMISSION_STORE_ON_FAILURE`: `refuse` (default) or `local` (see [`OnFailure`]).
+pub const ENV_ADMISSION_STORE_ON_FAILURE: &str = "CREATEOS_ADMISSION_STORE_ON_FAILURE";
+/// `CREATEOS_ADMISSION_LEASE_SECONDS`: how long a lease lives unrenewed (default 30, from 3 to
+/// 600): the longest a killed worker's places stay taken.
+pub const ENV_ADMISSION_LEASE: &str = "CREATEOS_ADMISSION_LEASE_SECONDS";
+/// `CREATEOS_ADMISSION_NAMESPACE`: the prefix of this deployment's keys in the store (default
+/// `createos`), so two deployments can share one Redis or one database.
+pub const ENV_ADMISSION_NAMESPACE: &str = "CREATEOS_ADMISSION_NAMESPACE";
+/// `CREATEOS_HOST_ID`: the host name this process reports in its leases and usage records
+/// (default: the machine's host name).
+pub const ENV_HOST_ID: &str = "CREATEOS_HOST_ID";
+/// `LANGFLOW_REDIS_URL`: Langflow's Redis, used when [`ENV_ADMISSION_STORE`] is
+/// `langflow-redis`.
+pub const ENV_LANGFLOW_REDIS_URL: &str = "LANGFLOW_REDIS_URL";
+/// `LANGFLOW_DATABASE_URL`: Langflow's database, used when [`ENV_ADMISSION_STORE`] is
+/// `langflow-database`.
+pub const ENV_LANGFLOW_DATABASE_URL: &str = "LANGFLOW_DATABASE_URL";
+/// The default of [`ENV_ADMISSION_LEASE`].
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default of [`ENV_ADMISSION_NAMESPACE`].
+pub const DEFAULT_NAMESPACE: &str = "createos";
+/// The longest one store call may take (cut shorter by the run's own wait).
+pub const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The PostgreSQL table of the leases (created if missing).
+pub const PG_TABLE: &str = "createos_admission_leases";
+
+const MIN_LEASE_SECONDS: f64 = 3.0;
+const MAX_LEASE_SECONDS: f64 = 600.0;
+
+/// Which kind of store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// Redis (one sorted set per key, a Lua script per step).
+    Redis,
+    /// PostgreSQL (one table, an advisory lock per key).
+    Postgres,
+}
+
+impl StoreKind {
+    /// `redis` or `postgres`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Redis => "redis",
+            StoreKind::Postgres => "postgres",
+        }
+    }
+}
+
+/// What a run does when the store cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Refuse the run, nothing having run (fail closed). The default.
+    Refuse,
+    /// Admit the run under the per-process cap alone, with a warning and a counter.
+    Local,
+}
+
+/// The store setting of a process, validated. Interned ([`StoreConfig::intern`]) so a run's
+/// [`crate::admission::Caps`] stay `Copy`.
+pub struct StoreConfig {
+    /// Redis or PostgreSQL.
+    pub kind: StoreKind,
+    url: SecretString,
+    /// The URL as it may be shown: no userinfo, no query, no fragment.
+    pub shown: String,
+    /// The variable the URL came from ([`ENV_ADMISSION_STORE`] or Langflow's).
+    pub source: &'static str,
+    /// [`ENV_ADMISSION_STORE_ON_FAILURE`].
+    pub on_failure: OnFailure,
+    /// [`ENV_ADMISSION_LEASE`].
+    pub lease: Duration,
+    /// [`ENV_ADMISSION_NAMESPACE`].
+    pub namespace: String,
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("kind", &self.kind)
+            .field("url", &self.shown)
+            .field("source", &self.source)
+            .field("on_failure", &self.on_failure)
+            .field("lease", &self.lease)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl Eq for StoreConfig {}
+
+impl PartialEq for StoreConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.url.expose_secret() == other.url.expose_secret()
+            && self.source == other.source
+            && self.on_failure == other.on_failure
+            && self.lease == other.lease
+            && self.namespace == other.namespace
+    }
+}
+
+static INTERNED: Mutex<Vec<&'static StoreConfig>> = Mutex::new(Vec::new());
+
+impl StoreConfig {
+    /// Reads the store settings through `lookup`: `None` when [`ENV_ADMISSION_STORE`] is unset
+    /// (the per-process caps). A bad value is a refusal naming its variable.
+    pub fn from_lookup(
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<&'static StoreConfig>, SandboxError> {
+        let Some(raw) = non_blank(lookup, ENV_ADMISSION_STORE) else {
+            return Ok(None);
+        };
+        let (source, url) = match raw.to_ascii_lowercase().as_str() {
+            "langflow-redis" => (ENV_LANGFLOW_REDIS_URL, lookup(ENV_LANGFLOW_REDIS_URL)),
+            "langflow-database" => (ENV_LANGFLOW_DATABASE_URL, lookup(ENV_LANGFLOW_DATABASE_URL)),
+            _ => (ENV_ADMISSION_STORE, Some(raw.clone())),
+        };
+        let url = url.map(|u| u.trim().to_owned()).filter(|u| !u.is_empty());
+        let Some(url) = url else {
+            return Err(SandboxError::refused(format!(
+                "{ENV_ADMISSION_STORE}={raw} asks for Langflow's own store, but {source} is \
+                 unset; set {source}, or set {ENV_ADMISSION_STORE} to a redis:// or \
+                 postgres:// URL"
+            )));
+        };
+        let shown = createos_api::redact_url(&url);
+        let kind = parse_store_url(source, &url, &shown)?;
+        let on_failure = match non_blank(lookup, ENV_ADMISSION_STORE_ON_FAILURE)
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("refuse") => OnFailure::Refuse,
+            Some("local") => OnFailure::Local,
+            Some(other) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_ADMISSION_STORE_ON_FAILURE}={other:?} is not refuse or local; set it \
+                     to refuse (a run is refused while the admission store fails, the default) \
+                     or local (it falls back to this process's own cap)"
+                )));
+            }
+        };
+        let lease = match non_blank(lookup, ENV_ADMISSION_LEASE) {
+            None => DEFAULT_LEASE,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(s) if (MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(&s) => {
+                    Duration::from_secs_f64(s)
+                }
+                _ => {
+                    return Err(SandboxError::refused(format!(
+                        "{ENV_ADMISSION_LEASE}={v:?} is not a number of seconds from 3 to 600; \
+                         set how long a worker's places outlive it when it is killed (default \
+                         30)"
+                    )));
+                }
+            },
+        };
+        let namespace = match non_blank(lookup, ENV_ADMISSION_NAMESPACE) {
+            None => DEFAULT_NAMESPACE.to_owned(),
+            Some(ns)
+                if ns.len() <= 64
+                    && ns
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+            {
+                ns
+            }
+            Some(ns) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_ADMISSION_NAMESPACE}={ns:?} is not a namespace (letters, digits, '-', \
+                     '_' and '.', at most 64); set it to a name for this deployment, e.g. \
+                     langflow-prod"
+                )));
+            }
+        };
+        Ok(Some(Self::intern(StoreConfig {
+            kind,
+            url: SecretString::from(url),
+            shown,
+            source,
+            on_failure,
+            lease,
+            namespace,
+        })))
+    }
+
+    /// The one `'static` copy of `config` (kept for the life of the process; one per distinct
+    /// setting, so bounded by how often an operator changes it).
+    pub fn intern(config: StoreConfig) -> &'static StoreConfig {
+        let mut list = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = list.iter().find(|c| ***c == config) {
+            return found;
+        }
+        let leaked: &'static StoreConfig = Box::leak(Box::new(config));
+        list.push(leaked);
+        leaked
+    }
+
+    /// `e` with the URL's password masked (a client's message should never hold it; this makes
+    /// sure).
+    pub fn scrub(&self, e: StoreError) -> StoreError {
+        let Ok(u) = url::Url::parse(self.url.expose_secret()) else {
+            return e;
+        };
+        let mut r = crate::error::Redactor::default();
+        if let Some(pw) = u.password().filter(|p| !p.is_empty()) {
+            r = r.with(&SecretString::from(pw.to_owned()));
+            if let Ok(decoded) = url::form_urlencoded::parse(format!("p={pw}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .ok_or(())
+            {
+                r = r.with(&SecretString::from(decoded));
+            }
+        }
+        StoreError(r.apply(&e.0))
+    }
+
+    /// How the store is named in messages: kind, redacted URL and the variable.
+    pub fn describe(&self) -> String {
+        format!(
+            "the admission store {} ({}, {})",
+            self.shown,
+            self.kind.as_str(),
+            self.source
+        )
+    }
+
+    /// The key of the deployment-wide guest cap.
+    pub fn guests_key(&self) -> String {
+        format!("{}:guests", self.namespace)
+    }
+
+    /// The key of one flow's cap (the flow id hashed: any string is a safe key).
+    pub fn flow_key(&self, flow: &str) -> String {
+        format!("{}:flow:{}", self.namespace, short_hash(flow))
+    }
+
+    /// The key of the create lock of a kept guest.
+    pub fn create_lock_key(&self, guest: &str) -> String {
+        format!("{}:create:{}", self.namespace, short_hash(guest))
+    }
+}
+
+fn short_hash(s: &str) -> String {
+    let d = Sha256::digest(s.as_bytes());
+    d.iter().take(12).fold(String::new(), |mut out, b| {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+fn parse_store_url(source: &str, url: &str, shown: &str) -> Result<StoreKind, SandboxError> {
+    let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
+    let bad = |why: &str| {
+        SandboxError::refused(format!(
+            "{source}={shown:?} is not a usable admission store ({why}); set \
+             {ENV_ADMISSION_STORE} to a redis://host:6379/0 or postgres://user@host/db URL, or \
+             unset it for per-process caps"
+        ))
+    };
+    match scheme.as_str() {
+        "redis" => {
+            redis::Client::open(url).map_err(|_| bad("not a Redis URL"))?;
+            Ok(StoreKind::Redis)
+        }
+        "rediss" => Err(bad(
+            "TLS to Redis (rediss://) is not supported by this build: reach Redis over \
+             loopback or a private network with redis://",
+        )),
+        "postgres" | "postgresql" => {
+            let cfg: tokio_postgres::Config = url
+                .parse()
+                .map_err(|_| bad("not a PostgreSQL connection URL"))?;
+            if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+                || url.contains("sslmode=verify")
+            {
+                return Err(bad(
+                    "sslmode=require: TLS to PostgreSQL is not supported by this build; reach \
+                     it over loopback or a private network without sslmode=require",
+                ));
+            }
+            Ok(StoreKind::Postgres)
+        }
+        s if s.starts_with("sqlite") => Err(bad(
+            "SQLite is one file per host and cannot hold a cap for several hosts; point \
+             LANGFLOW_DATABASE_URL at PostgreSQL, or use langflow-redis or a redis:// URL",
+        )),
+        _ => Err(bad("the scheme must be redis, postgres or postgresql")),
+    }
+}
+
+/// A store call that failed (its text never holds the URL's password).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What an acquire found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    /// Whether the lease was added.
+    pub granted: bool,
+    /// Unexpired leases under the key after the step (ours included when granted).
+    pub live: u64,
+}
+
+/// A boxed future of a store call.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A store of leases under keys, each key with a cap (see the module docs).
+pub trait LeaseStore: Send + Sync {
+    /// Drops `key`'s expired leases, then adds lease `id` (held by `holder`, expiring `ttl`
+    /// from now by the store's clock) if fewer than `cap` remain (`None`: no cap).
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        cap: Option<usize>,
+        id: &'a str,
+        holder: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired>;
+    /// Pushes the expiry of each unexpired `(key, id)` to `ttl` from now; returns the ids that
+    /// were not there any more (expired or released: lost).
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [(String, String)],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<String>>;
+    /// Removes lease `id` of `key` (no error when it is gone already).
+    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
+    /// Unexpired leases under `key`.
+    fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+const REDIS_ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+  return {1, n}
+end
+local cap = tonumber(ARGV[1])
+if cap >= 0 and n >= cap then
+  return {0, n}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+return {1, n + 1}
+";
+
+const REDIS_RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+local lost = {}
+for i, key in ipairs(KEYS) do
+  local id = ARGV[i + 1]
+  local score = redis.call('ZSCORE', key, id)
+  if score and tonumber(score) > now then
+    redis.call('ZADD', key, 'XX', now + ttl, id)
+    if redis.call('PTTL', key) < ttl * 2 then redis.call('PEXPIRE', key, ttl * 2) end
+  else
+    if score then redis.call('ZREM', key, id) end
+    table.insert(lost, id)
+  end
+end
+return lost
+";
+
+const REDIS_COUNT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// The Redis store: one sorted set per key, members the lease ids scored by their expiry (ms,
+/// the server's `TIME`). The key itself expires twice a lease after its last write, and its
+/// expiry is only ever pushed later (a worker with a shorter lease never cuts another's). Keys are not spread over a Redis Cluster (a renewal names several).
+pub struct RedisStore {
+    client: redis::Client,
+    conn: AsyncMutex<Option<redis::aio::ConnectionManager>>,
+    acquire: redis::Script,
+    renew: redis::Script,
+    count: redis::Script,
+}
+
+fn redis_err(e: &redis::RedisError) -> StoreError {
+    // A RedisError's text names the command and the server's reply, never the URL.
+    StoreError(format!("redis: {e}"))
+}
+
+impl RedisStore {
+    /// A store on `config`'s URL; connects on first use (and again after a failure).
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(config.url.expose_secret())
+            .map_err(|_| StoreError("redis: not a Redis URL".into()))?;
+        Ok(Self {
+            client,
+            conn: AsyncMutex::new(None),
+            acquire: redis::Script::new(REDIS_ACQUIRE),
+            renew: redis::Script::new(REDIS_RENEW),
+            count: redis::Script::new(REDIS_COUNT),
+        })
+    }
+
+    async fn conn(&self) -> Result<redis::aio::ConnectionManager, StoreError> {
+        let mut held = self.conn.lock().await;
+        if let Some(c) = held.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(STORE_CALL_TIMEOUT))
+            .set_response_timeout(Some(STORE_CALL_TIMEOUT))
+            .set_number_of_retries(1);
+        let c = redis::aio::ConnectionManager::new_with_config(self.client.clone(), config)
+            .await
+            .map_err(|e| redis_err(&e))?;
+        *held = Some(c.clone());
+        Ok(c)
+    }
+}
+
+impl LeaseStore for RedisStore {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        cap: Option<usize>,
+        id: &'a str,
+        _holder: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            let cap = cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+            let (granted, live): (i64, u64) = self
+                .acquire
+                .key(key)
+                .arg(cap)
+                .arg(id)
+                .arg(ms(ttl))
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))?;
+            Ok(Acquired {
+                granted: granted == 1,
+                live,
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [(String, String)],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut c = self.conn().await?;
+            let mut inv = self.renew.prepare_invoke();
+            inv.arg(ms(ttl));
+            for (key, id) in leases {
+                inv.key(key).arg(id);
+            }
+            inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            redis::cmd("ZREM")
+                .arg(key)
+                .arg(id)
+                .query_async::<i64>(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))?;
+            Ok(())
+        })
+    }
+
+    fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            self.count
+                .key(key)
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// The PostgreSQL store: one table ([`PG_TABLE`], created if missing) of `(key, lease_id,
+/// holder, expires_at)` and one function, `createos_admission_acquire`, created or replaced
+/// at connect. An acquire is one call of it, one statement and so one transaction:
+/// `pg_advisory_xact_lock(hashtext(key))` serialises the acquires of one key across every
+/// connection, then it deletes the key's expired leases, counts the rest and inserts ours if
+/// the count is under the cap. It is `VOLATILE`, so each of its statements sees what the
+/// previous lock holder committed (read committed). Times are the server's
+/// `clock_timestamp()`. Calls are prepared statements, so the server plans them once per
+/// connection.
+pub struct PostgresStore {
+    config: tokio_postgres::Config,
+    conn: AsyncMutex<Option<Arc<PgConn>>>,
+}
+
+/// One connection and its prepared statements.
+struct PgConn {
+    client: tokio_postgres::Client,
+    acquire: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    count: tokio_postgres::Statement,
+}
+
+fn pg_err(e: &tokio_postgres::Error) -> StoreError {
+    // tokio-postgres errors name the server's message or the I/O failure, never the URL.
+    let text = e.as_db_error().map_or_else(
+        || e.to_string(),
+        |db| format!("{}: {}", db.code().code(), db.message()),
+    );
+    StoreError(format!("postgres: {text}"))
+}
+
+/// A literal for the renewal's list. Keys and ids are made here (a namespace of
+/// `[A-Za-z0-9._-]`, hex digests, host names and pids); quotes are doubled all the same.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''").replace('\0', ""))
+}
+
+/// The schema, run once per connection under a lock of its own (so concurrent first
+/// connections of several workers do not race `CREATE`).
+fn pg_schema() -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext({table})); \
+         CREATE TABLE IF NOT EXISTS {PG_TABLE} (key text NOT NULL, lease_id text NOT NULL, \
+           holder text NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (key, lease_id)); \
+         CREATE INDEX IF NOT EXISTS {PG_TABLE}_key ON {PG_TABLE} (key, expires_at); \
+         CREATE OR REPLACE FUNCTION createos_admission_acquire(p_key text, p_id text, \
+           p_holder text, p_cap bigint, p_ttl_ms bigint) \
+           RETURNS TABLE (granted boolean, live bigint) LANGUAGE plpgsql VOLATILE AS $fn$ \
+         DECLARE n bigint; \
+         BEGIN \
+           PERFORM pg_advisory_xact_lock(hashtext(p_key)); \
+           DELETE FROM {PG_TABLE} WHERE key = p_key AND expires_at <= clock_timestamp(); \
+           UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond' \
+             WHERE key = p_key AND lease_id = p_id; \
+           IF FOUND THEN \
+             SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
+             RETURN QUERY SELECT true, n; RETURN; \
+           END IF; \
+           SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
+           IF p_cap IS NOT NULL AND n >= p_cap THEN \
+             RETURN QUERY SELECT false, n; RETURN; \
+           END IF; \
+           INSERT INTO {PG_TABLE} (key, lease_id, holder, expires_at) VALUES (p_key, p_id, \
+             p_holder, clock_timestamp() + p_ttl_ms * interval '1 millisecond'); \
+           RETURN QUERY SELECT true, n + 1; \
+         END $fn$",
+        table = lit(PG_TABLE)
+    )
+}
+
+impl PostgresStore {
+    /// A store on `config`'s URL; connects on first use (and again after a failure).
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let mut cfg: tokio_postgres::Config = config
+            .url
+            .expose_secret()
+            .parse()
+            .map_err(|_| StoreError("postgres: not a PostgreSQL connection URL".into()))?;
+        cfg.connect_timeout(STORE_CALL_TIMEOUT);
+        cfg.application_name("langflow-sandbox-createos");
+        Ok(Self {
+            config: cfg,
+            conn: AsyncMutex::new(None),
+        })
+    }
+
+    async fn conn(&self) -> Result<Arc<PgConn>, StoreError> {
+        let mut held = self.conn.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(Arc::clone(c));
+        }
+        let (client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| pg_err(&e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(target: LOG_TARGET, error = %pg_err(&e), "admission store: connection ended");
+            }
+        });
+        client
+            .batch_execute(&pg_schema())
+            .await
+            .map_err(|e| pg_err(&e))?;
+        let prepare = |sql: String| {
+            let client = &client;
+            async move { client.prepare(&sql).await.map_err(|e| pg_err(&e)) }
+        };
+        let acquire = prepare(
+            "SELECT granted, live FROM createos_admission_acquire($1::text, $2::text, \
+             $3::text, $4::bigint, $5::bigint)"
+                .to_owned(),
+        )
+        .await?;
+        let release = prepare(format!(
+            "DELETE FROM {PG_TABLE} WHERE key = $1::text AND lease_id = $2::text"
+        ))
+        .await?;
+        let count = prepare(format!(
+            "SELECT count(*) FROM {PG_TABLE} WHERE key = $1::text AND expires_at > \
+             clock_timestamp()"
+        ))
+        .await?;
+        let conn = Arc::new(PgConn {
+            client,
+            acquire,
+            release,
+            count,
+        });
+        *held = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+}
+
+impl LeaseStore for PostgresStore {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        cap: Option<usize>,
+        id: &'a str,
+        holder: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let cap: Option<i64> = cap.map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+            let ttl = i64::try_from(ms(ttl)).unwrap_or(i64::MAX);
+            let row = c
+                .client
+                .query_one(&c.acquire, &[&key, &id, &holder, &cap, &ttl])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            let granted: bool = row.try_get(0).map_err(|e| pg_err(&e))?;
+            let live: i64 = row.try_get(1).map_err(|e| pg_err(&e))?;
+            Ok(Acquired {
+                granted,
+                live: u64::try_from(live).unwrap_or(0),
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [(String, String)],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let c = self.conn().await?;
+            let ids: Vec<String> = leases
+                .iter()
+                .map(|(key, id)| format!("({}, {})", lit(key), lit(id)))
+                .collect();
+            let sql = format!(
+                "UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + {} * interval '1 \
+                 millisecond' WHERE (key, lease_id) IN ({}) AND expires_at > \
+                 clock_timestamp() RETURNING lease_id",
+                ms(ttl),
+                ids.join(",")
+            );
+            let msgs = c.client.simple_query(&sql).await.map_err(|e| pg_err(&e))?;
+            let kept: std::collections::HashSet<&str> = msgs
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+                    _ => None,
+                })
+                .collect();
+            Ok(leases
+                .iter()
+                .filter(|(_, id)| !kept.contains(id.as_str()))
+                .map(|(_, id)| id.clone())
+                .collect())
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            c.client
+                .execute(&c.release, &[&key, &id])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            Ok(())
+        })
+    }
+
+    fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let row = c
+                .client
+                .query_one(&c.count, &[&key])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            let n: i64 = row.try_get(0).map_err(|e| pg_err(&e))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+}
+
+/// The store of `config`.
+pub fn open_store(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    Ok(match config.kind {
+        StoreKind::Redis => Arc::new(RedisStore::new(config)?),
+        StoreKind::Postgres => Arc::new(PostgresStore::new(config)?),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process's side: held leases, the renewer, the counters.
+
+/// Who holds a lease: the host ([`ENV_HOST_ID`] or the machine's name) and the process id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The host name.
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+}
+
+impl Holder {
+    /// This process, read now (a forked child is its own holder).
+    pub fn current() -> Self {
+        Self {
+            host: host_name(),
+            pid: std::process::id(),
+        }
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.host, self.pid)
+    }
+}
+
+/// This host's name: [`ENV_HOST_ID`] when set, else the kernel's host name, else `unknown`.
+/// Only letters, digits and `-_.` are kept. Read once per process.
+pub fn host_name() -> String {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(read_host_name).clone()
+}
+
+fn read_host_name() -> String {
+    let raw = std::env::var(ENV_HOST_ID)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_default();
+    let clean: String = raw
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+        .take(64)
+        .collect();
+    if clean.is_empty() {
+        "unknown".to_owned()
+    } else {
+        clean
+    }
+}
+
+/// What a [`Deployment`] counted so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeploymentStats {
+    /// Leases this process holds now.
+    pub held: usize,
+    /// Store calls that failed or timed out.
+    pub store_errors: u64,
+    /// Runs admitted under the per-process cap because the store failed (`local`).
+    pub fallbacks: u64,
+    /// Leases found gone at renewal (expired while their holder lived: the store was away
+    /// longer than a lease).
+    pub lost: u64,
+    /// Runs refused at a deployment-wide cap.
+    pub refusals: u64,
+}
+
+struct DeploymentInner {
+    config: &'static StoreConfig,
+    store: Arc<dyn LeaseStore>,
+    holder: Holder,
+    holder_text: String,
+    /// Lease id → key, of every lease held.
+    held: Mutex<HashMap<String, String>>,
+    next: AtomicU64,
+    renewer: AtomicBool,
+    runtime: Option<tokio::runtime::Handle>,
+    store_errors: AtomicU64,
+    fallbacks: AtomicU64,
+    lost: AtomicU64,
+    refusals: AtomicU64,
+    /// Where errors, fallbacks and lost leases are counted for the exporters.
+    obs: Option<crate::observe::Observation>,
+}
+
+/// One process's use of the deployment's store (see the module docs). Cheap to clone.
+#[derive(Clone)]
+pub struct Deployment {
+    inner: Arc<DeploymentInner>,
+}
+
+impl fmt::Debug for Deployment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deployment")
+            .field("store", &self.inner.config)
+            .field("holder", &self.inner.holder_text)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a deployment-wide place was not had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// The cap was reached for the whole wait; the deployment's live count last seen.
+    AtCap {
+        /// Leases under the key when last asked.
+        live: u64,
+    },
+    /// The store failed (or did not answer in time).
+    Store(StoreError),
+}
+
+/// A held lease: renewed by the process's renewer until dropped; dropping it releases it in the
+/// background (best effort: its expiry is the backstop).
+pub struct StoreLease {
+    dep: Deployment,
+    key: String,
+    id: String,
+}
+
+impl fmt::Debug for StoreLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreLease")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreLease {
+    /// The lease's id in the store.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Drop for StoreLease {
+    fn drop(&mut self) {
+        let inner = &self.dep.inner;
+        inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+        let Some(rt) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| inner.runtime.clone())
+        else {
+            return;
+        };
+        let (dep, key, id) = (
+            self.dep.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.id),
+        );
+        rt.spawn(async move {
+            let store = &dep.inner.store;
+            match tokio::time::timeout(STORE_CALL_TIMEOUT, store.release(&key, &id)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => dep.note_error(&e, "release"),
+                Err(_) => dep.note_error(&StoreError("no answer in time".into()), "release"),
+            }
+        });
+    }
+}
+
+impl Deployment {
+    /// This process's use of the store of `config` (connects on first use).
+    pub fn new(config: &'static StoreConfig) -> Result<Self, SandboxError> {
+        Self::observed(config, None)
+    }
+
+    /// [`Deployment::new`], counting store errors, fallbacks and lost leases in `obs`
+    /// ([`crate::observe::Event::AdmissionStore`]).
+    pub fn observed(
+        config: &'static StoreConfig,
+        obs: Option<crate::observe::Observation>,
+    ) -> Result<Self, SandboxError> {
+        let store = open_store(config).map_err(|e| {
+            SandboxError::refused(format!("{} cannot be used: {e}", config.describe()))
+        })?;
+        Ok(Self::build(config, store, obs))
+    }
+
+    /// This process's use of `store` under `config` (tests hand their own store).
+    pub fn with_store(config: &'static StoreConfig, store: Arc<dyn LeaseStore>) -> Self {
+        Self::build(config, store, None)
+    }
+
+    fn build(
+        config: &'static StoreConfig,
+        store: Arc<dyn LeaseStore>,
+        obs: Option<crate::observe::Observation>,
+    ) -> Self {
+        let holder = Holder::current();
+        let holder_text = holder.to_string();
+        Self {
+            inner: Arc::new(DeploymentInner {
+                config,
+                store,
+                holder,
+                holder_text,
+                held: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(0),
+                renewer: AtomicBool::new(false),
+                runtime: tokio::runtime::Handle::try_current().ok(),
+                store_errors: AtomicU64::new(0),
+                fallbacks: AtomicU64::new(0),
+                lost: AtomicU64::new(0),
+                refusals: AtomicU64::new(0),
+                obs,
+            }),
+        }
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &'static StoreConfig {
+        self.inner.config
+    }
+
+    /// The store itself.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.inner.store
+    }
+
+    /// This process as a lease holder.
+    pub fn holder(&self) -> &Holder {
+        &self.inner.holder
+    }
+
+    /// What it counted so far.
+    pub fn stats(&self) -> DeploymentStats {
+        let i = &self.inner;
+        DeploymentStats {
+            held: i.held.lock().unwrap_or_else(PoisonError::into_inner).len(),
+            store_errors: i.store_errors.load(Ordering::Relaxed),
+            fallbacks: i.fallbacks.load(Ordering::Relaxed),
+            lost: i.lost.load(Ordering::Relaxed),
+            refusals: i.refusals.load(Ordering::Relaxed),
+        }
+    }
+
+    fn emit(&self, what: crate::observe::StoreEvent) {
+        if let Some(obs) = &self.inner.obs {
+            obs.emit(&crate::observe::Event::AdmissionStore(what));
+        }
+    }
+
+    fn note_error(&self, e: &StoreError, during: &str) {
+        let e = &self.inner.config.scrub(e.clone());
+        self.inner.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.emit(crate::observe::StoreEvent::Error);
+        tracing::warn!(
+            target: LOG_TARGET,
+            store = %self.inner.config.shown,
+            error = %e,
+            "admission store: {during} failed"
+        );
+    }
+
+    /// Counts a run admitted under the per-process cap because the store failed, and warns.
+    pub fn note_fallback(&self, e: &StoreError) {
+        self.inner.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.emit(crate::observe::StoreEvent::Fallback);
+        tracing::warn!(
+            target: LOG_TARGET,
+            store = %self.inner.config.shown,
+            error = %e,
+            "admission store failed: the run is admitted under this process's own cap \
+             ({ENV_ADMISSION_STORE_ON_FAILURE}=local); the deployment-wide cap does not hold \
+             until the store answers again"
+        );
+    }
+
+    /// Counts a run refused at a deployment-wide cap.
+    pub fn note_refusal(&self) {
+        self.inner.refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn mint_id(&self) -> String {
+        let n = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let r: u32 = rand::random();
+        format!("{}/{n}-{r:08x}", self.inner.holder_text)
+    }
+
+    /// One store call, bounded by [`STORE_CALL_TIMEOUT`] and by `until`.
+    async fn bounded<T>(&self, until: Instant, call: StoreFuture<'_, T>) -> Result<T, StoreError> {
+        let left = until.saturating_duration_since(Instant::now());
+        // A call always gets a few milliseconds: a wait of 0 still asks once.
+        let limit = left.max(Duration::from_millis(50)).min(STORE_CALL_TIMEOUT);
+        match tokio::time::timeout(limit, call).await {
+            Ok(r) => r.map_err(|e| self.inner.config.scrub(e)),
+            Err(_) => Err(StoreError(format!(
+                "no answer within {} ms",
+                limit.as_millis()
+            ))),
+        }
+    }
+
+    /// One try at a lease under `key` with `cap` (no waiting): `Ok(None)` at the cap.
+    pub async fn try_lease(
+        &self,
+        key: &str,
+        cap: Option<usize>,
+        until: Instant,
+    ) -> Result<(Option<StoreLease>, u64), StoreError> {
+        let id = self.mint_id();
+        let ttl = self.inner.config.lease;
+        let call = self
+            .inner
+            .store
+            .try_acquire(key, cap, &id, &self.inner.holder_text, ttl);
+        let got = match self.bounded(until, call).await {
+            Ok(got) => got,
+            Err(e) => {
+                self.note_error(&e, "acquire");
+                // The add may have been applied before the answer was lost: release it (by id,
+                // harmless when it was not), expiry being the backstop.
+                let lease = StoreLease {
+                    dep: self.clone(),
+                    key: key.to_owned(),
+                    id,
+                };
+                drop(lease);
+                return Err(e);
+            }
+        };
+        if !got.granted {
+            return Ok((None, got.live));
+        }
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone(), key.to_owned());
+        self.start_renewer();
+        Ok((
+            Some(StoreLease {
+                dep: self.clone(),
+                key: key.to_owned(),
+                id,
+            }),
+            got.live,
+        ))
+    }
+
+    /// A lease under `key` with `cap`, polling with short jittered backoff until `until` while
+    /// the cap is reached; `on_wait` is called once, when the first try finds the cap reached.
+    pub async fn lease(
+        &self,
+        key: &str,
+        cap: Option<usize>,
+        until: Instant,
+        mut on_wait: impl FnMut(),
+    ) -> Result<StoreLease, Denied> {
+        let mut delay = Duration::from_millis(10);
+        let mut first = true;
+        loop {
+            match self.try_lease(key, cap, until).await {
+                Ok((Some(lease), _)) => return Ok(lease),
+                Ok((None, live)) => {
+                    if first {
+                        on_wait();
+                        first = false;
+                    }
+                    let now = Instant::now();
+                    if now >= until {
+                        return Err(Denied::AtCap { live });
+                    }
+                    let jitter = rand::random_range(0.5..1.5);
+                    let sleep = delay.mul_f64(jitter).min(until - now);
+                    tokio::time::sleep(sleep).await;
+                    delay = (delay * 2).min(Duration::from_millis(250));
+                }
+                Err(e) => return Err(Denied::Store(e)),
+            }
+        }
+    }
+
+    /// The unexpired leases under `key`, bounded by [`STORE_CALL_TIMEOUT`].
+    pub async fn count(&self, key: &str) -> Result<u64, StoreError> {
+        let until = Instant::now() + STORE_CALL_TIMEOUT;
+        self.bounded(until, self.inner.store.count(key)).await
+    }
+
+    /// Renews every lease held now, once (the renewer's step; tests call it directly).
+    pub async fn renew_now(&self) -> Result<(), StoreError> {
+        let leases: Vec<(String, String)> = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(id, key)| (key.clone(), id.clone()))
+            .collect();
+        if leases.is_empty() {
+            return Ok(());
+        }
+        let until = Instant::now() + STORE_CALL_TIMEOUT;
+        let call = self.inner.store.renew(&leases, self.inner.config.lease);
+        let lost = self.bounded(until, call).await?;
+        if !lost.is_empty() {
+            let still: usize = {
+                let held = self
+                    .inner
+                    .held
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                lost.iter().filter(|id| held.contains_key(*id)).count()
+            };
+            if still > 0 {
+                self.inner.lost.fetch_add(still as u64, Ordering::Relaxed);
+                for _ in 0..still {
+                    self.emit(crate::observe::StoreEvent::LeaseLost);
+                }
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    store = %self.inner.config.shown,
+                    lost = still,
+                    "admission store: {still} lease(s) of live guests expired before they could \
+                     be renewed (the store was away longer than {ENV_ADMISSION_LEASE}); the runs \
+                     go on, but the deployment may hold more guests than its cap until they end"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn start_renewer(&self) {
+        if self.inner.renewer.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(rt) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.inner.runtime.clone())
+        else {
+            self.inner.renewer.store(false, Ordering::SeqCst);
+            return;
+        };
+        // Held weakly: a dropped deployment stops its renewer.
+        let weak = Arc::downgrade(&self.inner);
+        let period = self.inner.config.lease / 3;
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let dep = Deployment { inner };
+                if let Err(e) = dep.renew_now().await {
+                    dep.note_error(&e, "renewal");
+                }
+            }
+        });
+    }
+
+    /// The refusal of a run under [`OnFailure::Refuse`] while the store fails.
+    pub fn store_refusal(&self, e: &StoreError) -> SandboxError {
+        let c = self.inner.config;
+        SandboxError::new(
+            ErrorKind::Refused,
+            format!(
+                "{} did not answer ({e}), and {ENV_ADMISSION_STORE_ON_FAILURE} is refuse, so the \
+                 run is refused and nothing ran; bring the store back, or set \
+                 {ENV_ADMISSION_STORE_ON_FAILURE}=local to admit runs under each process's own \
+                 cap while it is away",
+                c.describe()
+            ),
+        )
+    }
+}
+
+/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
+/// a finding; `Err`: a refusal every run gets): the store (kind, URL without its password,
+/// the variable), whether it answers and how fast, and the deployment's live guests against
+/// its cap. One count per line of the store, each bounded by [`STORE_CALL_TIMEOUT`].
+pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
+    let config = match StoreConfig::from_lookup(lookup) {
+        Ok(None) => {
+            return vec![Ok(format!(
+                "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per process; \
+                 set it to the deployment's Redis or PostgreSQL for one cap across every \
+                 worker and host"
+            ))];
+        }
+        Ok(Some(c)) => c,
+        Err(e) => return vec![Err(e.message().to_owned())],
+    };
+    let mut lines = vec![Ok(format!(
+        "admission store: {} {} ({}); on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
+         lease {} s ({ENV_ADMISSION_LEASE}); namespace {:?}",
+        config.kind.as_str(),
+        config.shown,
+        config.source,
+        match config.on_failure {
+            OnFailure::Refuse => "refuse runs",
+            OnFailure::Local => "fall back to each process's own cap",
+        },
+        config.lease.as_secs_f64(),
+        config.namespace,
+    ))];
+    let dep = match Deployment::new(config) {
+        Ok(d) => d,
+        Err(e) => {
+            lines.push(Err(e.message().to_owned()));
+            return lines;
+        }
+    };
+    let t0 = Instant::now();
+    match dep.count(&config.guests_key()).await {
+        Ok(live) => {
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let cap = non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
+                crate::settings::parse_cap(crate::settings::ENV_MAX_LIVE_GUESTS, &raw).ok()
+            });
+            lines.push(Ok(format!(
+                "admission store: reachable, answered in {ms:.1} ms"
+            )));
+            lines.push(Ok(match cap {
+                Some(cap) => format!(
+                    "deployment: {live} guest(s) live of the deployment-wide cap \
+                     {}={cap}",
+                    crate::settings::ENV_MAX_LIVE_GUESTS
+                ),
+                None => format!(
+                    "deployment: {live} guest(s) live, no cap ({} unset)",
+                    crate::settings::ENV_MAX_LIVE_GUESTS
+                ),
+            }));
+        }
+        Err(e) => {
+            let text = format!("admission store: unreachable ({e})");
+            lines.push(match config.on_failure {
+                OnFailure::Refuse => Err(format!(
+                    "{text}: every run is refused while it is ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); \
+                     bring it back or fix {}",
+                    config.source
+                )),
+                OnFailure::Local => Ok(format!(
+                    "{text}: runs fall back to each process's own cap \
+                     ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
+                )),
+            });
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn unset_is_per_process() {
+        assert!(StoreConfig::from_lookup(&env(&[])).unwrap().is_none());
+    }
+
+    #[test]
+    fn urls_are_parsed_and_shown_without_their_password() {
+        let c = StoreConfig::from_lookup(&env(&[(
+            ENV_ADMISSION_STORE,
+            "postgres://lf:hunter2-secret@127.0.0.1:5432/langflow",
+        )]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.kind, StoreKind::Postgres);
+        assert_eq!(c.on_failure, OnFailure::Refuse);
+        assert_eq!(c.lease, DEFAULT_LEASE);
+        for text in [format!("{c:?}"), c.describe()] {
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+        let r = StoreConfig::from_lookup(&env(&[
+            (ENV_ADMISSION_STORE, "langflow-redis"),
+            (
+                ENV_LANGFLOW_REDIS_URL,
+                "redis://:pw-secret@127.0.0.1:6379/0",
+            ),
+            (ENV_ADMISSION_STORE_ON_FAILURE, "LOCAL"),
+            (ENV_ADMISSION_LEASE, "9"),
+            (ENV_ADMISSION_NAMESPACE, "prod"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.kind, r.source, r.on_failure, r.lease),
+            (
+                StoreKind::Redis,
+                ENV_LANGFLOW_REDIS_URL,
+                OnFailure::Local,
+                Duration::from_secs(9)
+            )
+        );
+        assert_eq!(r.guests_key(), "prod:guests");
+        assert!(!r.describe().contains("pw-secret"));
+        // Interned: the same setting is the same config.
+        let again = StoreConfig::from_lookup(&env(&[(
+            ENV_ADMISSION_STORE,
+            "postgres://lf:hunter2-secret@127.0.0.1:5432/langflow",
+        )]))
+        .unwrap()
+        .unwrap();
+        assert!(std::ptr::eq(c, again));
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_setting_never_the_password() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[(ENV_ADMISSION_STORE, "mysql://u:pw-secret@h/db")],
+                ENV_ADMISSION_STORE,
+            ),
+            (
+                &[(ENV_ADMISSION_STORE, "rediss://u:pw-secret@h:6380")],
+                "rediss",
+            ),
+            (
+                &[(
+                    ENV_ADMISSION_STORE,
+                    "postgres://u:pw-secret@h/db?sslmode=require",
+                )],
+                "sslmode=require",
+            ),
+            (
+                &[
+                    (ENV_ADMISSION_STORE, "langflow-database"),
+                    (ENV_LANGFLOW_DATABASE_URL, "sqlite:///./langflow.db"),
+                ],
+                "SQLite",
+            ),
+            (
+                &[(ENV_ADMISSION_STORE, "langflow-redis")],
+                ENV_LANGFLOW_REDIS_URL,
+            ),
+            (
+                &[
+                    (ENV_ADMISSION_STORE, "redis://h"),
+                    (ENV_ADMISSION_STORE_ON_FAILURE, "maybe"),
+                ],
+                ENV_ADMISSION_STORE_ON_FAILURE,
+            ),
+            (
+                &[
+                    (ENV_ADMISSION_STORE, "redis://h"),
+                    (ENV_ADMISSION_LEASE, "1"),
+                ],
+                ENV_ADMISSION_LEASE,
+            ),
+            (
+                &[
+                    (ENV_ADMISSION_STORE, "redis://h"),
+                    (ENV_ADMISSION_NAMESPACE, "a b"),
+                ],
+                ENV_ADMISSION_NAMESPACE,
+            ),
+        ];
+        for (pairs, want) in cases {
+            let e = StoreConfig::from_lookup(&env(pairs)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Refused);
+            assert!(e.message().contains(want), "{want}: {e}");
+            assert!(!e.message().contains("pw-secret"), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn store_errors_and_fallbacks_are_counted_for_the_exporters() {
+        let c = StoreConfig::from_lookup(&env(&[(ENV_ADMISSION_STORE, "redis://127.0.0.1:1/0")]))
+            .unwrap()
+            .unwrap();
+        let obs = crate::observe::Observation::new();
+        let dep = Deployment::observed(c, Some(obs.clone())).unwrap();
+        let until = Instant::now() + Duration::from_millis(500);
+        let e = dep
+            .try_lease(&c.guests_key(), Some(1), until)
+            .await
+            .unwrap_err();
+        dep.note_fallback(&e);
+        let value = |name: &str| obs.counters().value(name, &[]).unwrap_or(-1.0);
+        // The failed acquire, and the release of its maybe-added lease (spawned) may add one.
+        assert!(value("createos_admission_store_errors_total") >= 1.0);
+        assert!((value("createos_admission_store_fallbacks_total") - 1.0).abs() < f64::EPSILON);
+        assert!(value("createos_admission_store_leases_lost_total").abs() < f64::EPSILON);
+        assert_eq!(dep.stats().fallbacks, 1);
+    }
+
+    #[test]
+    fn a_store_error_never_shows_the_password() {
+        let c = StoreConfig::from_lookup(&env(&[(
+            ENV_ADMISSION_STORE,
+            "redis://u:p%40ss-secret-1@127.0.0.1:6379/0",
+        )]))
+        .unwrap()
+        .unwrap();
+        let e = c.scrub(StoreError(
+            "auth p%40ss-secret-1 or p@ss-secret-1 failed".into(),
+        ));
+        assert!(!e.0.contains("secret-1"), "{e}");
+    }
+
+    #[test]
+    fn keys_hash_what_they_are_given() {
+        let c = StoreConfig::from_lookup(&env(&[(ENV_ADMISSION_STORE, "redis://127.0.0.1")]))
+            .unwrap()
+            .unwrap();
+        let k = c.flow_key("a flow'; DROP TABLE x; --");
+        assert!(k.starts_with("createos:flow:"));
+        assert!(k.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == ':'));
+        assert_ne!(c.flow_key("a"), c.flow_key("b"));
+    }
+}

@@ -1,0 +1,534 @@
+//! The deployment-wide admission store against real servers: Redis at `CREATEOS_TEST_REDIS_URL`
+//! and PostgreSQL at `CREATEOS_TEST_POSTGRES_URL` (scripts/test starts both; `scripts/stores`
+//! starts them by hand). A test whose server is not given says so and passes.
+//!
+//! The store failing is a TCP relay in front of the real server that the test cuts (refused
+//! connections) or stalls (accepted, never answered), so the shared server is never stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sandbox_core::ErrorKind;
+use sandbox_core::admission::{Admission, Caps};
+use sandbox_core::lease::{
+    Deployment, ENV_ADMISSION_LEASE, ENV_ADMISSION_NAMESPACE, ENV_ADMISSION_STORE,
+    ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, StoreConfig, open_store,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+const REDIS: &str = "CREATEOS_TEST_REDIS_URL";
+const POSTGRES: &str = "CREATEOS_TEST_POSTGRES_URL";
+
+fn server(var: &str) -> Option<String> {
+    let url = std::env::var(var).ok().filter(|v| !v.is_empty());
+    if url.is_none() {
+        eprintln!(
+            "{var} is unset: this test needs that server (scripts/stores starts one); skipped"
+        );
+    }
+    url
+}
+
+fn servers() -> Vec<(&'static str, String)> {
+    [("redis", REDIS), ("postgres", POSTGRES)]
+        .into_iter()
+        .filter_map(|(name, var)| server(var).map(|u| (name, u)))
+        .collect()
+}
+
+/// A config on `url` with a namespace of its own (tests share the servers).
+fn config(url: &str, extra: &[(&str, &str)]) -> &'static StoreConfig {
+    let ns = format!("t{}-{:08x}", std::process::id(), rand::random::<u32>());
+    let mut pairs: Vec<(String, String)> = vec![
+        (ENV_ADMISSION_STORE.into(), url.into()),
+        (ENV_ADMISSION_NAMESPACE.into(), ns),
+    ];
+    pairs.extend(extra.iter().map(|(k, v)| ((*k).into(), (*v).into())));
+    StoreConfig::from_lookup(&move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        .unwrap()
+        .unwrap()
+}
+
+fn caps(max: usize, wait_ms: u64, store: &'static StoreConfig) -> Caps {
+    Caps {
+        max_live: Some(max),
+        max_live_per_flow: Some(max),
+        wait: Duration::from_millis(wait_ms),
+        store: Some(store),
+    }
+}
+
+/// "Processes": admissions of their own on one store config.
+fn workers(n: usize, store: &'static StoreConfig) -> Vec<Admission> {
+    (0..n)
+        .map(|_| {
+            let a = Admission::new();
+            a.set_deployment(Deployment::new(store).unwrap());
+            a
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_holds_across_workers_and_every_slot_comes_back() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(3, store);
+        let granted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let a = ws[i % 3].clone();
+            let (granted, peak) = (Arc::clone(&granted), Arc::clone(&peak));
+            tasks.push(tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_secs(20);
+                let slot = a.guest_slot(caps(4, 20_000, store), until).await?;
+                let now = granted.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                granted.fetch_sub(1, Ordering::SeqCst);
+                drop(slot);
+                Ok::<_, sandbox_core::SandboxError>(())
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert!(peak.load(Ordering::SeqCst) <= 4, "{name}: peak {peak:?}");
+        // Releases are sent in the background: give them a moment.
+        let dep = ws[0].current_deployment().unwrap();
+        let mut left = u64::MAX;
+        for _ in 0..50 {
+            left = dep.count(&store.guests_key()).await.unwrap();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0, "{name}: every slot came back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        // Four connections (four "processes"), ten acquires each, all at once.
+        let raws: Vec<Arc<dyn LeaseStore>> = (0..4).map(|_| open_store(store).unwrap()).collect();
+        let raw = Arc::clone(&raws[0]);
+        let key = store.guests_key();
+        let results = futures::future::join_all((0..40).map(|i| {
+            let (raw, key) = (Arc::clone(&raws[i % 4]), key.clone());
+            async move {
+                raw.try_acquire(
+                    &key,
+                    Some(8),
+                    &format!("id-{i}"),
+                    "h/1",
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap()
+            }
+        }))
+        .await;
+        let granted = results.iter().filter(|r| r.granted).count();
+        assert_eq!(granted, 8, "{name}");
+        assert!(results.iter().all(|r| r.live <= 8), "{name}: {results:?}");
+        // The same id again is the same lease (renewed, not counted twice).
+        let winner = (0..40)
+            .find(|i| results[*i].granted)
+            .map(|i| format!("id-{i}"))
+            .unwrap();
+        let again = raw
+            .try_acquire(&key, Some(8), &winner, "h/1", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(again.granted && again.live == 8, "{name}: {again:?}");
+        assert_eq!(raw.count(&key).await.unwrap(), 8, "{name}");
+        for i in 0..40 {
+            raw.release(&key, &format!("id-{i}")).await.unwrap();
+        }
+        assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let raw = open_store(store).unwrap();
+        let key = store.guests_key();
+        let ttl = Duration::from_millis(400);
+        // A "killed worker": leases nobody renews.
+        assert!(
+            raw.try_acquire(&key, Some(2), "dead-1", "h/9", ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+        assert!(
+            raw.try_acquire(&key, Some(2), "dead-2", "h/9", ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+        assert!(
+            !raw.try_acquire(&key, Some(2), "live-1", "h/1", ttl)
+                .await
+                .unwrap()
+                .granted
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let got = raw
+            .try_acquire(&key, Some(2), "live-1", "h/1", ttl)
+            .await
+            .unwrap();
+        assert!(
+            got.granted && got.live == 1,
+            "{name}: the dead worker's places came back: {got:?}"
+        );
+        // Renewed within its time, a lease outlives it; one expired is reported lost.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let lost = raw
+                .renew(&[(key.clone(), "live-1".into())], ttl)
+                .await
+                .unwrap();
+            assert!(lost.is_empty(), "{name}: {lost:?}");
+        }
+        assert_eq!(raw.count(&key).await.unwrap(), 1, "{name}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let lost = raw
+            .renew(&[(key.clone(), "live-1".into())], ttl)
+            .await
+            .unwrap();
+        assert_eq!(lost, vec!["live-1".to_owned()], "{name}");
+        assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_renewer_keeps_a_long_run_counted() {
+    for (name, url) in servers() {
+        let store = config(&url, &[(ENV_ADMISSION_LEASE, "3")]);
+        let ws = workers(1, store);
+        let slot = ws[0]
+            .guest_slot(caps(1, 0, store), Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(slot.is_deployed());
+        // Past two lease times: only renewals keep it.
+        tokio::time::sleep(Duration::from_millis(6_500)).await;
+        let dep = ws[0].current_deployment().unwrap();
+        assert_eq!(dep.count(&store.guests_key()).await.unwrap(), 1, "{name}");
+        assert_eq!(dep.stats().lost, 0, "{name}");
+        drop(slot);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_at_the_deployment_cap_waits_then_is_refused_naming_cap_store_and_setting() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        let held = ws[0]
+            .guest_slot(caps(1, 0, store), Instant::now() + Duration::from_secs(2))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let e = ws[1]
+            .guest_slot(
+                caps(1, 400, store),
+                Instant::now() + Duration::from_millis(400),
+            )
+            .await
+            .unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!(e.kind(), ErrorKind::AtCapacity, "{name}");
+        let text = e.to_string();
+        for want in [
+            "whole deployment",
+            "CREATEOS_MAX_LIVE_GUESTS=1",
+            "1 guest(s) are live",
+            "admission store",
+            "nothing ran",
+        ] {
+            assert!(text.contains(want), "{name}: {want}: {text}");
+        }
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_millis(1500),
+            "{name}: {took:?}"
+        );
+        // A place freed by the other worker is taken by a waiting one.
+        let ws1 = ws[1].clone();
+        let waiter = tokio::spawn(async move {
+            ws1.guest_slot(
+                caps(1, 5_000, store),
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held);
+        let got = waiter
+            .await
+            .unwrap()
+            .expect("served once the other worker let go");
+        assert!(got.is_deployed());
+        // The per-flow cap is deployment-wide too.
+        let f = ws[0]
+            .flow_slot(
+                "flow-x",
+                caps(1, 0, store),
+                Instant::now() + Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        let e = ws[1]
+            .flow_slot(
+                "flow-x",
+                caps(1, 100, store),
+                Instant::now() + Duration::from_millis(100),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("CREATEOS_MAX_LIVE_GUESTS_PER_FLOW=1"),
+            "{name}: {e}"
+        );
+        drop((f, got));
+    }
+}
+
+/// A TCP relay to `upstream` that the test can cut (connections refused: nothing listens) or
+/// stall (accepted, never answered).
+struct Relay {
+    port: u16,
+    stall: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Relay {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stall = Arc::new(AtomicBool::new(false));
+        let cut = Arc::new(AtomicBool::new(false));
+        let (s, c) = (Arc::clone(&stall), Arc::clone(&cut));
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let (s, c, upstream) = (Arc::clone(&s), Arc::clone(&c), upstream.clone());
+                tokio::spawn(async move {
+                    if c.load(Ordering::SeqCst) {
+                        let _ = inbound.shutdown().await;
+                        return;
+                    }
+                    let Ok(mut out) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (mut ri, mut wi) = inbound.split();
+                    let (mut ro, mut wo) = out.split();
+                    // Copy in small steps so a cut or stall applies to an open connection too.
+                    let up = relay_half(&mut ri, &mut wo, &s, &c);
+                    let down = relay_half(&mut ro, &mut wi, &s, &c);
+                    let _ = tokio::join!(up, down);
+                });
+            }
+        });
+        Self { port, stall, cut }
+    }
+}
+
+async fn relay_half(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    stall: &AtomicBool,
+    cut: &AtomicBool,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match tokio::time::timeout(Duration::from_millis(50), from.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return,
+            Ok(Ok(n)) => n,
+            Err(_) => {
+                if cut.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+        };
+        while stall.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if cut.load(Ordering::SeqCst) || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn via_relay(url: &str, port: u16) -> String {
+    let u = url::Url::parse(url).unwrap();
+    let mut v = u.clone();
+    v.set_port(Some(port)).unwrap();
+    let _ = v.set_host(Some("127.0.0.1"));
+    v.to_string()
+}
+
+fn upstream(url: &str) -> String {
+    let u = url::Url::parse(url).unwrap();
+    format!(
+        "{}:{}",
+        u.host_str().unwrap(),
+        u.port()
+            .unwrap_or(if u.scheme() == "redis" { 6379 } else { 5432 })
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::many_single_char_names)]
+async fn a_failing_store_refuses_by_default_and_falls_back_under_local() {
+    for (name, url) in servers() {
+        let relay = Relay::start(upstream(&url)).await;
+        let through = via_relay(&url, relay.port);
+        let refuse = config(&through, &[]);
+        let local = config(&through, &[(ENV_ADMISSION_STORE_ON_FAILURE, "local")]);
+        let a = Admission::new();
+        // Up: admitted, the lease held.
+        let s = a
+            .guest_slot(
+                caps(4, 1000, refuse),
+                Instant::now() + Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        assert!(s.is_deployed(), "{name}");
+        drop(s);
+        // Down (refused connections).
+        relay.cut.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let t0 = Instant::now();
+        let e = a
+            .guest_slot(
+                caps(4, 1000, refuse),
+                Instant::now() + Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Refused, "{name}: {e}");
+        for want in [
+            ENV_ADMISSION_STORE_ON_FAILURE,
+            "admission store",
+            "nothing ran",
+            "=local",
+        ] {
+            assert!(e.to_string().contains(want), "{name}: {want}: {e}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_millis(1500),
+            "{name}: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(a.stats().live, 0, "{name}: the local place was given back");
+        let b = Admission::new();
+        let s = b
+            .guest_slot(
+                caps(4, 1000, local),
+                Instant::now() + Duration::from_secs(1),
+            )
+            .await
+            .expect("local: admitted under the process's own cap");
+        assert!(!s.is_deployed());
+        assert_eq!(b.stats().deployment.unwrap().fallbacks, 1, "{name}");
+        drop(s);
+        // Slow (accepted, never answered): bounded by the run's own wait.
+        relay.cut.store(false, Ordering::SeqCst);
+        relay.stall.store(true, Ordering::SeqCst);
+        let c = Admission::new();
+        let t0 = Instant::now();
+        let e = c
+            .guest_slot(
+                caps(4, 600, refuse),
+                Instant::now() + Duration::from_millis(600),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Refused, "{name}: {e}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(1200),
+            "{name}: a slow store held the run {:?}",
+            t0.elapsed()
+        );
+        relay.stall.store(false, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn without_servers_the_reason_is_said() {
+    // Always runs: the skip reasons above are printed by `server`, and the settings alone work.
+    let c = StoreConfig::from_lookup(&|k| {
+        (k == ENV_ADMISSION_STORE).then(|| "redis://127.0.0.1:1/0".to_owned())
+    })
+    .unwrap()
+    .unwrap();
+    let a = Admission::new();
+    let e = a
+        .guest_slot(caps(2, 300, c), Instant::now() + Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused);
+    assert!(e.to_string().contains("redis://127.0.0.1:1/0"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_at_a_time_holds_a_kept_guests_create_lock() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        let c = caps(4, 5_000, store);
+        let first = ws[0]
+            .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_secs(2))
+            .await
+            .unwrap()
+            .expect("the first worker creates");
+        let other = ws[1].clone();
+        let t0 = Instant::now();
+        let second = tokio::spawn(async move {
+            other
+                .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_secs(5))
+                .await
+        });
+        // Another guest's lock is its own.
+        assert!(
+            ws[1]
+                .create_lock(c, "lf-c-other", Instant::now() + Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "{name}: the second worker waits");
+        drop(first);
+        let got = second.await.unwrap().unwrap();
+        assert!(
+            got.is_some(),
+            "{name}: then takes the lock (and finds the guest by name)"
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(300), "{name}");
+        // A lock held past the wait: the run goes on without it (the name is the backstop).
+        let e = ws[0]
+            .create_lock(c, "lf-c-abc", Instant::now() + Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(e.is_none(), "{name}");
+    }
+}
