@@ -360,6 +360,11 @@ class FlowEvents:
         host resolved); its job is uploaded once it is there. Raises ``CreateOSExecutionError``
         for a malformed request (the run then ends, its guest destroyed) or a second call."""
     @property
+    def outcome(self) -> str | None:
+        """How the run ended, as its span reports it (``ok``, ``program_failed``,
+        ``timed_out``, ``refused``, ``may_have_run``, or ``stopped`` when the consumer stopped
+        reading before the end), decided by the native side; ``None`` until it ended."""
+    @property
     def timings(self) -> dict[str, int | None]:
         """Milliseconds per phase of the run so far (``None``: not reached); complete once the
         run ended: ``plan_ms``, ``files_ms``, ``open_ms``, ``acquire_ms``, ``dispatch_ms``,
