@@ -427,13 +427,13 @@ impl Admission {
             Err(Denied::AtCap { live }) => {
                 dep.note_refusal();
                 self.lock().refusals += 1;
-                Err(deployment_at_capacity(
+                Err(at_capacity(
                     scope,
                     cap.unwrap_or(0),
                     live,
                     started.elapsed(),
                     caps,
-                    config,
+                    Some(config),
                 ))
             }
             Err(Denied::Store(e)) => match config.on_failure {
@@ -646,9 +646,10 @@ impl Admission {
         Err(at_capacity(
             scope,
             cap.unwrap_or(live),
-            live,
+            live as u64,
             started.elapsed(),
             caps,
+            None,
         ))
     }
 
@@ -668,61 +669,40 @@ fn add(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
-/// The refusal of a run that waited in vain for a place under a deployment-wide cap: the cap,
-/// the deployment's live count, the store (redacted) and the setting.
-fn deployment_at_capacity(
+/// The refusal of a run that waited for a slot in vain: it names the cap, the live count, the
+/// setting, and that nothing ran; under a deployment-wide cap (`store`: where it is held,
+/// redacted) the count is the whole deployment's.
+fn at_capacity(
     scope: Scope<'_>,
     cap: usize,
     live: u64,
     waited: Duration,
     caps: Caps,
-    config: &StoreConfig,
+    store: Option<&StoreConfig>,
 ) -> SandboxError {
-    let what = match scope {
-        Scope::Guests => format!(
-            "{live} guest(s) are live in the whole deployment, the deployment-wide cap \
-             {ENV_MAX_LIVE_GUESTS}={cap}"
-        ),
-        Scope::Flow(flow) => format!(
-            "flow {flow:?} has {live} run(s) holding a guest in the whole deployment, the \
-             deployment-wide cap {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
-        ),
+    let (where_, cap_kind) = match store {
+        Some(_) => (" in the whole deployment", "the deployment-wide cap"),
+        None => ("", "the cap"),
     };
-    let setting = match scope {
-        Scope::Guests => ENV_MAX_LIVE_GUESTS,
-        Scope::Flow(_) => ENV_MAX_LIVE_GUESTS_PER_FLOW,
-    };
-    SandboxError::new(
-        ErrorKind::AtCapacity,
-        format!(
-            "the CreateOS sandbox is at capacity: {what}, held in {}. The run waited {:.1}s \
-             for a slot ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing \
-             ran; raise {setting} or retry later",
-            config.describe(),
-            waited.as_secs_f64(),
-            caps.wait.as_secs_f64()
-        ),
-    )
-}
-
-/// The refusal of a run that waited for a slot in vain: it names the cap, the live count, the
-/// setting, and that nothing ran.
-fn at_capacity(
-    scope: Scope<'_>,
-    cap: usize,
-    live: usize,
-    waited: Duration,
-    caps: Caps,
-) -> SandboxError {
     let what = match scope {
         Scope::Guests => {
-            format!("{live} guest(s) are live in this process, the cap {ENV_MAX_LIVE_GUESTS}={cap}")
+            let place = if store.is_some() {
+                ""
+            } else {
+                " in this process"
+            };
+            format!(
+                "{live} guest(s) are live{place}{where_}, {cap_kind} {ENV_MAX_LIVE_GUESTS}={cap}"
+            )
         }
         Scope::Flow(flow) => format!(
-            "flow {flow:?} has {live} run(s) holding a guest, the cap \
+            "flow {flow:?} has {live} run(s) holding a guest{where_}, {cap_kind} \
              {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
         ),
     };
+    let held = store.map_or_else(String::new, |config| {
+        format!(", held in {}", config.describe())
+    });
     let setting = match scope {
         Scope::Guests => ENV_MAX_LIVE_GUESTS,
         Scope::Flow(_) => ENV_MAX_LIVE_GUESTS_PER_FLOW,
@@ -730,9 +710,9 @@ fn at_capacity(
     SandboxError::new(
         ErrorKind::AtCapacity,
         format!(
-            "the CreateOS sandbox is at capacity: {what}. The run waited {:.1}s for a slot \
-             ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing ran; raise \
-             {setting} or retry later",
+            "the CreateOS sandbox is at capacity: {what}{held}. The run waited {:.1}s for a \
+             slot ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing ran; \
+             raise {setting} or retry later",
             waited.as_secs_f64(),
             caps.wait.as_secs_f64()
         ),
