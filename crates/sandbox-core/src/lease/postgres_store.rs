@@ -1,0 +1,236 @@
+//! The PostgreSQL store: leases as rows of one table, taken by one server-side function.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::{
+    Acquired, LeaseStore, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms,
+};
+use crate::LOG_TARGET;
+
+/// The PostgreSQL store: one table ([`PG_TABLE`], created if missing) of `(key, lease_id,
+/// holder, expires_at)` and one function, `createos_admission_acquire`, created or replaced
+/// at connect. An acquire is one call of it, one statement and so one transaction:
+/// `pg_advisory_xact_lock(hashtext(key))` serialises the acquires of one key across every
+/// connection, then it deletes the key's expired leases, counts the rest and inserts ours if
+/// the count is under the cap. It is `VOLATILE`, so each of its statements sees what the
+/// previous lock holder committed (read committed). Times are the server's
+/// `clock_timestamp()`. Calls are prepared statements, so the server plans them once per
+/// connection.
+pub struct PostgresStore {
+    config: tokio_postgres::Config,
+    conn: AsyncMutex<Option<Arc<PgConn>>>,
+}
+
+/// One connection and its prepared statements.
+struct PgConn {
+    client: tokio_postgres::Client,
+    acquire: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    count: tokio_postgres::Statement,
+}
+
+fn pg_err(e: &tokio_postgres::Error) -> StoreError {
+    // tokio-postgres errors name the server's message or the I/O failure, never the URL.
+    let text = e.as_db_error().map_or_else(
+        || e.to_string(),
+        |db| format!("{}: {}", db.code().code(), db.message()),
+    );
+    StoreError(format!("postgres: {text}"))
+}
+
+/// A literal for the renewal's list. Keys and ids are made here (a namespace of
+/// `[A-Za-z0-9._-]`, hex digests, host names and pids); quotes are doubled all the same.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''").replace('\0', ""))
+}
+
+/// The schema, run once per connection under a lock of its own (so concurrent first
+/// connections of several workers do not race `CREATE`).
+fn pg_schema() -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext({table})); \
+         CREATE TABLE IF NOT EXISTS {PG_TABLE} (key text NOT NULL, lease_id text NOT NULL, \
+           holder text NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (key, lease_id)); \
+         CREATE INDEX IF NOT EXISTS {PG_TABLE}_key ON {PG_TABLE} (key, expires_at); \
+         CREATE OR REPLACE FUNCTION createos_admission_acquire(p_key text, p_id text, \
+           p_holder text, p_cap bigint, p_ttl_ms bigint) \
+           RETURNS TABLE (granted boolean, live bigint) LANGUAGE plpgsql VOLATILE AS $fn$ \
+         DECLARE n bigint; \
+         BEGIN \
+           PERFORM pg_advisory_xact_lock(hashtext(p_key)); \
+           DELETE FROM {PG_TABLE} WHERE key = p_key AND expires_at <= clock_timestamp(); \
+           UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond' \
+             WHERE key = p_key AND lease_id = p_id; \
+           IF FOUND THEN \
+             SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
+             RETURN QUERY SELECT true, n; RETURN; \
+           END IF; \
+           SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
+           IF p_cap IS NOT NULL AND n >= p_cap THEN \
+             RETURN QUERY SELECT false, n; RETURN; \
+           END IF; \
+           INSERT INTO {PG_TABLE} (key, lease_id, holder, expires_at) VALUES (p_key, p_id, \
+             p_holder, clock_timestamp() + p_ttl_ms * interval '1 millisecond'); \
+           RETURN QUERY SELECT true, n + 1; \
+         END $fn$",
+        table = lit(PG_TABLE)
+    )
+}
+
+impl PostgresStore {
+    /// A store on `config`'s URL; connects on first use (and again after a failure).
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let mut cfg: tokio_postgres::Config = config
+            .url
+            .expose_secret()
+            .parse()
+            .map_err(|_| StoreError("postgres: not a PostgreSQL connection URL".into()))?;
+        cfg.connect_timeout(STORE_CALL_TIMEOUT);
+        cfg.application_name("langflow-sandbox-createos");
+        Ok(Self {
+            config: cfg,
+            conn: AsyncMutex::new(None),
+        })
+    }
+
+    async fn conn(&self) -> Result<Arc<PgConn>, StoreError> {
+        let mut held = self.conn.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(Arc::clone(c));
+        }
+        let (client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| pg_err(&e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(target: LOG_TARGET, error = %pg_err(&e), "admission store: connection ended");
+            }
+        });
+        client
+            .batch_execute(&pg_schema())
+            .await
+            .map_err(|e| pg_err(&e))?;
+        let prepare = |sql: String| {
+            let client = &client;
+            async move { client.prepare(&sql).await.map_err(|e| pg_err(&e)) }
+        };
+        let acquire = prepare(
+            "SELECT granted, live FROM createos_admission_acquire($1::text, $2::text, \
+             $3::text, $4::bigint, $5::bigint)"
+                .to_owned(),
+        )
+        .await?;
+        let release = prepare(format!(
+            "DELETE FROM {PG_TABLE} WHERE key = $1::text AND lease_id = $2::text"
+        ))
+        .await?;
+        let count = prepare(format!(
+            "SELECT count(*) FROM {PG_TABLE} WHERE key = $1::text AND expires_at > \
+             clock_timestamp()"
+        ))
+        .await?;
+        let conn = Arc::new(PgConn {
+            client,
+            acquire,
+            release,
+            count,
+        });
+        *held = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+}
+
+impl LeaseStore for PostgresStore {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        cap: Option<usize>,
+        id: &'a str,
+        holder: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let cap: Option<i64> = cap.map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+            let ttl = i64::try_from(ms(ttl)).unwrap_or(i64::MAX);
+            let row = c
+                .client
+                .query_one(&c.acquire, &[&key, &id, &holder, &cap, &ttl])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            let granted: bool = row.try_get(0).map_err(|e| pg_err(&e))?;
+            let live: i64 = row.try_get(1).map_err(|e| pg_err(&e))?;
+            Ok(Acquired {
+                granted,
+                live: u64::try_from(live).unwrap_or(0),
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [(String, String)],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let c = self.conn().await?;
+            let ids: Vec<String> = leases
+                .iter()
+                .map(|(key, id)| format!("({}, {})", lit(key), lit(id)))
+                .collect();
+            let sql = format!(
+                "UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + {} * interval '1 \
+                 millisecond' WHERE (key, lease_id) IN ({}) AND expires_at > \
+                 clock_timestamp() RETURNING lease_id",
+                ms(ttl),
+                ids.join(",")
+            );
+            let msgs = c.client.simple_query(&sql).await.map_err(|e| pg_err(&e))?;
+            let kept: std::collections::HashSet<&str> = msgs
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+                    _ => None,
+                })
+                .collect();
+            Ok(leases
+                .iter()
+                .filter(|(_, id)| !kept.contains(id.as_str()))
+                .map(|(_, id)| id.clone())
+                .collect())
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            c.client
+                .execute(&c.release, &[&key, &id])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            Ok(())
+        })
+    }
+
+    fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let row = c
+                .client
+                .query_one(&c.count, &[&key])
+                .await
+                .map_err(|e| pg_err(&e))?;
+            let n: i64 = row.try_get(0).map_err(|e| pg_err(&e))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+}

@@ -1,0 +1,173 @@
+//! The Redis store: leases as members of one sorted set per key, scored by their expiry.
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::{Acquired, LeaseStore, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms};
+
+const REDIS_ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+  return {1, n}
+end
+local cap = tonumber(ARGV[1])
+if cap >= 0 and n >= cap then
+  return {0, n}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+return {1, n + 1}
+";
+
+const REDIS_RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+local lost = {}
+for i, key in ipairs(KEYS) do
+  local id = ARGV[i + 1]
+  local score = redis.call('ZSCORE', key, id)
+  if score and tonumber(score) > now then
+    redis.call('ZADD', key, 'XX', now + ttl, id)
+    if redis.call('PTTL', key) < ttl * 2 then redis.call('PEXPIRE', key, ttl * 2) end
+  else
+    if score then redis.call('ZREM', key, id) end
+    table.insert(lost, id)
+  end
+end
+return lost
+";
+
+const REDIS_COUNT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// The Redis store: one sorted set per key, members the lease ids scored by their expiry (ms,
+/// the server's `TIME`). The key itself expires twice a lease after its last write, and its
+/// expiry is only ever pushed later (a worker with a shorter lease never cuts another's). Keys are not spread over a Redis Cluster (a renewal names several).
+pub struct RedisStore {
+    client: redis::Client,
+    conn: AsyncMutex<Option<redis::aio::ConnectionManager>>,
+    acquire: redis::Script,
+    renew: redis::Script,
+    count: redis::Script,
+}
+
+fn redis_err(e: &redis::RedisError) -> StoreError {
+    // A RedisError's text names the command and the server's reply, never the URL.
+    StoreError(format!("redis: {e}"))
+}
+
+impl RedisStore {
+    /// A store on `config`'s URL; connects on first use (and again after a failure).
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(config.url.expose_secret())
+            .map_err(|_| StoreError("redis: not a Redis URL".into()))?;
+        Ok(Self {
+            client,
+            conn: AsyncMutex::new(None),
+            acquire: redis::Script::new(REDIS_ACQUIRE),
+            renew: redis::Script::new(REDIS_RENEW),
+            count: redis::Script::new(REDIS_COUNT),
+        })
+    }
+
+    async fn conn(&self) -> Result<redis::aio::ConnectionManager, StoreError> {
+        let mut held = self.conn.lock().await;
+        if let Some(c) = held.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(STORE_CALL_TIMEOUT))
+            .set_response_timeout(Some(STORE_CALL_TIMEOUT))
+            .set_number_of_retries(1);
+        let c = redis::aio::ConnectionManager::new_with_config(self.client.clone(), config)
+            .await
+            .map_err(|e| redis_err(&e))?;
+        *held = Some(c.clone());
+        Ok(c)
+    }
+}
+
+impl LeaseStore for RedisStore {
+    fn try_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        cap: Option<usize>,
+        id: &'a str,
+        _holder: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            let cap = cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+            let (granted, live): (i64, u64) = self
+                .acquire
+                .key(key)
+                .arg(cap)
+                .arg(id)
+                .arg(ms(ttl))
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))?;
+            Ok(Acquired {
+                granted: granted == 1,
+                live,
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [(String, String)],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut c = self.conn().await?;
+            let mut inv = self.renew.prepare_invoke();
+            inv.arg(ms(ttl));
+            for (key, id) in leases {
+                inv.key(key).arg(id);
+            }
+            inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            redis::cmd("ZREM")
+                .arg(key)
+                .arg(id)
+                .query_async::<i64>(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))?;
+            Ok(())
+        })
+    }
+
+    fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            self.count
+                .key(key)
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))
+        })
+    }
+}
