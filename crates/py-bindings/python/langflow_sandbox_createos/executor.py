@@ -58,6 +58,8 @@ __all__ = ["CreateOSExecutor", "RemoteComponent", "RemoteVertex", "RemoteVertexR
 _logger = logging.getLogger("langflow_sandbox_createos")
 _shutdown_registered = False
 _said_what_is_sandboxed = False
+#: Background tasks of this module still running (the event loop holds only weak references).
+_background: set[Any] = set()
 _T = TypeVar("_T")
 
 #: The most cells (rows times the union of their columns) of a ``DataFrame`` rebuilt from a
@@ -623,13 +625,26 @@ def _register_shutdown() -> None:
         atexit.register(_native.NativeExecutor().shutdown)
 
 
-async def _say_what_is_sandboxed() -> None:
-    """Once per process, at the first run: which Langflow paths reach this executor and which
-    do not (read from the installed lfx and Langflow, off the event loop)."""
+def _say_what_is_sandboxed_soon() -> None:
+    """Once per process, at the first run's first event: which Langflow paths reach this
+    executor and which do not, logged from a background task. Reading that parses Langflow's
+    sources (a few hundred ms of CPU), so it waits until the guest has imported lfx rather
+    than competing with that import, on the run's critical path, for the host's cores (on the
+    fake the guest's cores are the host's)."""
     global _said_what_is_sandboxed
     if _said_what_is_sandboxed:
         return
     _said_what_is_sandboxed = True
+    import asyncio
+
+    task = asyncio.get_running_loop().create_task(_say_what_is_sandboxed())
+    _background.add(task)  # held until done: the loop keeps only a weak reference
+    task.add_done_callback(_background.discard)
+
+
+async def _say_what_is_sandboxed() -> None:
+    """Which Langflow paths reach this executor (read from the installed lfx and Langflow, off
+    the event loop), as one log line."""
     import asyncio
 
     from . import reach
@@ -664,6 +679,8 @@ class CreateOSExecutor(Executor):
 
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Run ``unit`` in a guest: one ``StepResult`` per vertex, then one ``RunComplete``."""
+        import asyncio
+
         from lfx.graph.graph.constants import Finish
 
         from . import _native
@@ -684,7 +701,6 @@ class CreateOSExecutor(Executor):
             _register_shutdown()
             sink = _MessageSink(unit.graph, files_back)
             try:
-                await _say_what_is_sandboxed()
                 began = time.perf_counter()
                 request = _request(unit)
                 request.update(await _host_context(unit, _native.NativeExecutor.HISTORY_MESSAGES + 1))
@@ -693,6 +709,7 @@ class CreateOSExecutor(Executor):
                 events.supply(json.dumps(request))
                 del request  # the variables' values: not kept past the hand-over
                 async for kind, data in events:
+                    _say_what_is_sandboxed_soon()
                     if kind == "vertex":
                         yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
                         continue
@@ -715,6 +732,8 @@ class CreateOSExecutor(Executor):
             finally:
                 await events.aclose()
                 _report(span, events)
+                if _background:  # the first run's log line, before a one-run process exits
+                    await asyncio.wait(set(_background), timeout=10)
 
     def __repr__(self) -> str:
         return "<CreateOSExecutor kind='createos'>"
