@@ -129,6 +129,7 @@ async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
                     &format!("id-{i}"),
                     "h/1",
                     Duration::from_secs(30),
+                    &[],
                 )
                 .await
                 .unwrap()
@@ -144,14 +145,14 @@ async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
             .map(|i| format!("id-{i}"))
             .unwrap();
         let again = raw
-            .try_acquire(&key, Some(8), &winner, "h/1", Duration::from_secs(30))
+            .try_acquire(&key, Some(8), &winner, "h/1", Duration::from_secs(30), &[])
             .await
             .unwrap();
         assert!(again.granted && again.live == 8, "{name}: {again:?}");
         assert_eq!(raw.count(&key).await.unwrap(), 8, "{name}");
-        for i in 0..40 {
-            raw.release(&key, &format!("id-{i}")).await.unwrap();
-        }
+        let all: Vec<(String, String)> =
+            (0..40).map(|i| (key.clone(), format!("id-{i}"))).collect();
+        raw.release(&all).await.unwrap();
         assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
     }
 }
@@ -165,26 +166,26 @@ async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
         let ttl = Duration::from_millis(400);
         // A "killed worker": leases nobody renews.
         assert!(
-            raw.try_acquire(&key, Some(2), "dead-1", "h/9", ttl)
+            raw.try_acquire(&key, Some(2), "dead-1", "h/9", ttl, &[])
                 .await
                 .unwrap()
                 .granted
         );
         assert!(
-            raw.try_acquire(&key, Some(2), "dead-2", "h/9", ttl)
+            raw.try_acquire(&key, Some(2), "dead-2", "h/9", ttl, &[])
                 .await
                 .unwrap()
                 .granted
         );
         assert!(
-            !raw.try_acquire(&key, Some(2), "live-1", "h/1", ttl)
+            !raw.try_acquire(&key, Some(2), "live-1", "h/1", ttl, &[])
                 .await
                 .unwrap()
                 .granted
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let got = raw
-            .try_acquire(&key, Some(2), "live-1", "h/1", ttl)
+            .try_acquire(&key, Some(2), "live-1", "h/1", ttl, &[])
             .await
             .unwrap();
         assert!(
@@ -208,6 +209,68 @@ async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
             .unwrap();
         assert_eq!(lost, vec!["live-1".to_owned()], "{name}");
         assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let raw = open_store(store).unwrap();
+        let key = store.guests_key();
+        let ttl = Duration::from_secs(30);
+        // At the cap, an acquire that carries one of the two leases back removes it first.
+        for id in ["a", "b"] {
+            assert!(
+                raw.try_acquire(&key, Some(2), id, "h/1", ttl, &[])
+                    .await
+                    .unwrap()
+                    .granted
+            );
+        }
+        let got = raw
+            .try_acquire(&key, Some(2), "c", "h/1", ttl, &[(key.clone(), "a".into())])
+            .await
+            .unwrap();
+        assert!(got.granted && got.live == 2, "{name}: {got:?}");
+        // Gone ones are no error, and a refused acquire still gives back what it carries.
+        let got = raw
+            .try_acquire(&key, Some(1), "d", "h/1", ttl, &[(key.clone(), "a".into())])
+            .await
+            .unwrap();
+        assert!(!got.granted && got.live == 2, "{name}: {got:?}");
+        let back = [(key.clone(), "b".into()), (key.clone(), "c".into())];
+        let got = raw
+            .try_acquire(&key, Some(1), "d", "h/1", ttl, &back)
+            .await
+            .unwrap();
+        assert!(got.granted && got.live == 1, "{name}: {got:?}");
+        raw.release(&[(key.clone(), "d".into())]).await.unwrap();
+        assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
+
+        // Through a deployment: under a cap of 1, back-to-back runs each get the place (the
+        // next acquire carries the last one's lease), and the count never shows two.
+        let dep = Deployment::new(store).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        for _ in 0..20 {
+            let (lease, live) = dep.try_lease(&key, Some(1), until).await.unwrap();
+            assert!(
+                lease.is_some(),
+                "{name}: the last run's lease was not given back first"
+            );
+            assert_eq!(live, 1, "{name}");
+        }
+        // The last one, with no acquire after it, leaves on its own after the linger.
+        let mut left = u64::MAX;
+        for _ in 0..50 {
+            left = dep.count(&key).await.unwrap();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(left, 0, "{name}: the last lease was never sent back");
+        assert_eq!(dep.stats().store_errors, 0, "{name}");
     }
 }
 

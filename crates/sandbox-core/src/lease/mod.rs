@@ -9,7 +9,9 @@
 //! lives: one background task per process renews all the leases it holds every third of the
 //! lease time, in one round trip per period. A worker killed with SIGKILL renews nothing, so its
 //! leases expire and are dropped by the next acquire: its places come back within one lease
-//! time ([`ENV_ADMISSION_LEASE`], default 30 s).
+//! time ([`ENV_ADMISSION_LEASE`], default 30 s). A lease given back is removed by the same
+//! step of the process's next acquire, or on its own after [`RELEASE_LINGER`]: a busy worker's
+//! runs cost the store one round trip each, not two.
 //!
 //! The store failing (unreachable, slow, refusing) is handled by [`OnFailure`]: refuse the run
 //! (the default: fail closed, naming the store and [`ENV_ADMISSION_STORE_ON_FAILURE`]) or fall
@@ -354,10 +356,15 @@ pub struct Acquired {
 /// A boxed future of a store call.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// `(key, lease id)` pairs.
+pub type Leases = [(String, String)];
+
 /// A store of leases under keys, each key with a cap (see the module docs).
 pub trait LeaseStore: Send + Sync {
-    /// Drops `key`'s expired leases, then adds lease `id` (held by `holder`, expiring `ttl`
-    /// from now by the store's clock) if fewer than `cap` remain (`None`: no cap).
+    /// Removes the leases of `release` (given back since the last call; gone ones are no
+    /// error), drops `key`'s expired leases, then adds lease `id` (held by `holder`, expiring
+    /// `ttl` from now by the store's clock) if fewer than `cap` remain (`None`: no cap). One
+    /// round trip, one step for the store.
     fn try_acquire<'a>(
         &'a self,
         key: &'a str,
@@ -365,16 +372,13 @@ pub trait LeaseStore: Send + Sync {
         id: &'a str,
         holder: &'a str,
         ttl: Duration,
+        release: &'a Leases,
     ) -> StoreFuture<'a, Acquired>;
     /// Pushes the expiry of each unexpired `(key, id)` to `ttl` from now; returns the ids that
     /// were not there any more (expired or released: lost).
-    fn renew<'a>(
-        &'a self,
-        leases: &'a [(String, String)],
-        ttl: Duration,
-    ) -> StoreFuture<'a, Vec<String>>;
-    /// Removes lease `id` of `key` (no error when it is gone already).
-    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
+    fn renew<'a>(&'a self, leases: &'a Leases, ttl: Duration) -> StoreFuture<'a, Vec<String>>;
+    /// Removes the leases of `leases` (no error for those gone already).
+    fn release<'a>(&'a self, leases: &'a Leases) -> StoreFuture<'a, ()>;
     /// Unexpired leases under `key`.
     fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
 }
@@ -476,6 +480,11 @@ struct DeploymentInner {
     holder_text: String,
     /// Lease id → key, of every lease held.
     held: Mutex<HashMap<String, String>>,
+    /// Leases given back and not yet removed from the store: the next acquire carries them,
+    /// or the flusher sends them after [`RELEASE_LINGER`].
+    pending: Mutex<Vec<(String, String)>>,
+    /// Whether a flusher is scheduled.
+    flushing: AtomicBool,
     next: AtomicU64,
     renewer: AtomicBool,
     runtime: Option<tokio::runtime::Handle>,
@@ -514,8 +523,9 @@ pub enum Denied {
     Store(StoreError),
 }
 
-/// A held lease: renewed by the process's renewer until dropped; dropping it releases it in the
-/// background (best effort: its expiry is the backstop).
+/// A held lease: renewed by the process's renewer until dropped. Dropping it stops its renewal
+/// at once and gives it back to the store with the process's next acquire, or after
+/// [`RELEASE_LINGER`] when no acquire comes first (best effort: its expiry is the backstop).
 pub struct StoreLease {
     dep: Deployment,
     key: String,
@@ -546,27 +556,18 @@ impl Drop for StoreLease {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
-        let Some(rt) = tokio::runtime::Handle::try_current()
-            .ok()
-            .or_else(|| inner.runtime.clone())
-        else {
-            return;
-        };
-        let (dep, key, id) = (
-            self.dep.clone(),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.id),
-        );
-        rt.spawn(async move {
-            let store = &dep.inner.store;
-            match tokio::time::timeout(STORE_CALL_TIMEOUT, store.release(&key, &id)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => dep.note_error(&e, "release"),
-                Err(_) => dep.note_error(&StoreError("no answer in time".into()), "release"),
-            }
-        });
+        let lease = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
+        self.dep.give_back(vec![lease]);
     }
 }
+
+/// How long a given-back lease waits for the process's next acquire to carry it to the store
+/// before it is sent on its own. A busy process's runs thus cost the store one round trip
+/// each instead of two; a slot waits at most this long to be free for the others.
+pub const RELEASE_LINGER: Duration = Duration::from_millis(5);
+
+/// The most given-back leases one acquire carries (the flusher sends the rest).
+const RELEASES_PER_ACQUIRE: usize = 256;
 
 impl Deployment {
     /// This process's use of the store of `config` (connects on first use).
@@ -605,6 +606,8 @@ impl Deployment {
                 holder,
                 holder_text,
                 held: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Vec::new()),
+                flushing: AtomicBool::new(false),
                 next: AtomicU64::new(0),
                 renewer: AtomicBool::new(false),
                 runtime: tokio::runtime::Handle::try_current().ok(),
@@ -681,6 +684,60 @@ impl Deployment {
         self.inner.refusals.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Queues `leases` for removal from the store and makes sure a flusher will send them.
+    fn give_back(&self, leases: Vec<(String, String)>) {
+        let inner = &self.inner;
+        inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(leases);
+        if inner.flushing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(rt) = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| inner.runtime.clone())
+        else {
+            // No runtime to send them from: the next acquire carries them, or they expire.
+            inner.flushing.store(false, Ordering::SeqCst);
+            return;
+        };
+        let dep = self.clone();
+        rt.spawn(async move {
+            tokio::time::sleep(RELEASE_LINGER).await;
+            // Cleared before taking: a lease given back from here on schedules another flush.
+            dep.inner.flushing.store(false, Ordering::SeqCst);
+            let batch = std::mem::take(
+                &mut *dep
+                    .inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            if batch.is_empty() {
+                return;
+            }
+            let store = &dep.inner.store;
+            match tokio::time::timeout(STORE_CALL_TIMEOUT, store.release(&batch)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => dep.note_error(&e, "release"),
+                Err(_) => dep.note_error(&StoreError("no answer in time".into()), "release"),
+            }
+        });
+    }
+
+    /// Up to [`RELEASES_PER_ACQUIRE`] given-back leases, for an acquire to carry.
+    fn take_pending(&self) -> Vec<(String, String)> {
+        let mut pending = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = pending.len().min(RELEASES_PER_ACQUIRE);
+        pending.drain(..n).collect()
+    }
+
     fn mint_id(&self) -> String {
         let n = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let r: u32 = rand::random();
@@ -710,22 +767,21 @@ impl Deployment {
     ) -> Result<(Option<StoreLease>, u64), StoreError> {
         let id = self.mint_id();
         let ttl = self.inner.config.lease;
-        let call = self
-            .inner
-            .store
-            .try_acquire(key, cap, &id, &self.inner.holder_text, ttl);
+        let release = self.take_pending();
+        let call =
+            self.inner
+                .store
+                .try_acquire(key, cap, &id, &self.inner.holder_text, ttl, &release);
         let got = match self.bounded(until, call).await {
             Ok(got) => got,
             Err(e) => {
                 self.note_error(&e, "acquire");
-                // The add may have been applied before the answer was lost: release it (by id,
-                // harmless when it was not), expiry being the backstop.
-                let lease = StoreLease {
-                    dep: self.clone(),
-                    key: key.to_owned(),
-                    id,
-                };
-                drop(lease);
+                // The add may have been applied before the answer was lost: give it back (by
+                // id, harmless when it was not), with the releases this call carried (removing
+                // one twice is no error); the flusher tries once more, expiry being the backstop.
+                let mut back = release;
+                back.push((key.to_owned(), id));
+                self.give_back(back);
                 return Err(e);
             }
         };

@@ -7,13 +7,15 @@ use secrecy::ExposeSecret;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::{
-    Acquired, LeaseStore, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms,
+    Acquired, LeaseStore, Leases, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig, StoreError,
+    StoreFuture, ms,
 };
 use crate::LOG_TARGET;
 
 /// The PostgreSQL store: one table ([`PG_TABLE`], created if missing) of `(key, lease_id,
 /// holder, expires_at)` and one function, `createos_admission_acquire`, created or replaced
-/// at connect. An acquire is one call of it, one statement and so one transaction:
+/// at connect. An acquire is one call of it, one statement and so one transaction: it deletes
+/// the leases given back since the last acquire (two arrays, keys and ids), then
 /// `pg_advisory_xact_lock(hashtext(key))` serialises the acquires of one key across every
 /// connection, then it deletes the key's expired leases, counts the rest and inserts ours if
 /// the count is under the cap. It is `VOLATILE`, so each of its statements sees what the
@@ -48,6 +50,11 @@ fn lit(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''").replace('\0', ""))
 }
 
+/// The keys and the ids of `leases`, as two arrays for `unnest`.
+fn columns(leases: &Leases) -> (Vec<&str>, Vec<&str>) {
+    leases.iter().map(|(k, i)| (k.as_str(), i.as_str())).unzip()
+}
+
 /// The schema, run once per connection under a lock of its own (so concurrent first
 /// connections of several workers do not race `CREATE`).
 fn pg_schema() -> String {
@@ -57,10 +64,14 @@ fn pg_schema() -> String {
            holder text NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (key, lease_id)); \
          CREATE INDEX IF NOT EXISTS {PG_TABLE}_key ON {PG_TABLE} (key, expires_at); \
          CREATE OR REPLACE FUNCTION createos_admission_acquire(p_key text, p_id text, \
-           p_holder text, p_cap bigint, p_ttl_ms bigint) \
+           p_holder text, p_cap bigint, p_ttl_ms bigint, p_release_keys text[], \
+           p_release_ids text[]) \
            RETURNS TABLE (granted boolean, live bigint) LANGUAGE plpgsql VOLATILE AS $fn$ \
          DECLARE n bigint; \
          BEGIN \
+           FOR i IN 1 .. coalesce(cardinality(p_release_keys), 0) LOOP \
+             DELETE FROM {PG_TABLE} WHERE key = p_release_keys[i] AND lease_id = p_release_ids[i]; \
+           END LOOP; \
            PERFORM pg_advisory_xact_lock(hashtext(p_key)); \
            DELETE FROM {PG_TABLE} WHERE key = p_key AND expires_at <= clock_timestamp(); \
            UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond' \
@@ -122,12 +133,13 @@ impl PostgresStore {
         };
         let acquire = prepare(
             "SELECT granted, live FROM createos_admission_acquire($1::text, $2::text, \
-             $3::text, $4::bigint, $5::bigint)"
+             $3::text, $4::bigint, $5::bigint, $6::text[], $7::text[])"
                 .to_owned(),
         )
         .await?;
         let release = prepare(format!(
-            "DELETE FROM {PG_TABLE} WHERE key = $1::text AND lease_id = $2::text"
+            "DELETE FROM {PG_TABLE} WHERE (key, lease_id) IN \
+             (SELECT * FROM unnest($1::text[], $2::text[]))"
         ))
         .await?;
         let count = prepare(format!(
@@ -154,14 +166,16 @@ impl LeaseStore for PostgresStore {
         id: &'a str,
         holder: &'a str,
         ttl: Duration,
+        release: &'a Leases,
     ) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let c = self.conn().await?;
             let cap: Option<i64> = cap.map(|c| i64::try_from(c).unwrap_or(i64::MAX));
             let ttl = i64::try_from(ms(ttl)).unwrap_or(i64::MAX);
+            let (keys, ids) = columns(release);
             let row = c
                 .client
-                .query_one(&c.acquire, &[&key, &id, &holder, &cap, &ttl])
+                .query_one(&c.acquire, &[&key, &id, &holder, &cap, &ttl, &keys, &ids])
                 .await
                 .map_err(|e| pg_err(&e))?;
             let granted: bool = row.try_get(0).map_err(|e| pg_err(&e))?;
@@ -173,11 +187,7 @@ impl LeaseStore for PostgresStore {
         })
     }
 
-    fn renew<'a>(
-        &'a self,
-        leases: &'a [(String, String)],
-        ttl: Duration,
-    ) -> StoreFuture<'a, Vec<String>> {
+    fn renew<'a>(&'a self, leases: &'a Leases, ttl: Duration) -> StoreFuture<'a, Vec<String>> {
         Box::pin(async move {
             if leases.is_empty() {
                 return Ok(Vec::new());
@@ -210,11 +220,15 @@ impl LeaseStore for PostgresStore {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+    fn release<'a>(&'a self, leases: &'a Leases) -> StoreFuture<'a, ()> {
         Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(());
+            }
             let c = self.conn().await?;
+            let (keys, ids) = columns(leases);
             c.client
-                .execute(&c.release, &[&key, &id])
+                .execute(&c.release, &[&keys, &ids])
                 .await
                 .map_err(|e| pg_err(&e))?;
             Ok(())

@@ -5,9 +5,14 @@ use std::time::Duration;
 use secrecy::ExposeSecret;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::{Acquired, LeaseStore, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms};
+use super::{
+    Acquired, LeaseStore, Leases, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms,
+};
 
+// KEYS[1] the cap's key; ARGV cap, id, ttl; then KEYS[i] / ARGV[i + 2] (i >= 2) the leases
+// given back since the last acquire, removed first.
 const REDIS_ACQUIRE: &str = r"
+for i = 2, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i + 2]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
@@ -108,19 +113,18 @@ impl LeaseStore for RedisStore {
         id: &'a str,
         _holder: &'a str,
         ttl: Duration,
+        release: &'a Leases,
     ) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let mut c = self.conn().await?;
             let cap = cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
-            let (granted, live): (i64, u64) = self
-                .acquire
-                .key(key)
-                .arg(cap)
-                .arg(id)
-                .arg(ms(ttl))
-                .invoke_async(&mut c)
-                .await
-                .map_err(|e| redis_err(&e))?;
+            let mut inv = self.acquire.prepare_invoke();
+            inv.key(key).arg(cap).arg(id).arg(ms(ttl));
+            for (key, id) in release {
+                inv.key(key).arg(id);
+            }
+            let (granted, live): (i64, u64) =
+                inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))?;
             Ok(Acquired {
                 granted: granted == 1,
                 live,
@@ -128,11 +132,7 @@ impl LeaseStore for RedisStore {
         })
     }
 
-    fn renew<'a>(
-        &'a self,
-        leases: &'a [(String, String)],
-        ttl: Duration,
-    ) -> StoreFuture<'a, Vec<String>> {
+    fn renew<'a>(&'a self, leases: &'a Leases, ttl: Duration) -> StoreFuture<'a, Vec<String>> {
         Box::pin(async move {
             if leases.is_empty() {
                 return Ok(Vec::new());
@@ -147,16 +147,19 @@ impl LeaseStore for RedisStore {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+    fn release<'a>(&'a self, leases: &'a Leases) -> StoreFuture<'a, ()> {
         Box::pin(async move {
+            if leases.is_empty() {
+                return Ok(());
+            }
             let mut c = self.conn().await?;
-            redis::cmd("ZREM")
-                .arg(key)
-                .arg(id)
-                .query_async::<i64>(&mut c)
+            let mut pipe = redis::pipe();
+            for (key, id) in leases {
+                pipe.cmd("ZREM").arg(key).arg(id).ignore();
+            }
+            pipe.query_async::<()>(&mut c)
                 .await
-                .map_err(|e| redis_err(&e))?;
-            Ok(())
+                .map_err(|e| redis_err(&e))
         })
     }
 
