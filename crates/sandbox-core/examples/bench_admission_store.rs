@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! eval "$(bash scripts/stores start)"
-//! cargo run --release -p sandbox-core --example bench_admission_store -- [OPS]
+//! cargo run --release -p sandbox-core --example bench_admission_store -- [OPS] [GAP_MS]
 //! ```
 //!
 //! Reads `CREATEOS_TEST_REDIS_URL` and `CREATEOS_TEST_POSTGRES_URL` (each optional). For each
@@ -12,6 +12,9 @@
 //! (the run's path: the local line, then one store round trip) and given back (the release
 //! is sent in the background, as a run's is); then the same with 16 runs at once. CPU is this
 //! process's (`/proc/self/stat`) and the store server's (every process of its name), per slot.
+//! `GAP_MS` (default 0) spaces the sequential slots as runs of that length would: each given-back
+//! lease then leaves on its own (nothing follows within the release linger) and the runtime
+//! idles in between, as in a worker serving one run at a time.
 
 use std::time::{Duration, Instant};
 
@@ -75,6 +78,7 @@ async fn sequential(
     c: Caps,
     ops: usize,
     server: &str,
+    gap: Duration,
 ) -> (Vec<Duration>, f64, f64) {
     let mut lat = Vec::with_capacity(ops);
     let (own0, srv0) = (own_cpu(), cpu_of(server));
@@ -86,6 +90,9 @@ async fn sequential(
             .expect("a slot");
         lat.push(t0.elapsed());
         drop(slot);
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
     }
     // Let the background releases land before the CPU is read.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -137,10 +144,20 @@ async fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    println!("{ops} sequential slots per store (taken and given back), then {ops} by 16 tasks");
+    let gap = Duration::from_millis(
+        std::env::args()
+            .nth(2)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0),
+    );
+    println!(
+        "{ops} sequential slots per store (taken and given back, {} ms apart), then {ops} by 16 \
+         tasks",
+        gap.as_millis()
+    );
     let none = Admission::new();
-    let _ = sequential(&none, caps(None), 200, "none").await;
-    let (lat, own, _) = sequential(&none, caps(None), ops, "none").await;
+    let _ = sequential(&none, caps(None), 200, "none", Duration::ZERO).await;
+    let (lat, own, _) = sequential(&none, caps(None), ops, "none", gap).await;
     let rate = concurrent(&none, caps(None), ops).await;
     report("no store", &lat, own, 0.0, ops, rate);
     for (name, var, server) in [
@@ -161,8 +178,8 @@ async fn main() {
         .expect("a store");
         let adm = Admission::new();
         adm.set_deployment(Deployment::new(config).expect("the store opens"));
-        let _ = sequential(&adm, caps(Some(config)), 200, server).await;
-        let (lat, own, srv) = sequential(&adm, caps(Some(config)), ops, server).await;
+        let _ = sequential(&adm, caps(Some(config)), 200, server, Duration::ZERO).await;
+        let (lat, own, srv) = sequential(&adm, caps(Some(config)), ops, server, gap).await;
         let rate = concurrent(&adm, caps(Some(config)), ops).await;
         report(name, &lat, own, srv, ops, rate);
     }

@@ -862,6 +862,11 @@ impl Surface {
         // The pool's guests go to the reaper first, so the shutdown below destroys them too.
         self.pool.close();
         let r = self.reaper.shutdown(self.opts.shutdown_timeout).await;
+        // The leases of the guests just destroyed, lingering for a next acquire that will not
+        // come: given back now rather than held until they expire.
+        if let Some(dep) = self.session.admission().current_deployment() {
+            dep.flush().await;
+        }
         if r.destroyed + r.failed > 0 {
             tracing::info!(
                 target: LOG_TARGET,

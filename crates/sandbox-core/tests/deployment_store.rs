@@ -13,7 +13,7 @@ use sandbox_core::ErrorKind;
 use sandbox_core::admission::{Admission, Caps};
 use sandbox_core::lease::{
     Deployment, ENV_ADMISSION_LEASE, ENV_ADMISSION_NAMESPACE, ENV_ADMISSION_STORE,
-    ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, StoreConfig, open_store,
+    ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, RELEASE_LINGER_ROOMY, StoreConfig, open_store,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -248,28 +248,56 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
         raw.release(&[(key.clone(), "d".into())]).await.unwrap();
         assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
 
-        // Through a deployment: under a cap of 1, back-to-back runs each get the place (the
-        // next acquire carries the last one's lease), and the count never shows two.
+        // Through a deployment, back-to-back runs each get the place and the count never
+        // shows two. With room (cap 2, one live) each run takes the last one's lease over with
+        // no store call; at the cap (1) each acquire carries the last lease away first.
         let dep = Deployment::new(store).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        for _ in 0..20 {
-            let (lease, live) = dep.try_lease(&key, Some(1), until).await.unwrap();
-            assert!(
-                lease.is_some(),
-                "{name}: the last run's lease was not given back first"
-            );
-            assert_eq!(live, 1, "{name}");
+        for (cap, leases) in [(2, 1), (1, 20)] {
+            let mut ids = std::collections::HashSet::new();
+            for _ in 0..20 {
+                let (lease, live) = dep.try_lease(&key, Some(cap), until).await.unwrap();
+                let lease = lease.expect("the last run's lease was not given back first");
+                assert_eq!(live, 1, "{name}");
+                assert_eq!(dep.count(&key).await.unwrap(), 1, "{name}");
+                ids.insert(lease.id().to_owned());
+            }
+            assert_eq!(ids.len(), leases, "{name}, cap {cap}: {ids:?}");
         }
+        // An acquire under another key carries a given-back lease away in its own step.
+        let (lease, _) = dep.try_lease(&key, Some(1), until).await.unwrap();
+        drop(lease);
+        let other = format!("{key}-other");
+        let (held, _) = dep.try_lease(&other, Some(1), until).await.unwrap();
+        assert!(held.is_some(), "{name}");
+        assert_eq!(
+            dep.count(&key).await.unwrap(),
+            0,
+            "{name}: carried by the acquire"
+        );
+        drop(held);
         // The last one, with no acquire after it, leaves on its own after the linger.
         let mut left = u64::MAX;
         for _ in 0..50 {
-            left = dep.count(&key).await.unwrap();
+            left = dep.count(&other).await.unwrap();
             if left == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(left, 0, "{name}: the last lease was never sent back");
+
+        // Far from the cap a given-back lease waits longer for a next acquire; a shutdown's
+        // flush sends it at once, and without one it still leaves after the longer linger.
+        let (lease, _) = dep.try_lease(&key, Some(100), until).await.unwrap();
+        drop(lease);
+        assert_eq!(dep.count(&key).await.unwrap(), 1, "{name}: it lingers");
+        dep.flush().await;
+        assert_eq!(dep.count(&key).await.unwrap(), 0, "{name}: flushed");
+        let (lease, _) = dep.try_lease(&key, Some(100), until).await.unwrap();
+        drop(lease);
+        tokio::time::sleep(RELEASE_LINGER_ROOMY + Duration::from_millis(200)).await;
+        assert_eq!(dep.count(&key).await.unwrap(), 0, "{name}: sent on its own");
         assert_eq!(dep.stats().store_errors, 0, "{name}");
     }
 }
@@ -475,9 +503,10 @@ async fn a_failing_store_refuses_by_default_and_falls_back_under_local() {
             .unwrap();
         assert!(s.is_deployed(), "{name}");
         drop(s);
-        // Down (refused connections).
+        // Down (refused connections), past the linger of the lease given back above (until
+        // then the next run would take its place over, with no store call).
         relay.cut.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        tokio::time::sleep(RELEASE_LINGER_ROOMY + Duration::from_millis(120)).await;
         let t0 = Instant::now();
         let e = a
             .guest_slot(

@@ -9,9 +9,19 @@
 //! lives: one background task per process renews all the leases it holds every third of the
 //! lease time, in one round trip per period. A worker killed with SIGKILL renews nothing, so its
 //! leases expire and are dropped by the next acquire: its places come back within one lease
-//! time ([`ENV_ADMISSION_LEASE`], default 30 s). A lease given back is removed by the same
-//! step of the process's next acquire, or on its own after [`RELEASE_LINGER`]: a busy worker's
-//! runs cost the store one round trip each, not two.
+//! time ([`ENV_ADMISSION_LEASE`], default 30 s).
+//!
+//! A lease given back lingers in its process, [`RELEASE_LINGER_ROOMY`] (250 ms) while the
+//! deployment has room (the process's last acquire left it at most half full) and
+//! [`RELEASE_LINGER`] (5 ms) near the cap. With room, and the store having answered the
+//! process's last call, the process's next run under the same key takes it over with no store
+//! call: the place passes from the run that ended to the one starting, the count does not
+//! change, so the cap holds (the lease was renewed within a third of its time, so the store
+//! still counts it for at least two thirds). Otherwise the process's next acquire
+//! removes it in the same atomic step, or it is sent on its own when its linger ends;
+//! [`Deployment::flush`] sends what lingers at shutdown. A worker with room thus pays the store
+//! nothing for a run that follows another within the linger, and one round trip (not two) for
+//! any other run.
 //!
 //! The store failing (unreachable, slow, refusing) is handled by [`OnFailure`]: refuse the run
 //! (the default: fail closed, naming the store and [`ENV_ADMISSION_STORE_ON_FAILURE`]) or fall
@@ -473,6 +483,25 @@ pub struct DeploymentStats {
     pub refusals: u64,
 }
 
+/// A lease given back, waiting to be removed from the store.
+struct Given {
+    key: String,
+    id: String,
+    /// Given back by its holder, so in the store and renewed within a third of a lease: an
+    /// acquire of its key may take it over as it is. `false`: a failed call's lease, which may
+    /// or may not be in the store (only removed).
+    reusable: bool,
+    /// When its linger ends and it is sent on its own.
+    due: Instant,
+}
+
+/// The leases given back and not yet removed, and whether a flusher task runs for them.
+#[derive(Default)]
+struct Pending {
+    given: Vec<Given>,
+    flusher: bool,
+}
+
 struct DeploymentInner {
     config: &'static StoreConfig,
     store: Arc<dyn LeaseStore>,
@@ -480,11 +509,15 @@ struct DeploymentInner {
     holder_text: String,
     /// Lease id → key, of every lease held.
     held: Mutex<HashMap<String, String>>,
-    /// Leases given back and not yet removed from the store: the next acquire carries them,
-    /// or the flusher sends them after [`RELEASE_LINGER`].
-    pending: Mutex<Vec<(String, String)>>,
-    /// Whether a flusher is scheduled.
-    flushing: AtomicBool,
+    /// Leases given back and not yet removed from the store, and whether a flusher runs.
+    pending: Mutex<Pending>,
+    /// Leases under the key at the last acquire's answer.
+    last_live: AtomicU64,
+    /// Whether the last acquire left its key at most half full (see [`RELEASE_LINGER_ROOMY`]).
+    roomy: AtomicBool,
+    /// Whether the store answered the last call made to it (acquire, renewal or release):
+    /// a lease is taken over only then, never while the store may have lost it.
+    healthy: AtomicBool,
     next: AtomicU64,
     renewer: AtomicBool,
     runtime: Option<tokio::runtime::Handle>,
@@ -525,7 +558,8 @@ pub enum Denied {
 
 /// A held lease: renewed by the process's renewer until dropped. Dropping it stops its renewal
 /// at once and gives it back to the store with the process's next acquire, or after
-/// [`RELEASE_LINGER`] when no acquire comes first (best effort: its expiry is the backstop).
+/// [`RELEASE_LINGER`] / [`RELEASE_LINGER_ROOMY`] when no acquire comes first (best effort: its
+/// expiry is the backstop).
 pub struct StoreLease {
     dep: Deployment,
     key: String,
@@ -557,14 +591,26 @@ impl Drop for StoreLease {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
         let lease = (std::mem::take(&mut self.key), std::mem::take(&mut self.id));
-        self.dep.give_back(vec![lease]);
+        self.dep.give_back(vec![lease], true);
     }
 }
 
 /// How long a given-back lease waits for the process's next acquire to carry it to the store
-/// before it is sent on its own. A busy process's runs thus cost the store one round trip
-/// each instead of two; a slot waits at most this long to be free for the others.
+/// before it is sent on its own, while the deployment is near its cap (its last acquire left
+/// it more than half full, or found it full). A busy process's runs thus cost the store one
+/// round trip each instead of two; a slot waits at most this long to be free for the others.
 pub const RELEASE_LINGER: Duration = Duration::from_millis(5);
+
+/// [`RELEASE_LINGER`] while the deployment has room: the process's last acquire left it at
+/// most half full. Long enough for a worker serving one run at a time to hand each run's place
+/// to its next run with no store call; as nobody is near the cap, the place coming back this
+/// much later keeps nobody waiting.
+pub const RELEASE_LINGER_ROOMY: Duration = Duration::from_millis(250);
+
+/// Whether `live` leases leave the deployment at most half full under `cap`.
+fn has_room(cap: Option<usize>, live: u64) -> bool {
+    cap.is_none_or(|c| live.saturating_mul(2) <= c as u64)
+}
 
 /// The most given-back leases one acquire carries (the flusher sends the rest).
 const RELEASES_PER_ACQUIRE: usize = 256;
@@ -606,8 +652,10 @@ impl Deployment {
                 holder,
                 holder_text,
                 held: Mutex::new(HashMap::new()),
-                pending: Mutex::new(Vec::new()),
-                flushing: AtomicBool::new(false),
+                pending: Mutex::new(Pending::default()),
+                roomy: AtomicBool::new(false),
+                healthy: AtomicBool::new(false),
+                last_live: AtomicU64::new(0),
                 next: AtomicU64::new(0),
                 renewer: AtomicBool::new(false),
                 runtime: tokio::runtime::Handle::try_current().ok(),
@@ -654,6 +702,7 @@ impl Deployment {
     }
 
     fn note_error(&self, e: &StoreError, during: &str) {
+        self.inner.healthy.store(false, Ordering::SeqCst);
         let e = &self.inner.config.scrub(e.clone());
         self.inner.store_errors.fetch_add(1, Ordering::Relaxed);
         self.emit(crate::observe::StoreEvent::Error);
@@ -684,58 +733,118 @@ impl Deployment {
         self.inner.refusals.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Queues `leases` for removal from the store and makes sure a flusher will send them.
-    fn give_back(&self, leases: Vec<(String, String)>) {
+    /// Queues `leases` for removal from the store and makes sure a flusher will send them
+    /// when their linger ends; `reusable`: they are known to be in the store (see [`Given`]).
+    fn give_back(&self, leases: Vec<(String, String)>, reusable: bool) {
         let inner = &self.inner;
-        inner
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(leases);
-        if inner.flushing.swap(true, Ordering::SeqCst) {
+        // Near the cap every run asks the store (a lowered cap applies, waiters elsewhere are
+        // counted): a lease is taken over only while the deployment has room.
+        let roomy = inner.roomy.load(Ordering::Relaxed);
+        let reusable = reusable && roomy;
+        let linger = if roomy {
+            RELEASE_LINGER_ROOMY
+        } else {
+            RELEASE_LINGER
+        };
+        let due = Instant::now() + linger;
+        let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending
+            .given
+            .extend(leases.into_iter().map(|(key, id)| Given {
+                key,
+                id,
+                reusable,
+                due,
+            }));
+        if pending.flusher {
             return;
         }
+        // No runtime to send them from: the next acquire carries them, or they expire.
         let Some(rt) = tokio::runtime::Handle::try_current()
             .ok()
             .or_else(|| inner.runtime.clone())
         else {
-            // No runtime to send them from: the next acquire carries them, or they expire.
-            inner.flushing.store(false, Ordering::SeqCst);
             return;
         };
+        pending.flusher = true;
         let dep = self.clone();
         rt.spawn(async move {
-            tokio::time::sleep(RELEASE_LINGER).await;
-            // Cleared before taking: a lease given back from here on schedules another flush.
-            dep.inner.flushing.store(false, Ordering::SeqCst);
-            let batch = std::mem::take(
-                &mut *dep
-                    .inner
-                    .pending
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-            if batch.is_empty() {
-                return;
-            }
-            let store = &dep.inner.store;
-            match tokio::time::timeout(STORE_CALL_TIMEOUT, store.release(&batch)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => dep.note_error(&e, "release"),
-                Err(_) => dep.note_error(&StoreError("no answer in time".into()), "release"),
+            let mut until = due;
+            loop {
+                tokio::time::sleep_until(until).await;
+                let (batch, next) = {
+                    let mut pending = dep
+                        .inner
+                        .pending
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let now = Instant::now();
+                    let (batch, left): (Vec<Given>, Vec<Given>) =
+                        pending.given.drain(..).partition(|g| g.due <= now);
+                    pending.given = left;
+                    let next = pending.given.iter().map(|g| g.due).min();
+                    // Cleared under the lock: a lease given back from here on starts another.
+                    pending.flusher = next.is_some();
+                    (batch, next)
+                };
+                if !batch.is_empty() {
+                    let batch: Vec<(String, String)> =
+                        batch.into_iter().map(|g| (g.key, g.id)).collect();
+                    let store = &dep.inner.store;
+                    match tokio::time::timeout(STORE_CALL_TIMEOUT, store.release(&batch)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => dep.note_error(&e, "release"),
+                        Err(_) => {
+                            dep.note_error(&StoreError("no answer in time".into()), "release");
+                        }
+                    }
+                }
+                match next {
+                    Some(next) => until = next,
+                    None => return,
+                }
             }
         });
     }
 
-    /// Up to [`RELEASES_PER_ACQUIRE`] given-back leases, for an acquire to carry.
-    fn take_pending(&self) -> Vec<(String, String)> {
+    /// Sends every given-back lease now (a process's shutdown: what lingers would otherwise
+    /// hold its place until it expires). Bounded by [`STORE_CALL_TIMEOUT`].
+    pub async fn flush(&self) {
+        let batch = self.take_pending(usize::MAX);
+        if batch.is_empty() {
+            return;
+        }
+        let until = Instant::now() + STORE_CALL_TIMEOUT;
+        if let Err(e) = self.bounded(until, self.inner.store.release(&batch)).await {
+            self.note_error(&e, "release");
+        }
+    }
+
+    /// Up to `most` given-back leases, lingering or not, to be removed from the store.
+    fn take_pending(&self, most: usize) -> Vec<(String, String)> {
         let mut pending = self
             .inner
             .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let n = pending.len().min(RELEASES_PER_ACQUIRE);
-        pending.drain(..n).collect()
+        let n = pending.given.len().min(most);
+        pending.given.drain(..n).map(|g| (g.key, g.id)).collect()
+    }
+
+    /// A lease of `key` its holder gave back and that is still in the store, taken over: the
+    /// place it holds passes from the run that ended to the one starting, with no store call
+    /// (the deployment's count does not change, so the cap holds as it did).
+    fn take_over(&self, key: &str) -> Option<String> {
+        let mut pending = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let at = pending
+            .given
+            .iter()
+            .rposition(|g| g.reusable && g.key == key)?;
+        Some(pending.given.swap_remove(at).id)
     }
 
     fn mint_id(&self) -> String {
@@ -765,9 +874,19 @@ impl Deployment {
         cap: Option<usize>,
         until: Instant,
     ) -> Result<(Option<StoreLease>, u64), StoreError> {
+        // With room under this cap at the last answer (checked again here: the cap is the
+        // run's setting, which may have changed since), and the store answering: a store
+        // that failed since may have lost the lease, and the run must then ask it.
+        let live = self.inner.last_live.load(Ordering::Relaxed);
+        if has_room(cap, live)
+            && self.inner.healthy.load(Ordering::SeqCst)
+            && let Some(id) = self.take_over(key)
+        {
+            return Ok((Some(self.hold(key, id)), live));
+        }
         let id = self.mint_id();
         let ttl = self.inner.config.lease;
-        let release = self.take_pending();
+        let release = self.take_pending(RELEASES_PER_ACQUIRE);
         let call =
             self.inner
                 .store
@@ -781,27 +900,33 @@ impl Deployment {
                 // one twice is no error); the flusher tries once more, expiry being the backstop.
                 let mut back = release;
                 back.push((key.to_owned(), id));
-                self.give_back(back);
+                self.give_back(back, false);
                 return Err(e);
             }
         };
+        self.inner.healthy.store(true, Ordering::SeqCst);
+        let roomy = got.granted && has_room(cap, got.live);
+        self.inner.roomy.store(roomy, Ordering::Relaxed);
+        self.inner.last_live.store(got.live, Ordering::Relaxed);
         if !got.granted {
             return Ok((None, got.live));
         }
+        Ok((Some(self.hold(key, id)), got.live))
+    }
+
+    /// Lease `id` of `key`, held (and renewed) from now on.
+    fn hold(&self, key: &str, id: String) -> StoreLease {
         self.inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id.clone(), key.to_owned());
         self.start_renewer();
-        Ok((
-            Some(StoreLease {
-                dep: self.clone(),
-                key: key.to_owned(),
-                id,
-            }),
-            got.live,
-        ))
+        StoreLease {
+            dep: self.clone(),
+            key: key.to_owned(),
+            id,
+        }
     }
 
     /// A lease under `key` with `cap`, polling with short jittered backoff until `until` while
@@ -858,7 +983,9 @@ impl Deployment {
         }
         let until = Instant::now() + STORE_CALL_TIMEOUT;
         let call = self.inner.store.renew(&leases, self.inner.config.lease);
-        let lost = self.bounded(until, call).await?;
+        let answer = self.bounded(until, call).await;
+        self.inner.healthy.store(answer.is_ok(), Ordering::SeqCst);
+        let lost = answer?;
         if !lost.is_empty() {
             let still: usize = {
                 let held = self
