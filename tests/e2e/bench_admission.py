@@ -21,6 +21,12 @@ and the last events were drained (``--threads 1``: one run at a time). Arms: ``o
 default: Prometheus families, usage records), ``off`` (``CREATEOS_METRICS=off``: usage records
 only) and ``none`` (events never enabled: the extension as it was before metrics). Prints the
 medians, and the median of each round's on-vs-none difference.
+
+    python tests/e2e/bench_admission.py --store-ab [--rounds 8] [--threads 1] [--runs 256]
+
+measures, the same way, the host CPU per run with the live-guest cap held per process, in Redis
+and in PostgreSQL (``CREATEOS_TEST_REDIS_URL`` / ``CREATEOS_TEST_POSTGRES_URL``, as
+``eval "$(bash scripts/stores start)"`` sets them), and each store server's own CPU per run.
 """
 
 from __future__ import annotations
@@ -161,43 +167,108 @@ def metrics_child(arm: str, threads: int = 16, per_thread: int = 4) -> int:
     return 0
 
 
-def metrics_ab(rounds: int, threads: int, runs: int) -> int:
+def _server_cpu(comm: str) -> float:
+    """CPU seconds of every process named ``comm`` (a store server's, on this machine)."""
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() != comm:
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def ab(arms: dict[str, tuple[str, dict[str, str], str | None]], rounds: int, threads: int, runs: int) -> dict[str, list[float]]:
+    """Interleaved rounds of one fresh process per arm: ``arms`` maps a label to the child's
+    metrics arm, its extra environment and the name of a server process whose CPU is counted
+    too (or None). Prints and returns each arm's host CPU ms per run. A server's CPU is read
+    in every arm, and what it spends in the arms that do not use it (its own housekeeping:
+    Redis's cron, PostgreSQL's background workers) is taken off the arm that does."""
     import subprocess
 
     fake = start_fake(latency_ms=20)
     try:
         env = backend_env(fake)
-        got: dict[str, list[float]] = {arm: [] for arm in ARMS}
-        drained: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        got: dict[str, list[float]] = {arm: [] for arm in arms}
+        drained: dict[str, list[float]] = {arm: [] for arm in arms}
+        comms = sorted({c for _, _, c in arms.values() if c})
+        server: dict[str, dict[str, list[float]]] = {arm: {c: [] for c in comms} for arm in arms}
+        labels = tuple(arms)
         for r in range(rounds):
-            order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
-            for arm in order:
-                arm_env = dict(env)
-                if arm == "off":
-                    arm_env["CREATEOS_METRICS"] = "off"
+            for label in labels if r % 2 == 0 else tuple(reversed(labels)):
+                child_arm, extra, comm = arms[label]
+                before = {c: _server_cpu(c) for c in comms}
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--metrics-child", arm, "--threads", str(threads), "--runs", str(runs)],
-                    capture_output=True, text=True, env=arm_env, timeout=600, check=False,
+                    [sys.executable, __file__, "--metrics-child", child_arm, "--threads", str(threads), "--runs", str(runs)],
+                    capture_output=True, text=True, env={**env, **extra}, timeout=600, check=False,
                 )
                 line = [x for x in proc.stdout.splitlines() if x.startswith("CPU ")]
                 if proc.returncode != 0 or not line:
-                    print(f"arm {arm} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}", flush=True)
-                    return 1
-                got[arm].append(float(line[0].split()[1]))
-                drained[arm] += [float(x.split()[1]) for x in proc.stdout.splitlines() if x.startswith("DRAIN ")]
+                    raise SystemExit(f"arm {label} failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+                got[label].append(float(line[0].split()[1]))
+                drained[label] += [float(x.split()[1]) for x in proc.stdout.splitlines() if x.startswith("DRAIN ")]
+                for c in comms:  # the child's warm-up (and a store's schema) included: an overcount
+                    server[label][c].append((_server_cpu(c) - before[c]) * 1000 / (runs + 1))
                 fake.wait_for(lambda s: s["live"] == 0, 60)
-        for arm in ARMS:
-            print(f"cpu ms/run, metrics {arm}: median {statistics.median(got[arm]):.3f} {[round(x, 3) for x in got[arm]]}")
-        for arm in ("on", "off"):
-            print(f"drain CPU ms/run, metrics {arm}: median {statistics.median(drained[arm]):.4f}")
-        on, none = statistics.median(got["on"]), statistics.median(got["none"])
-        print(f"on vs none: {100 * (on - none) / none:+.1f}%", flush=True)
-        # Each round's two processes ran next to each other: their difference drifts less with
-        # the machine's load than the arms' medians do.
-        paired = [100 * (o - n) / n for o, n in zip(got["on"], got["none"])]
-        print(f"on vs none, paired by round: median {statistics.median(paired):+.1f}% {[round(x, 1) for x in paired]}", flush=True)
+        for label in labels:
+            print(f"cpu ms/run, {label}: median {statistics.median(got[label]):.3f} {[round(x, 3) for x in got[label]]}")
+            comm = arms[label][2]
+            if comm:
+                idle = [statistics.median(server[other][comm]) for other in labels if arms[other][2] != comm]
+                used = statistics.median(server[label][comm])
+                print(
+                    f"  its store server's cpu ms/run: median {used:.3f}, {used - statistics.median(idle):.3f} "
+                    f"above its housekeeping in the other arms ({statistics.median(idle):.3f})"
+                )
+            print(f"  drain cpu ms/run: median {statistics.median(drained[label]):.4f}", flush=True)
+        return got
     finally:
         fake.stop()
+
+
+def paired(got: dict[str, list[float]], arm: str, base: str) -> None:
+    """``arm`` against ``base``: the medians, and the median of each round's difference (the
+    two processes of a round ran next to each other, so it drifts less with the load)."""
+    a, b = statistics.median(got[arm]), statistics.median(got[base])
+    pairs = [100 * (x - y) / y for x, y in zip(got[arm], got[base])]
+    print(
+        f"{arm} vs {base}: {100 * (a - b) / b:+.1f}% ({(a - b) * 1000:+.0f} us/run); paired by round: median "
+        f"{statistics.median(pairs):+.1f}% {[round(x, 1) for x in pairs]}",
+        flush=True,
+    )
+
+
+def metrics_ab(rounds: int, threads: int, runs: int) -> int:
+    arms = {"metrics on": ("on", {}, None), "metrics off": ("off", {"CREATEOS_METRICS": "off"}, None), "metrics none": ("none", {}, None)}
+    got = ab(arms, rounds, threads, runs)
+    paired(got, "metrics on", "metrics none")
+    return 0
+
+
+def store_ab(rounds: int, threads: int, runs: int) -> int:
+    """Host CPU per run with the caps held per process, in Redis and in PostgreSQL (the URLs of
+    ``CREATEOS_TEST_REDIS_URL`` / ``CREATEOS_TEST_POSTGRES_URL``, as ``scripts/stores start``
+    exports them); the same cap (64, never reached) in every arm, metrics on."""
+    import uuid
+
+    cap = {"CREATEOS_MAX_LIVE_GUESTS": "64", "CREATEOS_ADMISSION_NAMESPACE": f"bench-{uuid.uuid4().hex[:8]}"}
+    arms: dict[str, tuple[str, dict[str, str], str | None]] = {"per process": ("on", cap, None)}
+    for label, var, comm in (("redis", "CREATEOS_TEST_REDIS_URL", "redis-server"), ("postgres", "CREATEOS_TEST_POSTGRES_URL", "postgres")):
+        if os.environ.get(var):
+            arms[label] = ("on", {**cap, "CREATEOS_ADMISSION_STORE": os.environ[var]}, comm)
+        else:
+            print(f"({var} is unset: no {label} arm; eval \"$(bash scripts/stores start)\" sets it)")
+    got = ab(arms, rounds, threads, runs)
+    for label in arms:
+        if label != "per process":
+            paired(got, label, "per process")
     return 0
 
 
@@ -208,12 +279,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="interleaved CPU rounds per arm")
     parser.add_argument("--metrics-ab", action="store_true", help="CPU per run with metrics on vs off")
     parser.add_argument("--threads", type=int, default=16, help="--metrics-ab: threads per process (--runs runs in all)")
+    parser.add_argument("--store-ab", action="store_true", help="CPU per run with the caps per process vs in Redis and PostgreSQL")
     parser.add_argument("--metrics-child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.metrics_child:
         return metrics_child(args.metrics_child, threads=args.threads, per_thread=max(1, args.runs // args.threads))
     if args.metrics_ab:
         return metrics_ab(args.rounds, args.threads, args.runs)
+    if args.store_ab:
+        return store_ab(args.rounds, args.threads, args.runs)
     fake = start_fake(latency_ms=20)
     try:
         env = backend_env(fake)
