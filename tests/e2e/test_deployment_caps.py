@@ -465,6 +465,56 @@ def test_doctor_reports_the_store_its_reachability_and_the_deployments_count(cle
     assert proc.returncode == 1
 
 
+def tls_store(kind: str, ca: str) -> str:
+    """The TLS URL of ``kind``'s test server, its certificate checked against ``ca``."""
+    if kind == "redis":
+        url = os.environ.get("CREATEOS_TEST_REDISS_URL", "")
+        if not url:
+            need("CREATEOS_TEST_REDISS_URL is unset (Redis without its TLS port)")
+        return f"{url}?ssl_ca_certs={ca}"
+    if not os.environ.get("CREATEOS_TEST_POSTGRES_TLS"):
+        need("CREATEOS_TEST_POSTGRES_TLS is unset (PostgreSQL without ssl=on)")
+    return f"{postgres_url()}?sslmode=verify-full&sslrootcert={ca}"
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_over_tls_the_cap_holds_and_a_certificate_that_does_not_check_out_refuses(
+    clean_fake: Fake, kind: str
+) -> None:
+    """A managed store that requires TLS: the URL Langflow uses works, checked end to end."""
+    ca = os.environ.get("CREATEOS_TEST_STORE_CA", "")
+    if not ca:
+        need("CREATEOS_TEST_STORE_CA is unset (scripts/stores makes the test CA)")
+    store = tls_store(kind, ca)
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = deployment_env(clean_fake, store, namespace)
+    proc = run_doctor(env)
+    section = (proc.stdout + proc.stderr).split("the deployment's admission store", 1)[1]
+    assert f"TLS, certificate and host name checked (roots: {ca})" in section, section
+    assert "reachable, answered in" in section, section
+    # Two workers, 24 runs at once, cap 8: the cap holds over TLS as over TCP.
+    workers = [start_worker(env, "host-a", 12), start_worker(env, "host-b", 12)]
+    runs = outcomes([w.result() for w in workers])
+    bad = [o for o, _ in runs if o != "ok" and "CREATEOS_MAX_LIVE_GUESTS=8" not in o]
+    assert not bad, bad[:5]
+    served = sum(1 for o, _ in runs if o == "ok")
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=60)
+    assert served >= 1 and stats["peak_live"] <= CAP, (served, stats)
+    # The system's roots do not hold the test CA: every run is refused before anything is
+    # created, naming the store, the certificate and the parameter to set.
+    if kind == "redis":
+        wrong = store.split("?", 1)[0]
+        param = "ssl_ca_certs"
+    else:
+        wrong = store.replace(f"sslrootcert={ca}", "sslrootcert=system")
+        param = "sslrootcert"
+    created = clean_fake.stats()["created"]
+    (result,) = [start_worker(deployment_env(clean_fake, wrong, namespace), "host-a", 2).result()]
+    refusals = [o for o, _ in outcomes([result])]
+    assert all("certificate" in o and param in o and "CREATEOS_ADMISSION_STORE" in o for o in refusals), refusals
+    assert clean_fake.stats()["created"] == created, "nothing ran"
+
+
 @pytest.mark.skipif(
     not os.environ.get("LANGFLOW_SERVER_VENV"),
     reason="LANGFLOW_SERVER_VENV is not set: a real Langflow server needs the slow suite's venv "

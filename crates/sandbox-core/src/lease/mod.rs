@@ -115,6 +115,10 @@ pub struct StoreConfig {
     /// Redis or PostgreSQL.
     pub kind: StoreKind,
     url: SecretString,
+    /// The URL given to the client crate: [`tls`]'s parameters taken out.
+    connect_url: SecretString,
+    /// The TLS its URL asks for.
+    pub tls: tls::StoreTls,
     /// The URL as it may be shown: no userinfo, no query, no fragment.
     pub shown: String,
     /// The variable the URL came from ([`ENV_ADMISSION_STORE`] or Langflow's).
@@ -132,11 +136,12 @@ impl fmt::Debug for StoreConfig {
         f.debug_struct("StoreConfig")
             .field("kind", &self.kind)
             .field("url", &self.shown)
+            .field("tls", &self.tls)
             .field("source", &self.source)
             .field("on_failure", &self.on_failure)
             .field("lease", &self.lease)
             .field("namespace", &self.namespace)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -146,6 +151,7 @@ impl PartialEq for StoreConfig {
     fn eq(&self, other: &Self) -> bool {
         self.kind == other.kind
             && self.url.expose_secret() == other.url.expose_secret()
+            && self.tls == other.tls
             && self.source == other.source
             && self.on_failure == other.on_failure
             && self.lease == other.lease
@@ -178,7 +184,7 @@ impl StoreConfig {
             )));
         };
         let shown = createos_api::redact_url(&url);
-        let kind = parse_store_url(source, &url, &shown)?;
+        let (kind, split) = parse_store_url(source, &url, &shown)?;
         let on_failure = match non_blank(lookup, ENV_ADMISSION_STORE_ON_FAILURE)
             .map(|v| v.to_ascii_lowercase())
             .as_deref()
@@ -229,6 +235,8 @@ impl StoreConfig {
         Ok(Some(Self::intern(StoreConfig {
             kind,
             url: SecretString::from(url),
+            connect_url: SecretString::from(split.url),
+            tls: split.tls,
             shown,
             source,
             on_failure,
@@ -279,6 +287,11 @@ impl StoreConfig {
         )
     }
 
+    /// The URL the client crate connects with (a secret: it may hold a password).
+    fn connect_url(&self) -> &str {
+        self.connect_url.expose_secret()
+    }
+
     /// The key of the deployment-wide guest cap.
     pub fn guests_key(&self) -> String {
         format!("{}:guests", self.namespace)
@@ -304,44 +317,56 @@ fn short_hash(s: &str) -> String {
     })
 }
 
-fn parse_store_url(source: &str, url: &str, shown: &str) -> Result<StoreKind, SandboxError> {
+fn parse_store_url(
+    source: &str,
+    url: &str,
+    shown: &str,
+) -> Result<(StoreKind, tls::Split), SandboxError> {
     let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
     let bad = |why: &str| {
         SandboxError::refused(format!(
             "{source}={shown:?} is not a usable admission store ({why}); set \
-             {ENV_ADMISSION_STORE} to a redis://host:6379/0 or postgres://user@host/db URL, or \
-             unset it for per-process caps"
+             {ENV_ADMISSION_STORE} to a redis://host:6379/0, rediss:// or \
+             postgres://user@host/db URL, or unset it for per-process caps"
         ))
     };
-    match scheme.as_str() {
-        "redis" => {
-            ::redis::Client::open(url).map_err(|_| bad("not a Redis URL"))?;
-            Ok(StoreKind::Redis)
+    // SQLAlchemy's driver suffix (`postgresql+psycopg://`, as in LANGFLOW_DATABASE_URL) names
+    // Python's driver, not the server: the same database.
+    let base = scheme.split('+').next().unwrap_or("");
+    let kind = match base {
+        "redis" | "rediss" if !scheme.contains('+') => StoreKind::Redis,
+        "postgres" | "postgresql" => StoreKind::Postgres,
+        s if s.starts_with("sqlite") => {
+            return Err(bad(
+                "SQLite is one file per host and cannot hold a cap for several hosts; point \
+                 LANGFLOW_DATABASE_URL at PostgreSQL, or use langflow-redis or a redis:// URL",
+            ));
         }
-        "rediss" => Err(bad(
-            "TLS to Redis (rediss://) is not supported by this build: reach Redis over \
-             loopback or a private network with redis://",
-        )),
-        "postgres" | "postgresql" => {
-            let cfg: tokio_postgres::Config = url
-                .parse()
+        _ => {
+            return Err(bad(
+                "the scheme must be redis, rediss, postgres or postgresql",
+            ));
+        }
+    };
+    let plain_scheme = format!("{base}{}", &url[scheme.len()..]);
+    let url = if scheme.contains('+') {
+        plain_scheme.as_str()
+    } else {
+        url
+    };
+    let split = tls::split(kind, url).map_err(|why| bad(&why))?;
+    match kind {
+        StoreKind::Redis => {
+            ::redis::Client::open(split.url.as_str()).map_err(|_| bad("not a Redis URL"))?;
+        }
+        StoreKind::Postgres => {
+            split
+                .url
+                .parse::<tokio_postgres::Config>()
                 .map_err(|_| bad("not a PostgreSQL connection URL"))?;
-            if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Require
-                || url.contains("sslmode=verify")
-            {
-                return Err(bad(
-                    "sslmode=require: TLS to PostgreSQL is not supported by this build; reach \
-                     it over loopback or a private network without sslmode=require",
-                ));
-            }
-            Ok(StoreKind::Postgres)
         }
-        s if s.starts_with("sqlite") => Err(bad(
-            "SQLite is one file per host and cannot hold a cap for several hosts; point \
-             LANGFLOW_DATABASE_URL at PostgreSQL, or use langflow-redis or a redis:// URL",
-        )),
-        _ => Err(bad("the scheme must be redis, postgres or postgresql")),
     }
+    Ok((kind, split))
 }
 
 /// A store call that failed (its text never holds the URL's password).
@@ -399,6 +424,7 @@ fn ms(d: Duration) -> u64 {
 
 mod postgres_store;
 mod redis_store;
+pub mod tls;
 
 pub use postgres_store::PostgresStore;
 pub use redis_store::RedisStore;
@@ -1075,11 +1101,12 @@ pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result
         Err(e) => return vec![Err(e.message().to_owned())],
     };
     let mut lines = vec![Ok(format!(
-        "admission store: {} {} ({}); on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
+        "admission store: {} {} ({}); {}; on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
          lease {} s ({ENV_ADMISSION_LEASE}); namespace {:?}",
         config.kind.as_str(),
         config.shown,
         config.source,
+        config.tls.describe(),
         match config.on_failure {
             OnFailure::Refuse => "refuse runs",
             OnFailure::Local => "fall back to each process's own cap",
@@ -1165,6 +1192,23 @@ mod tests {
         for text in [format!("{c:?}"), c.describe()] {
             assert!(!text.contains("hunter2"), "{text}");
         }
+        // SQLAlchemy's spelling in LANGFLOW_DATABASE_URL: the same database, libpq's TLS.
+        let sa = StoreConfig::from_lookup(&env(&[
+            (ENV_ADMISSION_STORE, "langflow-database"),
+            (
+                ENV_LANGFLOW_DATABASE_URL,
+                "postgresql+psycopg://lf:hunter2-secret@db:5432/langflow?sslmode=require",
+            ),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(sa.kind, StoreKind::Postgres);
+        assert_eq!(sa.tls.mode, tls::TlsMode::Require);
+        assert_eq!(
+            sa.connect_url(),
+            "postgresql://lf:hunter2-secret@db:5432/langflow?sslmode=require"
+        );
+        assert!(!format!("{sa:?}").contains("hunter2"));
         let r = StoreConfig::from_lookup(&env(&[
             (ENV_ADMISSION_STORE, "langflow-redis"),
             (
@@ -1206,15 +1250,32 @@ mod tests {
                 ENV_ADMISSION_STORE,
             ),
             (
-                &[(ENV_ADMISSION_STORE, "rediss://u:pw-secret@h:6380")],
-                "rediss",
+                &[(
+                    ENV_ADMISSION_STORE,
+                    "rediss://u:pw-secret@h:6380?ssl_ca_certs=/no/such/ca.pem",
+                )],
+                "ssl_ca_certs=/no/such/ca.pem: cannot be read",
             ),
             (
                 &[(
                     ENV_ADMISSION_STORE,
-                    "postgres://u:pw-secret@h/db?sslmode=require",
+                    "redis://u:pw-secret@h:6380?ssl_cert_reqs=required",
                 )],
-                "sslmode=require",
+                "use rediss://",
+            ),
+            (
+                &[(
+                    ENV_ADMISSION_STORE,
+                    "postgres://u:pw-secret@h/db?sslmode=verify-everything",
+                )],
+                "sslmode=\"verify-everything\"",
+            ),
+            (
+                &[(
+                    ENV_ADMISSION_STORE,
+                    "postgres://u:pw-secret@h/db?sslmode=require&sslcert=/c.pem&sslkey=/k.pem",
+                )],
+                "sslcert: client certificates are not supported",
             ),
             (
                 &[

@@ -1,9 +1,10 @@
 //! The PostgreSQL store: leases as rows of one table, taken by one server-side function.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::{
@@ -24,8 +25,13 @@ use crate::LOG_TARGET;
 /// connection.
 pub struct PostgresStore {
     config: tokio_postgres::Config,
+    /// TLS (`None`: plain TCP, `sslmode=disable`).
+    tls: Option<super::tls::PgTls>,
     conn: AsyncMutex<Option<Arc<PgConn>>>,
 }
+
+/// A connection's driving future (it runs on its own task), plain or TLS.
+type Driving = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
 
 /// One connection and its prepared statements.
 struct PgConn {
@@ -38,10 +44,25 @@ struct PgConn {
 fn pg_err(e: &tokio_postgres::Error) -> StoreError {
     // tokio-postgres errors name the server's message or the I/O failure, never the URL.
     let text = e.as_db_error().map_or_else(
-        || e.to_string(),
+        || {
+            // The cause (an I/O or TLS error) is only in the source chain.
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let c_text = c.to_string();
+                if !text.contains(&c_text) {
+                    text = format!("{text}: {c_text}");
+                }
+                cause = c.source();
+            }
+            text
+        },
         |db| format!("{}: {}", db.code().code(), db.message()),
     );
-    StoreError(format!("postgres: {text}"))
+    StoreError(super::tls::explain(
+        super::StoreKind::Postgres,
+        format!("postgres: {text}"),
+    ))
 }
 
 /// A literal for the renewal's list. Keys and ids are made here (a namespace of
@@ -96,14 +117,19 @@ impl PostgresStore {
     /// A store on `config`'s URL; connects on first use (and again after a failure).
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         let mut cfg: tokio_postgres::Config = config
-            .url
-            .expose_secret()
+            .connect_url()
             .parse()
             .map_err(|_| StoreError("postgres: not a PostgreSQL connection URL".into()))?;
         cfg.connect_timeout(STORE_CALL_TIMEOUT);
         cfg.application_name("langflow-sandbox-createos");
+        let tls = config
+            .tls
+            .client_config()
+            .map_err(|e| StoreError(format!("postgres: {e}")))?
+            .map(super::tls::PgTls);
         Ok(Self {
             config: cfg,
+            tls,
             conn: AsyncMutex::new(None),
         })
     }
@@ -113,11 +139,21 @@ impl PostgresStore {
         if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(Arc::clone(c));
         }
-        let (client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| pg_err(&e))?;
+        let (client, connection): (tokio_postgres::Client, Driving) = if let Some(tls) = &self.tls {
+            let (c, conn) = self
+                .config
+                .connect(tls.clone())
+                .await
+                .map_err(|e| pg_err(&e))?;
+            (c, Box::pin(conn))
+        } else {
+            let (c, conn) = self
+                .config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| pg_err(&e))?;
+            (c, Box::pin(conn))
+        };
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(target: LOG_TARGET, error = %pg_err(&e), "admission store: connection ended");

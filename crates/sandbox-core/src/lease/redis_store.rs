@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::{
@@ -71,14 +70,33 @@ pub struct RedisStore {
 
 fn redis_err(e: &redis::RedisError) -> StoreError {
     // A RedisError's text names the command and the server's reply, never the URL.
-    StoreError(format!("redis: {e}"))
+    StoreError(super::tls::explain(
+        super::StoreKind::Redis,
+        format!("redis: {e}"),
+    ))
 }
 
 impl RedisStore {
     /// A store on `config`'s URL; connects on first use (and again after a failure).
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
-        let client = redis::Client::open(config.url.expose_secret())
-            .map_err(|_| StoreError("redis: not a Redis URL".into()))?;
+        let url = config.connect_url();
+        let client = match &config.tls.roots {
+            // The certificate is checked against these roots (redis-py's ssl_ca_certs).
+            super::tls::Roots::File { pem, .. }
+                if config.tls.mode != super::tls::TlsMode::Require =>
+            {
+                redis::Client::build_with_tls(
+                    url,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem.clone()),
+                    },
+                )
+            }
+            // redis:// (plain), rediss:// checked against the system's roots, or #insecure.
+            _ => redis::Client::open(url),
+        }
+        .map_err(|e| StoreError(format!("redis: not a usable Redis URL ({})", e.category())))?;
         Ok(Self {
             client,
             conn: AsyncMutex::new(None),

@@ -1,0 +1,800 @@
+//! TLS to the admission store, read from its URL the way the store's usual clients read it, so
+//! the URL Langflow already connects with works here unchanged:
+//!
+//! - PostgreSQL: libpq's `sslmode` (`disable`, `allow`, `prefer` (the default), `require`,
+//!   `verify-ca`, `verify-full`) and `sslrootcert` (a PEM file, or `system`). As in libpq,
+//!   `prefer` and `require` encrypt without checking who answers, unless a root certificate is
+//!   given (then `require` checks the chain, as `verify-ca` does); `verify-full` also checks
+//!   the host name. With no `sslrootcert`, `~/.postgresql/root.crt` is used when it exists
+//!   (libpq's default), else the system's roots.
+//! - Redis: `rediss://` checks the server's certificate and name against the system's roots,
+//!   or against redis-py's `ssl_ca_certs=<PEM file>`; redis-py's `ssl_cert_reqs=none` (or the
+//!   redis crate's `#insecure`) encrypts without checking.
+//!
+//! Client certificates (`sslcert`, `ssl_certfile`, ...) are refused with the reason: a setting
+//! the store cannot honour is never dropped silently. One TLS stack serves every connection:
+//! rustls with the aws-lc-rs provider the HTTP client already uses.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::StoreKind;
+
+/// The largest root-certificate file read (a bundle of every public root is about 200 KiB).
+const MAX_ROOTS_FILE: u64 = 4 << 20;
+
+/// How much of the connection to the store is secured, in libpq's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it (PostgreSQL), its certificate not checked; plain TCP
+    /// otherwise.
+    Prefer,
+    /// TLS always, the certificate not checked.
+    Require,
+    /// TLS always, the certificate's chain checked against the roots, not its name.
+    VerifyCa,
+    /// TLS always, the certificate's chain and name checked.
+    VerifyFull,
+}
+
+impl TlsMode {
+    /// libpq's name of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Disable => "disable",
+            TlsMode::Prefer => "prefer",
+            TlsMode::Require => "require",
+            TlsMode::VerifyCa => "verify-ca",
+            TlsMode::VerifyFull => "verify-full",
+        }
+    }
+
+    fn checks_chain(self) -> bool {
+        matches!(self, TlsMode::VerifyCa | TlsMode::VerifyFull)
+    }
+}
+
+/// The certificates a server's is checked against.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Roots {
+    /// The system's store (`SSL_CERT_FILE` / `SSL_CERT_DIR` when set).
+    System,
+    /// A PEM file's certificates, read when the setting was read.
+    File {
+        /// Where they were read from.
+        path: PathBuf,
+        /// Its PEM text.
+        pem: Vec<u8>,
+    },
+}
+
+impl fmt::Debug for Roots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Roots::System => f.write_str("System"),
+            Roots::File { path, .. } => f.debug_tuple("File").field(path).finish(),
+        }
+    }
+}
+
+/// The TLS of a store connection, read from its URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreTls {
+    /// How much is secured.
+    pub mode: TlsMode,
+    /// What a checked certificate is checked against.
+    pub roots: Roots,
+}
+
+impl StoreTls {
+    /// Plain TCP.
+    pub const PLAIN: StoreTls = StoreTls {
+        mode: TlsMode::Disable,
+        roots: Roots::System,
+    };
+
+    /// How it reads in messages and `doctor`: `TLS verify-full (roots: /etc/ca.pem)`.
+    pub fn describe(&self) -> String {
+        let roots = match &self.roots {
+            Roots::System => "the system's".to_owned(),
+            Roots::File { path, .. } => path.display().to_string(),
+        };
+        match self.mode {
+            TlsMode::Disable => "plain TCP".to_owned(),
+            TlsMode::Prefer => "TLS if the server offers it, certificate not checked".to_owned(),
+            TlsMode::Require => "TLS, certificate not checked".to_owned(),
+            TlsMode::VerifyCa => format!("TLS, certificate chain checked (roots: {roots})"),
+            TlsMode::VerifyFull => {
+                format!("TLS, certificate and host name checked (roots: {roots})")
+            }
+        }
+    }
+
+    /// A rustls client configuration for this mode (`None` for [`TlsMode::Disable`]).
+    pub fn client_config(&self) -> Result<Option<Arc<ClientConfig>>, String> {
+        if self.mode == TlsMode::Disable {
+            return Ok(None);
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup failed: {e}"))?;
+        let config = if self.mode.checks_chain() {
+            let roots = Arc::new(self.root_store()?);
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                roots,
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("TLS roots unusable: {e}"))?;
+            if self.mode == TlsMode::VerifyFull {
+                builder.with_webpki_verifier(webpki).with_no_client_auth()
+            } else {
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+                    .with_no_client_auth()
+            }
+        } else {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Unchecked(
+                    provider.signature_verification_algorithms,
+                )))
+                .with_no_client_auth()
+        };
+        Ok(Some(Arc::new(config)))
+    }
+
+    fn root_store(&self) -> Result<RootCertStore, String> {
+        let mut store = RootCertStore::empty();
+        match &self.roots {
+            Roots::System => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = store.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(format!(
+                        "no system root certificates found{}; give the server's CA as a PEM \
+                         file (sslrootcert=/path for PostgreSQL, ssl_ca_certs=/path for Redis)",
+                        found
+                            .errors
+                            .first()
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    ));
+                }
+            }
+            Roots::File { path, pem } => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+                    store.add(cert).map_err(|e| {
+                        format!("{}: a certificate is unusable: {e}", path.display())
+                    })?;
+                }
+            }
+        }
+        Ok(store)
+    }
+}
+
+/// `text` (a failed store call's message) with what to set when it is about the server's
+/// certificate.
+pub(super) fn explain(kind: StoreKind, text: String) -> String {
+    if !text.contains("certificate") {
+        return text;
+    }
+    let param = match kind {
+        StoreKind::Postgres => {
+            "sslrootcert=/path/to/ca.pem (or sslmode=require to encrypt \
+                                without checking, as libpq does)"
+        }
+        StoreKind::Redis => {
+            "ssl_ca_certs=/path/to/ca.pem (or ssl_cert_reqs=none to encrypt \
+                             without checking)"
+        }
+    };
+    format!(
+        "{text} (the store's TLS certificate was not accepted: give the CA that signed it in \
+         the URL as {param}, and reach the store by a name its certificate holds)"
+    )
+}
+
+/// What [`split`] made of a store URL.
+#[derive(Debug)]
+pub(super) struct Split {
+    /// The URL for the client crate: the TLS parameters it does not know taken out.
+    pub url: String,
+    /// The TLS asked for.
+    pub tls: StoreTls,
+}
+
+/// Reads the TLS parameters of a `kind` store URL; `Err` holds why it cannot be honoured (the
+/// parameter and the fix).
+pub(super) fn split(kind: StoreKind, raw: &str) -> Result<Split, String> {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        // Not a single-host URL (e.g. PostgreSQL's host list): passed on as it is, as long as
+        // it asks for no TLS this module would have to read.
+        if raw.contains("ssl") {
+            return Err(
+                "its TLS parameters could not be read (the URL does not parse); write it as \
+                 one scheme://user@host:port/name URL"
+                    .to_owned(),
+            );
+        }
+        return Ok(Split {
+            url: raw.to_owned(),
+            tls: match kind {
+                StoreKind::Postgres => StoreTls {
+                    mode: TlsMode::Prefer,
+                    roots: Roots::System,
+                },
+                StoreKind::Redis => StoreTls::PLAIN,
+            },
+        });
+    };
+    let pairs: Vec<(String, String)> = url
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let (tls, taken, kept_mode): (StoreTls, &[&str], Option<&str>) = match kind {
+        StoreKind::Postgres => {
+            let client_cert = ["sslcert", "sslkey", "sslpassword"]
+                .into_iter()
+                .find(|p| get(p).is_some_and(|v| !v.is_empty()))
+                .or_else(|| {
+                    (get("sslcertmode").as_deref() == Some("require")).then_some("sslcertmode")
+                });
+            if let Some(p) = client_cert {
+                return Err(format!(
+                    "{p}: client certificates are not supported for the admission store; \
+                     authenticate with a password or another method, or leave {p} out"
+                ));
+            }
+            let mode = match get("sslmode").as_deref() {
+                None | Some("prefer" | "allow") => TlsMode::Prefer,
+                Some("disable") => TlsMode::Disable,
+                Some("require") => TlsMode::Require,
+                Some("verify-ca") => TlsMode::VerifyCa,
+                Some("verify-full") => TlsMode::VerifyFull,
+                Some(other) => {
+                    return Err(format!(
+                        "sslmode={other:?} is not one of disable, allow, prefer, require, \
+                         verify-ca, verify-full"
+                    ));
+                }
+            };
+            let rootcert = get("sslrootcert").filter(|v| !v.is_empty());
+            let roots = match rootcert.as_deref() {
+                Some("system") => Roots::System,
+                Some(path) => read_roots(Path::new(path), "sslrootcert")?,
+                None => match default_pg_root() {
+                    Some(path) if mode.checks_chain() || mode == TlsMode::Require => {
+                        read_roots(&path, "sslrootcert (libpq's default file)")?
+                    }
+                    _ => Roots::System,
+                },
+            };
+            // libpq: `require` with a root certificate given checks the chain, as `verify-ca`.
+            let mode = if mode == TlsMode::Require && matches!(roots, Roots::File { .. }) {
+                TlsMode::VerifyCa
+            } else {
+                mode
+            };
+            let wire = match mode {
+                TlsMode::Disable => "disable",
+                TlsMode::Prefer => "prefer",
+                _ => "require",
+            };
+            (
+                StoreTls { mode, roots },
+                &["sslmode", "sslrootcert", "sslcertmode"],
+                Some(wire),
+            )
+        }
+        StoreKind::Redis => {
+            let tls_scheme = url.scheme().eq_ignore_ascii_case("rediss");
+            for p in ["ssl_certfile", "ssl_keyfile", "ssl_password"] {
+                if get(p).is_some() {
+                    return Err(format!(
+                        "{p}: client certificates are not supported for the admission store; \
+                         authenticate with a password (redis://user:password@host) instead"
+                    ));
+                }
+            }
+            if get("ssl_check_hostname").is_some_and(|v| is_false(&v)) {
+                return Err(
+                    "ssl_check_hostname=false is not supported: give the CA of a \
+                     certificate that names the host (ssl_ca_certs=/path), or \
+                     ssl_cert_reqs=none to encrypt without checking"
+                        .to_owned(),
+                );
+            }
+            let asks = ["ssl_cert_reqs", "ssl_ca_certs"]
+                .iter()
+                .any(|p| get(p).is_some());
+            if !tls_scheme {
+                if asks {
+                    return Err(
+                        "ssl_cert_reqs / ssl_ca_certs ask for TLS, but the scheme is \
+                         redis:// (plain TCP); use rediss://"
+                            .to_owned(),
+                    );
+                }
+                return Ok(Split {
+                    url: raw.to_owned(),
+                    tls: StoreTls::PLAIN,
+                });
+            }
+            let unchecked = url.fragment() == Some("insecure");
+            let mode = match get("ssl_cert_reqs")
+                .map(|v| v.to_ascii_lowercase())
+                .as_deref()
+            {
+                None => {
+                    if unchecked {
+                        TlsMode::Require
+                    } else {
+                        TlsMode::VerifyFull
+                    }
+                }
+                Some("none" | "cert_none") => TlsMode::Require,
+                Some("required" | "cert_required" | "optional" | "cert_optional") => {
+                    if unchecked {
+                        return Err(
+                            "#insecure contradicts ssl_cert_reqs=required; keep one".to_owned()
+                        );
+                    }
+                    TlsMode::VerifyFull
+                }
+                Some(other) => {
+                    return Err(format!("ssl_cert_reqs={other:?} is not none or required"));
+                }
+            };
+            let roots = match get("ssl_ca_certs").filter(|v| !v.is_empty()) {
+                Some(path) => read_roots(Path::new(&path), "ssl_ca_certs")?,
+                None => Roots::System,
+            };
+            url.set_fragment((mode == TlsMode::Require).then_some("insecure"));
+            (
+                StoreTls { mode, roots },
+                &["ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname"],
+                None,
+            )
+        }
+    };
+    let mut kept: Vec<(String, String)> = pairs
+        .into_iter()
+        .filter(|(k, _)| !taken.contains(&k.as_str()))
+        .collect();
+    if let Some(wire) = kept_mode {
+        kept.push(("sslmode".to_owned(), wire.to_owned()));
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    Ok(Split {
+        url: url.into(),
+        tls,
+    })
+}
+
+fn is_false(v: &str) -> bool {
+    matches!(
+        v.to_ascii_lowercase().as_str(),
+        "false" | "0" | "no" | "off"
+    )
+}
+
+/// libpq's default root certificate file, when it exists.
+fn default_pg_root() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
+    let path = Path::new(&home).join(".postgresql").join("root.crt");
+    path.is_file().then_some(path)
+}
+
+fn read_roots(path: &Path, param: &str) -> Result<Roots, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("{param}={}: cannot be read ({e})", path.display()))?;
+    let mut pem = Vec::new();
+    file.take(MAX_ROOTS_FILE + 1)
+        .read_to_end(&mut pem)
+        .map_err(|e| format!("{param}={}: cannot be read ({e})", path.display()))?;
+    if pem.len() as u64 > MAX_ROOTS_FILE {
+        return Err(format!(
+            "{param}={}: larger than {} MiB, not a certificate file",
+            path.display(),
+            MAX_ROOTS_FILE >> 20
+        ));
+    }
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
+    match certs {
+        Ok(c) if !c.is_empty() => {}
+        Ok(_) => {
+            return Err(format!(
+                "{param}={}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            ));
+        }
+        Err(e) => return Err(format!("{param}={}: not PEM ({e})", path.display())),
+    }
+    Ok(Roots::File {
+        path: path.to_owned(),
+        pem,
+    })
+}
+
+/// Accepts any certificate, still checking that the server holds its key (libpq's `prefer` and
+/// `require`: encrypted, the peer unchecked).
+#[derive(Debug)]
+struct Unchecked(WebPkiSupportedAlgorithms);
+
+impl ServerCertVerifier for Unchecked {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+/// Checks the chain against the roots and accepts a certificate that does not name the host
+/// (`verify-ca`).
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokio-postgres over rustls.
+
+/// tokio-postgres's TLS hook over tokio-rustls: one [`ClientConfig`], a connector per host.
+#[derive(Clone)]
+pub(super) struct PgTls(pub Arc<ClientConfig>);
+
+impl<S> tokio_postgres::tls::MakeTlsConnect<S> for PgTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type TlsConnect = PgTlsConnect;
+    type Error = io::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> io::Result<PgTlsConnect> {
+        let name = ServerName::try_from(domain.to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(PgTlsConnect {
+            config: self.0.clone(),
+            name,
+        })
+    }
+}
+
+/// One TLS handshake with one PostgreSQL host.
+pub(super) struct PgTlsConnect {
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+}
+
+impl<S> tokio_postgres::tls::TlsConnect<S> for PgTlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<PgTlsStream<S>>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let tls = tokio_rustls::TlsConnector::from(self.config)
+                .connect(self.name, stream)
+                .await?;
+            Ok(PgTlsStream(tls))
+        })
+    }
+}
+
+/// A PostgreSQL connection's TLS stream.
+pub(super) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for PgTlsStream<S> {
+    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
+        // No tls-server-end-point binding: SCRAM authenticates as over plain TCP (libpq's
+        // `channel_binding=prefer` falls back the same way).
+        tokio_postgres::tls::ChannelBinding::none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg(url: &str) -> Split {
+        split(StoreKind::Postgres, url).unwrap()
+    }
+
+    fn ca_file() -> tempfile::NamedTempFile {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), cert.pem()).unwrap();
+        f
+    }
+
+    #[test]
+    fn postgres_reads_libpq_sslmode_and_hands_tokio_postgres_only_what_it_knows() {
+        // No sslmode: libpq's default, prefer.
+        let s = pg("postgres://u:pw@h:5432/db?application_name=x");
+        assert_eq!(s.tls.mode, TlsMode::Prefer);
+        assert_eq!(
+            s.url,
+            "postgres://u:pw@h:5432/db?application_name=x&sslmode=prefer"
+        );
+        assert_eq!(
+            pg("postgres://h/db?sslmode=allow").tls.mode,
+            TlsMode::Prefer
+        );
+        assert_eq!(
+            pg("postgres://h/db?sslmode=disable").tls.mode,
+            TlsMode::Disable
+        );
+        assert_eq!(
+            pg("postgres://h/db?sslmode=require").tls.mode,
+            TlsMode::Require
+        );
+        let full = pg("postgres://h/db?sslmode=verify-full&sslrootcert=system");
+        assert_eq!(full.tls.mode, TlsMode::VerifyFull);
+        assert_eq!(full.tls.roots, Roots::System);
+        // verify-* is passed on as require: tokio-postgres knows no other TLS mode.
+        assert_eq!(full.url, "postgres://h/db?sslmode=require");
+        full.url.parse::<tokio_postgres::Config>().unwrap();
+    }
+
+    #[test]
+    fn a_root_certificate_makes_require_check_the_chain_as_libpq_does() {
+        let ca = ca_file();
+        let path = ca.path().display().to_string();
+        let s = pg(&format!(
+            "postgres://h/db?sslmode=require&sslrootcert={path}"
+        ));
+        assert_eq!(s.tls.mode, TlsMode::VerifyCa);
+        assert!(matches!(&s.tls.roots, Roots::File { path: p, .. } if p == ca.path()));
+        assert!(s.tls.client_config().unwrap().is_some());
+        // verify-full keeps its name check.
+        let s = pg(&format!(
+            "postgres://h/db?sslmode=verify-full&sslrootcert={path}"
+        ));
+        assert_eq!(s.tls.mode, TlsMode::VerifyFull);
+    }
+
+    #[test]
+    fn a_roots_file_that_is_not_a_certificate_is_refused_naming_the_parameter() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), "not a certificate").unwrap();
+        let p = f.path().display();
+        let e = split(
+            StoreKind::Postgres,
+            &format!("postgres://h/db?sslrootcert={p}"),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("sslrootcert=") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let e = split(StoreKind::Redis, &format!("rediss://h?ssl_ca_certs={p}")).unwrap_err();
+        assert!(e.starts_with("ssl_ca_certs="), "{e}");
+    }
+
+    #[test]
+    fn redis_reads_rediss_and_redis_py_parameters() {
+        let plain = split(StoreKind::Redis, "redis://:pw@h:6379/0").unwrap();
+        assert_eq!(plain.tls, StoreTls::PLAIN);
+        assert_eq!(plain.url, "redis://:pw@h:6379/0");
+        let full = split(StoreKind::Redis, "rediss://:pw@h:6380/0").unwrap();
+        assert_eq!(full.tls.mode, TlsMode::VerifyFull);
+        assert_eq!(full.url, "rediss://:pw@h:6380/0");
+        for url in [
+            "rediss://h:6380/0?ssl_cert_reqs=none",
+            "rediss://h:6380/0#insecure",
+            "rediss://h:6380/0?ssl_cert_reqs=CERT_NONE",
+        ] {
+            let s = split(StoreKind::Redis, url).unwrap();
+            assert_eq!(s.tls.mode, TlsMode::Require, "{url}");
+            // The redis crate's own spelling of "not checked".
+            assert_eq!(s.url, "rediss://h:6380/0#insecure", "{url}");
+        }
+        let ca = ca_file();
+        let s = split(
+            StoreKind::Redis,
+            &format!("rediss://h:6380/0?ssl_ca_certs={}", ca.path().display()),
+        )
+        .unwrap();
+        assert_eq!(s.tls.mode, TlsMode::VerifyFull);
+        assert!(matches!(s.tls.roots, Roots::File { .. }));
+        assert_eq!(s.url, "rediss://h:6380/0");
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_with_the_parameter_named() {
+        for (kind, url, want) in [
+            (
+                StoreKind::Redis,
+                "rediss://h?ssl_certfile=/c.pem",
+                "ssl_certfile",
+            ),
+            (
+                StoreKind::Redis,
+                "rediss://h?ssl_check_hostname=false",
+                "ssl_check_hostname",
+            ),
+            (
+                StoreKind::Redis,
+                "rediss://h?ssl_cert_reqs=maybe",
+                "ssl_cert_reqs",
+            ),
+            (
+                StoreKind::Redis,
+                "rediss://h?ssl_cert_reqs=required#insecure",
+                "#insecure",
+            ),
+            (
+                StoreKind::Redis,
+                "redis://h?ssl_cert_reqs=none",
+                "rediss://",
+            ),
+            (
+                StoreKind::Postgres,
+                "postgres://h/db?sslkey=/k.pem",
+                "sslkey",
+            ),
+            (StoreKind::Postgres, "postgres://h/db?sslmode=on", "sslmode"),
+        ] {
+            let e = split(kind, url).unwrap_err();
+            assert!(e.contains(want), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn every_mode_builds_a_client_configuration() {
+        let ca = ca_file();
+        let roots = Roots::File {
+            path: ca.path().to_owned(),
+            pem: std::fs::read(ca.path()).unwrap(),
+        };
+        assert!(StoreTls::PLAIN.client_config().unwrap().is_none());
+        for mode in [
+            TlsMode::Prefer,
+            TlsMode::Require,
+            TlsMode::VerifyCa,
+            TlsMode::VerifyFull,
+        ] {
+            let tls = StoreTls {
+                mode,
+                roots: roots.clone(),
+            };
+            assert!(tls.client_config().unwrap().is_some(), "{mode:?}");
+            assert!(!tls.describe().is_empty());
+        }
+    }
+}
