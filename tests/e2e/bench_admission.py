@@ -1,6 +1,7 @@
 """Benchmark of admission control through the installed wheel (not a test; run by hand).
 
     python tests/e2e/bench_admission.py [--runs 256] [--cap 16] [--rounds 6]
+    python tests/e2e/bench_admission.py --store-ab [--threads 1] [--store-cap 64]
 
 Starts ``createos-fake --latency-ms 20`` and, through the backend object lfx builds:
 
@@ -252,13 +253,14 @@ def metrics_ab(rounds: int, threads: int, runs: int) -> int:
     return 0
 
 
-def store_ab(rounds: int, threads: int, runs: int) -> int:
+def store_ab(rounds: int, threads: int, runs: int, store_cap: int = 64) -> int:
     """Host CPU per run with the caps held per process, in Redis and in PostgreSQL (the URLs of
     ``CREATEOS_TEST_REDIS_URL`` / ``CREATEOS_TEST_POSTGRES_URL``, as ``scripts/stores start``
-    exports them); the same cap (64, never reached) in every arm, metrics on."""
+    exports them); the same cap in every arm (``store_cap``: 64 leaves room, ``--threads`` or
+    fewer keeps the deployment near or at its cap), metrics on."""
     import uuid
 
-    cap = {"CREATEOS_MAX_LIVE_GUESTS": "64", "CREATEOS_ADMISSION_NAMESPACE": f"bench-{uuid.uuid4().hex[:8]}"}
+    cap = {"CREATEOS_MAX_LIVE_GUESTS": str(store_cap), "CREATEOS_ADMISSION_NAMESPACE": f"bench-{uuid.uuid4().hex[:8]}"}
     arms: dict[str, tuple[str, dict[str, str], str | None]] = {"per process": ("on", cap, None)}
     for label, var, comm in (("redis", "CREATEOS_TEST_REDIS_URL", "redis-server"), ("postgres", "CREATEOS_TEST_POSTGRES_URL", "postgres")):
         if os.environ.get(var):
@@ -280,6 +282,7 @@ def main() -> int:
     parser.add_argument("--metrics-ab", action="store_true", help="CPU per run with metrics on vs off")
     parser.add_argument("--threads", type=int, default=16, help="--metrics-ab: threads per process (--runs runs in all)")
     parser.add_argument("--store-ab", action="store_true", help="CPU per run with the caps per process vs in Redis and PostgreSQL")
+    parser.add_argument("--store-cap", type=int, default=64, help="--store-ab: the cap (64 leaves room; --threads or fewer is near the cap)")
     parser.add_argument("--metrics-child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.metrics_child:
@@ -287,7 +290,7 @@ def main() -> int:
     if args.metrics_ab:
         return metrics_ab(args.rounds, args.threads, args.runs)
     if args.store_ab:
-        return store_ab(args.rounds, args.threads, args.runs)
+        return store_ab(args.rounds, args.threads, args.runs, args.store_cap)
     fake = start_fake(latency_ms=20)
     try:
         env = backend_env(fake)

@@ -12,8 +12,9 @@ use std::time::Duration;
 use sandbox_core::ErrorKind;
 use sandbox_core::admission::{Admission, Caps};
 use sandbox_core::lease::{
-    Deployment, ENV_ADMISSION_LEASE, ENV_ADMISSION_NAMESPACE, ENV_ADMISSION_STORE,
-    ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, RELEASE_LINGER_ROOMY, StoreConfig, open_store,
+    Ask, Deployment, ENV_ADMISSION_LEASE, ENV_ADMISSION_NAMESPACE, ENV_ADMISSION_STORE,
+    ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, RELEASE_LINGER, RELEASE_LINGER_QUIET, StoreConfig,
+    WAIT_TICKET, open_store,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -37,6 +38,24 @@ fn servers() -> Vec<(&'static str, String)> {
         .into_iter()
         .filter_map(|(name, var)| server(var).map(|u| (name, u)))
         .collect()
+}
+
+/// A single try's question (the run does not join the line).
+fn ask<'a>(
+    key: &'a str,
+    cap: Option<usize>,
+    id: &'a str,
+    holder: &'a str,
+    ttl: Duration,
+) -> Ask<'a> {
+    Ask {
+        key,
+        cap,
+        id,
+        holder,
+        ttl,
+        queue: false,
+    }
 }
 
 /// A config on `url` with a namespace of its own (tests share the servers).
@@ -124,11 +143,13 @@ async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
             let (raw, key) = (Arc::clone(&raws[i % 4]), key.clone());
             async move {
                 raw.try_acquire(
-                    &key,
-                    Some(8),
-                    &format!("id-{i}"),
-                    "h/1",
-                    Duration::from_secs(30),
+                    ask(
+                        &key,
+                        Some(8),
+                        &format!("id-{i}"),
+                        "h/1",
+                        Duration::from_secs(30),
+                    ),
                     &[],
                 )
                 .await
@@ -145,7 +166,10 @@ async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
             .map(|i| format!("id-{i}"))
             .unwrap();
         let again = raw
-            .try_acquire(&key, Some(8), &winner, "h/1", Duration::from_secs(30), &[])
+            .try_acquire(
+                ask(&key, Some(8), &winner, "h/1", Duration::from_secs(30)),
+                &[],
+            )
             .await
             .unwrap();
         assert!(again.granted && again.live == 8, "{name}: {again:?}");
@@ -166,26 +190,26 @@ async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
         let ttl = Duration::from_millis(400);
         // A "killed worker": leases nobody renews.
         assert!(
-            raw.try_acquire(&key, Some(2), "dead-1", "h/9", ttl, &[])
+            raw.try_acquire(ask(&key, Some(2), "dead-1", "h/9", ttl), &[])
                 .await
                 .unwrap()
                 .granted
         );
         assert!(
-            raw.try_acquire(&key, Some(2), "dead-2", "h/9", ttl, &[])
+            raw.try_acquire(ask(&key, Some(2), "dead-2", "h/9", ttl), &[])
                 .await
                 .unwrap()
                 .granted
         );
         assert!(
-            !raw.try_acquire(&key, Some(2), "live-1", "h/1", ttl, &[])
+            !raw.try_acquire(ask(&key, Some(2), "live-1", "h/1", ttl), &[])
                 .await
                 .unwrap()
                 .granted
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let got = raw
-            .try_acquire(&key, Some(2), "live-1", "h/1", ttl, &[])
+            .try_acquire(ask(&key, Some(2), "live-1", "h/1", ttl), &[])
             .await
             .unwrap();
         assert!(
@@ -222,38 +246,46 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
         // At the cap, an acquire that carries one of the two leases back removes it first.
         for id in ["a", "b"] {
             assert!(
-                raw.try_acquire(&key, Some(2), id, "h/1", ttl, &[])
+                raw.try_acquire(ask(&key, Some(2), id, "h/1", ttl), &[])
                     .await
                     .unwrap()
                     .granted
             );
         }
         let got = raw
-            .try_acquire(&key, Some(2), "c", "h/1", ttl, &[(key.clone(), "a".into())])
+            .try_acquire(
+                ask(&key, Some(2), "c", "h/1", ttl),
+                &[(key.clone(), "a".into())],
+            )
             .await
             .unwrap();
         assert!(got.granted && got.live == 2, "{name}: {got:?}");
         // Gone ones are no error, and a refused acquire still gives back what it carries.
         let got = raw
-            .try_acquire(&key, Some(1), "d", "h/1", ttl, &[(key.clone(), "a".into())])
+            .try_acquire(
+                ask(&key, Some(1), "d", "h/1", ttl),
+                &[(key.clone(), "a".into())],
+            )
             .await
             .unwrap();
         assert!(!got.granted && got.live == 2, "{name}: {got:?}");
         let back = [(key.clone(), "b".into()), (key.clone(), "c".into())];
         let got = raw
-            .try_acquire(&key, Some(1), "d", "h/1", ttl, &back)
+            .try_acquire(ask(&key, Some(1), "d", "h/1", ttl), &back)
             .await
             .unwrap();
         assert!(got.granted && got.live == 1, "{name}: {got:?}");
         raw.release(&[(key.clone(), "d".into())]).await.unwrap();
         assert_eq!(raw.count(&key).await.unwrap(), 0, "{name}");
 
+        // (The refusal of "d" above marked the key as waited for: let the mark lapse.)
+        tokio::time::sleep(WAIT_TICKET + Duration::from_millis(50)).await;
         // Through a deployment, back-to-back runs each get the place and the count never
-        // shows two. With room (cap 2, one live) each run takes the last one's lease over with
-        // no store call; at the cap (1) each acquire carries the last lease away first.
+        // shows two. While nobody waits, with room (cap 2) or at the cap (1), each run takes
+        // the last one's lease over with no store call.
         let dep = Deployment::new(store).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        for (cap, leases) in [(2, 1), (1, 20)] {
+        for cap in [2, 1] {
             let mut ids = std::collections::HashSet::new();
             for _ in 0..20 {
                 let (lease, live) = dep.try_lease(&key, Some(cap), until).await.unwrap();
@@ -262,8 +294,79 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
                 assert_eq!(dep.count(&key).await.unwrap(), 1, "{name}");
                 ids.insert(lease.id().to_owned());
             }
-            assert_eq!(ids.len(), leases, "{name}, cap {cap}: {ids:?}");
+            assert_eq!(ids.len(), 1, "{name}, cap {cap}: {ids:?}");
         }
+        // Runs wait in one line for the deployment, first come first served: a run refused at
+        // the cap ("w", who will ask again) goes ahead of any run that comes after it.
+        tokio::time::sleep(WAIT_TICKET + Duration::from_millis(100)).await;
+        assert_eq!(
+            dep.count(&key).await.unwrap(),
+            0,
+            "{name}: the lingering lease left"
+        );
+        let queued = |id| Ask {
+            queue: true,
+            ..ask(&key, Some(1), id, "h/2", ttl)
+        };
+        assert!(raw.try_acquire(queued("w0"), &[]).await.unwrap().granted);
+        let got = raw.try_acquire(queued("w"), &[]).await.unwrap();
+        assert!(!got.granted && got.waiting == 1, "{name}: {got:?}");
+        raw.release(&[(key.clone(), "w0".into())]).await.unwrap();
+        let (late, live) = dep.try_lease(&key, Some(1), until).await.unwrap();
+        assert!(
+            late.is_none() && live == 0,
+            "{name}: the place is w's, who came first"
+        );
+        let got = raw.try_acquire(queued("w"), &[]).await.unwrap();
+        assert!(got.granted && got.waiting == 0, "{name}: {got:?}");
+        raw.release(&[(key.clone(), "w".into())]).await.unwrap();
+        // While a run waits, a given-back lease is not taken over (the acquire that learned of
+        // the wait carries it away instead) and is sent within RELEASE_LINGER, not the quiet
+        // one. Cap 2: "v" waits, two places come free, so one run is granted beside it.
+        for id in ["a", "b"] {
+            assert!(
+                raw.try_acquire(ask(&key, Some(2), id, "h/2", ttl), &[])
+                    .await
+                    .unwrap()
+                    .granted
+            );
+        }
+        let got = raw
+            .try_acquire(
+                Ask {
+                    queue: true,
+                    ..ask(&key, Some(2), "v", "h/2", ttl)
+                },
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(!got.granted && got.waiting == 1, "{name}: {got:?}");
+        raw.release(&[(key.clone(), "a".into()), (key.clone(), "b".into())])
+            .await
+            .unwrap();
+        let (first, _) = dep.try_lease(&key, Some(2), until).await.unwrap();
+        let first = first
+            .expect("one place free beside the waiting run")
+            .id()
+            .to_owned();
+        let (second, live) = dep.try_lease(&key, Some(2), until).await.unwrap();
+        let second = second.expect("the acquire carried the last lease away first");
+        assert_ne!(
+            second.id(),
+            first,
+            "{name}: not taken over while a run waits"
+        );
+        assert_eq!(live, 1, "{name}");
+        drop(second);
+        tokio::time::sleep(RELEASE_LINGER + Duration::from_millis(100)).await;
+        assert_eq!(
+            dep.count(&key).await.unwrap(),
+            0,
+            "{name}: sent for the waiting run"
+        );
+        raw.leave_line(&key, "v").await.unwrap();
+
         // An acquire under another key carries a given-back lease away in its own step.
         let (lease, _) = dep.try_lease(&key, Some(1), until).await.unwrap();
         drop(lease);
@@ -296,9 +399,65 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
         assert_eq!(dep.count(&key).await.unwrap(), 0, "{name}: flushed");
         let (lease, _) = dep.try_lease(&key, Some(100), until).await.unwrap();
         drop(lease);
-        tokio::time::sleep(RELEASE_LINGER_ROOMY + Duration::from_millis(200)).await;
+        tokio::time::sleep(RELEASE_LINGER_QUIET + Duration::from_millis(200)).await;
         assert_eq!(dep.count(&key).await.unwrap(), 0, "{name}: sent on its own");
         assert_eq!(dep.stats().store_errors, 0, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_handing_its_place_on_run_after_run_lets_a_waiting_run_in_soon() {
+    // One worker runs back to back at a cap of 1, each run taking the last one's place over
+    // while nobody waits. A second worker's run comes and waits in line: the first learns of
+    // it within RELEASE_LINGER_QUIET of its last store answer, its next acquire is refused
+    // (the waiting run is ahead), and the waiting run gets the place at its next poll (the
+    // bound: RELEASE_LINGER_QUIET and a poll step of at most 375 ms). Never: waiting until the
+    // first worker stops.
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let key = store.guests_key();
+        let busy = Deployment::new(store).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, r, b, k) = (
+            Arc::clone(&stop),
+            Arc::clone(&runs),
+            busy.clone(),
+            key.clone(),
+        );
+        let looping = tokio::spawn(async move {
+            while !s.load(Ordering::SeqCst) {
+                let until = Instant::now() + Duration::from_secs(2);
+                if let Ok((Some(lease), _)) = b.try_lease(&k, Some(1), until).await {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    drop(lease);
+                } else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        // The loop holds the place and hands it on.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(runs.load(Ordering::SeqCst) > 10, "{name}: the loop runs");
+        let other = Deployment::new(store).unwrap();
+        let t0 = Instant::now();
+        let got = other
+            .lease(&key, Some(1), t0 + Duration::from_secs(5), || {})
+            .await;
+        let waited = t0.elapsed();
+        stop.store(true, Ordering::SeqCst);
+        looping.await.unwrap();
+        let lease = got.unwrap_or_else(|e| panic!("{name}: never let in: {e:?}"));
+        let bound = RELEASE_LINGER_QUIET + Duration::from_millis(375 + 400);
+        assert!(
+            waited < bound,
+            "{name}: waited {waited:?} (bound {bound:?})"
+        );
+        eprintln!("{name}: the waiting run got the place after {waited:?}");
+        drop(lease);
+        other.flush().await;
+        busy.flush().await;
     }
 }
 
@@ -506,7 +665,7 @@ async fn a_failing_store_refuses_by_default_and_falls_back_under_local() {
         // Down (refused connections), past the linger of the lease given back above (until
         // then the next run would take its place over, with no store call).
         relay.cut.store(true, Ordering::SeqCst);
-        tokio::time::sleep(RELEASE_LINGER_ROOMY + Duration::from_millis(120)).await;
+        tokio::time::sleep(RELEASE_LINGER_QUIET + Duration::from_millis(120)).await;
         let t0 = Instant::now();
         let e = a
             .guest_slot(

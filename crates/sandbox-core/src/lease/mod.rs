@@ -11,18 +11,27 @@
 //! leases expire and are dropped by the next acquire: its places come back within one lease
 //! time ([`ENV_ADMISSION_LEASE`], default 30 s).
 //!
-//! A lease given back lingers in its process, [`RELEASE_LINGER_ROOMY`] (250 ms) while the
-//! deployment has room (the process's last acquire left it at most half full) and
-//! [`RELEASE_LINGER`] (5 ms) near the cap. With room, and the store having answered the
-//! process's last call, the process's next run under the same key takes it over with no store
-//! call: the place passes from the run that ended to the one starting, the count does not
-//! change, so the cap holds (the lease was renewed within a third of its time, so the store
-//! still counts it for at least two thirds). Otherwise the process's next acquire
-//! removes it in the same atomic step, or it is sent on its own when its linger ends;
-//! [`Deployment::flush`] sends what lingers at shutdown. A worker with room thus pays the store
-//! nothing for a run that follows another within the linger, and one round trip (not two) for
-//! any other run.
+//! Runs waiting at a cap wait in one line for the whole deployment, kept in the store beside
+//! the leases: a run refused at the cap takes a ticket (its lease id, stamped with the store's
+//! time of its first refusal) and keeps it by asking again at every poll; a place is granted
+//! only to a run with fewer tickets ahead of it than places free. So the places go first come,
+//! first served across every worker, and a worker that keeps asking cannot starve another's
+//! runs. A ticket not asked with for [`WAIT_TICKET`] (1 s: its run gave up or died) leaves
+//! the line.
 //!
+//! A lease given back lingers in its process: [`RELEASE_LINGER_QUIET`] (250 ms) while nobody
+//! waits in its key's line, [`RELEASE_LINGER`] (5 ms) while runs do; every acquire's answer
+//! says how many wait. While nobody waits, and the store answered the process's last call, the
+//! process's next run under the same key (within [`RELEASE_LINGER_QUIET`] of the store's last
+//! answer there) takes the lease over with no store call: the place passes from the run that ended to
+//! the one starting, the count does not change, so the cap holds however full the deployment is
+//! (the lease was renewed within a third of its time, so the store still counts it for at least
+//! two thirds). Otherwise the process's next acquire removes it in the same atomic step, or it
+//! is sent on its own when its linger ends; [`Deployment::flush`] sends what lingers at
+//! shutdown. A worker thus pays the store nothing for a run that follows another within the
+//! linger while nobody waits (one acquire every 250 ms at most), and one round trip (not two)
+//! for any other.
+
 //! The store failing (unreachable, slow, refusing) is handled by [`OnFailure`]: refuse the run
 //! (the default: fail closed, naming the store and [`ENV_ADMISSION_STORE_ON_FAILURE`]) or fall
 //! back to the per-process cap, with a warning and a counter. Every store call is bounded by
@@ -77,6 +86,12 @@ pub const DEFAULT_NAMESPACE: &str = "createos";
 pub const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// The PostgreSQL table of the leases (created if missing).
 pub const PG_TABLE: &str = "createos_admission_leases";
+/// The PostgreSQL table of the runs waiting at a cap, in line (created if missing).
+pub const PG_LINE: &str = "createos_admission_line";
+/// How long a run waiting at a cap keeps its place in the deployment's line without asking
+/// again. A waiting run asks at every poll (at most 375 ms apart), so it keeps its place while
+/// it waits; one that gave up or died leaves the line within this.
+pub const WAIT_TICKET: Duration = Duration::from_secs(1);
 
 const MIN_LEASE_SECONDS: f64 = 3.0;
 const MAX_LEASE_SECONDS: f64 = 600.0;
@@ -386,6 +401,26 @@ pub struct Acquired {
     pub granted: bool,
     /// Unexpired leases under the key after the step (ours included when granted).
     pub live: u64,
+    /// Runs waiting in the key's line after the step (this one included when it joined).
+    pub waiting: u64,
+}
+
+/// One acquire's question (see [`LeaseStore::try_acquire`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The cap's key.
+    pub key: &'a str,
+    /// The cap (`None`: no cap).
+    pub cap: Option<usize>,
+    /// The lease's id; also the run's ticket in the key's line while it waits.
+    pub id: &'a str,
+    /// Who holds it ([`Holder`]'s text).
+    pub holder: &'a str,
+    /// How long the lease lives unrenewed.
+    pub ttl: Duration,
+    /// Refused, the run joins the key's line (or keeps its place there) for [`WAIT_TICKET`]:
+    /// a run that will ask again. `false` for a single try (a warm pool's refill).
+    pub queue: bool,
 }
 
 /// A boxed future of a store call.
@@ -397,23 +432,19 @@ pub type Leases = [(String, String)];
 /// A store of leases under keys, each key with a cap (see the module docs).
 pub trait LeaseStore: Send + Sync {
     /// Removes the leases of `release` (given back since the last call; gone ones are no
-    /// error), drops `key`'s expired leases, then adds lease `id` (held by `holder`, expiring
-    /// `ttl` from now by the store's clock) if fewer than `cap` remain (`None`: no cap). One
-    /// round trip, one step for the store.
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        cap: Option<usize>,
-        id: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-        release: &'a Leases,
-    ) -> StoreFuture<'a, Acquired>;
+    /// error), drops the expired leases and line tickets of `ask.key`, then adds lease
+    /// `ask.id` (held by `ask.holder`, expiring `ask.ttl` from now by the store's clock) if
+    /// fewer than `ask.cap` remain (`None`: no cap) and fewer runs wait ahead of it in the
+    /// key's line than places are free: first come, first served across the deployment.
+    /// Refused, it joins the line when `ask.queue`. One round trip, one step for the store.
+    fn try_acquire<'a>(&'a self, ask: Ask<'a>, release: &'a Leases) -> StoreFuture<'a, Acquired>;
     /// Pushes the expiry of each unexpired `(key, id)` to `ttl` from now; returns the ids that
     /// were not there any more (expired or released: lost).
     fn renew<'a>(&'a self, leases: &'a Leases, ttl: Duration) -> StoreFuture<'a, Vec<String>>;
     /// Removes the leases of `leases` (no error for those gone already).
     fn release<'a>(&'a self, leases: &'a Leases) -> StoreFuture<'a, ()>;
+    /// Takes ticket `id` out of `key`'s line (no error when it is not there).
+    fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
     /// Unexpired leases under `key`.
     fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
 }
@@ -521,11 +552,12 @@ struct Given {
     due: Instant,
 }
 
-/// The leases given back and not yet removed, and whether a flusher task runs for them.
+/// The leases given back and not yet removed, and when the flusher task that sends them
+/// wakes next (`None`: no flusher runs).
 #[derive(Default)]
 struct Pending {
     given: Vec<Given>,
-    flusher: bool,
+    flusher: Option<Instant>,
 }
 
 struct DeploymentInner {
@@ -537,10 +569,10 @@ struct DeploymentInner {
     held: Mutex<HashMap<String, String>>,
     /// Leases given back and not yet removed from the store, and whether a flusher runs.
     pending: Mutex<Pending>,
-    /// Leases under the key at the last acquire's answer.
-    last_live: AtomicU64,
-    /// Whether the last acquire left its key at most half full (see [`RELEASE_LINGER_ROOMY`]).
-    roomy: AtomicBool,
+    /// Wakes the flusher early: a lease due before its wake-up was given back.
+    flush_sooner: tokio::sync::Notify,
+    /// What the last acquire under each key found (bounded: cleared past [`MAX_KEY_STATES`]).
+    keys: Mutex<HashMap<String, KeyState>>,
     /// Whether the store answered the last call made to it (acquire, renewal or release):
     /// a lease is taken over only then, never while the store may have lost it.
     healthy: AtomicBool,
@@ -584,7 +616,7 @@ pub enum Denied {
 
 /// A held lease: renewed by the process's renewer until dropped. Dropping it stops its renewal
 /// at once and gives it back to the store with the process's next acquire, or after
-/// [`RELEASE_LINGER`] / [`RELEASE_LINGER_ROOMY`] when no acquire comes first (best effort: its
+/// [`RELEASE_LINGER`] / [`RELEASE_LINGER_QUIET`] when no acquire comes first (best effort: its
 /// expiry is the backstop).
 pub struct StoreLease {
     dep: Deployment,
@@ -622,20 +654,33 @@ impl Drop for StoreLease {
 }
 
 /// How long a given-back lease waits for the process's next acquire to carry it to the store
-/// before it is sent on its own, while the deployment is near its cap (its last acquire left
-/// it more than half full, or found it full). A busy process's runs thus cost the store one
-/// round trip each instead of two; a slot waits at most this long to be free for the others.
+/// before it is sent on its own, while runs wait in its key's line (as the process's last
+/// acquire there found, or it was refused). A busy process's runs thus cost the store one
+/// round trip each instead of two; a place waits at most this long to be free for the runs
+/// waiting for it.
 pub const RELEASE_LINGER: Duration = Duration::from_millis(5);
 
-/// [`RELEASE_LINGER`] while the deployment has room: the process's last acquire left it at
-/// most half full. Long enough for a worker serving one run at a time to hand each run's place
-/// to its next run with no store call; as nobody is near the cap, the place coming back this
-/// much later keeps nobody waiting.
-pub const RELEASE_LINGER_ROOMY: Duration = Duration::from_millis(250);
+/// [`RELEASE_LINGER`] while nobody waits in the key's line (the process's last acquire there
+/// was granted with the line empty), however full the deployment. Long enough for a worker
+/// serving one run at a time to hand each run's place to its next run with no store call. A
+/// run that comes to a full deployment meanwhile may wait this much longer for a place given
+/// back idle; and a process hands places on like this for at most this long after the store
+/// last answered it, so it learns of a run waiting elsewhere within that.
+pub const RELEASE_LINGER_QUIET: Duration = Duration::from_millis(250);
 
-/// Whether `live` leases leave the deployment at most half full under `cap`.
-fn has_room(cap: Option<usize>, live: u64) -> bool {
-    cap.is_none_or(|c| live.saturating_mul(2) <= c as u64)
+/// The most keys whose last answer a process keeps (one per flow with its own cap, and the
+/// deployment's): past it they are forgotten, and the next run under each asks the store.
+const MAX_KEY_STATES: usize = 4096;
+
+/// What the process's last acquire under one key found.
+#[derive(Debug, Clone, Copy)]
+struct KeyState {
+    /// Leases under the key after it (ours included when granted).
+    live: u64,
+    /// Granted with nobody waiting in the key's line ([`Acquired::waiting`] 0).
+    quiet: bool,
+    /// When the store answered.
+    at: Instant,
 }
 
 /// The most given-back leases one acquire carries (the flusher sends the rest).
@@ -679,9 +724,9 @@ impl Deployment {
                 holder_text,
                 held: Mutex::new(HashMap::new()),
                 pending: Mutex::new(Pending::default()),
-                roomy: AtomicBool::new(false),
+                flush_sooner: tokio::sync::Notify::new(),
                 healthy: AtomicBool::new(false),
-                last_live: AtomicU64::new(0),
+                keys: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(0),
                 renewer: AtomicBool::new(false),
                 runtime: tokio::runtime::Handle::try_current().ok(),
@@ -763,26 +808,39 @@ impl Deployment {
     /// when their linger ends; `reusable`: they are known to be in the store (see [`Given`]).
     fn give_back(&self, leases: Vec<(String, String)>, reusable: bool) {
         let inner = &self.inner;
-        // Near the cap every run asks the store (a lowered cap applies, waiters elsewhere are
-        // counted): a lease is taken over only while the deployment has room.
-        let roomy = inner.roomy.load(Ordering::Relaxed);
-        let reusable = reusable && roomy;
-        let linger = if roomy {
-            RELEASE_LINGER_ROOMY
-        } else {
-            RELEASE_LINGER
+        // While runs wait at a key's cap, its places go back at once (almost) and are never
+        // taken over: the waiting runs get them.
+        let now = Instant::now();
+        let given: Vec<Given> = {
+            let keys = inner.keys.lock().unwrap_or_else(PoisonError::into_inner);
+            leases
+                .into_iter()
+                .map(|(key, id)| {
+                    let quiet = keys.get(&key).is_some_and(|k| k.quiet);
+                    let linger = if quiet {
+                        RELEASE_LINGER_QUIET
+                    } else {
+                        RELEASE_LINGER
+                    };
+                    Given {
+                        key,
+                        id,
+                        reusable: reusable && quiet,
+                        due: now + linger,
+                    }
+                })
+                .collect()
         };
-        let due = Instant::now() + linger;
+        let Some(due) = given.iter().map(|g| g.due).min() else {
+            return;
+        };
         let mut pending = inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending
-            .given
-            .extend(leases.into_iter().map(|(key, id)| Given {
-                key,
-                id,
-                reusable,
-                due,
-            }));
-        if pending.flusher {
+        pending.given.extend(given);
+        if let Some(wakes) = pending.flusher {
+            if due < wakes {
+                pending.flusher = Some(due);
+                inner.flush_sooner.notify_one();
+            }
             return;
         }
         // No runtime to send them from: the next acquire carries them, or they expire.
@@ -792,12 +850,20 @@ impl Deployment {
         else {
             return;
         };
-        pending.flusher = true;
+        pending.flusher = Some(due);
         let dep = self.clone();
         rt.spawn(async move {
             let mut until = due;
             loop {
-                tokio::time::sleep_until(until).await;
+                tokio::select! {
+                    () = tokio::time::sleep_until(until) => {}
+                    () = dep.inner.flush_sooner.notified() => {
+                        // A lease due sooner came in: its due is the wake-up now.
+                        let pending = dep.inner.pending.lock().unwrap_or_else(PoisonError::into_inner);
+                        until = pending.flusher.unwrap_or(until).min(until);
+                        continue;
+                    }
+                }
                 let (batch, next) = {
                     let mut pending = dep
                         .inner
@@ -810,7 +876,7 @@ impl Deployment {
                     pending.given = left;
                     let next = pending.given.iter().map(|g| g.due).min();
                     // Cleared under the lock: a lease given back from here on starts another.
-                    pending.flusher = next.is_some();
+                    pending.flusher = next;
                     (batch, next)
                 };
                 if !batch.is_empty() {
@@ -893,30 +959,58 @@ impl Deployment {
         }
     }
 
-    /// One try at a lease under `key` with `cap` (no waiting): `Ok(None)` at the cap.
+    /// One try at a lease under `key` with `cap` (no waiting, no place in the line):
+    /// `Ok(None)` at the cap, or when runs wait in line for every free place.
     pub async fn try_lease(
         &self,
         key: &str,
         cap: Option<usize>,
         until: Instant,
     ) -> Result<(Option<StoreLease>, u64), StoreError> {
-        // With room under this cap at the last answer (checked again here: the cap is the
-        // run's setting, which may have changed since), and the store answering: a store
-        // that failed since may have lost the lease, and the run must then ask it.
-        let live = self.inner.last_live.load(Ordering::Relaxed);
-        if has_room(cap, live)
+        let id = self.mint_id();
+        self.attempt(key, cap, until, id, false).await
+    }
+
+    /// One try at lease `id` (a run's id for all its tries: its ticket in the line) under
+    /// `key` with `cap`; refused, it joins or keeps its place in the line when `queue`.
+    async fn attempt(
+        &self,
+        key: &str,
+        cap: Option<usize>,
+        until: Instant,
+        id: String,
+        queue: bool,
+    ) -> Result<(Option<StoreLease>, u64), StoreError> {
+        // A given-back lease of this key is taken over when the store's last answer under it
+        // (at most RELEASE_LINGER_QUIET old) had nobody waiting and left the key within this run's cap
+        // (the run's setting, which may have been lowered since), and the store has answered
+        // since: a store that failed may have lost the lease, and the run must then ask it.
+        let last = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied();
+        if let Some(last) = last
+            && last.quiet
+            && last.at.elapsed() <= RELEASE_LINGER_QUIET
+            && cap.is_none_or(|c| last.live <= c as u64)
             && self.inner.healthy.load(Ordering::SeqCst)
             && let Some(id) = self.take_over(key)
         {
-            return Ok((Some(self.hold(key, id)), live));
+            return Ok((Some(self.hold(key, id)), last.live));
         }
-        let id = self.mint_id();
-        let ttl = self.inner.config.lease;
+        let ask = Ask {
+            key,
+            cap,
+            id: &id,
+            holder: &self.inner.holder_text,
+            ttl: self.inner.config.lease,
+            queue,
+        };
         let release = self.take_pending(RELEASES_PER_ACQUIRE);
-        let call =
-            self.inner
-                .store
-                .try_acquire(key, cap, &id, &self.inner.holder_text, ttl, &release);
+        let call = self.inner.store.try_acquire(ask, &release);
         let got = match self.bounded(until, call).await {
             Ok(got) => got,
             Err(e) => {
@@ -931,9 +1025,24 @@ impl Deployment {
             }
         };
         self.inner.healthy.store(true, Ordering::SeqCst);
-        let roomy = got.granted && has_room(cap, got.live);
-        self.inner.roomy.store(roomy, Ordering::Relaxed);
-        self.inner.last_live.store(got.live, Ordering::Relaxed);
+        {
+            let mut keys = self
+                .inner
+                .keys
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if keys.len() >= MAX_KEY_STATES && !keys.contains_key(key) {
+                keys.clear();
+            }
+            keys.insert(
+                key.to_owned(),
+                KeyState {
+                    live: got.live,
+                    quiet: got.granted && got.waiting == 0,
+                    at: Instant::now(),
+                },
+            );
+        }
         if !got.granted {
             return Ok((None, got.live));
         }
@@ -966,8 +1075,10 @@ impl Deployment {
     ) -> Result<StoreLease, Denied> {
         let mut delay = Duration::from_millis(10);
         let mut first = true;
+        // One id for every try: the run's ticket in the line while it waits.
+        let id = self.mint_id();
         loop {
-            match self.try_lease(key, cap, until).await {
+            match self.attempt(key, cap, until, id.clone(), true).await {
                 Ok((Some(lease), _)) => return Ok(lease),
                 Ok((None, live)) => {
                     if first {
@@ -976,6 +1087,7 @@ impl Deployment {
                     }
                     let now = Instant::now();
                     if now >= until {
+                        self.leave_line(key, id);
                         return Err(Denied::AtCap { live });
                     }
                     let jitter = rand::random_range(0.5..1.5);
@@ -986,6 +1098,21 @@ impl Deployment {
                 Err(e) => return Err(Denied::Store(e)),
             }
         }
+    }
+
+    /// Takes ticket `id` out of `key`'s line now, in the background (a run that gave up:
+    /// otherwise it would stand ahead of the others until [`WAIT_TICKET`] ends).
+    fn leave_line(&self, key: &str, id: String) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (dep, key) = (self.clone(), key.to_owned());
+        rt.spawn(async move {
+            let call = dep.inner.store.leave_line(&key, &id);
+            if let Err(e) = dep.bounded(Instant::now() + STORE_CALL_TIMEOUT, call).await {
+                dep.note_error(&e, "leaving the line");
+            }
+        });
     }
 
     /// The unexpired leases under `key`, bounded by [`STORE_CALL_TIMEOUT`].

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::{
-    Acquired, LeaseStore, Leases, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig, StoreError,
-    StoreFuture, ms,
+    Acquired, Ask, LeaseStore, Leases, PG_LINE, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig,
+    StoreError, StoreFuture, WAIT_TICKET, ms,
 };
 use crate::LOG_TARGET;
 
@@ -84,30 +84,53 @@ fn pg_schema() -> String {
          CREATE TABLE IF NOT EXISTS {PG_TABLE} (key text NOT NULL, lease_id text NOT NULL, \
            holder text NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (key, lease_id)); \
          CREATE INDEX IF NOT EXISTS {PG_TABLE}_key ON {PG_TABLE} (key, expires_at); \
+         CREATE TABLE IF NOT EXISTS {PG_LINE} (key text NOT NULL, ticket text NOT NULL, \
+           arrived_at timestamptz NOT NULL, expires_at timestamptz NOT NULL, \
+           PRIMARY KEY (key, ticket)); \
          CREATE OR REPLACE FUNCTION createos_admission_acquire(p_key text, p_id text, \
            p_holder text, p_cap bigint, p_ttl_ms bigint, p_release_keys text[], \
-           p_release_ids text[]) \
-           RETURNS TABLE (granted boolean, live bigint) LANGUAGE plpgsql VOLATILE AS $fn$ \
-         DECLARE n bigint; \
+           p_release_ids text[], p_ticket_ms bigint, p_queue boolean) \
+           RETURNS TABLE (granted boolean, live bigint, waiting bigint) LANGUAGE plpgsql \
+           VOLATILE AS $fn$ \
+         DECLARE n bigint; queued bigint; ahead bigint; mine timestamptz; \
          BEGIN \
            FOR i IN 1 .. coalesce(cardinality(p_release_keys), 0) LOOP \
              DELETE FROM {PG_TABLE} WHERE key = p_release_keys[i] AND lease_id = p_release_ids[i]; \
            END LOOP; \
            PERFORM pg_advisory_xact_lock(hashtext(p_key)); \
+           DELETE FROM {PG_LINE} WHERE key = p_key AND expires_at <= clock_timestamp(); \
            DELETE FROM {PG_TABLE} WHERE key = p_key AND expires_at <= clock_timestamp(); \
+           SELECT count(*) INTO queued FROM {PG_LINE} WHERE key = p_key; \
            UPDATE {PG_TABLE} SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond' \
              WHERE key = p_key AND lease_id = p_id; \
            IF FOUND THEN \
              SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
-             RETURN QUERY SELECT true, n; RETURN; \
+             RETURN QUERY SELECT true, n, queued; RETURN; \
            END IF; \
            SELECT count(*) INTO n FROM {PG_TABLE} WHERE key = p_key; \
-           IF p_cap IS NOT NULL AND n >= p_cap THEN \
-             RETURN QUERY SELECT false, n; RETURN; \
+           SELECT arrived_at INTO mine FROM {PG_LINE} WHERE key = p_key AND ticket = p_id; \
+           IF mine IS NULL THEN \
+             ahead := queued; \
+           ELSE \
+             SELECT count(*) INTO ahead FROM {PG_LINE} WHERE key = p_key \
+               AND (arrived_at, ticket) < (mine, p_id); \
            END IF; \
-           INSERT INTO {PG_TABLE} (key, lease_id, holder, expires_at) VALUES (p_key, p_id, \
-             p_holder, clock_timestamp() + p_ttl_ms * interval '1 millisecond'); \
-           RETURN QUERY SELECT true, n + 1; \
+           IF p_cap IS NULL OR (n < p_cap AND ahead < p_cap - n) THEN \
+             INSERT INTO {PG_TABLE} (key, lease_id, holder, expires_at) VALUES (p_key, p_id, \
+               p_holder, clock_timestamp() + p_ttl_ms * interval '1 millisecond'); \
+             IF mine IS NOT NULL THEN \
+               DELETE FROM {PG_LINE} WHERE key = p_key AND ticket = p_id; \
+               queued := queued - 1; \
+             END IF; \
+             RETURN QUERY SELECT true, n + 1, queued; RETURN; \
+           END IF; \
+           IF p_queue THEN \
+             INSERT INTO {PG_LINE} (key, ticket, arrived_at, expires_at) VALUES (p_key, p_id, \
+               clock_timestamp(), clock_timestamp() + p_ticket_ms * interval '1 millisecond') \
+               ON CONFLICT (key, ticket) DO UPDATE SET expires_at = EXCLUDED.expires_at; \
+             IF mine IS NULL THEN queued := queued + 1; END IF; \
+           END IF; \
+           RETURN QUERY SELECT false, n, queued; \
          END $fn$",
         table = lit(PG_TABLE)
     )
@@ -168,8 +191,9 @@ impl PostgresStore {
             async move { client.prepare(&sql).await.map_err(|e| pg_err(&e)) }
         };
         let acquire = prepare(
-            "SELECT granted, live FROM createos_admission_acquire($1::text, $2::text, \
-             $3::text, $4::bigint, $5::bigint, $6::text[], $7::text[])"
+            "SELECT granted, live, waiting FROM createos_admission_acquire($1::text, \
+             $2::text, $3::text, $4::bigint, $5::bigint, $6::text[], $7::text[], $8::bigint, \
+             $9::boolean)"
                 .to_owned(),
         )
         .await?;
@@ -195,30 +219,29 @@ impl PostgresStore {
 }
 
 impl LeaseStore for PostgresStore {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        cap: Option<usize>,
-        id: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-        release: &'a Leases,
-    ) -> StoreFuture<'a, Acquired> {
+    fn try_acquire<'a>(&'a self, ask: Ask<'a>, release: &'a Leases) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let c = self.conn().await?;
-            let cap: Option<i64> = cap.map(|c| i64::try_from(c).unwrap_or(i64::MAX));
-            let ttl = i64::try_from(ms(ttl)).unwrap_or(i64::MAX);
+            let cap: Option<i64> = ask.cap.map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+            let ttl = i64::try_from(ms(ask.ttl)).unwrap_or(i64::MAX);
+            let ticket = i64::try_from(ms(WAIT_TICKET)).unwrap_or(i64::MAX);
+            let (key, id, holder, queue) = (ask.key, ask.id, ask.holder, ask.queue);
             let (keys, ids) = columns(release);
             let row = c
                 .client
-                .query_one(&c.acquire, &[&key, &id, &holder, &cap, &ttl, &keys, &ids])
+                .query_one(
+                    &c.acquire,
+                    &[&key, &id, &holder, &cap, &ttl, &keys, &ids, &ticket, &queue],
+                )
                 .await
                 .map_err(|e| pg_err(&e))?;
             let granted: bool = row.try_get(0).map_err(|e| pg_err(&e))?;
             let live: i64 = row.try_get(1).map_err(|e| pg_err(&e))?;
+            let waiting: i64 = row.try_get(2).map_err(|e| pg_err(&e))?;
             Ok(Acquired {
                 granted,
                 live: u64::try_from(live).unwrap_or(0),
+                waiting: u64::try_from(waiting).unwrap_or(0),
             })
         })
     }
@@ -268,6 +291,20 @@ impl LeaseStore for PostgresStore {
                 .await
                 .map_err(|e| pg_err(&e))?;
             Ok(())
+        })
+    }
+
+    fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            c.client
+                .execute(
+                    &format!("DELETE FROM {PG_LINE} WHERE key = $1::text AND ticket = $2::text"),
+                    &[&key, &id],
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| pg_err(&e))
         })
     }
 

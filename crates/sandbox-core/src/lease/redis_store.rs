@@ -5,30 +5,55 @@ use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::{
-    Acquired, LeaseStore, Leases, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture, ms,
+    Acquired, Ask, LeaseStore, Leases, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture,
+    WAIT_TICKET, ms,
 };
 
-// KEYS[1] the cap's key; ARGV cap, id, ttl; then KEYS[i] / ARGV[i + 2] (i >= 2) the leases
-// given back since the last acquire, removed first.
+// KEYS[1] the cap's leases, KEYS[2] its line of waiting runs (scored by arrival, ms), KEYS[3]
+// the line's expiries (ms); ARGV cap, id, ttl, ticket (ms), queue (1: a refused run joins or
+// stays in the line); then KEYS[i] / ARGV[i + 2] (i >= 4) the leases given back since the last
+// acquire, removed first. A place is granted under the cap only to a run with fewer runs ahead
+// of it in the line than places free (first come, first served across the deployment). Returns
+// {granted, live, whether anyone waits in the line after the step}.
 const REDIS_ACQUIRE: &str = r"
-for i = 2, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i + 2]) end
+for i = 4, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i + 2]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], gone)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local n = redis.call('ZCARD', KEYS[1])
+local queued = redis.call('ZCARD', KEYS[2])
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
   if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
-  return {1, n}
+  return {1, n, queued}
 end
 local cap = tonumber(ARGV[1])
-if cap >= 0 and n >= cap then
-  return {0, n}
+local rank = redis.call('ZRANK', KEYS[2], ARGV[2])
+local ahead = rank or queued
+if cap < 0 or (n < cap and ahead < cap - n) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+  if rank then
+    redis.call('ZREM', KEYS[2], ARGV[2])
+    redis.call('ZREM', KEYS[3], ARGV[2])
+    queued = queued - 1
+  end
+  return {1, n + 1, queued}
 end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
-if redis.call('PTTL', KEYS[1]) < ttl * 2 then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
-return {1, n + 1}
+if ARGV[5] == '1' then
+  local ticket = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[2], 'NX', now, ARGV[2])
+  redis.call('ZADD', KEYS[3], now + ticket, ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ticket * 2)
+  redis.call('PEXPIRE', KEYS[3], ticket * 2)
+  if not rank then queued = queued + 1 end
+end
+return {0, n, queued}
 ";
 
 const REDIS_RENEW: &str = r"
@@ -124,28 +149,29 @@ impl RedisStore {
 }
 
 impl LeaseStore for RedisStore {
-    fn try_acquire<'a>(
-        &'a self,
-        key: &'a str,
-        cap: Option<usize>,
-        id: &'a str,
-        _holder: &'a str,
-        ttl: Duration,
-        release: &'a Leases,
-    ) -> StoreFuture<'a, Acquired> {
+    fn try_acquire<'a>(&'a self, ask: Ask<'a>, release: &'a Leases) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let mut c = self.conn().await?;
-            let cap = cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+            let cap = ask.cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+            let queue_key = format!("{}:line", ask.key);
             let mut inv = self.acquire.prepare_invoke();
-            inv.key(key).arg(cap).arg(id).arg(ms(ttl));
+            inv.key(ask.key)
+                .key(&queue_key)
+                .key(format!("{queue_key}:exp"))
+                .arg(cap)
+                .arg(ask.id)
+                .arg(ms(ask.ttl))
+                .arg(ms(WAIT_TICKET))
+                .arg(u8::from(ask.queue));
             for (key, id) in release {
                 inv.key(key).arg(id);
             }
-            let (granted, live): (i64, u64) =
+            let (granted, live, waiting): (i64, u64, u64) =
                 inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))?;
             Ok(Acquired {
                 granted: granted == 1,
                 live,
+                waiting,
             })
         })
     }
@@ -176,6 +202,25 @@ impl LeaseStore for RedisStore {
                 pipe.cmd("ZREM").arg(key).arg(id).ignore();
             }
             pipe.query_async::<()>(&mut c)
+                .await
+                .map_err(|e| redis_err(&e))
+        })
+    }
+
+    fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            let line = format!("{key}:line");
+            redis::pipe()
+                .cmd("ZREM")
+                .arg(&line)
+                .arg(id)
+                .ignore()
+                .cmd("ZREM")
+                .arg(format!("{line}:exp"))
+                .arg(id)
+                .ignore()
+                .query_async::<()>(&mut c)
                 .await
                 .map_err(|e| redis_err(&e))
         })
