@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! eval "$(bash scripts/stores start)"
-//! cargo run --release -p sandbox-core --example bench_admission_store -- [OPS] [GAP_MS]
+//! cargo run --release -p sandbox-core --example bench_admission_store -- [OPS] [GAP_MS] [CAP]
 //! ```
 //!
 //! Reads `CREATEOS_TEST_REDIS_URL` and `CREATEOS_TEST_POSTGRES_URL` (each optional). For each
@@ -14,7 +14,9 @@
 //! process's (`/proc/self/stat`) and the store server's (every process of its name), per slot.
 //! `GAP_MS` (default 0) spaces the sequential slots as runs of that length would: each given-back
 //! lease then leaves on its own (nothing follows within the release linger) and the runtime
-//! idles in between, as in a worker serving one run at a time.
+//! idles in between, as in a worker serving one run at a time. `CAP` (default 10,000: room) is
+//! the sequential slots' cap: 1 keeps the deployment at its cap, each slot handing its place
+//! to the next while nobody waits (the 16 tasks keep 10,000).
 
 use std::time::{Duration, Instant};
 
@@ -63,9 +65,12 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-fn caps(store: Option<&'static StoreConfig>) -> Caps {
+/// The cap of the warm-ups and the 16 tasks: room.
+const ROOM: usize = 10_000;
+
+fn caps(store: Option<&'static StoreConfig>, cap: usize) -> Caps {
     Caps {
-        max_live: Some(10_000),
+        max_live: Some(cap),
         max_live_per_flow: None,
         wait: Duration::from_secs(10),
         store,
@@ -150,15 +155,19 @@ async fn main() {
             .and_then(|a| a.parse().ok())
             .unwrap_or(0),
     );
+    let cap: usize = std::env::args()
+        .nth(3)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
     println!(
-        "{ops} sequential slots per store (taken and given back, {} ms apart), then {ops} by 16 \
-         tasks",
+        "{ops} sequential slots per store (taken and given back, {} ms apart, cap {cap}), then \
+         {ops} by 16 tasks",
         gap.as_millis()
     );
     let none = Admission::new();
-    let _ = sequential(&none, caps(None), 200, "none", Duration::ZERO).await;
-    let (lat, own, _) = sequential(&none, caps(None), ops, "none", gap).await;
-    let rate = concurrent(&none, caps(None), ops).await;
+    let _ = sequential(&none, caps(None, ROOM), 200, "none", Duration::ZERO).await;
+    let (lat, own, _) = sequential(&none, caps(None, cap), ops, "none", gap).await;
+    let rate = concurrent(&none, caps(None, ROOM), ops).await;
     report("no store", &lat, own, 0.0, ops, rate);
     for (name, var, server) in [
         ("redis", "CREATEOS_TEST_REDIS_URL", "redis-server"),
@@ -178,9 +187,9 @@ async fn main() {
         .expect("a store");
         let adm = Admission::new();
         adm.set_deployment(Deployment::new(config).expect("the store opens"));
-        let _ = sequential(&adm, caps(Some(config)), 200, server, Duration::ZERO).await;
-        let (lat, own, srv) = sequential(&adm, caps(Some(config)), ops, server, gap).await;
-        let rate = concurrent(&adm, caps(Some(config)), ops).await;
+        let _ = sequential(&adm, caps(Some(config), ROOM), 200, server, Duration::ZERO).await;
+        let (lat, own, srv) = sequential(&adm, caps(Some(config), cap), ops, server, gap).await;
+        let rate = concurrent(&adm, caps(Some(config), ROOM), ops).await;
         report(name, &lat, own, srv, ops, rate);
     }
 }

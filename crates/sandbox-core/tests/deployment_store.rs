@@ -409,10 +409,10 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
 async fn a_worker_handing_its_place_on_run_after_run_lets_a_waiting_run_in_soon() {
     // One worker runs back to back at a cap of 1, each run taking the last one's place over
     // while nobody waits. A second worker's run comes and waits in line: the first learns of
-    // it within RELEASE_LINGER_QUIET of its last store answer, its next acquire is refused
-    // (the waiting run is ahead), and the waiting run gets the place at its next poll (the
-    // bound: RELEASE_LINGER_QUIET and a poll step of at most 375 ms). Never: waiting until the
-    // first worker stops.
+    // it within WAIT_TICKET of its last store answer, its next acquire is refused (the waiting
+    // run is ahead), and the waiting run gets the place at its next poll (the bound:
+    // WAIT_TICKET and a poll step of at most 375 ms). Never: waiting until the first worker
+    // stops.
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let key = store.guests_key();
@@ -449,7 +449,7 @@ async fn a_worker_handing_its_place_on_run_after_run_lets_a_waiting_run_in_soon(
         stop.store(true, Ordering::SeqCst);
         looping.await.unwrap();
         let lease = got.unwrap_or_else(|e| panic!("{name}: never let in: {e:?}"));
-        let bound = RELEASE_LINGER_QUIET + Duration::from_millis(375 + 400);
+        let bound = WAIT_TICKET + Duration::from_millis(375 + 400);
         assert!(
             waited < bound,
             "{name}: waited {waited:?} (bound {bound:?})"

@@ -22,15 +22,15 @@
 //! A lease given back lingers in its process: [`RELEASE_LINGER_QUIET`] (250 ms) while nobody
 //! waits in its key's line, [`RELEASE_LINGER`] (5 ms) while runs do; every acquire's answer
 //! says how many wait. While nobody waits, and the store answered the process's last call, the
-//! process's next run under the same key (within [`RELEASE_LINGER_QUIET`] of the store's last
-//! answer there) takes the lease over with no store call: the place passes from the run that ended to
+//! process's next run under the same key (within [`WAIT_TICKET`] of the store's last answer
+//! there) takes the lease over with no store call: the place passes from the run that ended to
 //! the one starting, the count does not change, so the cap holds however full the deployment is
 //! (the lease was renewed within a third of its time, so the store still counts it for at least
 //! two thirds). Otherwise the process's next acquire removes it in the same atomic step, or it
 //! is sent on its own when its linger ends; [`Deployment::flush`] sends what lingers at
 //! shutdown. A worker thus pays the store nothing for a run that follows another within the
-//! linger while nobody waits (one acquire every 250 ms at most), and one round trip (not two)
-//! for any other.
+//! linger while nobody waits (one acquire a second at most), and one round trip (not two) for
+//! any other.
 
 //! The store failing (unreachable, slow, refusing) is handled by [`OnFailure`]: refuse the run
 //! (the default: fail closed, naming the store and [`ENV_ADMISSION_STORE_ON_FAILURE`]) or fall
@@ -664,8 +664,8 @@ pub const RELEASE_LINGER: Duration = Duration::from_millis(5);
 /// was granted with the line empty), however full the deployment. Long enough for a worker
 /// serving one run at a time to hand each run's place to its next run with no store call. A
 /// run that comes to a full deployment meanwhile may wait this much longer for a place given
-/// back idle; and a process hands places on like this for at most this long after the store
-/// last answered it, so it learns of a run waiting elsewhere within that.
+/// back idle; and a process hands places on like this for at most [`WAIT_TICKET`] after the
+/// store last answered it, so it learns of a run waiting elsewhere within that.
 pub const RELEASE_LINGER_QUIET: Duration = Duration::from_millis(250);
 
 /// The most keys whose last answer a process keeps (one per flow with its own cap, and the
@@ -982,7 +982,7 @@ impl Deployment {
         queue: bool,
     ) -> Result<(Option<StoreLease>, u64), StoreError> {
         // A given-back lease of this key is taken over when the store's last answer under it
-        // (at most RELEASE_LINGER_QUIET old) had nobody waiting and left the key within this run's cap
+        // (at most WAIT_TICKET old) had nobody waiting and left the key within this run's cap
         // (the run's setting, which may have been lowered since), and the store has answered
         // since: a store that failed may have lost the lease, and the run must then ask it.
         let last = self
@@ -994,7 +994,7 @@ impl Deployment {
             .copied();
         if let Some(last) = last
             && last.quiet
-            && last.at.elapsed() <= RELEASE_LINGER_QUIET
+            && last.at.elapsed() <= WAIT_TICKET
             && cap.is_none_or(|c| last.live <= c as u64)
             && self.inner.healthy.load(Ordering::SeqCst)
             && let Some(id) = self.take_over(key)

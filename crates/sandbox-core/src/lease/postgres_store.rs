@@ -14,12 +14,14 @@ use super::{
 use crate::LOG_TARGET;
 
 /// The PostgreSQL store: one table ([`PG_TABLE`], created if missing) of `(key, lease_id,
-/// holder, expires_at)` and one function, `createos_admission_acquire`, created or replaced
-/// at connect. An acquire is one call of it, one statement and so one transaction: it deletes
-/// the leases given back since the last acquire (two arrays, keys and ids), then
-/// `pg_advisory_xact_lock(hashtext(key))` serialises the acquires of one key across every
-/// connection, then it deletes the key's expired leases, counts the rest and inserts ours if
-/// the count is under the cap. It is `VOLATILE`, so each of its statements sees what the
+/// holder, expires_at)`, one of the runs waiting in line ([`PG_LINE`]: `(key, ticket,
+/// arrived_at, expires_at)`) and one function, `createos_admission_acquire` (its 9-argument
+/// form), created or replaced at connect. An acquire is one call of it, one statement and so
+/// one transaction: it deletes the leases given back since the last acquire (two arrays, keys
+/// and ids), then `pg_advisory_xact_lock(hashtext(key))` serialises the acquires of one key
+/// across every connection, then it deletes the key's expired leases and tickets, counts the
+/// rest and inserts ours if the count is under the cap and fewer tickets are ahead of ours
+/// than places free; refused, a run that will ask again keeps (or takes) its ticket. It is `VOLATILE`, so each of its statements sees what the
 /// previous lock holder committed (read committed). Times are the server's
 /// `clock_timestamp()`. Calls are prepared statements, so the server plans them once per
 /// connection.
