@@ -68,9 +68,8 @@ fn with(base: &url::Url, user: &str, query: &str) -> String {
     u.to_string()
 }
 
-/// Whether the store's connection, made as `user` (a role of the test's own, so no other
-/// test's connection is counted), is encrypted, as the server sees it.
-async fn server_says_encrypted(base: &url::Url, user: &str) -> bool {
+/// A plain connection as `postgres`, the test's own (not the store's).
+async fn admin(base: &url::Url) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(
         &with(base, "postgres", "sslmode=disable"),
         tokio_postgres::NoTls,
@@ -78,6 +77,13 @@ async fn server_says_encrypted(base: &url::Url, user: &str) -> bool {
     .await
     .unwrap();
     tokio::spawn(conn);
+    client
+}
+
+/// Whether the store's connection, made as `user` (a role of the test's own, so no other
+/// test's connection is counted), is encrypted, as the server sees it.
+async fn server_says_encrypted(base: &url::Url, user: &str) -> bool {
+    let client = admin(base).await;
     let rows = client
         .query(
             "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
@@ -93,13 +99,7 @@ async fn server_says_encrypted(base: &url::Url, user: &str) -> bool {
 /// A login role of this test's own (trust authentication on loopback).
 async fn role(base: &url::Url) -> String {
     let name = format!("tls_probe_{:08x}", rand::random::<u32>());
-    let (client, conn) = tokio_postgres::connect(
-        &with(base, "postgres", "sslmode=disable"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let client = admin(base).await;
     client
         .batch_execute(&format!("CREATE ROLE {name} LOGIN SUPERUSER"))
         .await
