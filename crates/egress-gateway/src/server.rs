@@ -7,9 +7,9 @@
 //! (`Proxy-Authorization`), a host and port its allowlist names, room under the credential's
 //! limits, a name that resolves to at least one public address, and a connection to one. A
 //! `CONNECT` tunnel must then start with a TLS `ClientHello` whose `server_name` is the
-//! `CONNECT` host; after that the bytes are copied untouched, metered against the credential's
-//! byte budget as they pass, until either side closes, the connection is idle too long, or it
-//! reaches its maximum lifetime.
+//! `CONNECT` host and that does not offer Encrypted Client Hello; after that the bytes are
+//! copied untouched, metered against the credential's byte budget as they pass, until either
+//! side closes, the connection is idle too long, or it reaches its maximum lifetime.
 //!
 //! When every connection slot is taken and another connection arrives, the one that has waited
 //! longest without sending a complete request head is closed to make room (reason `evicted`):
@@ -45,7 +45,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::addr::{forbidden_reason, is_own_address};
 use crate::allowlist::{Decision, HostError, normalize_host};
 use crate::config::{GatewayConfig, Resolver};
-use crate::tls::{HelloError, MAX_HELLO_BYTES, parse_client_hello};
+use crate::tls::{ClientHello, HelloError, MAX_HELLO_BYTES, parse_client_hello};
 use crate::token::{Credential, TokenError, verify};
 
 /// The realm of the `Proxy-Authenticate` challenge.
@@ -973,15 +973,16 @@ impl AsyncWrite for Metered {
     }
 }
 
-/// Reads the client's first bytes until they hold a complete `ClientHello`.
+/// Reads the client's first bytes until they hold a complete `ClientHello`: the bytes read
+/// (the hello's [`consumed`](ClientHello::consumed) first) and the hello.
 async fn read_hello<R: AsyncRead + Unpin>(
     client: &mut R,
-) -> Result<(Vec<u8>, Option<String>), &'static str> {
+) -> Result<(Vec<u8>, ClientHello), &'static str> {
     use bytes::BufMut as _;
     let mut buf = Vec::with_capacity(2048);
     loop {
         match parse_client_hello(&buf) {
-            Ok(Some(hello)) => return Ok((buf, hello.server_name)),
+            Ok(Some(hello)) => return Ok((buf, hello)),
             Ok(None) => {}
             Err(HelloError::NotTls) => return Err("not_tls"),
             Err(HelloError::TooLarge) => return Err("hello_too_large"),
@@ -998,6 +999,20 @@ async fn read_hello<R: AsyncRead + Unpin>(
     }
 }
 
+/// Why a `ClientHello` for `host` is refused, if it is: it seals the name it asks for
+/// (Encrypted Client Hello, whose clear `server_name` names only a front), or its
+/// `server_name` is missing or another name.
+fn hello_refusal(hello: &ClientHello, host: &str) -> Option<&'static str> {
+    if hello.encrypted_client_hello {
+        return Some("ech");
+    }
+    match &hello.server_name {
+        Some(name) if name == host => None,
+        Some(_) => Some("sni_mismatch"),
+        None => Some("no_sni"),
+    }
+}
+
 /// A `CONNECT` tunnel after its `200`: check the `ClientHello`, then copy both ways.
 async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, adm: Admitted) {
     let cfg = &shared.config;
@@ -1007,7 +1022,7 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
     };
     let mut client = TokioIo::new(upgraded);
     let hello = tokio::time::timeout(cfg.handshake_timeout, read_hello(&mut client)).await;
-    let (hello, server_name) = match hello {
+    let (first, hello) = match hello {
         Ok(Ok(got)) => got,
         Ok(Err(reason)) => {
             ctx.refuse(reason);
@@ -1021,18 +1036,11 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
             return;
         }
     };
-    match server_name {
-        Some(name) if name == adm.host => {}
-        other => {
-            ctx.refuse(if other.is_some() {
-                "sni_mismatch"
-            } else {
-                "no_sni"
-            });
-            let _ = client.write_all(&TLS_ACCESS_DENIED).await;
-            let _ = client.shutdown().await;
-            return;
-        }
+    if let Some(reason) = hello_refusal(&hello, &adm.host) {
+        ctx.refuse(reason);
+        let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+        let _ = client.shutdown().await;
+        return;
     }
     let mut upstream = Metered {
         inner: adm.upstream,
@@ -1042,8 +1050,8 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
     };
     let copied = async {
         let result = async {
-            upstream.write_all(&hello).await?;
-            drop(hello);
+            upstream.write_all(&first).await?;
+            drop(first);
             tokio::io::copy_bidirectional_with_sizes(
                 &mut client,
                 &mut upstream,

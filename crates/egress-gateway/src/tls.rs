@@ -10,6 +10,11 @@
 //! "need more", "done" or "refuse". The hello may be split across reads and across TLS records
 //! (it is reassembled from consecutive handshake records), and it must fit in
 //! [`MAX_HELLO_BYTES`]. Every length field is checked against what it is inside of.
+//!
+//! The name in the clear is the name asked for only when the hello seals no other: a hello that
+//! offers Encrypted Client Hello names a front (a CDN's public name) in its `server_name` and
+//! carries the real one encrypted, so the parser reports it
+//! ([`ClientHello::encrypted_client_hello`]) and the gateway refuses it.
 
 use crate::allowlist::normalize_host;
 
@@ -23,14 +28,25 @@ const HANDSHAKE: u8 = 22;
 const CLIENT_HELLO: u8 = 1;
 /// Extension number of `server_name` (RFC 6066).
 const SERVER_NAME: u16 = 0;
+/// Extension numbers that mean the hello's real server name, if any, is sealed: ECH's
+/// `encrypted_client_hello` (0xfe0d) and the numbers its drafts used (0xfe08 to 0xfe0c);
+/// `ech_outer_extensions` (0xfd00), which belongs only in the encrypted inner hello; and the
+/// older `encrypted_server_name` (ESNI, 0xffce).
+const SEALED_NAME: [u16; 8] = [
+    0xfe0d, 0xfe08, 0xfe09, 0xfe0a, 0xfe0b, 0xfe0c, 0xfd00, 0xffce,
+];
 /// Largest record payload allowed (2^14, RFC 8446 §5.1).
 const MAX_RECORD: usize = 16 * 1024;
-
 /// A complete `ClientHello`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
     /// The `server_name` (`host_name` type), normalised; `None` when the client sent none.
     pub server_name: Option<String>,
+    /// The hello offers Encrypted Client Hello, or carries another extension of a sealed name
+    /// (a draft's ECH, `ech_outer_extensions`, ESNI): the name it really asks for, if any, is
+    /// encrypted, and `server_name` may name only a front. A decoy ("GREASE") ECH extension
+    /// looks the same and counts the same.
+    pub encrypted_client_hello: bool,
     /// How many bytes of the input the records holding the hello take (anything after them,
     /// such as early data, belongs to the stream and is forwarded too).
     pub consumed: usize,
@@ -98,9 +114,10 @@ pub fn parse_client_hello(input: &[u8]) -> Result<Option<ClientHello>, HelloErro
             if message.len() > 4 + body_len {
                 return Err(HelloError::Malformed("data after the ClientHello"));
             }
-            let server_name = server_name(&message[4..])?;
+            let (server_name, encrypted_client_hello) = extensions(&message[4..])?;
             return Ok(Some(ClientHello {
                 server_name,
+                encrypted_client_hello,
                 consumed: at,
             }));
         }
@@ -168,8 +185,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The `server_name` of a `ClientHello` body (after the 4-byte handshake header).
-fn server_name(body: &[u8]) -> Result<Option<String>, HelloError> {
+/// The `server_name` of a `ClientHello` body (after the 4-byte handshake header), and whether
+/// it carries an extension of a sealed name.
+fn extensions(body: &[u8]) -> Result<(Option<String>, bool), HelloError> {
     let mut r = Reader { rest: body };
     r.take(2, "client version")?;
     r.take(32, "random")?;
@@ -185,7 +203,7 @@ fn server_name(body: &[u8]) -> Result<Option<String>, HelloError> {
         return Err(HelloError::Malformed("compression methods"));
     }
     if r.rest.is_empty() {
-        return Ok(None); // no extensions at all
+        return Ok((None, false)); // no extensions at all
     }
     let mut exts = Reader {
         rest: r.vec16("extensions")?,
@@ -194,9 +212,11 @@ fn server_name(body: &[u8]) -> Result<Option<String>, HelloError> {
         return Err(HelloError::Malformed("data after the extensions"));
     }
     let mut found = None;
+    let mut sealed = false;
     while !exts.rest.is_empty() {
         let kind = exts.u16("extension type")?;
         let data = exts.vec16("extension")?;
+        sealed |= SEALED_NAME.contains(&kind);
         if kind != SERVER_NAME {
             continue;
         }
@@ -205,7 +225,7 @@ fn server_name(body: &[u8]) -> Result<Option<String>, HelloError> {
         }
         found = Some(host_name(data)?);
     }
-    Ok(found)
+    Ok((found, sealed))
 }
 
 /// The one `host_name` entry of a `server_name` extension, normalised.
@@ -240,10 +260,26 @@ fn host_name(data: &[u8]) -> Result<String, HelloError> {
 /// `None`), with `padding` bytes of an unknown extension to make it as large as wanted.
 #[cfg(test)]
 pub(crate) fn sample_hello(server_name: Option<&str>, padding: usize) -> Vec<u8> {
+    sample_hello_with(server_name, padding, &[])
+}
+
+/// Test support: [`sample_hello`] with the extensions `extra` (type, content) before the
+/// `server_name`.
+#[cfg(test)]
+pub(crate) fn sample_hello_with(
+    server_name: Option<&str>,
+    padding: usize,
+    extra: &[(u16, &[u8])],
+) -> Vec<u8> {
     fn be16(n: usize) -> [u8; 2] {
         u16::try_from(n).unwrap().to_be_bytes()
     }
     let mut exts = Vec::new();
+    for (kind, content) in extra {
+        exts.extend(kind.to_be_bytes());
+        exts.extend(be16(content.len()));
+        exts.extend(*content);
+    }
     if let Some(name) = server_name {
         let mut entry = vec![0];
         entry.extend(be16(name.len()));
@@ -414,8 +450,34 @@ mod tests {
         new_body.extend(u16::try_from(doubled.len()).unwrap().to_be_bytes());
         new_body.extend(doubled);
         assert_eq!(
-            server_name(&new_body),
+            extensions(&new_body),
             Err(HelloError::Malformed("two server_name extensions"))
         );
+    }
+
+    #[test]
+    fn a_sealed_server_name_is_reported_whatever_the_clear_one() {
+        let plain = parse_client_hello(&sample_hello(Some("pkg.test"), 0))
+            .unwrap()
+            .unwrap();
+        assert!(!plain.encrypted_client_hello);
+        for kind in SEALED_NAME {
+            for name in [Some("pkg.test"), None] {
+                let hello = sample_hello_with(name, 0, &[(kind, &[0, 1, 2, 3])]);
+                let got = parse_client_hello(&hello).unwrap().unwrap();
+                assert!(got.encrypted_client_hello, "{kind:#06x} {name:?}");
+                assert_eq!(got.server_name.as_deref(), name);
+            }
+        }
+        // GREASE extension numbers (RFC 8701) and other unknown ones are not sealed names.
+        for kind in [0x0a0a_u16, 0xfafa, 0xfe0e, 0xfe07, 0xff01] {
+            let hello = sample_hello_with(Some("pkg.test"), 0, &[(kind, &[])]);
+            assert!(
+                !parse_client_hello(&hello)
+                    .unwrap()
+                    .unwrap()
+                    .encrypted_client_hello
+            );
+        }
     }
 }
