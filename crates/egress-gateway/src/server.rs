@@ -7,9 +7,11 @@
 //! (`Proxy-Authorization`), a host and port its allowlist names, room under the credential's
 //! limits, a name that resolves to at least one public address, and a connection to one. A
 //! `CONNECT` tunnel must then start with a TLS `ClientHello` whose `server_name` is the
-//! `CONNECT` host and that does not offer Encrypted Client Hello; after that the bytes are
-//! copied untouched, metered against the credential's byte budget as they pass, until either
-//! side closes, the connection is idle too long, or it reaches its maximum lifetime.
+//! `CONNECT` host and that does not offer Encrypted Client Hello; should the server answer it
+//! with a `HelloRetryRequest`, the client's second hello is held to the same checks before it is
+//! passed on. After that the bytes are copied untouched, metered against the credential's
+//! byte budget as they pass, until either side closes, the connection is idle too long, or it
+//! reaches its maximum lifetime.
 //!
 //! When every connection slot is taken and another connection arrives, the one that has waited
 //! longest without sending a complete request head is closed to make room (reason `evicted`):
@@ -45,7 +47,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::addr::{forbidden_reason, is_own_address};
 use crate::allowlist::{Decision, HostError, normalize_host};
 use crate::config::{GatewayConfig, Resolver};
-use crate::tls::{ClientHello, HelloError, MAX_HELLO_BYTES, parse_client_hello};
+use crate::tls::{
+    AfterRetry, ClientHello, HelloError, MAX_HELLO_BYTES, RetryWatch, after_retry,
+    parse_client_hello,
+};
 use crate::token::{Credential, TokenError, verify};
 
 /// The realm of the `Proxy-Authenticate` challenge.
@@ -1013,7 +1018,16 @@ fn hello_refusal(hello: &ClientHello, host: &str) -> Option<&'static str> {
     }
 }
 
-/// A `CONNECT` tunnel after its `200`: check the `ClientHello`, then copy both ways.
+/// How the handshake phase of a tunnel stopped short of copying.
+enum Stop {
+    /// A second hello was refused (the log record's `reason`): the client gets an alert.
+    Refused(&'static str),
+    /// The connection ended (the record's `reason`).
+    Ended(&'static str),
+}
+
+/// A `CONNECT` tunnel after its `200`: check the `ClientHello` (and any second one a
+/// `HelloRetryRequest` calls for), then copy both ways.
 async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, adm: Admitted) {
     let cfg = &shared.config;
     let Ok(upgraded) = hyper::upgrade::on(req).await else {
@@ -1022,7 +1036,7 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
     };
     let mut client = TokioIo::new(upgraded);
     let hello = tokio::time::timeout(cfg.handshake_timeout, read_hello(&mut client)).await;
-    let (first, hello) = match hello {
+    let (mut first, hello) = match hello {
         Ok(Ok(got)) => got,
         Ok(Err(reason)) => {
             ctx.refuse(reason);
@@ -1042,6 +1056,8 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
         let _ = client.shutdown().await;
         return;
     }
+    // What the client sent after its hello waits until the server has answered it.
+    let held = first.split_off(hello.consumed);
     let mut upstream = Metered {
         inner: adm.upstream,
         ctx: Arc::clone(&ctx),
@@ -1049,25 +1065,146 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
         limit: cfg.max_bytes_per_credential,
     };
     let copied = async {
-        let result = async {
-            upstream.write_all(&first).await?;
-            drop(first);
-            tokio::io::copy_bidirectional_with_sizes(
-                &mut client,
-                &mut upstream,
-                UP_BUFFER,
-                DOWN_BUFFER,
-            )
-            .await
+        if upstream.write_all(&first).await.is_err() {
+            return "stream_error";
         }
-        .await;
-        if result.is_ok() {
+        drop(first);
+        let after = until_settled(
+            &mut client,
+            &mut upstream,
+            &adm.host,
+            held,
+            cfg.handshake_timeout,
+        );
+        let held = match after.await {
+            Ok(held) => held,
+            Err(Stop::Refused(reason)) => {
+                ctx.refuse(reason);
+                let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+                let _ = client.shutdown().await;
+                return reason;
+            }
+            Err(Stop::Ended(reason)) => return reason,
+        };
+        if upstream.write_all(&held).await.is_err() {
+            return "stream_error";
+        }
+        drop(held);
+        let copied = tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            UP_BUFFER,
+            DOWN_BUFFER,
+        );
+        if copied.await.is_ok() {
             "closed"
         } else {
             "stream_error"
         }
     };
     bounded(&ctx, cfg, adm.expires_at, copied).await;
+}
+
+/// The most client bytes held back while the server has not answered a hello, or while a
+/// second hello is read: one whole record of any kind (a hello is bounded by
+/// [`MAX_HELLO_BYTES`] within it).
+const MOST_HELD: usize = 5 + 16 * 1024 + 256;
+
+/// The handshake phase of a tunnel whose first hello has been forwarded: copies the server's
+/// bytes to the client while holding back the client's (`held`, then what it sends, up to
+/// [`MOST_HELD`]) until the server has answered the hello. A `HelloRetryRequest` makes the
+/// client's next handshake message a second hello in the clear: the records before it that
+/// cannot carry one (`ChangeCipherSpec`, alerts, early data) are passed on, and the hello is
+/// checked like the first (within `hello_timeout`) and forwarded once it passes. Any other
+/// answer ends the phase. Returns the client's bytes held back, which go to the server before
+/// the tunnel turns into a plain copy.
+async fn until_settled<C>(
+    client: &mut C,
+    upstream: &mut Metered,
+    host: &str,
+    mut held: Vec<u8>,
+    hello_timeout: Duration,
+) -> Result<Vec<u8>, Stop>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    use bytes::BufMut as _;
+    let mut watch = RetryWatch::default();
+    let mut hellos_checked = 0;
+    let mut hello_due = None;
+    loop {
+        let want_hello = watch.retries() > hellos_checked;
+        if !want_hello && watch.settled() {
+            return Ok(held);
+        }
+        if want_hello {
+            match after_retry(&held) {
+                Ok(AfterRetry::Hello(hello)) => {
+                    if let Some(reason) = hello_refusal(&hello, host) {
+                        return Err(Stop::Refused(reason));
+                    }
+                    let rest = held.split_off(hello.consumed);
+                    upstream
+                        .write_all(&held)
+                        .await
+                        .map_err(|_| Stop::Ended("stream_error"))?;
+                    held = rest;
+                    hellos_checked += 1;
+                    hello_due = None;
+                    continue;
+                }
+                Ok(AfterRetry::Pass(n)) => {
+                    upstream
+                        .write_all(&held[..n])
+                        .await
+                        .map_err(|_| Stop::Ended("stream_error"))?;
+                    held.drain(..n);
+                    continue;
+                }
+                Ok(AfterRetry::NeedMore) => {}
+                Err(HelloError::TooLarge) => return Err(Stop::Refused("hello_too_large")),
+                Err(_) => return Err(Stop::Refused("bad_client_hello")),
+            }
+        }
+        let room = MOST_HELD.saturating_sub(held.len());
+        if want_hello && room == 0 {
+            return Err(Stop::Refused("hello_too_large"));
+        }
+        // The second hello's time runs from the first wait for it.
+        let due = if want_hello {
+            *hello_due.get_or_insert_with(|| tokio::time::Instant::now() + hello_timeout)
+        } else {
+            hello_due = None;
+            tokio::time::Instant::now() + hello_timeout // unused: its branch is off
+        };
+        let mut limited = (&mut held).limit(room);
+        tokio::select! {
+            ready = upstream.inner.readable() => {
+                ready.map_err(|_| Stop::Ended("stream_error"))?;
+                // The buffer exists only while bytes are there to read, so a tunnel waiting
+                // for its server holds none.
+                let mut chunk = Vec::with_capacity(8 * 1024);
+                match upstream.read_buf(&mut chunk).await {
+                    Ok(0) => return Err(Stop::Ended("closed")),
+                    Ok(_) => {}
+                    Err(_) => return Err(Stop::Ended("stream_error")),
+                }
+                watch.feed(&chunk);
+                client
+                    .write_all(&chunk)
+                    .await
+                    .map_err(|_| Stop::Ended("client_gone"))?;
+            }
+            read = client.read_buf(&mut limited), if room > 0 => {
+                if !matches!(read, Ok(n) if n > 0) {
+                    return Err(Stop::Ended("client_gone"));
+                }
+            }
+            () = tokio::time::sleep_until(due), if want_hello => {
+                return Err(Stop::Refused("hello_timeout"));
+            }
+        }
+    }
 }
 
 /// Runs `work` (which says how it ended) until it ends, nothing moves for the idle timeout,

@@ -377,6 +377,24 @@ impl RetryServer {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    /// Waits (bounded) until connection `n` has received `bytes` exactly; what it received.
+    async fn received(&self, n: usize, bytes: &[u8]) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = self
+                .seen
+                .lock()
+                .expect("seen")
+                .get(n)
+                .map(|(b, _)| b.clone())
+                .unwrap_or_default();
+            if got == bytes || Instant::now() >= deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// `CONNECT target` with `auth`, expecting `200`; returns the open tunnel.
@@ -1024,6 +1042,137 @@ async fn a_hello_offering_encrypted_client_hello_is_refused_before_the_upstream_
         "an ECH hello was allowed:\n{}",
         gw.log()
     );
+    log_is_clean(&gw, &[&tok]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_hello_after_a_hello_retry_request_gets_the_same_checks() {
+    let Some(net) = Net::setup() else { return };
+    let gw = Gateway::start(&net, &[]);
+    let upstream = RetryServer::start(&net);
+    let target = format!("pkg.test:{RETRY_PORT}");
+    let tok = token("run-proto-hrr", &["pkg.test", &target]);
+    let auth = basic(&tok);
+    // A real TLS client whose first key share the server does not take is asked for another
+    // (a HelloRetryRequest) and completes through the gateway.
+    let retrying =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::CryptoProvider {
+            kx_groups: vec![
+                rustls::crypto::aws_lc_rs::kx_group::MLKEM768,
+                rustls::crypto::aws_lc_rs::kx_group::X25519,
+            ],
+            ..rustls::crypto::aws_lc_rs::default_provider()
+        }))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(net.roots())
+        .with_no_client_auth();
+    let s = tunnel(&net, &gw, "pkg.test:443", &auth).await;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(retrying))
+        .connect(name("pkg.test"), s)
+        .await
+        .expect("TLS through a retry");
+    assert_eq!(
+        tls.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::FullWithHelloRetryRequest)
+    );
+    let raw = get(&mut tls, "pkg.test", "/hello").await;
+    assert_eq!(body_text(&raw), "hello from pkg.test over https");
+    drop(tls);
+    gw.wait_record(&["guest=run-proto-hrr", "verdict=allowed", "reason=closed"])
+        .await;
+
+    // Against a server that always asks for a retry: the second hello is checked like the
+    // first, whether it is sent after the retry request or with the first hello, before it.
+    let first = hello(Some("pkg.test"));
+    let mut not_a_hello = hello(Some("pkg.test"));
+    not_a_hello[5] = 2; // a ServerHello's type
+    let cases: [(&str, Vec<u8>, &str, bool); 6] = [
+        (
+            "real ECH",
+            ech_hello("pkg.test", Some("evil.test")),
+            "ech",
+            false,
+        ),
+        ("GREASE ECH", ech_hello("pkg.test", None), "ech", false),
+        (
+            "another name",
+            hello(Some("api.test")),
+            "sni_mismatch",
+            false,
+        ),
+        ("no name", hello(None), "no_sni", false),
+        ("not a hello", not_a_hello, "bad_client_hello", false),
+        (
+            "real ECH, pipelined",
+            ech_hello("pkg.test", Some("evil.test")),
+            "ech",
+            true,
+        ),
+    ];
+    let retry = retry_request();
+    for (what, second, reason, pipelined) in cases {
+        let n = upstream.connections();
+        let mut s = tunnel(&net, &gw, &target, &auth).await;
+        let mut answer = Vec::new();
+        if pipelined {
+            s.write_all(&[&first[..], &CCS, &second].concat())
+                .await
+                .expect("hellos");
+        } else {
+            s.write_all(&first).await.expect("first hello");
+            let mut got = vec![0; retry.len()];
+            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))
+                .await
+                .expect("the retry request in time")
+                .expect("the retry request");
+            answer.extend(got);
+            s.write_all(&[&CCS[..], &second].concat())
+                .await
+                .expect("second hello");
+        }
+        answer.extend(read_all(&mut s).await);
+        assert_eq!(answer, [&retry[..], &ALERT].concat(), "{what}");
+        // The ChangeCipherSpec before the second hello is passed on (it cannot carry one).
+        let passed = [&first[..], &CCS].concat();
+        assert_eq!(
+            upstream.ended(n).await,
+            passed,
+            "{what}: the upstream got more than the first hello"
+        );
+        let records = wait_records(
+            &gw,
+            &[
+                "guest=run-proto-hrr",
+                "verdict=refused",
+                &format!("reason={reason}"),
+            ],
+            1,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            records
+                .iter()
+                .all(|r| field(r, "bytes_up") == passed.len().to_string()),
+            "{what}: {records:?}"
+        );
+    }
+    // A second hello that passes reaches the server as it was sent.
+    let n = upstream.connections();
+    let mut s = tunnel(&net, &gw, &target, &auth).await;
+    s.write_all(&first).await.expect("first hello");
+    let mut got = vec![0; retry.len()];
+    s.read_exact(&mut got).await.expect("the retry request");
+    let second = hello(Some("pkg.test"));
+    s.write_all(&[&CCS[..], &second].concat())
+        .await
+        .expect("second hello");
+    let expected = [&first[..], &CCS, &second].concat();
+    assert_eq!(upstream.received(n, &expected).await, expected);
+    drop(s);
+    gw.wait_record(&["guest=run-proto-hrr", "port=9445", "verdict=allowed"])
+        .await;
     log_is_clean(&gw, &[&tok]);
 }
 
