@@ -16,8 +16,10 @@
 //! When every connection slot is taken and another connection arrives, the one that has waited
 //! longest without sending a complete request head is closed to make room (reason `evicted`):
 //! a connection that has not yet shown a credential cannot hold a slot against the guests that
-//! have, so a flood of idle or slow connections does not lock the others out. Connections past
-//! their request head are bounded per credential instead, and are never evicted.
+//! have, so a flood of idle or slow connections does not lock the others out. A connection is
+//! evictable from the moment it is accepted (not when its task first runs), so a burst accepted
+//! back to back makes room as well. Connections past their request head are bounded per
+//! credential instead, and are never evicted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -102,8 +104,12 @@ where
         let permit = if let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
             permit
         } else {
-            // Full: close the connection that has waited longest without a request, if
-            // any, and take its slot; otherwise this one waits for a connection to end.
+            // Full: close the connection that has waited longest without a request head and
+            // take the slot it frees. Every connection holding a slot is evictable from its
+            // accept until its head is in (a burst accepted back to back too, before any of its
+            // tasks has run), and an evicted one always ends promptly, so this wait is short.
+            // With none to evict, every slot is past its head (no new one joins while this
+            // loop waits), and this connection waits for one to end.
             shared.evict_oldest_pending();
             tokio::select! {
                 () = &mut shutdown => return,
@@ -113,8 +119,15 @@ where
                 },
             }
         };
+        let pending = shared.add_pending();
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(Arc::clone(&shared), stream, peer, permit));
+        tokio::spawn(connection(
+            Arc::clone(&shared),
+            stream,
+            peer,
+            permit,
+            pending,
+        ));
     }
 }
 
@@ -174,6 +187,12 @@ struct Shared {
     half_close: bool,
 }
 
+/// A connection's entry in [`Shared::pending`]: its number, and what tells it to close.
+struct Pending {
+    seq: u64,
+    evicted: Arc<Notify>,
+}
+
 /// The counters of one credential (one token), kept while it is valid or in use.
 struct CredState {
     active: AtomicU32,
@@ -206,18 +225,19 @@ impl Shared {
         }
     }
 
-    /// Registers a new connection as waiting for its request head; returns its number and what
-    /// tells it to close.
-    fn add_pending(&self) -> (u64, Arc<Notify>) {
+    /// Registers a connection just accepted as waiting for its request head (evictable from
+    /// now on); returns its number and what tells it to close.
+    fn add_pending(&self) -> Pending {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let evicted = Arc::new(Notify::new());
         lock(&self.pending).insert(seq, Arc::clone(&evicted));
-        (seq, evicted)
+        Pending { seq, evicted }
     }
 
     /// The connection `seq` has its request head (or has ended): it is no longer evictable.
-    fn pending_done(&self, seq: u64) {
-        lock(&self.pending).remove(&seq);
+    /// Whether it still was, i.e. was not evicted meanwhile.
+    fn pending_done(&self, seq: u64) -> bool {
+        lock(&self.pending).remove(&seq).is_some()
     }
 
     /// Tells the oldest connection still waiting for its request head to close; whether there
@@ -359,17 +379,18 @@ impl Drop for ConnCtx {
     }
 }
 
-/// Serves one accepted connection (a TCP stream, or any byte stream in the fuzzing harness).
+/// Serves one accepted connection (a TCP stream, or any byte stream in the fuzzing harness),
+/// registered as [`Pending`] when it was accepted.
 async fn connection<S>(
     shared: Arc<Shared>,
     stream: S,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
+    Pending { seq, evicted }: Pending,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config;
-    let (seq, evicted) = shared.add_pending();
     let ctx = Arc::new(ConnCtx {
         started: Instant::now(),
         peer,
@@ -460,6 +481,7 @@ impl Refusal {
             "connect_failed" => b"Bad Gateway (egress gateway: cannot connect to the host)",
             "upstream_error" => b"Bad Gateway (egress gateway: upstream failed)",
             "connect_timeout" => b"Gateway Timeout (egress gateway: host did not answer in time)",
+            "evicted" => b"Service Unavailable (egress gateway: connection evicted)",
             _ => b"Bad Request (egress gateway: not a proxy request it serves)",
         };
         Self {
@@ -502,7 +524,17 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     ctx.had_request.store(true, Ordering::Release);
-    shared.pending_done(ctx.seq);
+    if !shared.pending_done(ctx.seq) {
+        // Evicted as its head came in: it ends here (its slot is already promised to a
+        // newcomer), whatever it asks for.
+        ctx.refuse("evicted");
+        let refusal = Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "evicted",
+            "the gateway needed this connection's place: it had waited longest without a request",
+        );
+        return Ok(refusal.response());
+    }
     let connect = req.method() == Method::CONNECT;
     ctx.record().kind = if connect { "connect" } else { "http" };
     if let Err(refusal) = framing(&req) {
@@ -1340,7 +1372,14 @@ impl Harness {
             return Vec::new();
         };
         let peer = SocketAddr::from(([192, 0, 2, 1], 1));
-        let served = connection(Arc::clone(&self.shared), gateway_side, peer, permit);
+        let pending = self.shared.add_pending();
+        let served = connection(
+            Arc::clone(&self.shared),
+            gateway_side,
+            peer,
+            permit,
+            pending,
+        );
         let talk = async move {
             let (mut read, mut write) = tokio::io::split(client);
             let send = async move {
