@@ -9,7 +9,9 @@
 //!   and nothing else resolves, so no input can be admitted: any `200` is a bypass.
 //! - [`request_target`]: the `CONNECT` and absolute-URI target check alone.
 //! - [`proxy_authorization`]: the credential check of one `Proxy-Authorization` value.
-//! - [`client_hello`]: the `ClientHello` reader, whole and by prefixes.
+//! - [`client_hello`]: the `ClientHello` reader, whole and by prefixes; and the same bytes
+//!   through what reads a handshake after a `HelloRetryRequest` (the server's side, split
+//!   every way, and the client's second hello).
 //!
 //! Inputs may hold [`TOKEN_PLACEHOLDER`], replaced by a valid token before use, so the fuzzer
 //! gets past the credential check without forging a MAC.
@@ -20,7 +22,9 @@ use std::time::Duration;
 use crate::allowlist::{Pattern, normalize_host};
 use crate::config::GatewayConfig;
 use crate::server::Harness;
-use crate::tls::{HelloError, MAX_HELLO_BYTES, parse_client_hello};
+use crate::tls::{
+    AfterRetry, HelloError, MAX_HELLO_BYTES, RetryWatch, after_retry, parse_client_hello,
+};
 use crate::token::{Secret, mint};
 
 /// Replaced in every input by a valid token for [`ALLOWLIST`] (guest `fuzz`).
@@ -208,8 +212,27 @@ pub fn names(input: &str) {
 
 /// The `ClientHello` reader on `input`, whole and as the gateway feeds it (everything read so
 /// far, at most [`MAX_HELLO_BYTES`]); panics when a prefix of a complete hello is judged
-/// otherwise than "need more" (or "too large" at the bound), or a name is not normal.
+/// otherwise than "need more" (or "too large" at the bound), or a name is not normal. The same
+/// bytes as a server's side of a handshake: the retry watch must judge them alike whether they
+/// come at once or byte by byte. And as a client's stream after a retry request: what it
+/// passes on or reads as a hello lies within the input.
 pub fn client_hello(input: &[u8]) {
+    let mut whole = RetryWatch::default();
+    whole.feed(input);
+    let mut bytewise = RetryWatch::default();
+    for byte in input.chunks(1) {
+        bytewise.feed(byte);
+    }
+    assert_eq!(
+        (whole.retries(), whole.settled()),
+        (bytewise.retries(), bytewise.settled()),
+        "the retry watch depends on how the stream is split"
+    );
+    match after_retry(input) {
+        Ok(AfterRetry::Pass(n)) => assert!(n > 5 && n <= input.len()),
+        Ok(AfterRetry::Hello(hello)) => assert!(hello.consumed <= input.len()),
+        Ok(AfterRetry::NeedMore) | Err(_) => {}
+    }
     let Ok(Some(hello)) = parse_client_hello(input) else {
         return;
     };

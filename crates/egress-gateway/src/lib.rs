@@ -9,8 +9,9 @@
 //!   and the gateway share ([`token`]), naming the guest, its allowlist and an expiry. The guest
 //!   sends it as proxy credentials (`HTTPS_PROXY=http://run:TOKEN@gateway:port`).
 //! - [`serve`] runs the gateway on a listener with a [`GatewayConfig`]: `CONNECT host:port` for
-//!   TLS (never decrypted; the `ClientHello`'s `server_name` must be the `CONNECT` host, see
-//!   [`tls`]) and absolute-form `http://` requests (forwarded without hop-by-hop headers and
+//!   TLS (never decrypted; every `ClientHello` sent in the clear must name the `CONNECT` host
+//!   in its `server_name` and must not offer Encrypted Client Hello, see [`tls`]) and
+//!   absolute-form `http://` requests (forwarded without hop-by-hop headers and
 //!   without the credential). A host is admitted when the credential's [`allowlist`] names it;
 //!   the gateway resolves it itself, once per connection, and connects only to public
 //!   addresses that are not its own host's ([`addr`]).

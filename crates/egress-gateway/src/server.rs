@@ -7,15 +7,19 @@
 //! (`Proxy-Authorization`), a host and port its allowlist names, room under the credential's
 //! limits, a name that resolves to at least one public address, and a connection to one. A
 //! `CONNECT` tunnel must then start with a TLS `ClientHello` whose `server_name` is the
-//! `CONNECT` host; after that the bytes are copied untouched, metered against the credential's
+//! `CONNECT` host and that does not offer Encrypted Client Hello; should the server answer it
+//! with a `HelloRetryRequest`, the client's second hello is held to the same checks before it is
+//! passed on. After that the bytes are copied untouched, metered against the credential's
 //! byte budget as they pass, until either side closes, the connection is idle too long, or it
 //! reaches its maximum lifetime.
 //!
 //! When every connection slot is taken and another connection arrives, the one that has waited
 //! longest without sending a complete request head is closed to make room (reason `evicted`):
 //! a connection that has not yet shown a credential cannot hold a slot against the guests that
-//! have, so a flood of idle or slow connections does not lock the others out. Connections past
-//! their request head are bounded per credential instead, and are never evicted.
+//! have, so a flood of idle or slow connections does not lock the others out. A connection is
+//! evictable from the moment it is accepted (not when its task first runs), so a burst accepted
+//! back to back makes room as well. Connections past their request head are bounded per
+//! credential instead, and are never evicted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -45,7 +49,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::addr::{forbidden_reason, is_own_address};
 use crate::allowlist::{Decision, HostError, normalize_host};
 use crate::config::{GatewayConfig, Resolver};
-use crate::tls::{HelloError, MAX_HELLO_BYTES, parse_client_hello};
+use crate::tls::{
+    AfterRetry, ClientHello, HelloError, MAX_HELLO_BYTES, RetryWatch, after_retry,
+    parse_client_hello,
+};
 use crate::token::{Credential, TokenError, verify};
 
 /// The realm of the `Proxy-Authenticate` challenge.
@@ -97,8 +104,12 @@ where
         let permit = if let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
             permit
         } else {
-            // Full: close the connection that has waited longest without a request, if
-            // any, and take its slot; otherwise this one waits for a connection to end.
+            // Full: close the connection that has waited longest without a request head and
+            // take the slot it frees. Every connection holding a slot is evictable from its
+            // accept until its head is in (a burst accepted back to back too, before any of its
+            // tasks has run), and an evicted one always ends promptly, so this wait is short.
+            // With none to evict, every slot is past its head (no new one joins while this
+            // loop waits), and this connection waits for one to end.
             shared.evict_oldest_pending();
             tokio::select! {
                 () = &mut shutdown => return,
@@ -108,8 +119,15 @@ where
                 },
             }
         };
+        let pending = shared.add_pending();
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(Arc::clone(&shared), stream, peer, permit));
+        tokio::spawn(connection(
+            Arc::clone(&shared),
+            stream,
+            peer,
+            permit,
+            pending,
+        ));
     }
 }
 
@@ -169,6 +187,12 @@ struct Shared {
     half_close: bool,
 }
 
+/// A connection's entry in [`Shared::pending`]: its number, and what tells it to close.
+struct Pending {
+    seq: u64,
+    evicted: Arc<Notify>,
+}
+
 /// The counters of one credential (one token), kept while it is valid or in use.
 struct CredState {
     active: AtomicU32,
@@ -201,18 +225,19 @@ impl Shared {
         }
     }
 
-    /// Registers a new connection as waiting for its request head; returns its number and what
-    /// tells it to close.
-    fn add_pending(&self) -> (u64, Arc<Notify>) {
+    /// Registers a connection just accepted as waiting for its request head (evictable from
+    /// now on); returns its number and what tells it to close.
+    fn add_pending(&self) -> Pending {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let evicted = Arc::new(Notify::new());
         lock(&self.pending).insert(seq, Arc::clone(&evicted));
-        (seq, evicted)
+        Pending { seq, evicted }
     }
 
     /// The connection `seq` has its request head (or has ended): it is no longer evictable.
-    fn pending_done(&self, seq: u64) {
-        lock(&self.pending).remove(&seq);
+    /// Whether it still was, i.e. was not evicted meanwhile.
+    fn pending_done(&self, seq: u64) -> bool {
+        lock(&self.pending).remove(&seq).is_some()
     }
 
     /// Tells the oldest connection still waiting for its request head to close; whether there
@@ -354,17 +379,18 @@ impl Drop for ConnCtx {
     }
 }
 
-/// Serves one accepted connection (a TCP stream, or any byte stream in the fuzzing harness).
+/// Serves one accepted connection (a TCP stream, or any byte stream in the fuzzing harness),
+/// registered as [`Pending`] when it was accepted.
 async fn connection<S>(
     shared: Arc<Shared>,
     stream: S,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
+    Pending { seq, evicted }: Pending,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let cfg = &shared.config;
-    let (seq, evicted) = shared.add_pending();
     let ctx = Arc::new(ConnCtx {
         started: Instant::now(),
         peer,
@@ -455,6 +481,7 @@ impl Refusal {
             "connect_failed" => b"Bad Gateway (egress gateway: cannot connect to the host)",
             "upstream_error" => b"Bad Gateway (egress gateway: upstream failed)",
             "connect_timeout" => b"Gateway Timeout (egress gateway: host did not answer in time)",
+            "evicted" => b"Service Unavailable (egress gateway: connection evicted)",
             _ => b"Bad Request (egress gateway: not a proxy request it serves)",
         };
         Self {
@@ -497,7 +524,17 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     ctx.had_request.store(true, Ordering::Release);
-    shared.pending_done(ctx.seq);
+    if !shared.pending_done(ctx.seq) {
+        // Evicted as its head came in: it ends here (its slot is already promised to a
+        // newcomer), whatever it asks for.
+        ctx.refuse("evicted");
+        let refusal = Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "evicted",
+            "the gateway needed this connection's place: it had waited longest without a request",
+        );
+        return Ok(refusal.response());
+    }
     let connect = req.method() == Method::CONNECT;
     ctx.record().kind = if connect { "connect" } else { "http" };
     if let Err(refusal) = framing(&req) {
@@ -973,15 +1010,16 @@ impl AsyncWrite for Metered {
     }
 }
 
-/// Reads the client's first bytes until they hold a complete `ClientHello`.
+/// Reads the client's first bytes until they hold a complete `ClientHello`: the bytes read
+/// (the hello's [`consumed`](ClientHello::consumed) first) and the hello.
 async fn read_hello<R: AsyncRead + Unpin>(
     client: &mut R,
-) -> Result<(Vec<u8>, Option<String>), &'static str> {
+) -> Result<(Vec<u8>, ClientHello), &'static str> {
     use bytes::BufMut as _;
     let mut buf = Vec::with_capacity(2048);
     loop {
         match parse_client_hello(&buf) {
-            Ok(Some(hello)) => return Ok((buf, hello.server_name)),
+            Ok(Some(hello)) => return Ok((buf, hello)),
             Ok(None) => {}
             Err(HelloError::NotTls) => return Err("not_tls"),
             Err(HelloError::TooLarge) => return Err("hello_too_large"),
@@ -998,7 +1036,30 @@ async fn read_hello<R: AsyncRead + Unpin>(
     }
 }
 
-/// A `CONNECT` tunnel after its `200`: check the `ClientHello`, then copy both ways.
+/// Why a `ClientHello` for `host` is refused, if it is: it seals the name it asks for
+/// (Encrypted Client Hello, whose clear `server_name` names only a front), or its
+/// `server_name` is missing or another name.
+fn hello_refusal(hello: &ClientHello, host: &str) -> Option<&'static str> {
+    if hello.encrypted_client_hello {
+        return Some("ech");
+    }
+    match &hello.server_name {
+        Some(name) if name == host => None,
+        Some(_) => Some("sni_mismatch"),
+        None => Some("no_sni"),
+    }
+}
+
+/// How the handshake phase of a tunnel stopped short of copying.
+enum Stop {
+    /// A second hello was refused (the log record's `reason`): the client gets an alert.
+    Refused(&'static str),
+    /// The connection ended (the record's `reason`).
+    Ended(&'static str),
+}
+
+/// A `CONNECT` tunnel after its `200`: check the `ClientHello` (and any second one a
+/// `HelloRetryRequest` calls for), then copy both ways.
 async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, adm: Admitted) {
     let cfg = &shared.config;
     let Ok(upgraded) = hyper::upgrade::on(req).await else {
@@ -1007,7 +1068,7 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
     };
     let mut client = TokioIo::new(upgraded);
     let hello = tokio::time::timeout(cfg.handshake_timeout, read_hello(&mut client)).await;
-    let (hello, server_name) = match hello {
+    let (mut first, hello) = match hello {
         Ok(Ok(got)) => got,
         Ok(Err(reason)) => {
             ctx.refuse(reason);
@@ -1021,19 +1082,14 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
             return;
         }
     };
-    match server_name {
-        Some(name) if name == adm.host => {}
-        other => {
-            ctx.refuse(if other.is_some() {
-                "sni_mismatch"
-            } else {
-                "no_sni"
-            });
-            let _ = client.write_all(&TLS_ACCESS_DENIED).await;
-            let _ = client.shutdown().await;
-            return;
-        }
+    if let Some(reason) = hello_refusal(&hello, &adm.host) {
+        ctx.refuse(reason);
+        let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+        let _ = client.shutdown().await;
+        return;
     }
+    // What the client sent after its hello waits until the server has answered it.
+    let held = first.split_off(hello.consumed);
     let mut upstream = Metered {
         inner: adm.upstream,
         ctx: Arc::clone(&ctx),
@@ -1041,25 +1097,146 @@ async fn tunnel(shared: Arc<Shared>, ctx: Arc<ConnCtx>, req: Request<Incoming>, 
         limit: cfg.max_bytes_per_credential,
     };
     let copied = async {
-        let result = async {
-            upstream.write_all(&hello).await?;
-            drop(hello);
-            tokio::io::copy_bidirectional_with_sizes(
-                &mut client,
-                &mut upstream,
-                UP_BUFFER,
-                DOWN_BUFFER,
-            )
-            .await
+        if upstream.write_all(&first).await.is_err() {
+            return "stream_error";
         }
-        .await;
-        if result.is_ok() {
+        drop(first);
+        let after = until_settled(
+            &mut client,
+            &mut upstream,
+            &adm.host,
+            held,
+            cfg.handshake_timeout,
+        );
+        let held = match after.await {
+            Ok(held) => held,
+            Err(Stop::Refused(reason)) => {
+                ctx.refuse(reason);
+                let _ = client.write_all(&TLS_ACCESS_DENIED).await;
+                let _ = client.shutdown().await;
+                return reason;
+            }
+            Err(Stop::Ended(reason)) => return reason,
+        };
+        if upstream.write_all(&held).await.is_err() {
+            return "stream_error";
+        }
+        drop(held);
+        let copied = tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            UP_BUFFER,
+            DOWN_BUFFER,
+        );
+        if copied.await.is_ok() {
             "closed"
         } else {
             "stream_error"
         }
     };
     bounded(&ctx, cfg, adm.expires_at, copied).await;
+}
+
+/// The most client bytes held back while the server has not answered a hello, or while a
+/// second hello is read: one whole record of any kind (a hello is bounded by
+/// [`MAX_HELLO_BYTES`] within it).
+const MOST_HELD: usize = 5 + 16 * 1024 + 256;
+
+/// The handshake phase of a tunnel whose first hello has been forwarded: copies the server's
+/// bytes to the client while holding back the client's (`held`, then what it sends, up to
+/// [`MOST_HELD`]) until the server has answered the hello. A `HelloRetryRequest` makes the
+/// client's next handshake message a second hello in the clear: the records before it that
+/// cannot carry one (`ChangeCipherSpec`, alerts, early data) are passed on, and the hello is
+/// checked like the first (within `hello_timeout`) and forwarded once it passes. Any other
+/// answer ends the phase. Returns the client's bytes held back, which go to the server before
+/// the tunnel turns into a plain copy.
+async fn until_settled<C>(
+    client: &mut C,
+    upstream: &mut Metered,
+    host: &str,
+    mut held: Vec<u8>,
+    hello_timeout: Duration,
+) -> Result<Vec<u8>, Stop>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    use bytes::BufMut as _;
+    let mut watch = RetryWatch::default();
+    let mut hellos_checked = 0;
+    let mut hello_due = None;
+    loop {
+        let want_hello = watch.retries() > hellos_checked;
+        if !want_hello && watch.settled() {
+            return Ok(held);
+        }
+        if want_hello {
+            match after_retry(&held) {
+                Ok(AfterRetry::Hello(hello)) => {
+                    if let Some(reason) = hello_refusal(&hello, host) {
+                        return Err(Stop::Refused(reason));
+                    }
+                    let rest = held.split_off(hello.consumed);
+                    upstream
+                        .write_all(&held)
+                        .await
+                        .map_err(|_| Stop::Ended("stream_error"))?;
+                    held = rest;
+                    hellos_checked += 1;
+                    hello_due = None;
+                    continue;
+                }
+                Ok(AfterRetry::Pass(n)) => {
+                    upstream
+                        .write_all(&held[..n])
+                        .await
+                        .map_err(|_| Stop::Ended("stream_error"))?;
+                    held.drain(..n);
+                    continue;
+                }
+                Ok(AfterRetry::NeedMore) => {}
+                Err(HelloError::TooLarge) => return Err(Stop::Refused("hello_too_large")),
+                Err(_) => return Err(Stop::Refused("bad_client_hello")),
+            }
+        }
+        let room = MOST_HELD.saturating_sub(held.len());
+        if want_hello && room == 0 {
+            return Err(Stop::Refused("hello_too_large"));
+        }
+        // The second hello's time runs from the first wait for it.
+        let due = if want_hello {
+            *hello_due.get_or_insert_with(|| tokio::time::Instant::now() + hello_timeout)
+        } else {
+            hello_due = None;
+            tokio::time::Instant::now() + hello_timeout // unused: its branch is off
+        };
+        let mut limited = (&mut held).limit(room);
+        tokio::select! {
+            ready = upstream.inner.readable() => {
+                ready.map_err(|_| Stop::Ended("stream_error"))?;
+                // The buffer exists only while bytes are there to read, so a tunnel waiting
+                // for its server holds none.
+                let mut chunk = Vec::with_capacity(8 * 1024);
+                match upstream.read_buf(&mut chunk).await {
+                    Ok(0) => return Err(Stop::Ended("closed")),
+                    Ok(_) => {}
+                    Err(_) => return Err(Stop::Ended("stream_error")),
+                }
+                watch.feed(&chunk);
+                client
+                    .write_all(&chunk)
+                    .await
+                    .map_err(|_| Stop::Ended("client_gone"))?;
+            }
+            read = client.read_buf(&mut limited), if room > 0 => {
+                if !matches!(read, Ok(n) if n > 0) {
+                    return Err(Stop::Ended("client_gone"));
+                }
+            }
+            () = tokio::time::sleep_until(due), if want_hello => {
+                return Err(Stop::Refused("hello_timeout"));
+            }
+        }
+    }
 }
 
 /// Runs `work` (which says how it ended) until it ends, nothing moves for the idle timeout,
@@ -1195,7 +1372,14 @@ impl Harness {
             return Vec::new();
         };
         let peer = SocketAddr::from(([192, 0, 2, 1], 1));
-        let served = connection(Arc::clone(&self.shared), gateway_side, peer, permit);
+        let pending = self.shared.add_pending();
+        let served = connection(
+            Arc::clone(&self.shared),
+            gateway_side,
+            peer,
+            permit,
+            pending,
+        );
         let talk = async move {
             let (mut read, mut write) = tokio::io::split(client);
             let send = async move {

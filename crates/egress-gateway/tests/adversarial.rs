@@ -167,6 +167,11 @@ fn hello(sni: Option<&str>) -> Vec<u8> {
 /// A minimal `ClientHello` record whose `server_name` is `sni` byte for byte (for names rustls
 /// refuses to send).
 fn raw_hello(sni: &[u8]) -> Vec<u8> {
+    raw_hello_with(sni, &[])
+}
+
+/// [`raw_hello`] with the extensions `extra` (type, content) after the `server_name`.
+fn raw_hello_with(sni: &[u8], extra: &[(u16, &[u8])]) -> Vec<u8> {
     let be16 = |n: usize| u16::try_from(n).expect("short").to_be_bytes();
     let mut entry = vec![0];
     entry.extend(be16(sni.len()));
@@ -176,6 +181,11 @@ fn raw_hello(sni: &[u8]) -> Vec<u8> {
     let mut exts = vec![0, 0];
     exts.extend(be16(list.len()));
     exts.extend(list);
+    for (kind, content) in extra {
+        exts.extend(kind.to_be_bytes());
+        exts.extend(be16(content.len()));
+        exts.extend(*content);
+    }
     let mut body = vec![3, 3];
     body.extend([7; 32]);
     body.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
@@ -188,6 +198,203 @@ fn raw_hello(sni: &[u8]) -> Vec<u8> {
     rec.extend(be16(msg.len()));
     rec.extend(msg);
     rec
+}
+
+/// A `ClientHello` from rustls offering Encrypted Client Hello. With `Some(inner)` it is the
+/// real thing: the client holds an ECH configuration whose public name is `front` (as a CDN
+/// publishes one for all its sites), so the hello names `front` in the clear and seals `inner`
+/// in its `encrypted_client_hello` extension. With `None` it is the GREASE form, a decoy
+/// extension beside the clear name `front` that a client sends when it has no configuration.
+fn ech_hello(front: &str, inner: Option<&str>) -> Vec<u8> {
+    use rustls::client::{EchConfig, EchGreaseConfig, EchMode};
+    use rustls::crypto::aws_lc_rs::hpke::{
+        ALL_SUPPORTED_SUITES, DH_KEM_X25519_HKDF_SHA256_AES_128,
+    };
+    use rustls::crypto::hpke::Hpke as _;
+    let suite = DH_KEM_X25519_HKDF_SHA256_AES_128;
+    let (public_key, _) = suite.generate_key_pair().expect("HPKE key pair");
+    let mode = if inner.is_some() {
+        // An ECHConfigList of one ECHConfig (version 0xfe0d): config id 7, DHKEM(X25519,
+        // HKDF-SHA256), one suite (HKDF-SHA256, AES-128-GCM), no name length hint, the public
+        // name, no extensions.
+        let be16 = |n: usize| u16::try_from(n).expect("short").to_be_bytes();
+        let mut contents = vec![7, 0x00, 0x20];
+        contents.extend(be16(public_key.0.len()));
+        contents.extend(&public_key.0);
+        contents.extend([0, 4, 0x00, 0x01, 0x00, 0x01]);
+        contents.push(0);
+        contents.push(u8::try_from(front.len()).expect("short"));
+        contents.extend(front.as_bytes());
+        contents.extend([0, 0]);
+        let mut config = vec![0xfe, 0x0d];
+        config.extend(be16(contents.len()));
+        config.extend(contents);
+        let mut list = be16(config.len()).to_vec();
+        list.extend(config);
+        let ech = EchConfig::new(list.into(), ALL_SUPPORTED_SUITES).expect("ECH config");
+        EchMode::Enable(ech)
+    } else {
+        EchMode::Grease(EchGreaseConfig::new(suite, public_key))
+    };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_ech(mode)
+    .expect("ECH client")
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let server = ServerName::try_from(inner.unwrap_or(front).to_owned()).expect("server name");
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).expect("client");
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).expect("hello");
+    out
+}
+
+/// The `encrypted_client_hello` extension type (0xfe0d).
+const ECH_EXTENSION: u16 = 0xfe0d;
+
+/// Whether a `ClientHello` record carries the extension `kind` (a test's own check that the
+/// hello it sends is the one it means; single-record hellos only).
+fn has_extension(record: &[u8], kind: u16) -> bool {
+    let body = &record[9..];
+    let mut at = 2 + 32;
+    at += 1 + usize::from(body[at]);
+    at += 2 + usize::from(u16::from_be_bytes([body[at], body[at + 1]]));
+    at += 1 + usize::from(body[at]);
+    let end = at + 2 + usize::from(u16::from_be_bytes([body[at], body[at + 1]]));
+    at += 2;
+    while at < end {
+        let ext = u16::from_be_bytes([body[at], body[at + 1]]);
+        if ext == kind {
+            return true;
+        }
+        at += 4 + usize::from(u16::from_be_bytes([body[at + 2], body[at + 3]]));
+    }
+    false
+}
+
+/// The port of [`RetryServer`] on `pkg.test`.
+const RETRY_PORT: u16 = 9445;
+
+/// A fatal TLS `access_denied` alert, what the gateway answers a `ClientHello` it refuses.
+const ALERT: [u8; 7] = [21, 3, 3, 0, 2, 2, 49];
+
+/// A `ChangeCipherSpec` record, which a TLS 1.3 client sends before its second hello.
+const CCS: [u8; 6] = [20, 3, 3, 0, 1, 1];
+
+/// A TLS 1.3 `HelloRetryRequest` record (a `ServerHello` whose random is the special value of
+/// RFC 8446 4.1.3) asking for a secp256r1 key share, then the server's `ChangeCipherSpec`.
+fn retry_request() -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend([
+        0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8,
+        0x91, 0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8,
+        0x33, 0x9c,
+    ]);
+    body.push(0); // session id echo
+    body.extend([0x13, 0x01, 0]); // TLS_AES_128_GCM_SHA256, null compression
+    body.extend([0, 12, 0x00, 0x2b, 0, 2, 3, 4, 0x00, 0x33, 0, 2, 0x00, 0x17]);
+    let mut msg = vec![2, 0, 0, u8::try_from(body.len()).expect("short")];
+    msg.extend(body);
+    let mut out = vec![22, 3, 3, 0, u8::try_from(msg.len()).expect("short")];
+    out.extend(msg);
+    out.extend(CCS);
+    out
+}
+
+/// Per connection, in accept order: every byte received, and whether it has ended.
+type Seen = Arc<std::sync::Mutex<Vec<(Vec<u8>, bool)>>>;
+
+/// A TLS server stand-in on `pkg.test:`[`RETRY_PORT`] (in the test "internet"): it reads one
+/// record (a first hello), answers [`retry_request`], and keeps every byte each connection
+/// sends it, to show what reached it.
+struct RetryServer {
+    seen: Seen,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl RetryServer {
+    fn start(net: &Net) -> RetryServer {
+        let std = net
+            .inet
+            .bind_tcp(([0, 0, 0, 0], RETRY_PORT).into())
+            .expect("retry server");
+        let listener = tokio::net::TcpListener::from_std(std).expect("tokio listener");
+        let seen: Seen = Arc::default();
+        let record = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let at = {
+                    let mut seen = record.lock().expect("seen");
+                    seen.push((Vec::new(), false));
+                    seen.len() - 1
+                };
+                let record = Arc::clone(&record);
+                tokio::spawn(async move {
+                    let keep = |bytes: &[u8], ended: bool| {
+                        let mut seen = record.lock().expect("seen");
+                        seen[at].0.extend_from_slice(bytes);
+                        seen[at].1 |= ended;
+                    };
+                    let mut header = [0_u8; 5];
+                    if stream.read_exact(&mut header).await.is_err() {
+                        return keep(&[], true);
+                    }
+                    keep(&header, false);
+                    let mut payload =
+                        vec![0; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+                    if stream.read_exact(&mut payload).await.is_err() {
+                        return keep(&[], true);
+                    }
+                    keep(&payload, false);
+                    let _ = stream.write_all(&retry_request()).await;
+                    let mut chunk = [0_u8; 4096];
+                    loop {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return keep(&[], true),
+                            Ok(n) => keep(&chunk[..n], false),
+                        }
+                    }
+                });
+            }
+        });
+        RetryServer { seen, _task: task }
+    }
+
+    /// How many connections it has accepted.
+    fn connections(&self) -> usize {
+        self.seen.lock().expect("seen").len()
+    }
+
+    /// What connection `n` received, once it has ended (bounded wait).
+    async fn ended(&self, n: usize) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some((bytes, true)) = self.seen.lock().expect("seen").get(n) {
+                return bytes.clone();
+            }
+            assert!(Instant::now() < deadline, "connection {n} never ended");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (bounded) until connection `n` has received `bytes` exactly; what it received.
+    async fn received(&self, n: usize, bytes: &[u8]) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = self
+                .seen
+                .lock()
+                .expect("seen")
+                .get(n)
+                .map(|(b, _)| b.clone())
+                .unwrap_or_default();
+            if got == bytes || Instant::now() >= deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// `CONNECT target` with `auth`, expecting `200`; returns the open tunnel.
@@ -784,6 +991,188 @@ async fn a_tls_name_other_than_the_connect_host_gets_no_byte_through() {
     nothing_reached(&net, &before, &["11.0.0.1:443"]);
     assert!(net.requests().is_empty(), "{:?}", net.requests());
     gw.wait_record(&["reason=bad_client_hello"]).await;
+    log_is_clean(&gw, &[&tok]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hello_offering_encrypted_client_hello_is_refused_before_the_upstream_sees_it() {
+    let Some(net) = Net::setup() else { return };
+    let gw = Gateway::start(&net, &[]);
+    let upstream = RetryServer::start(&net);
+    let target = format!("pkg.test:{RETRY_PORT}");
+    let tok = token("run-proto-ech", &[&target]);
+    let auth = basic(&tok);
+    // The attack: a front the allowlist names (`pkg.test`) in the clear, another site of the
+    // same CDN sealed inside. Then the decoy form a client sends with no ECH configuration
+    // (the gateway cannot tell it from the real thing), and the code points of the drafts
+    // (0xfe08 to 0xfe0c), of ECH's inner-only `ech_outer_extensions` (0xfd00) and of the
+    // older encrypted SNI (0xffce), each beside a clear `server_name` that matches.
+    let real = ech_hello("pkg.test", Some("evil.test"));
+    let grease = ech_hello("pkg.test", None);
+    assert!(has_extension(&real, ECH_EXTENSION) && has_extension(&grease, ECH_EXTENSION));
+    let mut hellos = vec![("real ECH", real), ("GREASE ECH", grease)];
+    for kind in [0xfe08_u16, 0xfe0a, 0xfe0c, ECH_EXTENSION, 0xfd00, 0xffce] {
+        let hello = raw_hello_with(b"pkg.test", &[(kind, &[0, 1, 0, 1, 7, 0, 0, 0, 0])]);
+        hellos.push(("hand-made", hello));
+    }
+    for (n, (what, hello)) in hellos.iter().enumerate() {
+        let mut s = tunnel(&net, &gw, &target, &auth).await;
+        s.write_all(hello).await.expect("hello");
+        assert_eq!(read_all(&mut s).await, ALERT, "{what} hello #{n}");
+        // The gateway connects before it answers 200; that connection carried nothing.
+        assert!(
+            upstream.ended(n).await.is_empty(),
+            "the upstream received a {what} hello"
+        );
+    }
+    assert_eq!(upstream.connections(), hellos.len());
+    let records = wait_records(
+        &gw,
+        &["guest=run-proto-ech", "verdict=refused", "reason=ech"],
+        hellos.len(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        records.iter().all(|r| field(r, "bytes_up") == "0"),
+        "{records:?}"
+    );
+    assert!(
+        !gw.log().contains("verdict=allowed"),
+        "an ECH hello was allowed:\n{}",
+        gw.log()
+    );
+    log_is_clean(&gw, &[&tok]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_hello_after_a_hello_retry_request_gets_the_same_checks() {
+    let Some(net) = Net::setup() else { return };
+    let gw = Gateway::start(&net, &[]);
+    let upstream = RetryServer::start(&net);
+    let target = format!("pkg.test:{RETRY_PORT}");
+    let tok = token("run-proto-hrr", &["pkg.test", &target]);
+    let auth = basic(&tok);
+    // A real TLS client whose first key share the server does not take is asked for another
+    // (a HelloRetryRequest) and completes through the gateway.
+    let retrying =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::CryptoProvider {
+            kx_groups: vec![
+                rustls::crypto::aws_lc_rs::kx_group::MLKEM768,
+                rustls::crypto::aws_lc_rs::kx_group::X25519,
+            ],
+            ..rustls::crypto::aws_lc_rs::default_provider()
+        }))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(net.roots())
+        .with_no_client_auth();
+    let s = tunnel(&net, &gw, "pkg.test:443", &auth).await;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(retrying))
+        .connect(name("pkg.test"), s)
+        .await
+        .expect("TLS through a retry");
+    assert_eq!(
+        tls.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::FullWithHelloRetryRequest)
+    );
+    let raw = get(&mut tls, "pkg.test", "/hello").await;
+    assert_eq!(body_text(&raw), "hello from pkg.test over https");
+    drop(tls);
+    gw.wait_record(&["guest=run-proto-hrr", "verdict=allowed", "reason=closed"])
+        .await;
+
+    // Against a server that always asks for a retry: the second hello is checked like the
+    // first, whether it is sent after the retry request or with the first hello, before it.
+    let first = hello(Some("pkg.test"));
+    let mut not_a_hello = hello(Some("pkg.test"));
+    not_a_hello[5] = 2; // a ServerHello's type
+    let cases: [(&str, Vec<u8>, &str, bool); 6] = [
+        (
+            "real ECH",
+            ech_hello("pkg.test", Some("evil.test")),
+            "ech",
+            false,
+        ),
+        ("GREASE ECH", ech_hello("pkg.test", None), "ech", false),
+        (
+            "another name",
+            hello(Some("api.test")),
+            "sni_mismatch",
+            false,
+        ),
+        ("no name", hello(None), "no_sni", false),
+        ("not a hello", not_a_hello, "bad_client_hello", false),
+        (
+            "real ECH, pipelined",
+            ech_hello("pkg.test", Some("evil.test")),
+            "ech",
+            true,
+        ),
+    ];
+    let retry = retry_request();
+    for (what, second, reason, pipelined) in cases {
+        let n = upstream.connections();
+        let mut s = tunnel(&net, &gw, &target, &auth).await;
+        let mut answer = Vec::new();
+        if pipelined {
+            s.write_all(&[&first[..], &CCS, &second].concat())
+                .await
+                .expect("hellos");
+        } else {
+            s.write_all(&first).await.expect("first hello");
+            let mut got = vec![0; retry.len()];
+            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))
+                .await
+                .expect("the retry request in time")
+                .expect("the retry request");
+            answer.extend(got);
+            s.write_all(&[&CCS[..], &second].concat())
+                .await
+                .expect("second hello");
+        }
+        answer.extend(read_all(&mut s).await);
+        assert_eq!(answer, [&retry[..], &ALERT].concat(), "{what}");
+        // The ChangeCipherSpec before the second hello is passed on (it cannot carry one).
+        let passed = [&first[..], &CCS].concat();
+        assert_eq!(
+            upstream.ended(n).await,
+            passed,
+            "{what}: the upstream got more than the first hello"
+        );
+        let records = wait_records(
+            &gw,
+            &[
+                "guest=run-proto-hrr",
+                "verdict=refused",
+                &format!("reason={reason}"),
+            ],
+            1,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            records
+                .iter()
+                .all(|r| field(r, "bytes_up") == passed.len().to_string()),
+            "{what}: {records:?}"
+        );
+    }
+    // A second hello that passes reaches the server as it was sent.
+    let n = upstream.connections();
+    let mut s = tunnel(&net, &gw, &target, &auth).await;
+    s.write_all(&first).await.expect("first hello");
+    let mut got = vec![0; retry.len()];
+    s.read_exact(&mut got).await.expect("the retry request");
+    let second = hello(Some("pkg.test"));
+    s.write_all(&[&CCS[..], &second].concat())
+        .await
+        .expect("second hello");
+    let expected = [&first[..], &CCS, &second].concat();
+    assert_eq!(upstream.received(n, &expected).await, expected);
+    drop(s);
+    gw.wait_record(&["guest=run-proto-hrr", "port=9445", "verdict=allowed"])
+        .await;
     log_is_clean(&gw, &[&tok]);
 }
 
@@ -1449,6 +1838,83 @@ async fn idle_connections_beyond_the_cap_do_not_lock_other_guests_out() {
         .expect("task");
     assert_eq!(status, 200);
     log_is_clean(&gw, &[&good, &holder]);
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let kill = common::find_program("kill").expect("`kill` (procps) is installed");
+    let status = std::process::Command::new(kill)
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_idle_connections_in_the_backlog_does_not_stall_other_guests() {
+    let Some(net) = Net::setup() else { return };
+    // A gateway on one core (as on a small host, where the burst showed every time; on two it
+    // did most times), serving 8 connections at once, with the default 10 s to send a request
+    // head.
+    let cap = 8;
+    let mut program = vec![common::gateway_bin().into_os_string()];
+    if let Some(taskset) = common::find_program("taskset") {
+        program.splice(0..0, [taskset.into_os_string(), "-c".into(), "0".into()]);
+    } else {
+        eprintln!("(util-linux's `taskset` is not installed: the gateway runs on every core)");
+    }
+    let gw = Gateway::start_command(&net, &program, &["--max-connections", "8"], false);
+    let good = token("run-load-burst-good", &["pkg.test"]);
+    let auth = basic(&good);
+    for burst in 1..=2 {
+        // Twice the cap of idle connections arrive together, every other one having sent half
+        // a request head, then another guest's CONNECT: the gateway is stopped meanwhile, so all
+        // of them wait in its listen backlog, as when they arrive faster than it accepts.
+        signal(gw.pid(), "STOP");
+        let half_head = &connect_head("pkg.test:443", &auth)[..20];
+        let mut idle = Vec::new();
+        for n in 0..2 * cap {
+            let mut s = net.connect_from_hub(gw.addr);
+            if n % 2 == 1 {
+                s.write_all(half_head.as_bytes())
+                    .await
+                    .expect("half a head");
+            }
+            idle.push(s);
+        }
+        let mut s = net.connect_from_hub(gw.addr);
+        s.write_all(connect_head("pkg.test:443", &auth).as_bytes())
+            .await
+            .expect("CONNECT");
+        signal(gw.pid(), "CONT");
+        let started = Instant::now();
+        let head = tokio::time::timeout(Duration::from_secs(1), exchange(&mut s, ""))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("burst {burst}: the CONNECT was not answered within 1 s of the burst")
+            });
+        assert_eq!(head.status, 200, "burst {burst}: {head:?}");
+        eprintln!("burst {burst}: answered in {:?}", started.elapsed());
+        // And the tunnel it opened works.
+        let mut tls = net
+            .tls()
+            .connect(name("pkg.test"), s)
+            .await
+            .expect("TLS through the tunnel");
+        let raw = get(&mut tls, "pkg.test", "/hello").await;
+        assert_eq!(body_text(&raw), "hello from pkg.test over https");
+        drop(idle);
+    }
+    // The idle connections made room, each logged as evicted: at least the burst's excess
+    // over the cap, twice, and one more each time for the CONNECT.
+    wait_records(
+        &gw,
+        &["verdict=refused", "reason=evicted"],
+        2 * (cap + 1),
+        Duration::from_secs(10),
+    )
+    .await;
+    log_is_clean(&gw, &[&good]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -460,12 +460,17 @@ impl Net {
 
     /// A TLS client that trusts the test CA only.
     pub fn tls(&self) -> tokio_rustls::TlsConnector {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca_der.clone()).expect("CA root");
         let config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
+            .with_root_certificates(self.roots())
             .with_no_client_auth();
         tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+
+    /// The test CA as the only root.
+    pub fn roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca_der.clone()).expect("CA root");
+        roots
     }
 }
 
