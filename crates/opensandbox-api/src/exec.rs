@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 use reqwest::Method;
 use reqwest::header::{self, HeaderValue};
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
@@ -55,15 +56,19 @@ enum Program {
 }
 
 /// `POST /command`: a command to run. No stdin: execd has none.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RunCommand {
     program: Program,
     /// The working directory.
     pub cwd: Option<String>,
     /// execd kills the command (its process group) after this long; sent in milliseconds.
     pub timeout: Option<Duration>,
-    /// Environment variables of this command.
+    /// Environment variables of this command. For a value that is a secret use
+    /// [`RunCommand::secret_env`].
     pub envs: BTreeMap<String, String>,
+    /// Environment values that are secrets: never in `Debug`, scrubbed from errors and frames'
+    /// error quotes.
+    secret_envs: BTreeMap<String, SecretString>,
     /// Run detached: the stream ends after `init`; poll [`Execd::command_status`].
     pub background: bool,
     /// Run as this user id (and group id).
@@ -79,6 +84,7 @@ impl RunCommand {
             cwd: None,
             timeout: None,
             envs: BTreeMap::new(),
+            secret_envs: BTreeMap::new(),
             background: false,
             uid: None,
             gid: None,
@@ -113,6 +119,15 @@ impl RunCommand {
     #[must_use]
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.envs.insert(name.into(), value.into());
+        self
+    }
+
+    /// One environment variable whose value is a secret: sent like [`RunCommand::env`], never
+    /// shown in `Debug`, and removed from this command's errors. (What the command itself
+    /// prints is its output, not scrubbed.)
+    #[must_use]
+    pub fn secret_env(mut self, name: impl Into<String>, value: impl Into<SecretString>) -> Self {
+        self.secret_envs.insert(name.into(), value.into());
         self
     }
 
@@ -151,8 +166,12 @@ impl RunCommand {
             }
             body.insert("timeout".into(), Value::from(ms));
         }
-        if !self.envs.is_empty() {
-            body.insert("envs".into(), serde_json::json!(self.envs));
+        if !self.envs.is_empty() || !self.secret_envs.is_empty() {
+            let mut envs = self.envs.clone();
+            for (name, value) in &self.secret_envs {
+                envs.insert(name.clone(), value.expose_secret().to_owned());
+            }
+            body.insert("envs".into(), serde_json::json!(envs));
         }
         body.insert("background".into(), Value::from(self.background));
         if self.gid.is_some() && self.uid.is_none() {
@@ -652,6 +671,7 @@ impl Execd {
         let mut call = self
             .call(Method::POST, &["command"], Replay::Never)?
             .json(&command.to_wire()?)?;
+        call.secrets = command.secret_envs.values().cloned().collect();
         call.headers.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
@@ -683,7 +703,7 @@ impl Execd {
             last_frame: Instant::now(),
             deadline,
             route,
-            scrubber: t.scrubber().clone(),
+            scrubber: t.scrubber_for(&call),
             ended: false,
         };
         let events = stream::unfold(Some(reader), |state| async move {
@@ -799,11 +819,12 @@ mod tests {
             .cwd("/tmp")
             .timeout(Duration::from_secs(2))
             .env("A", "1")
-            .to_wire()
-            .unwrap();
+            .secret_env("TOKEN", "tok-secret-9");
+        assert!(!format!("{body:?}").contains("tok-secret"));
+        let body = body.to_wire().unwrap();
         assert_eq!(
             body,
-            json!({"command":"echo hi","cwd":"/tmp","timeout":2000,"envs":{"A":"1"},"background":false})
+            json!({"command":"echo hi","cwd":"/tmp","timeout":2000,"envs":{"A":"1","TOKEN":"tok-secret-9"},"background":false})
         );
         let body = RunCommand::argv(["python3", "-c", "print(1)"])
             .background(true)

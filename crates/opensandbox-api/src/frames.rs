@@ -114,7 +114,10 @@ pub struct FrameDecoder {
 /// What one line does to the frame being built.
 enum Step {
     Nothing,
+    /// A frame's text, to parse.
     Frame(Vec<u8>),
+    /// A bare-JSON frame, parsed already (to find where it ends).
+    Parsed(Value),
 }
 
 impl FrameDecoder {
@@ -164,6 +167,7 @@ impl FrameDecoder {
                     // The end of input ends the frame being built, as a blank line would.
                     return match self.blank_line() {
                         Step::Frame(raw) => self.parse(&raw).map(Some),
+                        Step::Parsed(value) => self.object(value).map(Some),
                         Step::Nothing => Ok(None),
                     };
                 }
@@ -172,6 +176,7 @@ impl FrameDecoder {
             match self.line(&line) {
                 Ok(Step::Nothing) => {}
                 Ok(Step::Frame(raw)) => return self.parse(&raw).map(Some),
+                Ok(Step::Parsed(value)) => return self.object(value).map(Some),
                 Err(e) => return Err(self.fail(e)),
             }
         }
@@ -262,18 +267,29 @@ impl FrameDecoder {
             self.bare.push(b'\n');
         }
         self.bare.extend_from_slice(line);
-        // A complete object ends the frame at once, so frames separated by a single newline
-        // (NDJSON) are read too; an incomplete one waits for more lines.
-        match serde_json::from_slice::<serde::de::IgnoredAny>(&self.bare) {
-            Ok(_) => Ok(Step::Frame(std::mem::take(&mut self.bare))),
+        // A complete value ends the frame at once, so frames separated by a single newline
+        // (NDJSON) are read too; an incomplete one waits for more lines (or the blank line
+        // that makes it an error).
+        match serde_json::from_slice::<Value>(&self.bare) {
+            Ok(value) => {
+                self.bare.clear();
+                Ok(Step::Parsed(value))
+            }
             Err(_) => Ok(Step::Nothing),
+        }
+    }
+
+    /// The frame `value` holds, which must be an object.
+    fn object(&mut self, value: Value) -> Result<Map<String, Value>, FrameError> {
+        match value {
+            Value::Object(map) => Ok(map),
+            _ => Err(self.fail(FrameError::NotObject)),
         }
     }
 
     fn parse(&mut self, raw: &[u8]) -> Result<Map<String, Value>, FrameError> {
         match serde_json::from_slice::<Value>(raw) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(_) => Err(self.fail(FrameError::NotObject)),
+            Ok(value) => self.object(value),
             Err(e) => {
                 let start = String::from_utf8_lossy(&raw[..raw.len().min(256)]).into_owned();
                 Err(self.fail(FrameError::NotJson {

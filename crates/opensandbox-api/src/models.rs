@@ -191,8 +191,11 @@ pub struct CreateSandbox {
     pub lifetime: Lifetime,
     /// `resourceLimits`: `cpu` (`"500m"`), `memory` (`"512Mi"`), `gpu` ...
     pub resource_limits: BTreeMap<String, String>,
-    /// Environment of the sandbox.
+    /// Environment of the sandbox. For a value that is a secret use
+    /// [`CreateSandbox::secret_env`].
     pub env: BTreeMap<String, String>,
+    /// Environment values that are secrets: never in `Debug`, scrubbed from errors.
+    secret_env: BTreeMap<String, SecretString>,
     /// Metadata: Kubernetes label rules apply (values up to 63 characters; the
     /// `opensandbox.io/` prefix is reserved).
     pub metadata: BTreeMap<String, String>,
@@ -232,6 +235,7 @@ impl CreateSandbox {
             lifetime: Lifetime::After(DEFAULT_LIFETIME),
             resource_limits: BTreeMap::new(),
             env: BTreeMap::new(),
+            secret_env: BTreeMap::new(),
             metadata: BTreeMap::new(),
             network_policy: None,
             extensions: BTreeMap::new(),
@@ -278,6 +282,15 @@ impl CreateSandbox {
     #[must_use]
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// One environment variable whose value is a secret (a credential): it is sent like
+    /// [`CreateSandbox::env`], but never shown in `Debug` and removed from the errors of the
+    /// create, also when the server echoes the request.
+    #[must_use]
+    pub fn secret_env(mut self, name: impl Into<String>, value: impl Into<SecretString>) -> Self {
+        self.secret_env.insert(name.into(), value.into());
         self
     }
 
@@ -361,9 +374,14 @@ impl CreateSandbox {
             Lifetime::ManualCleanup => Value::Null,
         };
         body.insert("timeout".into(), timeout);
+        let mut env = self.env.clone();
+        for (name, value) in &self.secret_env {
+            env.insert(name.clone(), value.expose_secret().to_owned());
+            secrets.push(value.clone());
+        }
         let maps = [
             ("resourceLimits", &self.resource_limits),
-            ("env", &self.env),
+            ("env", &env),
             ("metadata", &self.metadata),
             ("extensions", &self.extensions),
         ];
@@ -721,6 +739,7 @@ mod tests {
             .resource("cpu", "500m")
             .resource("memory", "512Mi")
             .env("A", "1")
+            .secret_env("GATEWAY_TOKEN", "gw-secret-token-1")
             .metadata("created-by", "langflow")
             .network_policy(NetworkPolicy::deny_all().allow("pypi.org"))
             .extension("access.renew.extend.seconds", "300")
@@ -733,15 +752,19 @@ mod tests {
                 "entrypoint": ["tail", "-f", "/dev/null"],
                 "timeout": 91,
                 "resourceLimits": {"cpu": "500m", "memory": "512Mi"},
-                "env": {"A": "1"},
+                "env": {"A": "1", "GATEWAY_TOKEN": "gw-secret-token-1"},
                 "metadata": {"created-by": "langflow"},
                 "networkPolicy": {"defaultAction": "deny", "egress": [{"action": "allow", "target": "pypi.org"}]},
                 "extensions": {"access.renew.extend.seconds": "300"},
                 "platform": {"os": "linux", "arch": "amd64"},
             })
         );
-        assert_eq!(secrets.len(), 1);
-        assert!(!format!("{req:?}").contains("hunter2"));
+        assert_eq!(secrets.len(), 2);
+        let shown = format!("{req:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("gw-secret"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -158,11 +158,8 @@ impl Transport {
         &self.base
     }
 
-    pub(crate) fn scrubber(&self) -> &Scrubber {
-        &self.scrubber
-    }
-
-    fn scrubber_for(&self, call: &Call) -> Scrubber {
+    /// The key's scrubber plus the call's own secrets.
+    pub(crate) fn scrubber_for(&self, call: &Call) -> Scrubber {
         call.secrets
             .iter()
             .fold(self.scrubber.clone(), |s, secret| {

@@ -366,3 +366,48 @@ async fn a_key_cut_by_a_bound_leaves_no_fragment() {
     assert!(shown.contains("[REDACTED]"), "{shown}");
     assert_no_key(&shown);
 }
+
+#[tokio::test]
+async fn secret_env_values_are_scrubbed_from_the_errors_of_their_call() {
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes");
+            then.status(422).json_body(json!({"detail": [{
+                "msg": "bad env", "input": {"env": {"GATEWAY_TOKEN": "gw-credential-4411"}}
+            }]}));
+        })
+        .await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path(common::proxied("/command"));
+            then.status(400)
+                .json_body(json!({"code": "INVALID_REQUEST_BODY", "message": "bad envs TOKEN=cmd-credential-8822"}));
+        })
+        .await;
+    let c = client(&server);
+    let err = c
+        .create_sandbox(
+            &CreateSandbox::from_image("img", ["sh"])
+                .secret_env("GATEWAY_TOKEN", "gw-credential-4411"),
+        )
+        .await
+        .unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(
+        !shown.contains("gw-credential") && shown.contains("[REDACTED]"),
+        "{shown}"
+    );
+    let command =
+        opensandbox_api::RunCommand::shell("x").secret_env("TOKEN", "cmd-credential-8822");
+    let err = c
+        .execd(SB)
+        .run(&command, opensandbox_api::StreamOptions::default())
+        .await
+        .unwrap_err();
+    let shown = format!("{err} {err:?} {command:?}");
+    assert!(
+        !shown.contains("cmd-credential") && shown.contains("[REDACTED]"),
+        "{shown}"
+    );
+}
