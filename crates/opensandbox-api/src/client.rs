@@ -3,23 +3,192 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::HeaderValue;
+use secrecy::{ExposeSecret, SecretString};
+
 use reqwest::Method;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::config::ClientBuilder;
+use crate::config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOMAIN, DEFAULT_TIMEOUT, DEFAULT_USER_AGENT, ENV_API_KEY,
+    ENV_DOMAIN, base_url, is_loopback, shown_domain,
+};
 use crate::error::{Error, Result};
 use crate::models::{
     CreateSandbox, Deletion, Endpoint, NetworkPolicy, NetworkRule, PolicyStatus, Renewal,
     SandboxFilter, SandboxInfo, SandboxPage, SandboxState, Snapshot, SnapshotFilter, SnapshotPage,
 };
+use crate::retry::RetryPolicy;
 use crate::transport::{Call, Replay, Transport};
 use crate::wire::format_timestamp;
 
 /// The most pages [`Client::list_all_sandboxes`] walks (a server that always says "next page"
 /// cannot keep it busy forever).
 pub const MAX_PAGES: u32 = 1000;
+
+/// An environment lookup given to [`ClientBuilder::env_lookup`].
+type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Builds a [`Client`]. Explicit settings win over the environment.
+#[derive(Default)]
+pub struct ClientBuilder {
+    domain: Option<String>,
+    api_key: Option<SecretString>,
+    timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    retry: Option<RetryPolicy>,
+    user_agent: Option<String>,
+    allow_insecure_http: bool,
+    env: Option<EnvLookup>,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("domain", &self.domain.as_deref().map(shown_domain))
+            .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("retry", &self.retry)
+            .field("allow_insecure_http", &self.allow_insecure_http)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientBuilder {
+    /// The server: a `host[:port]` (taken as plain `http://`, as the SDK does) or an
+    /// `http(s)://` URL, optionally with a path prefix. `/v1` is appended unless the path
+    /// already ends with it. Overrides [`ENV_DOMAIN`].
+    #[must_use]
+    pub fn domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// The API key (trimmed). Overrides [`ENV_API_KEY`].
+    #[must_use]
+    pub fn api_key(mut self, key: impl Into<SecretString>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// The timeout of one buffered request, body included (default 30 s). Streams and
+    /// downloads use it for the wait for the answer's headers and then for each idle gap.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The timeout to open a connection (default 10 s).
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// The retry policy (see [`RetryPolicy`]).
+    #[must_use]
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// The `User-Agent` header.
+    #[must_use]
+    pub fn user_agent(mut self, user_agent: impl Into<String>) -> Self {
+        self.user_agent = Some(user_agent.into());
+        self
+    }
+
+    /// Allow sending the key over plain `http` to a host that is not loopback. Off by default:
+    /// without it a non-loopback `http` domain is refused at [`ClientBuilder::build`]. Only
+    /// `localhost`, `127.0.0.0/8` and `::1` count as loopback.
+    #[must_use]
+    pub fn allow_insecure_http(mut self, allow: bool) -> Self {
+        self.allow_insecure_http = allow;
+        self
+    }
+
+    /// Read [`ENV_DOMAIN`] and [`ENV_API_KEY`] through `lookup` instead of the process
+    /// environment (for tests and embedders).
+    #[must_use]
+    pub fn env_lookup(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.env = Some(Arc::new(lookup));
+        self
+    }
+
+    /// Check every setting and build the client. The domain and key fall back to
+    /// [`ENV_DOMAIN`] (then [`DEFAULT_DOMAIN`]) and [`ENV_API_KEY`]; a missing or blank key,
+    /// an unusable domain, a zero timeout or an invalid retry policy is an [`Error::Config`].
+    pub fn build(self) -> Result<Client> {
+        let env = |name: &str| -> Option<String> {
+            let value = match &self.env {
+                Some(lookup) => lookup(name),
+                None => std::env::var(name).ok(),
+            };
+            value.filter(|v| !v.trim().is_empty())
+        };
+        let domain = self
+            .domain
+            .clone()
+            .or_else(|| env(ENV_DOMAIN))
+            .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
+        let base = base_url(&domain)?;
+        if base.scheme() == "http" && !self.allow_insecure_http && !is_loopback(&base) {
+            return Err(Error::Config(format!(
+                "refusing to send the API key over plain http to {}: set {ENV_DOMAIN} to an \
+                 https:// URL, or opt in with ClientBuilder::allow_insecure_http(true)",
+                base.host_str().unwrap_or_default()
+            )));
+        }
+        let key = self
+            .api_key
+            .clone()
+            .or_else(|| env(ENV_API_KEY).map(SecretString::from))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "no API key: set {ENV_API_KEY} or pass ClientBuilder::api_key"
+                ))
+            })?;
+        let key = SecretString::from(key.expose_secret().trim().to_owned());
+        if key.expose_secret().is_empty() {
+            return Err(Error::Config(format!(
+                "the API key ({ENV_API_KEY}) is blank"
+            )));
+        }
+        if HeaderValue::from_str(key.expose_secret()).is_err() {
+            return Err(Error::Config(format!(
+                "the API key ({ENV_API_KEY}) contains characters a header cannot carry"
+            )));
+        }
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        if timeout.is_zero() || connect_timeout.is_zero() {
+            return Err(Error::Config("timeouts must be > 0".into()));
+        }
+        let retry = self.retry.unwrap_or_default();
+        retry.check()?;
+        let user_agent =
+            HeaderValue::from_str(self.user_agent.as_deref().unwrap_or(DEFAULT_USER_AGENT))
+                .map_err(|_| Error::Config("the user agent is not a valid header value".into()))?;
+        // No redirects (a `Location` could carry the key elsewhere) and no proxy from the
+        // environment (`HTTP_PROXY` would see the key of a plain-http server).
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(connect_timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        let transport = Transport::new(http, base, key, timeout, retry, user_agent);
+        Ok(Client::from_transport(transport))
+    }
+}
 
 /// The answer of `renew-expiration`.
 #[derive(serde::Deserialize)]
@@ -222,8 +391,8 @@ impl Client {
                 SandboxState::Failed | SandboxState::Terminated | SandboxState::Stopping => {
                     return Err(Error::UnexpectedState {
                         id: id.to_owned(),
-                        state: info.status.state,
-                        wanted: SandboxState::Running,
+                        state: info.status.state.to_string(),
+                        wanted: SandboxState::Running.to_string(),
                     });
                 }
                 _ => {}

@@ -92,10 +92,10 @@ pub enum Error {
     UnexpectedState {
         /// Sandbox id.
         id: String,
-        /// The state seen.
-        state: crate::SandboxState,
-        /// The state awaited.
-        wanted: crate::SandboxState,
+        /// The state seen, as the server spells it (`Failed`).
+        state: String,
+        /// The state awaited (`Running`).
+        wanted: String,
     },
     /// Writing a download to a local sink failed.
     #[error("i/o error: {0}")]

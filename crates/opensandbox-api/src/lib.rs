@@ -48,9 +48,12 @@ pub use frames::*;
 mod models;
 pub use models::*;
 mod multipart;
+mod retry;
+pub use retry::*;
 mod scrub;
 pub use scrub::{MAX_SNIPPET_CHARS, REDACTED, escape_line};
 mod transport;
+pub use transport::API_KEY_HEADER;
 mod wire;
 pub use wire::parse_timestamp;
 

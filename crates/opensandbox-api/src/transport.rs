@@ -14,9 +14,12 @@ use serde_json::Value;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::config::{API_KEY_HEADER, RetryPolicy};
 use crate::error::{ApiError, Error, RedirectRefused, Result, Route};
+use crate::retry::RetryPolicy;
 use crate::scrub::{MAX_SNIPPET_CHARS, Scrubber, escape_line};
+
+/// The header that carries the API key (sent on every request, execd's included).
+pub const API_KEY_HEADER: &str = "OPEN-SANDBOX-API-KEY";
 
 /// The most bytes of an error body read (64 KiB); the rest is dropped unread.
 pub(crate) const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -188,7 +191,6 @@ impl Transport {
             .map_err(|_| Error::Config("the API key is not a valid header value".into()))?;
         key.set_sensitive(true);
         headers.insert(HeaderName::from_static("open-sandbox-api-key"), key);
-        debug_assert!(API_KEY_HEADER.eq_ignore_ascii_case("open-sandbox-api-key"));
         let mut req = reqwest::Request::new(call.method.clone(), url);
         match &call.body {
             Body::Empty => {}
@@ -518,6 +520,15 @@ mod tests {
         assert_eq!(retry_after(&h), None);
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("-1"));
         assert_eq!(retry_after(&h), None);
+    }
+
+    #[test]
+    fn the_key_header_is_the_documented_one() {
+        let sent = HeaderName::from_static("open-sandbox-api-key");
+        assert_eq!(
+            HeaderName::from_bytes(API_KEY_HEADER.as_bytes()).unwrap(),
+            sent
+        );
     }
 
     #[test]
