@@ -517,7 +517,12 @@ pub(crate) async fn run_foreground(
     let mut eid: i64 = 0;
     let ping_every = guest.ping_interval();
     // execd pings at once after init, then every period.
-    let mut ping = tokio::time::interval(ping_every);
+    let mut first = event("ping");
+    first.insert("text".into(), json!("pong"));
+    if tx.send(frame(&Value::Object(first))).await.is_err() {
+        return;
+    }
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut status: Option<ExitStatus> = None;
     let mut pipes_closed = false;

@@ -260,8 +260,13 @@ impl Guest {
         }
     }
 
+    /// Forgets a command's process group once it is empty; a group that still has members
+    /// (children left running in the background) stays tracked, so destroying the guest kills
+    /// them too.
     pub(crate) fn forget_group(&self, pgid: i32) {
-        lock(&self.groups).remove(&pgid);
+        if pgid > 1 && killpg(Pid::from_raw(pgid), None).is_err() {
+            lock(&self.groups).remove(&pgid);
+        }
     }
 
     pub(crate) fn remember_command(&self, rec: Arc<Record>) {
