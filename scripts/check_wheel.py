@@ -72,13 +72,15 @@ ALLOWED_LIBRARIES: dict[str, set[str]] = {
     # as `libc.musl-<arch>.so.1`. No libgcc_s: Alpine installs it only on request.
     "musl": {"libc.so", "libc.musl-x86_64.so.1", "libc.musl-aarch64.so.1"},
     # libSystem (libc, libm, pthreads, dyld), libiconv (which Rust's std links on Apple targets)
-    # with its libcharset, and the two frameworks the platform certificate verifier uses.
+    # with its libcharset, the two frameworks the platform certificate verifier uses, and
+    # SystemConfiguration (whoami, under tokio-postgres; part of every macOS since 10.0).
     "macos": {
         "/usr/lib/libSystem.B.dylib",
         "/usr/lib/libiconv.2.dylib",
         "/usr/lib/libcharset.1.dylib",
         f"{_FRAMEWORKS}/CoreFoundation.framework/Versions/A/CoreFoundation",
         f"{_FRAMEWORKS}/Security.framework/Versions/A/Security",
+        f"{_FRAMEWORKS}/SystemConfiguration.framework/Versions/A/SystemConfiguration",
     },
     # Windows' own DLLs (kernel, sockets, crypto, certificate store, the C runtime of every
     # Windows 10+) and the stable-ABI Python DLL. Not python3X.dll, not MinGW's
@@ -117,6 +119,7 @@ FRAMEWORK_PREFIXES = {
     f"{_FRAMEWORKS}/Security.framework/Versions/A/Security": (
         "Sec", "kSec", "SSL", "kSSL", "CMS", "kCMS", "Authorization", "kAuthorization",
     ),
+    f"{_FRAMEWORKS}/SystemConfiguration.framework/Versions/A/SystemConfiguration": ("SC", "kSC"),
 }
 
 # What the long description must mention: each surface and how to enable it.

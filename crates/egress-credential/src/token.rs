@@ -65,6 +65,11 @@ pub enum TokenError {
         "{SECRET_ENV} is {0} bytes long: it needs at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)"
     )]
     SecretTooShort(usize),
+    /// The secret is not valid Unicode (UTF-8 on Unix, UTF-16 on Windows).
+    #[error(
+        "{SECRET_ENV} is not valid Unicode: both sides read it as text, so set it to printable characters (e.g. the 64 hex digits of `openssl rand -hex 32`)"
+    )]
+    SecretNotUnicode,
     /// The guest name is empty, too long or has characters outside `[A-Za-z0-9._:-]`.
     #[error(
         "the guest name must be 1 to {MAX_GUEST} characters of letters, digits, `.`, `_`, `:` and `-`"
@@ -123,12 +128,27 @@ impl Secret {
         Ok(Self(SecretSlice::from(bytes)))
     }
 
-    /// The secret from [`SECRET_ENV`] (its bytes as written, e.g. 64 hex characters).
+    /// The secret from [`SECRET_ENV`]: the UTF-8 bytes of its text (e.g. 64 hex characters).
     pub fn from_env() -> Result<Self, TokenError> {
-        match std::env::var_os(SECRET_ENV) {
+        Self::from_env_value(std::env::var_os(SECRET_ENV))
+    }
+
+    /// The secret from the value [`SECRET_ENV`] has (`None`: unset), as [`Secret::from_env`]
+    /// reads it.
+    ///
+    /// The value must be Unicode, on every platform: the plugin reads the same variable as
+    /// text (a value that is not Unicode is invisible to it), and a text secret is the same
+    /// bytes on Linux, macOS and Windows, so a gateway on one and a plugin on another agree.
+    /// An environment value is bytes on Unix and UTF-16 on Windows; taking its raw form would
+    /// give each platform a different secret for the same setting.
+    pub fn from_env_value(value: Option<std::ffi::OsString>) -> Result<Self, TokenError> {
+        match value {
             None => Err(TokenError::SecretMissing),
             Some(value) if value.is_empty() => Err(TokenError::SecretMissing),
-            Some(value) => Self::new(std::os::unix::ffi::OsStringExt::into_vec(value)),
+            Some(value) => match value.into_string() {
+                Ok(text) => Self::new(text.into_bytes()),
+                Err(_) => Err(TokenError::SecretNotUnicode),
+            },
         }
     }
 
@@ -319,6 +339,40 @@ mod tests {
 
     fn secret(byte: u8) -> Secret {
         Secret::new(vec![byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn the_environment_secret_is_the_utf8_of_its_text() {
+        let text = "0123456789abcdef0123456789abcdef-é";
+        let from_env = Secret::from_env_value(Some(text.into())).unwrap();
+        let direct = Secret::new(text.as_bytes().to_vec()).unwrap();
+        let token = mint(&from_env, "g", &["pypi.org"], Duration::from_secs(60)).unwrap();
+        // The same text gives the same key: a token minted with one verifies with the other.
+        verify(&direct, &token, SystemTime::now()).unwrap();
+    }
+
+    #[test]
+    fn an_unset_empty_or_short_environment_secret_is_refused_by_name() {
+        for value in [None, Some(std::ffi::OsString::new())] {
+            let err = Secret::from_env_value(value).unwrap_err();
+            assert_eq!(err, TokenError::SecretMissing);
+            assert!(err.to_string().contains(SECRET_ENV), "{err}");
+        }
+        let err = Secret::from_env_value(Some("short".into())).unwrap_err();
+        assert_eq!(err, TokenError::SecretTooShort(5));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_that_is_not_unicode_is_refused_by_name_without_its_bytes() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let mut raw = vec![b'k'; 40];
+        raw[3] = 0xff;
+        let err = Secret::from_env_value(Some(std::ffi::OsString::from_vec(raw))).unwrap_err();
+        assert_eq!(err, TokenError::SecretNotUnicode);
+        let shown = err.to_string();
+        assert!(shown.contains(SECRET_ENV), "{shown}");
+        assert!(!shown.contains("kkk"), "{shown}");
     }
 
     #[test]

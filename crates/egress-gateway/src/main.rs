@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use egress_gateway::cli::{Args, init_logging, run};
-use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
     let args = match Args::parse_args("egress-gateway", std::env::args_os().skip(1)) {
@@ -28,17 +27,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         // Installed before `listening on` is printed: a caller that reads that line and stops
         // the gateway at once still gets a clean stop.
-        let (mut term, mut int) = (
-            signal(SignalKind::terminate()).map_err(|e| e.to_string())?,
-            signal(SignalKind::interrupt()).map_err(|e| e.to_string())?,
-        );
-        run(&args, async move {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
-            }
-        })
-        .await
+        let stop = stop_signal().map_err(|e| e.to_string())?;
+        run(&args, stop).await
     });
     // Open tunnels are not waited for: a stopped gateway closes them.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
@@ -49,4 +39,34 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Resolves at SIGTERM or SIGINT (Ctrl-C); its handlers are installed when this returns.
+#[cfg(unix)]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    })
+}
+
+/// Resolves at Ctrl-C (or Ctrl-Break), the console's stop; Windows has no SIGTERM to catch.
+/// The handler is installed before this returns, as on Unix.
+#[cfg(windows)]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::windows::{ctrl_break, ctrl_c};
+    let (mut c, mut brk) = (ctrl_c()?, ctrl_break()?);
+    Ok(async move {
+        tokio::select! {
+            _ = c.recv() => {},
+            _ = brk.recv() => {},
+        }
+    })
 }
