@@ -38,7 +38,9 @@
 //! [`STORE_CALL_TIMEOUT`] and by what is left of the run's own admission wait.
 //!
 //! The store URL carries a password more often than not: it is held as a secret and shown only
-//! through [`createos_api::redact_url`] (no userinfo, no query), in every error, log and `Debug`.
+//! as [`describe_store_value`] describes it (a clean URL rebuilt without its secrets, anything
+//! else named, never echoed), in every error, log, `Debug` and `doctor` line; what a store
+//! replies is masked, cut and escaped ([`crate::error::outside_text`]) before it enters any.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -134,8 +136,10 @@ pub struct StoreConfig {
     connect_url: SecretString,
     /// The TLS its URL asks for.
     pub tls: tls::StoreTls,
-    /// The URL as it may be shown: no userinfo, no query, no fragment.
+    /// The URL as it may be shown ([`describe_store_value`]).
     pub shown: String,
+    /// The secrets the URL holds (its password, unknown query values): masked in every error.
+    secrets: crate::error::Redactor,
     /// The variable the URL came from ([`ENV_ADMISSION_STORE`] or Langflow's).
     pub source: &'static str,
     /// [`ENV_ADMISSION_STORE_ON_FAILURE`].
@@ -198,8 +202,9 @@ impl StoreConfig {
                  postgres:// URL"
             )));
         };
-        let shown = createos_api::redact_url(&url);
-        let (kind, split) = parse_store_url(source, &url, &shown)?;
+        let shape = shown::shape(&url);
+        let shown = shape.text();
+        let (kind, split) = parse_store_url(source, &url, &shape)?;
         let on_failure = match non_blank(lookup, ENV_ADMISSION_STORE_ON_FAILURE)
             .map(|v| v.to_ascii_lowercase())
             .as_deref()
@@ -249,6 +254,7 @@ impl StoreConfig {
         };
         Ok(Some(Self::intern(StoreConfig {
             kind,
+            secrets: shown::secrets(&url),
             url: SecretString::from(url),
             connect_url: SecretString::from(split.url),
             tls: split.tls,
@@ -274,22 +280,15 @@ impl StoreConfig {
 
     /// `e` with the URL's password masked (a client's message should never hold it; this makes
     /// sure).
-    pub fn scrub(&self, e: StoreError) -> StoreError {
-        let Ok(u) = url::Url::parse(self.url.expose_secret()) else {
-            return e;
-        };
-        let mut r = crate::error::Redactor::default();
-        if let Some(pw) = u.password().filter(|p| !p.is_empty()) {
-            r = r.with(&SecretString::from(pw.to_owned()));
-            if let Ok(decoded) = url::form_urlencoded::parse(format!("p={pw}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .ok_or(())
-            {
-                r = r.with(&SecretString::from(decoded));
-            }
-        }
-        StoreError(r.apply(&e.0))
+    pub fn scrub(&self, mut e: StoreError) -> StoreError {
+        e.0 = self.secrets.apply(&e.0);
+        e
+    }
+
+    /// `text`, a store's reply or a client's message quoting one, as it may enter an error:
+    /// the URL's secrets masked, cut and escaped ([`crate::error::outside_text`]).
+    pub fn outside(&self, text: &str) -> String {
+        crate::error::outside_text(text, &self.secrets)
     }
 
     /// How the store is named in messages: kind, redacted URL and the variable.
@@ -335,16 +334,21 @@ fn short_hash(s: &str) -> String {
 fn parse_store_url(
     source: &str,
     url: &str,
-    shown: &str,
+    shape: &shown::Shape,
 ) -> Result<(StoreKind, tls::Split), SandboxError> {
-    let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
+    let shown = shape.text();
     let bad = |why: &str| {
         SandboxError::refused(format!(
-            "{source}={shown:?} is not a usable admission store ({why}); set \
+            "{source}={shown} is not a usable admission store ({why}); set \
              {ENV_ADMISSION_STORE} to a redis://host:6379/0, rediss:// or \
              postgres://user@host/db URL, or unset it for per-process caps"
         ))
     };
+    if let Some(why) = shape.refusal() {
+        return Err(bad(&why));
+    }
+    let url = url.trim();
+    let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
     // SQLAlchemy's driver suffix (`postgresql+psycopg://`, as in LANGFLOW_DATABASE_URL) names
     // Python's driver, not the server: the same database.
     let base = scheme.split('+').next().unwrap_or("");
@@ -455,7 +459,10 @@ fn ms(d: Duration) -> u64 {
 
 mod postgres_store;
 mod redis_store;
+mod shown;
 pub mod tls;
+
+pub use shown::describe_store_value;
 
 pub use postgres_store::PostgresStore;
 pub use redis_store::RedisStore;
@@ -1292,7 +1299,7 @@ pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let m: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -1478,6 +1485,74 @@ mod tests {
             "auth p%40ss-secret-1 or p@ss-secret-1 failed".into(),
         ));
         assert!(!e.0.contains("secret-1"), "{e}");
+    }
+
+    /// Each form a password can take in the setting: never in the refusal, the config's
+    /// `Debug`, `doctor`'s lines, or the refusal every run gets while the store is away.
+    #[tokio::test]
+    async fn no_form_of_the_store_value_ever_shows_its_password() {
+        let refused = [
+            "host=db user=lf password=pw-secret-9 dbname=lf",
+            "user=lf password='pw-secret-9' host=db",
+            "db.internal:5432/lf?password=pw-secret-9",
+            "postgres://lf:pw#secret-9@db:5432/lf",
+            "postgres://lf:pw?secret-9@db:5432/lf",
+            "redis://:pw#secret-9@cache:6379/0",
+            "redis://u:9999?secret-9@cache:6379/0",
+            "rediss://:pw-secret-9@ca che:6380/0",
+        ];
+        for raw in refused {
+            let e = StoreConfig::from_lookup(&env(&[(ENV_ADMISSION_STORE, raw)])).unwrap_err();
+            let text = e.message();
+            assert!(text.contains(ENV_ADMISSION_STORE), "{raw}: {text}");
+            assert!(
+                text.contains("postgres://user@host/db URL")
+                    && (text.contains("percent-encod") || text.contains("no scheme://")),
+                "{raw}: the fix: {text}"
+            );
+            assert!(
+                !text.contains("secret-9") && !text.contains("pw"),
+                "{raw}: {text}"
+            );
+            for line in doctor_lines(&env(&[(ENV_ADMISSION_STORE, raw)])).await {
+                let line = line.unwrap_or_else(|e| e);
+                assert!(!line.contains("secret-9"), "{raw}: {line}");
+            }
+        }
+        // Accepted (nothing listens there): the password sits in the userinfo (with an
+        // encoded '#') or in a query parameter.
+        for raw in [
+            "postgres://127.0.0.1:1/lf?password=pw-secret-9&sslmode=disable",
+            "postgres://lf:pw%23secret-9@127.0.0.1:1/lf?sslmode=disable",
+            "redis://:pw%3Fsecret-9@127.0.0.1:1/0",
+            "postgres://lf:pw-secret-9@127.0.0.1:1,127.0.0.1:2/lf",
+        ] {
+            let lookup = env(&[(ENV_ADMISSION_STORE, raw)]);
+            let c = StoreConfig::from_lookup(&lookup).unwrap().unwrap();
+            let lines = doctor_lines(&lookup).await;
+            assert!(
+                lines.iter().any(Result::is_err),
+                "{raw}: unreachable: {lines:?}"
+            );
+            let a = crate::admission::Admission::new();
+            let caps = crate::admission::Caps {
+                max_live: Some(1),
+                store: Some(c),
+                ..Default::default()
+            };
+            let e = a
+                .guest_slot(caps, Instant::now() + Duration::from_millis(300))
+                .await
+                .unwrap_err();
+            assert!(e.message().contains(ENV_ADMISSION_STORE_ON_FAILURE), "{e}");
+            for text in lines.into_iter().map(|l| l.unwrap_or_else(|e| e)).chain([
+                format!("{c:?}"),
+                c.describe(),
+                e.to_string(),
+            ]) {
+                assert!(!text.contains("secret-9"), "{raw}: {text}");
+            }
+        }
     }
 
     #[test]
