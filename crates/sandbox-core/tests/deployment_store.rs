@@ -783,3 +783,137 @@ async fn one_worker_at_a_time_holds_a_kept_guests_create_lock() {
         assert!(e.is_none(), "{name}");
     }
 }
+
+/// What a hostile store answers: terminal escapes, a bidi override, line separators and 5 MiB.
+fn hostile_text() -> String {
+    format!(
+        "\x1b[2J\x1b]0;owned\x07\x1b[31mCRITICAL fake\u{202e}desrever\u{2066}\u{2028}\u{2029}\u{85}\u{7f}\x08{}",
+        "A".repeat(5 << 20)
+    )
+}
+
+/// The refusal a run gets from a hostile store: bounded, one line, nothing a terminal acts on.
+fn assert_contained(e: &sandbox_core::SandboxError) {
+    eprintln!("refused as: {e}");
+    let text = e.to_string();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::Refused,
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    assert!(
+        text.chars().count() < 4096,
+        "{} characters: {}",
+        text.chars().count(),
+        &text[..300]
+    );
+    let bad: Vec<char> = text
+        .chars()
+        .filter(|c| sandbox_core::error::is_unsafe_outside_char(*c))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?} in {text}");
+    for want in [
+        ENV_ADMISSION_STORE_ON_FAILURE,
+        "nothing ran",
+        "\\x1b[2J",
+        "\\u{202e}",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_redis_reply_is_cut_and_escaped_in_the_refusal() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    // Answers every command (RESP arrays of bulk strings) with one long, hostile error line.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let reply = Arc::new(format!("-ERR {}\r\n", hostile_text()).into_bytes());
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let reply = Arc::clone(&reply);
+            tokio::spawn(async move {
+                let (r, mut w) = s.into_split();
+                let mut r = BufReader::new(r);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let n: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
+                    for _ in 0..n {
+                        line.clear();
+                        r.read_line(&mut line).await.unwrap();
+                        let len: usize = line.trim_start_matches('$').trim().parse().unwrap();
+                        let mut arg = vec![0u8; len + 2];
+                        r.read_exact(&mut arg).await.unwrap();
+                    }
+                    if w.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let c = StoreConfig::from_lookup(&|k| {
+        (k == ENV_ADMISSION_STORE).then(|| format!("redis://127.0.0.1:{port}/0"))
+    })
+    .unwrap()
+    .unwrap();
+    let e = Admission::new()
+        .guest_slot(caps(2, 3000, c), Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert_contained(&e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_postgres_error_is_cut_and_escaped_in_the_refusal() {
+    use tokio::io::AsyncReadExt;
+    // Answers the startup with an ErrorResponse whose message and detail are hostile, with
+    // newlines, which a C string may hold.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut len = [0u8; 4];
+            if s.read_exact(&mut len).await.is_err() {
+                continue;
+            }
+            let mut startup = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+            let _ = s.read_exact(&mut startup).await;
+            let hostile = format!("line one\nFATAL: forged\r\n{}", hostile_text());
+            let mut fields = Vec::new();
+            for (code, value) in [
+                (b'S', "FATAL"),
+                (b'V', "FATAL"),
+                (b'C', "28000"),
+                (b'M', hostile.as_str()),
+                (b'D', hostile.as_str()),
+            ] {
+                fields.push(code);
+                fields.extend_from_slice(value.as_bytes());
+                fields.push(0);
+            }
+            fields.push(0);
+            let mut msg = vec![b'E'];
+            msg.extend_from_slice(&u32::try_from(fields.len() + 4).unwrap().to_be_bytes());
+            msg.extend_from_slice(&fields);
+            let _ = s.write_all(&msg).await;
+        }
+    });
+    let c = StoreConfig::from_lookup(&|k| {
+        (k == ENV_ADMISSION_STORE)
+            .then(|| format!("postgres://lf@127.0.0.1:{port}/lf?sslmode=disable"))
+    })
+    .unwrap()
+    .unwrap();
+    let e = Admission::new()
+        .guest_slot(caps(2, 3000, c), Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert_contained(&e);
+    assert!(e.to_string().contains("line one\\x0aFATAL"), "{e}");
+}

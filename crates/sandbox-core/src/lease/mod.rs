@@ -451,6 +451,11 @@ pub trait LeaseStore: Send + Sync {
     fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
     /// Unexpired leases under `key`.
     fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
+    /// What the store's last connection negotiated (`None`: not connected yet, or a store
+    /// that does not say).
+    fn transport(&self) -> Option<tls::Transport> {
+        None
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -754,6 +759,12 @@ impl Deployment {
     /// The store itself.
     pub fn store(&self) -> &Arc<dyn LeaseStore> {
         &self.inner.store
+    }
+
+    /// What the store's last connection negotiated: the TLS version and cipher, plain TCP, or
+    /// a Unix socket (`None` until a call has connected).
+    pub fn transport(&self) -> Option<tls::Transport> {
+        self.inner.store.transport()
     }
 
     /// This process as a lease holder.
@@ -1208,91 +1219,182 @@ impl Deployment {
         SandboxError::new(
             ErrorKind::Refused,
             format!(
-                "{} did not answer ({e}), and {ENV_ADMISSION_STORE_ON_FAILURE} is refuse, so the \
-                 run is refused and nothing ran; bring the store back, or set \
-                 {ENV_ADMISSION_STORE_ON_FAILURE}=local to admit runs under each process's own \
-                 cap while it is away",
+                "{} failed ({e}), and {ENV_ADMISSION_STORE_ON_FAILURE} is refuse, so the run is \
+                 refused and nothing ran; bring the store back or fix what the error names, or \
+                 set {ENV_ADMISSION_STORE_ON_FAILURE}=local to admit runs under each process's \
+                 own cap while it fails",
                 c.describe()
             ),
         )
     }
 }
 
-/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
-/// a finding; `Err`: a refusal every run gets): the store (kind, URL without its password,
-/// the variable), whether it answers and how fast, and the deployment's live guests against
-/// its cap. One count per line of the store, each bounded by [`STORE_CALL_TIMEOUT`].
-pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
-    let config = match StoreConfig::from_lookup(lookup) {
-        Ok(None) => {
-            return vec![Ok(format!(
-                "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per process; \
-                 set it to the deployment's Redis or PostgreSQL for one cap across every \
-                 worker and host"
-            ))];
+/// What `doctor` learns about the admission store ([`check_store`]).
+#[derive(Debug, Clone)]
+pub enum StoreCheck {
+    /// [`ENV_ADMISSION_STORE`] is unset: the caps hold per process.
+    Unset,
+    /// The setting is refused: every run is refused with this message (it names the variable
+    /// and the fix, never the password).
+    Refused(String),
+    /// The store as set, and what asking it found.
+    Asked {
+        /// The store's settings: [`StoreConfig::shown`] (the URL as it may be shown),
+        /// [`StoreConfig::kind`], [`StoreConfig::source`], [`StoreConfig::tls`] (what the URL
+        /// asks for), [`StoreConfig::on_failure`], [`StoreConfig::lease`],
+        /// [`StoreConfig::namespace`].
+        config: &'static StoreConfig,
+        /// What the store answered, or why it could not be used (the error every run gets
+        /// meanwhile, masked, cut and escaped).
+        answer: Result<StoreAnswer, String>,
+    },
+}
+
+/// A store that answered `doctor`'s count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreAnswer {
+    /// How long the count took (the connection included, the first time).
+    pub latency: Duration,
+    /// What the connection negotiated: the TLS version and cipher, plain TCP, or a Unix
+    /// socket.
+    pub transport: Option<tls::Transport>,
+    /// The deployment's live guests (unexpired leases under the guests' key).
+    pub live: u64,
+    /// [`crate::settings::ENV_MAX_LIVE_GUESTS`] as set (`None`: unset, or a value that the
+    /// shared settings refuse).
+    pub cap: Option<usize>,
+}
+
+impl StoreCheck {
+    /// Whether every run is refused because of the store now: the setting is refused, or the
+    /// store cannot be used under [`OnFailure::Refuse`].
+    pub fn refuses_runs(&self) -> bool {
+        match self {
+            StoreCheck::Unset => false,
+            StoreCheck::Refused(_) => true,
+            StoreCheck::Asked { config, answer } => {
+                answer.is_err() && config.on_failure == OnFailure::Refuse
+            }
         }
+    }
+
+    /// Whether a store is set and could not be used (under `local` too, where runs go on
+    /// under each process's own cap).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreCheck::Asked { answer: Err(_), .. })
+    }
+
+    /// `doctor`'s lines (`Ok`: a finding; `Err`: a refusal every run gets): the store (kind,
+    /// URL as it may be shown, the variable, the TLS asked for, on failure, lease, namespace),
+    /// whether it answered, over what and how fast, and the deployment's live guests against
+    /// its cap. Each line is one line of text, with no password in it.
+    pub fn lines(&self) -> Vec<Result<String, String>> {
+        let config = match self {
+            StoreCheck::Unset => {
+                return vec![Ok(format!(
+                    "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per \
+                     process; set it to the deployment's Redis or PostgreSQL for one cap across \
+                     every worker and host"
+                ))];
+            }
+            StoreCheck::Refused(e) => return vec![Err(e.clone())],
+            StoreCheck::Asked { config, .. } => *config,
+        };
+        let mut lines = vec![Ok(format!(
+            "admission store: {} {} ({}); asks for {}; on failure: {} \
+             ({ENV_ADMISSION_STORE_ON_FAILURE}); lease {} s ({ENV_ADMISSION_LEASE}); namespace \
+             {:?}",
+            config.kind.as_str(),
+            config.shown,
+            config.source,
+            config.tls.describe(),
+            match config.on_failure {
+                OnFailure::Refuse => "refuse runs",
+                OnFailure::Local => "fall back to each process's own cap",
+            },
+            config.lease.as_secs_f64(),
+            config.namespace,
+        ))];
+        let StoreCheck::Asked { answer, .. } = self else {
+            return lines;
+        };
+        match answer {
+            Ok(a) => {
+                let over = a
+                    .transport
+                    .as_ref()
+                    .map_or_else(String::new, |t| format!(" over {t}"));
+                lines.push(Ok(format!(
+                    "admission store: reachable{over}, answered in {:.1} ms",
+                    a.latency.as_secs_f64() * 1000.0
+                )));
+                let max = crate::settings::ENV_MAX_LIVE_GUESTS;
+                lines.push(Ok(match a.cap {
+                    Some(cap) => format!(
+                        "deployment: {} guest(s) live of the deployment-wide cap {max}={cap}",
+                        a.live
+                    ),
+                    None => format!("deployment: {} guest(s) live, no cap ({max} unset)", a.live),
+                }));
+            }
+            Err(e) => {
+                let text = format!("admission store: cannot be used ({e})");
+                lines.push(match config.on_failure {
+                    OnFailure::Refuse => Err(format!(
+                        "{text}: every run is refused while it is \
+                         ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); bring it back or fix {}",
+                        config.source
+                    )),
+                    OnFailure::Local => Ok(format!(
+                        "{text}: runs fall back to each process's own cap \
+                         ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
+                    )),
+                });
+            }
+        }
+        lines
+    }
+}
+
+/// What `doctor` learns about the admission store, read through `lookup`: whether one is set,
+/// whether its setting is refused, and if not, one count of the deployment's live guests
+/// (bounded by [`STORE_CALL_TIMEOUT`]) with what the connection negotiated. Render it with
+/// [`StoreCheck::lines`], or read its fields (a `--json` report).
+pub async fn check_store(lookup: &dyn Fn(&str) -> Option<String>) -> StoreCheck {
+    let config = match StoreConfig::from_lookup(lookup) {
+        Ok(None) => return StoreCheck::Unset,
         Ok(Some(c)) => c,
-        Err(e) => return vec![Err(e.message().to_owned())],
+        Err(e) => return StoreCheck::Refused(e.message().to_owned()),
     };
-    let mut lines = vec![Ok(format!(
-        "admission store: {} {} ({}); {}; on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
-         lease {} s ({ENV_ADMISSION_LEASE}); namespace {:?}",
-        config.kind.as_str(),
-        config.shown,
-        config.source,
-        config.tls.describe(),
-        match config.on_failure {
-            OnFailure::Refuse => "refuse runs",
-            OnFailure::Local => "fall back to each process's own cap",
-        },
-        config.lease.as_secs_f64(),
-        config.namespace,
-    ))];
     let dep = match Deployment::new(config) {
         Ok(d) => d,
         Err(e) => {
-            lines.push(Err(e.message().to_owned()));
-            return lines;
+            return StoreCheck::Asked {
+                config,
+                answer: Err(e.message().to_owned()),
+            };
         }
     };
     let t0 = Instant::now();
-    match dep.count(&config.guests_key()).await {
-        Ok(live) => {
-            let ms = t0.elapsed().as_secs_f64() * 1000.0;
-            let cap = non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
+    let answer = match dep.count(&config.guests_key()).await {
+        Ok(live) => Ok(StoreAnswer {
+            latency: t0.elapsed(),
+            transport: dep.transport(),
+            live,
+            cap: non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
                 crate::settings::parse_cap(crate::settings::ENV_MAX_LIVE_GUESTS, &raw).ok()
-            });
-            lines.push(Ok(format!(
-                "admission store: reachable, answered in {ms:.1} ms"
-            )));
-            lines.push(Ok(match cap {
-                Some(cap) => format!(
-                    "deployment: {live} guest(s) live of the deployment-wide cap \
-                     {}={cap}",
-                    crate::settings::ENV_MAX_LIVE_GUESTS
-                ),
-                None => format!(
-                    "deployment: {live} guest(s) live, no cap ({} unset)",
-                    crate::settings::ENV_MAX_LIVE_GUESTS
-                ),
-            }));
-        }
-        Err(e) => {
-            let text = format!("admission store: unreachable ({e})");
-            lines.push(match config.on_failure {
-                OnFailure::Refuse => Err(format!(
-                    "{text}: every run is refused while it is ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); \
-                     bring it back or fix {}",
-                    config.source
-                )),
-                OnFailure::Local => Ok(format!(
-                    "{text}: runs fall back to each process's own cap \
-                     ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
-                )),
-            });
-        }
-    }
-    lines
+            }),
+        }),
+        Err(e) => Err(e.0),
+    };
+    StoreCheck::Asked { config, answer }
+}
+
+/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
+/// a finding; `Err`: a refusal every run gets): [`check_store`] rendered by
+/// [`StoreCheck::lines`].
+pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
+    check_store(lookup).await.lines()
 }
 
 #[cfg(test)]
