@@ -917,3 +917,111 @@ async fn a_hostile_postgres_error_is_cut_and_escaped_in_the_refusal() {
     assert_contained(&e);
     assert!(e.to_string().contains("line one\\x0aFATAL"), "{e}");
 }
+
+/// The wait a refusal reports ("The run waited 1.2s for a slot").
+fn waited(text: &str) -> Duration {
+    let at = text.find("waited ").expect(text) + "waited ".len();
+    let secs: f64 = text[at..]
+        .split('s')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect(text);
+    Duration::from_secs_f64(secs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_on_a_full_deployment_is_told_so_with_its_whole_wait() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        // Another host holds every place.
+        let held: Vec<_> =
+            futures::future::join_all((0..2).map(|_| {
+                ws[0].guest_slot(caps(2, 0, store), Instant::now() + Duration::from_secs(2))
+            }))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // A worker that never had a guest: six runs at once, two of them past its own line
+        // and waiting for the deployment's, four in its own line behind them.
+        let t0 = Instant::now();
+        let refusals = futures::future::join_all(
+            (0..6).map(|_| ws[1].guest_slot(caps(2, 800, store), t0 + Duration::from_millis(800))),
+        )
+        .await;
+        for r in refusals {
+            let e = r.unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::AtCapacity, "{name}: {text}");
+            for want in [
+                "2 guest(s) are live in the whole deployment (the store's last count)",
+                "the deployment-wide cap CREATEOS_MAX_LIVE_GUESTS=2",
+                &format!("held in the admission store {}", store.shown),
+                "nothing ran",
+            ] {
+                assert!(text.contains(want), "{name}: {want}: {text}");
+            }
+            assert!(!text.contains("in this process"), "{name}: {text}");
+            let w = waited(&text);
+            assert!(
+                w >= Duration::from_millis(700) && w <= t0.elapsed() + Duration::from_millis(100),
+                "{name}: reported {w:?}: {text}"
+            );
+        }
+        // A run refused by its own process's cap keeps that wording.
+        let e = ws[0]
+            .guest_slot(
+                caps(2, 300, store),
+                Instant::now() + Duration::from_millis(300),
+            )
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "2 guest(s) are live in this process, the cap CREATEOS_MAX_LIVE_GUESTS=2"
+            ),
+            "{name}: {text}"
+        );
+        drop(held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_got_its_own_place_late_reports_its_whole_wait() {
+    // Once, a run that had waited 1 s in its worker's line said it "waited 0.0s": the wait was
+    // counted from when it reached the deployment's line, not from when it began.
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        let held = ws[0]
+            .guest_slot(caps(1, 0, store), Instant::now() + Duration::from_secs(2))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let first = {
+            let w = ws[1].clone();
+            tokio::spawn(async move {
+                w.guest_slot(caps(1, 600, store), t0 + Duration::from_millis(600))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Behind the first in its worker's line; its place there comes as the first gives up,
+        // just before its own wait ends.
+        let e = ws[1]
+            .guest_slot(caps(1, 620, store), t0 + Duration::from_millis(620))
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("in the whole deployment"), "{name}: {text}");
+        let w = waited(&text);
+        assert!(
+            w >= Duration::from_millis(500),
+            "{name}: reported {w:?}: {text}"
+        );
+        first.await.unwrap().unwrap_err();
+        drop(held);
+    }
+}

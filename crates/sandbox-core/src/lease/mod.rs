@@ -767,6 +767,17 @@ impl Deployment {
         self.inner.store.transport()
     }
 
+    /// The live leases under `key` as the store last reported them to this process (`None`:
+    /// no acquire under it answered yet, or it was forgotten).
+    pub fn last_live(&self, key: &str) -> Option<u64> {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|k| k.live)
+    }
+
     /// This process as a lease holder.
     pub fn holder(&self) -> &Holder {
         &self.inner.holder
@@ -1093,12 +1104,15 @@ impl Deployment {
     ) -> Result<StoreLease, Denied> {
         let mut delay = Duration::from_millis(10);
         let mut first = true;
+        // The live count the store last answered with while this run waited.
+        let mut seen = None;
         // One id for every try: the run's ticket in the line while it waits.
         let id = self.mint_id();
         loop {
             match self.attempt(key, cap, until, id.clone(), true).await {
                 Ok((Some(lease), _)) => return Ok(lease),
                 Ok((None, live)) => {
+                    seen = Some(live);
                     if first {
                         on_wait();
                         first = false;
@@ -1113,7 +1127,17 @@ impl Deployment {
                     tokio::time::sleep(sleep).await;
                     delay = (delay * 2).min(Duration::from_millis(250));
                 }
-                Err(e) => return Err(Denied::Store(e)),
+                Err(e) => {
+                    // The last poll of a run that waited its whole wait at the cap, cut short
+                    // by that wait's end (a call gets at least 50 ms): refused at the cap.
+                    if let Some(live) = seen
+                        && Instant::now() >= until
+                    {
+                        self.leave_line(key, id);
+                        return Err(Denied::AtCap { live });
+                    }
+                    return Err(Denied::Store(e));
+                }
             }
         }
     }
