@@ -31,6 +31,11 @@
 //!   its own wait. The slot holds the lease: it is released when the slot is given back, and
 //!   renewed while it is held. When the store fails, `CREATEOS_ADMISSION_STORE_ON_FAILURE`
 //!   refuses the run (the default) or admits it under this process's own cap (`local`).
+//!   Refused at the cap, a run is told the deployment is full (its cap, its live count as the
+//!   store last reported it, the store), also when it waited in this process's queue behind
+//!   runs that wait for the deployment (places taken here but not yet admitted); only a run
+//!   refused while every place of its process holds a live guest is told of this process. The
+//!   wait a refusal reports is the run's whole wait for its slots.
 //!
 //! Cheap: one short mutex section per slot taken or given back (plus one store round trip per
 //! slot with a store).
@@ -95,6 +100,11 @@ struct Pool {
     live: usize,
     cap: Option<usize>,
     queue: VecDeque<Waiter>,
+    /// Of `live`, the places whose runs were admitted (a run past the deployment's store too,
+    /// or a pool's refill). The others are runs granted a place here that still wait for
+    /// their place in the deployment's store: while there are such, the deployment, not this
+    /// process, is what keeps the queue waiting.
+    confirmed: usize,
 }
 
 impl Pool {
@@ -143,8 +153,11 @@ impl Pool {
         }
     }
 
-    fn give_back(&mut self) {
+    fn give_back(&mut self, confirmed: bool) {
         self.live = self.live.saturating_sub(1);
+        if confirmed {
+            self.confirmed = self.confirmed.saturating_sub(1);
+        }
         self.grant();
     }
 }
@@ -244,7 +257,7 @@ impl Drop for Wait<'_> {
         };
         if !pool.dequeue(self.id) {
             // Granted between the end of the wait and now: the place was counted for us.
-            pool.give_back();
+            pool.give_back(false);
         }
         st.tidy(self.scope);
     }
@@ -402,6 +415,7 @@ impl Admission {
         cap: Option<usize>,
         caps: Caps,
         until: Instant,
+        since: Instant,
     ) -> Result<(Option<StoreLease>, Option<Duration>), SandboxError> {
         let Some(config) = caps.store else {
             return Ok((None, None));
@@ -430,8 +444,8 @@ impl Admission {
                 Err(at_capacity(
                     scope,
                     cap.unwrap_or(0),
-                    live,
-                    started.elapsed(),
+                    Some(live),
+                    since.elapsed(),
                     caps,
                     Some(config),
                 ))
@@ -478,9 +492,15 @@ impl Admission {
     /// A guest slot now, for a warm pool's refill: only when there is room and no run waits
     /// (a refill never takes a slot a waiting run needs). Uses the cap the last run read.
     pub fn try_guest_slot(&self) -> Option<GuestSlot> {
-        self.lock().guests.take_now().then(|| GuestSlot {
+        let mut st = self.lock();
+        if !st.guests.take_now() {
+            return None;
+        }
+        st.guests.confirmed += 1;
+        Some(GuestSlot {
             adm: self.clone(),
             lease: None,
+            confirmed: true,
         })
     }
 
@@ -522,32 +542,41 @@ impl Admission {
     /// A guest slot under `caps`, waiting in line until `until` if the process is at its cap.
     /// A run that has to wait first asks the warm pools to give up an idle guest.
     pub async fn guest_slot(&self, caps: Caps, until: Instant) -> Result<GuestSlot, SandboxError> {
-        self.guest_slot_timed(caps, until)
+        self.guest_slot_timed(caps, until, Duration::ZERO)
             .await
             .map(|(slot, _)| slot)
     }
 
-    /// [`Admission::guest_slot`], also saying how long it queued (`None`: it did not).
+    /// [`Admission::guest_slot`], also saying how long it queued (`None`: it did not);
+    /// `before`: how long the run waited for its other slots already (a refusal reports the
+    /// whole wait).
     async fn guest_slot_timed(
         &self,
         caps: Caps,
         until: Instant,
+        before: Duration,
     ) -> Result<(GuestSlot, Option<Duration>), SandboxError> {
+        let since = Instant::now()
+            .checked_sub(before)
+            .unwrap_or_else(Instant::now);
         let queued = self
-            .wait_in(Scope::Guests, caps.max_live, caps, until)
+            .wait_in(Scope::Guests, caps.max_live, caps, until, since)
             .await?;
         let mut slot = GuestSlot {
             adm: self.clone(),
             lease: None,
+            confirmed: false,
         };
         // Boxed: the store's state machine stays off the run's own future (and the path
         // without a store allocates nothing).
         let (lease, polled) = if caps.store.is_some() {
-            Box::pin(self.deploy(Scope::Guests, caps.max_live, caps, until)).await?
+            Box::pin(self.deploy(Scope::Guests, caps.max_live, caps, until, since)).await?
         } else {
             (None, None)
         };
         slot.lease = lease;
+        self.confirm(Scope::Guests);
+        slot.confirmed = true;
         Ok((slot, add(queued, polled)))
     }
 
@@ -558,7 +587,7 @@ impl Admission {
         caps: Caps,
         until: Instant,
     ) -> Result<FlowSlot, SandboxError> {
-        self.flow_slot_timed(flow, caps, until)
+        self.flow_slot_timed(flow, caps, until, Duration::ZERO)
             .await
             .map(|(slot, _)| slot)
     }
@@ -568,32 +597,55 @@ impl Admission {
         flow: &str,
         caps: Caps,
         until: Instant,
+        before: Duration,
     ) -> Result<(FlowSlot, Option<Duration>), SandboxError> {
+        let since = Instant::now()
+            .checked_sub(before)
+            .unwrap_or_else(Instant::now);
         let queued = self
-            .wait_in(Scope::Flow(flow), caps.max_live_per_flow, caps, until)
+            .wait_in(
+                Scope::Flow(flow),
+                caps.max_live_per_flow,
+                caps,
+                until,
+                since,
+            )
             .await?;
         let mut slot = FlowSlot {
             adm: self.clone(),
             flow: flow.to_owned(),
             lease: None,
+            confirmed: false,
         };
         // Boxed: the store's state machine stays off the run's own future (and the path
         // without a store allocates nothing).
         let (lease, polled) = if caps.store.is_some() {
-            Box::pin(self.deploy(Scope::Flow(flow), caps.max_live_per_flow, caps, until)).await?
+            Box::pin(self.deploy(
+                Scope::Flow(flow),
+                caps.max_live_per_flow,
+                caps,
+                until,
+                since,
+            ))
+            .await?
         } else {
             (None, None)
         };
         slot.lease = lease;
+        self.confirm(Scope::Flow(flow));
+        slot.confirmed = true;
         Ok((slot, add(queued, polled)))
     }
 
+    /// A place in `scope`'s queue of this process; `since`: when the run began to wait for
+    /// its slots (what a refusal reports as its wait).
     async fn wait_in(
         &self,
         scope: Scope<'_>,
         cap: Option<usize>,
         caps: Caps,
         until: Instant,
+        since: Instant,
     ) -> Result<Option<Duration>, SandboxError> {
         let (mut rx, id) = {
             let mut guard = self.lock();
@@ -640,25 +692,54 @@ impl Admission {
             return Ok(Some(started.elapsed()));
         }
         st.refusals += 1;
-        let live = st.pool_mut(scope).map_or(0, |p| p.live);
+        let (live, confirmed) = st.pool_mut(scope).map_or((0, 0), |p| (p.live, p.confirmed));
         st.tidy(scope);
         drop(st);
+        // While places of this process wait for the deployment's, the deployment is what is
+        // full: say so (its cap, its live count as the store last reported it, the store).
+        if live > confirmed
+            && let Some(config) = caps.store
+        {
+            let key = match scope {
+                Scope::Guests => config.guests_key(),
+                Scope::Flow(flow) => config.flow_key(flow),
+            };
+            let dep_live = self
+                .current_deployment()
+                .filter(|d| std::ptr::eq(d.config(), config))
+                .and_then(|d| d.last_live(&key));
+            return Err(at_capacity(
+                scope,
+                cap.unwrap_or(live),
+                dep_live,
+                since.elapsed(),
+                caps,
+                Some(config),
+            ));
+        }
         Err(at_capacity(
             scope,
             cap.unwrap_or(live),
-            live as u64,
-            started.elapsed(),
+            Some(live as u64),
+            since.elapsed(),
             caps,
             None,
         ))
     }
 
-    fn give_back(&self, scope: Scope<'_>) {
+    fn give_back(&self, scope: Scope<'_>, confirmed: bool) {
         let mut st = self.lock();
         if let Some(pool) = st.pool_mut(scope) {
-            pool.give_back();
+            pool.give_back(confirmed);
         }
         st.tidy(scope);
+    }
+
+    /// Counts a place of `scope` as admitted (see `Pool::confirmed`).
+    fn confirm(&self, scope: Scope<'_>) {
+        if let Some(pool) = self.lock().pool_mut(scope) {
+            pool.confirmed += 1;
+        }
     }
 }
 
@@ -671,34 +752,37 @@ fn add(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 
 /// The refusal of a run that waited for a slot in vain: it names the cap, the live count, the
 /// setting, and that nothing ran; under a deployment-wide cap (`store`: where it is held,
-/// redacted) the count is the whole deployment's.
+/// shown without its password) the count is the whole deployment's as the store last reported
+/// it (`None`: no answer yet). `waited`: the run's whole wait for its slots.
 fn at_capacity(
     scope: Scope<'_>,
     cap: usize,
-    live: u64,
+    live: Option<u64>,
     waited: Duration,
     caps: Caps,
     store: Option<&StoreConfig>,
 ) -> SandboxError {
     let (where_, cap_kind) = match store {
         Some(_) => (" in the whole deployment", "the deployment-wide cap"),
-        None => ("", "the cap"),
+        None => (" in this process", "the cap"),
+    };
+    // The deployment's count is the store's last answer to this process.
+    let (count, counted) = match (live, store) {
+        (Some(n), Some(_)) => (n.to_string(), " (the store's last count)"),
+        (Some(n), None) => (n.to_string(), ""),
+        (None, _) => ("?".to_owned(), " (the store has not counted them yet)"),
     };
     let what = match scope {
-        Scope::Guests => {
-            let place = if store.is_some() {
-                ""
-            } else {
-                " in this process"
-            };
+        Scope::Guests => format!(
+            "{count} guest(s) are live{where_}{counted}, {cap_kind} {ENV_MAX_LIVE_GUESTS}={cap}"
+        ),
+        Scope::Flow(flow) => {
+            let where_ = if store.is_some() { where_ } else { "" };
             format!(
-                "{live} guest(s) are live{place}{where_}, {cap_kind} {ENV_MAX_LIVE_GUESTS}={cap}"
+                "flow {flow:?} has {count} run(s) holding a guest{where_}{counted}, {cap_kind} \
+                 {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
             )
         }
-        Scope::Flow(flow) => format!(
-            "flow {flow:?} has {live} run(s) holding a guest{where_}, {cap_kind} \
-             {ENV_MAX_LIVE_GUESTS_PER_FLOW}={cap}"
-        ),
     };
     let held = store.map_or_else(String::new, |config| {
         format!(", held in {}", config.describe())
@@ -762,16 +846,21 @@ impl Ticket {
     /// A guest slot, waiting in line until [`Ticket::until`] (or `deadline`, if sooner).
     pub async fn guest_slot(&self, deadline: Option<Instant>) -> Result<GuestSlot, SandboxError> {
         let until = deadline.map_or(self.until, |d| d.min(self.until));
-        let (slot, queued) = self.admission.guest_slot_timed(self.caps, until).await?;
+        let before = self.queued().unwrap_or_default();
+        let (slot, queued) = self
+            .admission
+            .guest_slot_timed(self.caps, until, before)
+            .await?;
         self.add_queued(queued);
         Ok(slot)
     }
 
     /// A slot of `flow`, waiting in line until [`Ticket::until`].
     pub async fn flow_slot(&self, flow: &str) -> Result<FlowSlot, SandboxError> {
+        let before = self.queued().unwrap_or_default();
         let (slot, queued) = self
             .admission
-            .flow_slot_timed(flow, self.caps, self.until)
+            .flow_slot_timed(flow, self.caps, self.until, before)
             .await?;
         self.add_queued(queued);
         Ok(slot)
@@ -784,6 +873,8 @@ pub struct GuestSlot {
     adm: Admission,
     /// Its lease under the deployment-wide cap, when a store holds the caps.
     lease: Option<StoreLease>,
+    /// Admitted (counted in `Pool::confirmed`).
+    confirmed: bool,
 }
 
 impl fmt::Debug for GuestSlot {
@@ -802,7 +893,7 @@ impl GuestSlot {
 impl Drop for GuestSlot {
     fn drop(&mut self) {
         drop(self.lease.take());
-        self.adm.give_back(Scope::Guests);
+        self.adm.give_back(Scope::Guests, self.confirmed);
     }
 }
 
@@ -812,6 +903,8 @@ pub struct FlowSlot {
     flow: String,
     /// Its lease under the flow's deployment-wide cap, when a store holds the caps.
     lease: Option<StoreLease>,
+    /// Admitted (counted in `Pool::confirmed`).
+    confirmed: bool,
 }
 
 impl fmt::Debug for FlowSlot {
@@ -825,7 +918,7 @@ impl fmt::Debug for FlowSlot {
 impl Drop for FlowSlot {
     fn drop(&mut self) {
         drop(self.lease.take());
-        self.adm.give_back(Scope::Flow(&self.flow));
+        self.adm.give_back(Scope::Flow(&self.flow), self.confirmed);
     }
 }
 

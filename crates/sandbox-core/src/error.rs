@@ -118,6 +118,61 @@ impl SandboxError {
 /// server-provided detail.
 pub use createos_api::{MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail};
 
+/// Whether `c` must not reach a terminal or a log line as it is: a C0 or C1 control (tab,
+/// newline, carriage return, escape and NEL included), DEL, the line and paragraph separators
+/// (U+2028, U+2029), and the bidirectional marks and controls (U+061C, U+200E, U+200F,
+/// U+202A to U+202E, U+2066 to U+2069) that reorder what a reader sees.
+pub fn is_unsafe_outside_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` with every character [`is_unsafe_outside_char`] flags shown as an escape: `\xNN`
+/// up to U+00FF (ESC is `\x1b`, a newline `\x0a`), `\u{NNNN}` above. A backslash stays as it
+/// is. The text then fits on one line and cannot move a terminal's cursor, colour it, or
+/// reorder the characters after it.
+pub fn escape_outside_text(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    if !text.chars().any(is_unsafe_outside_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if !is_unsafe_outside_char(c) {
+            out.push(c);
+        } else if u32::from(c) <= 0xff {
+            let _ = write!(out, "\\x{:02x}", u32::from(c));
+        } else {
+            let _ = write!(out, "\\u{{{:04x}}}", u32::from(c));
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Text a server sent (a store's error reply, a database's message) as it may enter an error,
+/// a log record or `doctor`'s report: the secrets of `redactor` masked (before and after the
+/// cut, so none straddles it), cut to [`MAX_DETAIL_CHARS`] characters (`…` when it was cut, as
+/// control-plane snippets are cut by [`cap_detail`]), then [`escape_outside_text`]. Reads at
+/// most a few times [`MAX_DETAIL_CHARS`] characters of `text`, however long it is.
+pub fn outside_text(text: &str, redactor: &Redactor) -> String {
+    let text = text.trim();
+    let shown = if text.char_indices().nth(MAX_DETAIL_CHARS).is_some() {
+        format!("{}…", redactor.shorten(text, MAX_DETAIL_CHARS).trim_end())
+    } else {
+        redactor.apply(text)
+    };
+    escape_outside_text(&shown).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +184,42 @@ mod tests {
         assert!(ErrorKind::AtCapacity.is_unavailable());
         assert!(!ErrorKind::Transient.is_unavailable());
         assert!(!ErrorKind::OutcomeUnknown.is_unavailable());
+    }
+
+    #[test]
+    fn outside_text_is_one_bounded_line_with_no_control_and_no_secret() {
+        let hostile = format!(
+            "ERR \x1b[2J\x1b]0;owned\x07line\\nnext\r\n\u{85}\u{2028}\u{2029}\u{202e}rev\u{2066}\u{7f} \
+             pw-secret-123 {}",
+            "x".repeat(5 << 20)
+        );
+        let shown = outside_text(&hostile, &Redactor::new("pw-secret-123"));
+        assert!(
+            shown.chars().count() < MAX_DETAIL_CHARS * 2,
+            "{}",
+            shown.len()
+        );
+        assert!(shown.ends_with('…'));
+        assert!(!shown.chars().any(is_unsafe_outside_char), "{shown}");
+        assert!(!shown.contains("pw-secret"), "{shown}");
+        assert!(
+            shown.starts_with(
+                "ERR \\x1b[2J\\x1b]0;owned\\x07line\\nnext\\x0d\\x0a\\x85\\u{2028}\\u{2029}\\u{202e}rev\\u{2066}\\x7f [REDACTED]"
+            ),
+            "{shown}"
+        );
+        // Plain text is kept as it is, and short text is not cut.
+        assert_eq!(
+            outside_text("relation \"x\" does not exist", &Redactor::default()),
+            "relation \"x\" does not exist"
+        );
+        // A secret straddling the cut leaves no fragment before the mark.
+        let key = "sk_live_0123456789abcdef";
+        for offset in MAX_DETAIL_CHARS - 20..MAX_DETAIL_CHARS + 2 {
+            let text = format!("{}{key}{}", "a".repeat(offset), "b".repeat(600));
+            let shown = outside_text(&text, &Redactor::new(key));
+            assert!(!shown.contains("sk_live"), "{offset}: {shown}");
+        }
     }
 
     #[test]

@@ -783,3 +783,245 @@ async fn one_worker_at_a_time_holds_a_kept_guests_create_lock() {
         assert!(e.is_none(), "{name}");
     }
 }
+
+/// What a hostile store answers: terminal escapes, a bidi override, line separators and 5 MiB.
+fn hostile_text() -> String {
+    format!(
+        "\x1b[2J\x1b]0;owned\x07\x1b[31mCRITICAL fake\u{202e}desrever\u{2066}\u{2028}\u{2029}\u{85}\u{7f}\x08{}",
+        "A".repeat(5 << 20)
+    )
+}
+
+/// The refusal a run gets from a hostile store: bounded, one line, nothing a terminal acts on.
+fn assert_contained(e: &sandbox_core::SandboxError) {
+    eprintln!("refused as: {e}");
+    let text = e.to_string();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::Refused,
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    assert!(
+        text.chars().count() < 4096,
+        "{} characters: {}",
+        text.chars().count(),
+        &text[..300]
+    );
+    let bad: Vec<char> = text
+        .chars()
+        .filter(|c| sandbox_core::error::is_unsafe_outside_char(*c))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?} in {text}");
+    for want in [
+        ENV_ADMISSION_STORE_ON_FAILURE,
+        "nothing ran",
+        "\\x1b[2J",
+        "\\u{202e}",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_redis_reply_is_cut_and_escaped_in_the_refusal() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    // Answers every command (RESP arrays of bulk strings) with one long, hostile error line.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let reply = Arc::new(format!("-ERR {}\r\n", hostile_text()).into_bytes());
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let reply = Arc::clone(&reply);
+            tokio::spawn(async move {
+                let (r, mut w) = s.into_split();
+                let mut r = BufReader::new(r);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let n: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
+                    for _ in 0..n {
+                        line.clear();
+                        r.read_line(&mut line).await.unwrap();
+                        let len: usize = line.trim_start_matches('$').trim().parse().unwrap();
+                        let mut arg = vec![0u8; len + 2];
+                        r.read_exact(&mut arg).await.unwrap();
+                    }
+                    if w.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let c = StoreConfig::from_lookup(&|k| {
+        (k == ENV_ADMISSION_STORE).then(|| format!("redis://127.0.0.1:{port}/0"))
+    })
+    .unwrap()
+    .unwrap();
+    let e = Admission::new()
+        .guest_slot(caps(2, 3000, c), Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert_contained(&e);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_postgres_error_is_cut_and_escaped_in_the_refusal() {
+    use tokio::io::AsyncReadExt;
+    // Answers the startup with an ErrorResponse whose message and detail are hostile, with
+    // newlines, which a C string may hold.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut len = [0u8; 4];
+            if s.read_exact(&mut len).await.is_err() {
+                continue;
+            }
+            let mut startup = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+            let _ = s.read_exact(&mut startup).await;
+            let hostile = format!("line one\nFATAL: forged\r\n{}", hostile_text());
+            let mut fields = Vec::new();
+            for (code, value) in [
+                (b'S', "FATAL"),
+                (b'V', "FATAL"),
+                (b'C', "28000"),
+                (b'M', hostile.as_str()),
+                (b'D', hostile.as_str()),
+            ] {
+                fields.push(code);
+                fields.extend_from_slice(value.as_bytes());
+                fields.push(0);
+            }
+            fields.push(0);
+            let mut msg = vec![b'E'];
+            msg.extend_from_slice(&u32::try_from(fields.len() + 4).unwrap().to_be_bytes());
+            msg.extend_from_slice(&fields);
+            let _ = s.write_all(&msg).await;
+        }
+    });
+    let c = StoreConfig::from_lookup(&|k| {
+        (k == ENV_ADMISSION_STORE)
+            .then(|| format!("postgres://lf@127.0.0.1:{port}/lf?sslmode=disable"))
+    })
+    .unwrap()
+    .unwrap();
+    let e = Admission::new()
+        .guest_slot(caps(2, 3000, c), Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert_contained(&e);
+    assert!(e.to_string().contains("line one\\x0aFATAL"), "{e}");
+}
+
+/// The wait a refusal reports ("The run waited 1.2s for a slot").
+fn waited(text: &str) -> Duration {
+    let at = text.find("waited ").expect(text) + "waited ".len();
+    let secs: f64 = text[at..]
+        .split('s')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect(text);
+    Duration::from_secs_f64(secs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waiting_on_a_full_deployment_is_told_so_with_its_whole_wait() {
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        // Another host holds every place.
+        let held: Vec<_> =
+            futures::future::join_all((0..2).map(|_| {
+                ws[0].guest_slot(caps(2, 0, store), Instant::now() + Duration::from_secs(2))
+            }))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // A worker that never had a guest: six runs at once, two of them past its own line
+        // and waiting for the deployment's, four in its own line behind them.
+        let t0 = Instant::now();
+        let refusals = futures::future::join_all(
+            (0..6).map(|_| ws[1].guest_slot(caps(2, 800, store), t0 + Duration::from_millis(800))),
+        )
+        .await;
+        for r in refusals {
+            let e = r.unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::AtCapacity, "{name}: {text}");
+            for want in [
+                "2 guest(s) are live in the whole deployment (the store's last count)",
+                "the deployment-wide cap CREATEOS_MAX_LIVE_GUESTS=2",
+                &format!("held in the admission store {}", store.shown),
+                "nothing ran",
+            ] {
+                assert!(text.contains(want), "{name}: {want}: {text}");
+            }
+            assert!(!text.contains("in this process"), "{name}: {text}");
+            let w = waited(&text);
+            assert!(
+                w >= Duration::from_millis(700) && w <= t0.elapsed() + Duration::from_millis(100),
+                "{name}: reported {w:?}: {text}"
+            );
+        }
+        // A run refused by its own process's cap keeps that wording.
+        let e = ws[0]
+            .guest_slot(
+                caps(2, 300, store),
+                Instant::now() + Duration::from_millis(300),
+            )
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "2 guest(s) are live in this process, the cap CREATEOS_MAX_LIVE_GUESTS=2"
+            ),
+            "{name}: {text}"
+        );
+        drop(held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_got_its_own_place_late_reports_its_whole_wait() {
+    // Once, a run that had waited 1 s in its worker's line said it "waited 0.0s": the wait was
+    // counted from when it reached the deployment's line, not from when it began.
+    for (name, url) in servers() {
+        let store = config(&url, &[]);
+        let ws = workers(2, store);
+        let held = ws[0]
+            .guest_slot(caps(1, 0, store), Instant::now() + Duration::from_secs(2))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let first = {
+            let w = ws[1].clone();
+            tokio::spawn(async move {
+                w.guest_slot(caps(1, 600, store), t0 + Duration::from_millis(600))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Behind the first in its worker's line; its place there comes as the first gives up,
+        // just before its own wait ends.
+        let e = ws[1]
+            .guest_slot(caps(1, 620, store), t0 + Duration::from_millis(620))
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("in the whole deployment"), "{name}: {text}");
+        let w = waited(&text);
+        assert!(
+            w >= Duration::from_millis(500),
+            "{name}: reported {w:?}: {text}"
+        );
+        first.await.unwrap().unwrap_err();
+        drop(held);
+    }
+}

@@ -38,7 +38,9 @@
 //! [`STORE_CALL_TIMEOUT`] and by what is left of the run's own admission wait.
 //!
 //! The store URL carries a password more often than not: it is held as a secret and shown only
-//! through [`createos_api::redact_url`] (no userinfo, no query), in every error, log and `Debug`.
+//! as [`describe_store_value`] describes it (a clean URL rebuilt without its secrets, anything
+//! else named, never echoed), in every error, log, `Debug` and `doctor` line; what a store
+//! replies is masked, cut and escaped ([`crate::error::outside_text`]) before it enters any.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -134,8 +136,10 @@ pub struct StoreConfig {
     connect_url: SecretString,
     /// The TLS its URL asks for.
     pub tls: tls::StoreTls,
-    /// The URL as it may be shown: no userinfo, no query, no fragment.
+    /// The URL as it may be shown ([`describe_store_value`]).
     pub shown: String,
+    /// The secrets the URL holds (its password, unknown query values): masked in every error.
+    secrets: crate::error::Redactor,
     /// The variable the URL came from ([`ENV_ADMISSION_STORE`] or Langflow's).
     pub source: &'static str,
     /// [`ENV_ADMISSION_STORE_ON_FAILURE`].
@@ -198,8 +202,9 @@ impl StoreConfig {
                  postgres:// URL"
             )));
         };
-        let shown = createos_api::redact_url(&url);
-        let (kind, split) = parse_store_url(source, &url, &shown)?;
+        let shape = shown::shape(&url);
+        let shown = shape.text();
+        let (kind, split) = parse_store_url(source, &url, &shape)?;
         let on_failure = match non_blank(lookup, ENV_ADMISSION_STORE_ON_FAILURE)
             .map(|v| v.to_ascii_lowercase())
             .as_deref()
@@ -249,6 +254,7 @@ impl StoreConfig {
         };
         Ok(Some(Self::intern(StoreConfig {
             kind,
+            secrets: shown::secrets(&url),
             url: SecretString::from(url),
             connect_url: SecretString::from(split.url),
             tls: split.tls,
@@ -274,22 +280,15 @@ impl StoreConfig {
 
     /// `e` with the URL's password masked (a client's message should never hold it; this makes
     /// sure).
-    pub fn scrub(&self, e: StoreError) -> StoreError {
-        let Ok(u) = url::Url::parse(self.url.expose_secret()) else {
-            return e;
-        };
-        let mut r = crate::error::Redactor::default();
-        if let Some(pw) = u.password().filter(|p| !p.is_empty()) {
-            r = r.with(&SecretString::from(pw.to_owned()));
-            if let Ok(decoded) = url::form_urlencoded::parse(format!("p={pw}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .ok_or(())
-            {
-                r = r.with(&SecretString::from(decoded));
-            }
-        }
-        StoreError(r.apply(&e.0))
+    pub fn scrub(&self, mut e: StoreError) -> StoreError {
+        e.0 = self.secrets.apply(&e.0);
+        e
+    }
+
+    /// `text`, a store's reply or a client's message quoting one, as it may enter an error:
+    /// the URL's secrets masked, cut and escaped ([`crate::error::outside_text`]).
+    pub fn outside(&self, text: &str) -> String {
+        crate::error::outside_text(text, &self.secrets)
     }
 
     /// How the store is named in messages: kind, redacted URL and the variable.
@@ -335,16 +334,21 @@ fn short_hash(s: &str) -> String {
 fn parse_store_url(
     source: &str,
     url: &str,
-    shown: &str,
+    shape: &shown::Shape,
 ) -> Result<(StoreKind, tls::Split), SandboxError> {
-    let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
+    let shown = shape.text();
     let bad = |why: &str| {
         SandboxError::refused(format!(
-            "{source}={shown:?} is not a usable admission store ({why}); set \
+            "{source}={shown} is not a usable admission store ({why}); set \
              {ENV_ADMISSION_STORE} to a redis://host:6379/0, rediss:// or \
              postgres://user@host/db URL, or unset it for per-process caps"
         ))
     };
+    if let Some(why) = shape.refusal() {
+        return Err(bad(&why));
+    }
+    let url = url.trim();
+    let scheme = url.split("://").next().unwrap_or("").to_ascii_lowercase();
     // SQLAlchemy's driver suffix (`postgresql+psycopg://`, as in LANGFLOW_DATABASE_URL) names
     // Python's driver, not the server: the same database.
     let base = scheme.split('+').next().unwrap_or("");
@@ -447,6 +451,11 @@ pub trait LeaseStore: Send + Sync {
     fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
     /// Unexpired leases under `key`.
     fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
+    /// What the store's last connection negotiated (`None`: not connected yet, or a store
+    /// that does not say).
+    fn transport(&self) -> Option<tls::Transport> {
+        None
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -455,7 +464,10 @@ fn ms(d: Duration) -> u64 {
 
 mod postgres_store;
 mod redis_store;
+mod shown;
 pub mod tls;
+
+pub use shown::describe_store_value;
 
 pub use postgres_store::PostgresStore;
 pub use redis_store::RedisStore;
@@ -747,6 +759,23 @@ impl Deployment {
     /// The store itself.
     pub fn store(&self) -> &Arc<dyn LeaseStore> {
         &self.inner.store
+    }
+
+    /// What the store's last connection negotiated: the TLS version and cipher, plain TCP, or
+    /// a Unix socket (`None` until a call has connected).
+    pub fn transport(&self) -> Option<tls::Transport> {
+        self.inner.store.transport()
+    }
+
+    /// The live leases under `key` as the store last reported them to this process (`None`:
+    /// no acquire under it answered yet, or it was forgotten).
+    pub fn last_live(&self, key: &str) -> Option<u64> {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|k| k.live)
     }
 
     /// This process as a lease holder.
@@ -1075,12 +1104,15 @@ impl Deployment {
     ) -> Result<StoreLease, Denied> {
         let mut delay = Duration::from_millis(10);
         let mut first = true;
+        // The live count the store last answered with while this run waited.
+        let mut seen = None;
         // One id for every try: the run's ticket in the line while it waits.
         let id = self.mint_id();
         loop {
             match self.attempt(key, cap, until, id.clone(), true).await {
                 Ok((Some(lease), _)) => return Ok(lease),
                 Ok((None, live)) => {
+                    seen = Some(live);
                     if first {
                         on_wait();
                         first = false;
@@ -1095,7 +1127,17 @@ impl Deployment {
                     tokio::time::sleep(sleep).await;
                     delay = (delay * 2).min(Duration::from_millis(250));
                 }
-                Err(e) => return Err(Denied::Store(e)),
+                Err(e) => {
+                    // The last poll of a run that waited its whole wait at the cap, cut short
+                    // by that wait's end (a call gets at least 50 ms): refused at the cap.
+                    if let Some(live) = seen
+                        && Instant::now() >= until
+                    {
+                        self.leave_line(key, id);
+                        return Err(Denied::AtCap { live });
+                    }
+                    return Err(Denied::Store(e));
+                }
             }
         }
     }
@@ -1201,98 +1243,189 @@ impl Deployment {
         SandboxError::new(
             ErrorKind::Refused,
             format!(
-                "{} did not answer ({e}), and {ENV_ADMISSION_STORE_ON_FAILURE} is refuse, so the \
-                 run is refused and nothing ran; bring the store back, or set \
-                 {ENV_ADMISSION_STORE_ON_FAILURE}=local to admit runs under each process's own \
-                 cap while it is away",
+                "{} failed ({e}), and {ENV_ADMISSION_STORE_ON_FAILURE} is refuse, so the run is \
+                 refused and nothing ran; bring the store back or fix what the error names, or \
+                 set {ENV_ADMISSION_STORE_ON_FAILURE}=local to admit runs under each process's \
+                 own cap while it fails",
                 c.describe()
             ),
         )
     }
 }
 
-/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
-/// a finding; `Err`: a refusal every run gets): the store (kind, URL without its password,
-/// the variable), whether it answers and how fast, and the deployment's live guests against
-/// its cap. One count per line of the store, each bounded by [`STORE_CALL_TIMEOUT`].
-pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
-    let config = match StoreConfig::from_lookup(lookup) {
-        Ok(None) => {
-            return vec![Ok(format!(
-                "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per process; \
-                 set it to the deployment's Redis or PostgreSQL for one cap across every \
-                 worker and host"
-            ))];
+/// What `doctor` learns about the admission store ([`check_store`]).
+#[derive(Debug, Clone)]
+pub enum StoreCheck {
+    /// [`ENV_ADMISSION_STORE`] is unset: the caps hold per process.
+    Unset,
+    /// The setting is refused: every run is refused with this message (it names the variable
+    /// and the fix, never the password).
+    Refused(String),
+    /// The store as set, and what asking it found.
+    Asked {
+        /// The store's settings: [`StoreConfig::shown`] (the URL as it may be shown),
+        /// [`StoreConfig::kind`], [`StoreConfig::source`], [`StoreConfig::tls`] (what the URL
+        /// asks for), [`StoreConfig::on_failure`], [`StoreConfig::lease`],
+        /// [`StoreConfig::namespace`].
+        config: &'static StoreConfig,
+        /// What the store answered, or why it could not be used (the error every run gets
+        /// meanwhile, masked, cut and escaped).
+        answer: Result<StoreAnswer, String>,
+    },
+}
+
+/// A store that answered `doctor`'s count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreAnswer {
+    /// How long the count took (the connection included, the first time).
+    pub latency: Duration,
+    /// What the connection negotiated: the TLS version and cipher, plain TCP, or a Unix
+    /// socket.
+    pub transport: Option<tls::Transport>,
+    /// The deployment's live guests (unexpired leases under the guests' key).
+    pub live: u64,
+    /// [`crate::settings::ENV_MAX_LIVE_GUESTS`] as set (`None`: unset, or a value that the
+    /// shared settings refuse).
+    pub cap: Option<usize>,
+}
+
+impl StoreCheck {
+    /// Whether every run is refused because of the store now: the setting is refused, or the
+    /// store cannot be used under [`OnFailure::Refuse`].
+    pub fn refuses_runs(&self) -> bool {
+        match self {
+            StoreCheck::Unset => false,
+            StoreCheck::Refused(_) => true,
+            StoreCheck::Asked { config, answer } => {
+                answer.is_err() && config.on_failure == OnFailure::Refuse
+            }
         }
+    }
+
+    /// Whether a store is set and could not be used (under `local` too, where runs go on
+    /// under each process's own cap).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreCheck::Asked { answer: Err(_), .. })
+    }
+
+    /// `doctor`'s lines (`Ok`: a finding; `Err`: a refusal every run gets): the store (kind,
+    /// URL as it may be shown, the variable, the TLS asked for, on failure, lease, namespace),
+    /// whether it answered, over what and how fast, and the deployment's live guests against
+    /// its cap. Each line is one line of text, with no password in it.
+    pub fn lines(&self) -> Vec<Result<String, String>> {
+        let config = match self {
+            StoreCheck::Unset => {
+                return vec![Ok(format!(
+                    "admission store: none ({ENV_ADMISSION_STORE} unset): the caps hold per \
+                     process; set it to the deployment's Redis or PostgreSQL for one cap across \
+                     every worker and host"
+                ))];
+            }
+            StoreCheck::Refused(e) => return vec![Err(e.clone())],
+            StoreCheck::Asked { config, .. } => *config,
+        };
+        let mut lines = vec![Ok(format!(
+            "admission store: {} {} ({}); asks for {}; on failure: {} \
+             ({ENV_ADMISSION_STORE_ON_FAILURE}); lease {} s ({ENV_ADMISSION_LEASE}); namespace \
+             {:?}",
+            config.kind.as_str(),
+            config.shown,
+            config.source,
+            config.tls.describe(),
+            match config.on_failure {
+                OnFailure::Refuse => "refuse runs",
+                OnFailure::Local => "fall back to each process's own cap",
+            },
+            config.lease.as_secs_f64(),
+            config.namespace,
+        ))];
+        let StoreCheck::Asked { answer, .. } = self else {
+            return lines;
+        };
+        match answer {
+            Ok(a) => {
+                let over = a
+                    .transport
+                    .as_ref()
+                    .map_or_else(String::new, |t| format!(" over {t}"));
+                lines.push(Ok(format!(
+                    "admission store: reachable{over}, answered in {:.1} ms",
+                    a.latency.as_secs_f64() * 1000.0
+                )));
+                let max = crate::settings::ENV_MAX_LIVE_GUESTS;
+                lines.push(Ok(match a.cap {
+                    Some(cap) => format!(
+                        "deployment: {} guest(s) live of the deployment-wide cap {max}={cap}",
+                        a.live
+                    ),
+                    None => format!("deployment: {} guest(s) live, no cap ({max} unset)", a.live),
+                }));
+            }
+            Err(e) => {
+                let text = format!("admission store: cannot be used ({e})");
+                lines.push(match config.on_failure {
+                    OnFailure::Refuse => Err(format!(
+                        "{text}: every run is refused while it is \
+                         ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); bring it back or fix {}",
+                        config.source
+                    )),
+                    OnFailure::Local => Ok(format!(
+                        "{text}: runs fall back to each process's own cap \
+                         ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
+                    )),
+                });
+            }
+        }
+        lines
+    }
+}
+
+/// What `doctor` learns about the admission store, read through `lookup`: whether one is set,
+/// whether its setting is refused, and if not, one count of the deployment's live guests
+/// (bounded by [`STORE_CALL_TIMEOUT`]) with what the connection negotiated. Render it with
+/// [`StoreCheck::lines`], or read its fields (a `--json` report).
+pub async fn check_store(lookup: &dyn Fn(&str) -> Option<String>) -> StoreCheck {
+    let config = match StoreConfig::from_lookup(lookup) {
+        Ok(None) => return StoreCheck::Unset,
         Ok(Some(c)) => c,
-        Err(e) => return vec![Err(e.message().to_owned())],
+        Err(e) => return StoreCheck::Refused(e.message().to_owned()),
     };
-    let mut lines = vec![Ok(format!(
-        "admission store: {} {} ({}); {}; on failure: {} ({ENV_ADMISSION_STORE_ON_FAILURE}); \
-         lease {} s ({ENV_ADMISSION_LEASE}); namespace {:?}",
-        config.kind.as_str(),
-        config.shown,
-        config.source,
-        config.tls.describe(),
-        match config.on_failure {
-            OnFailure::Refuse => "refuse runs",
-            OnFailure::Local => "fall back to each process's own cap",
-        },
-        config.lease.as_secs_f64(),
-        config.namespace,
-    ))];
     let dep = match Deployment::new(config) {
         Ok(d) => d,
         Err(e) => {
-            lines.push(Err(e.message().to_owned()));
-            return lines;
+            return StoreCheck::Asked {
+                config,
+                answer: Err(e.message().to_owned()),
+            };
         }
     };
     let t0 = Instant::now();
-    match dep.count(&config.guests_key()).await {
-        Ok(live) => {
-            let ms = t0.elapsed().as_secs_f64() * 1000.0;
-            let cap = non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
+    let answer = match dep.count(&config.guests_key()).await {
+        Ok(live) => Ok(StoreAnswer {
+            latency: t0.elapsed(),
+            transport: dep.transport(),
+            live,
+            cap: non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
                 crate::settings::parse_cap(crate::settings::ENV_MAX_LIVE_GUESTS, &raw).ok()
-            });
-            lines.push(Ok(format!(
-                "admission store: reachable, answered in {ms:.1} ms"
-            )));
-            lines.push(Ok(match cap {
-                Some(cap) => format!(
-                    "deployment: {live} guest(s) live of the deployment-wide cap \
-                     {}={cap}",
-                    crate::settings::ENV_MAX_LIVE_GUESTS
-                ),
-                None => format!(
-                    "deployment: {live} guest(s) live, no cap ({} unset)",
-                    crate::settings::ENV_MAX_LIVE_GUESTS
-                ),
-            }));
-        }
-        Err(e) => {
-            let text = format!("admission store: unreachable ({e})");
-            lines.push(match config.on_failure {
-                OnFailure::Refuse => Err(format!(
-                    "{text}: every run is refused while it is ({ENV_ADMISSION_STORE_ON_FAILURE}=refuse); \
-                     bring it back or fix {}",
-                    config.source
-                )),
-                OnFailure::Local => Ok(format!(
-                    "{text}: runs fall back to each process's own cap \
-                     ({ENV_ADMISSION_STORE_ON_FAILURE}=local)"
-                )),
-            });
-        }
-    }
-    lines
+            }),
+        }),
+        Err(e) => Err(e.0),
+    };
+    StoreCheck::Asked { config, answer }
+}
+
+/// What `doctor` says about the admission store, read through `lookup`, one line each (`Ok`:
+/// a finding; `Err`: a refusal every run gets): [`check_store`] rendered by
+/// [`StoreCheck::lines`].
+pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<String, String>> {
+    check_store(lookup).await.lines()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let m: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -1478,6 +1611,74 @@ mod tests {
             "auth p%40ss-secret-1 or p@ss-secret-1 failed".into(),
         ));
         assert!(!e.0.contains("secret-1"), "{e}");
+    }
+
+    /// Each form a password can take in the setting: never in the refusal, the config's
+    /// `Debug`, `doctor`'s lines, or the refusal every run gets while the store is away.
+    #[tokio::test]
+    async fn no_form_of_the_store_value_ever_shows_its_password() {
+        let refused = [
+            "host=db user=lf password=pw-secret-9 dbname=lf",
+            "user=lf password='pw-secret-9' host=db",
+            "db.internal:5432/lf?password=pw-secret-9",
+            "postgres://lf:pw#secret-9@db:5432/lf",
+            "postgres://lf:pw?secret-9@db:5432/lf",
+            "redis://:pw#secret-9@cache:6379/0",
+            "redis://u:9999?secret-9@cache:6379/0",
+            "rediss://:pw-secret-9@ca che:6380/0",
+        ];
+        for raw in refused {
+            let e = StoreConfig::from_lookup(&env(&[(ENV_ADMISSION_STORE, raw)])).unwrap_err();
+            let text = e.message();
+            assert!(text.contains(ENV_ADMISSION_STORE), "{raw}: {text}");
+            assert!(
+                text.contains("postgres://user@host/db URL")
+                    && (text.contains("percent-encod") || text.contains("no scheme://")),
+                "{raw}: the fix: {text}"
+            );
+            assert!(
+                !text.contains("secret-9") && !text.contains("pw"),
+                "{raw}: {text}"
+            );
+            for line in doctor_lines(&env(&[(ENV_ADMISSION_STORE, raw)])).await {
+                let line = line.unwrap_or_else(|e| e);
+                assert!(!line.contains("secret-9"), "{raw}: {line}");
+            }
+        }
+        // Accepted (nothing listens there): the password sits in the userinfo (with an
+        // encoded '#') or in a query parameter.
+        for raw in [
+            "postgres://127.0.0.1:1/lf?password=pw-secret-9&sslmode=disable",
+            "postgres://lf:pw%23secret-9@127.0.0.1:1/lf?sslmode=disable",
+            "redis://:pw%3Fsecret-9@127.0.0.1:1/0",
+            "postgres://lf:pw-secret-9@127.0.0.1:1,127.0.0.1:2/lf",
+        ] {
+            let lookup = env(&[(ENV_ADMISSION_STORE, raw)]);
+            let c = StoreConfig::from_lookup(&lookup).unwrap().unwrap();
+            let lines = doctor_lines(&lookup).await;
+            assert!(
+                lines.iter().any(Result::is_err),
+                "{raw}: unreachable: {lines:?}"
+            );
+            let a = crate::admission::Admission::new();
+            let caps = crate::admission::Caps {
+                max_live: Some(1),
+                store: Some(c),
+                ..Default::default()
+            };
+            let e = a
+                .guest_slot(caps, Instant::now() + Duration::from_millis(300))
+                .await
+                .unwrap_err();
+            assert!(e.message().contains(ENV_ADMISSION_STORE_ON_FAILURE), "{e}");
+            for text in lines.into_iter().map(|l| l.unwrap_or_else(|e| e)).chain([
+                format!("{c:?}"),
+                c.describe(),
+                e.to_string(),
+            ]) {
+                assert!(!text.contains("secret-9"), "{raw}: {text}");
+            }
+        }
     }
 
     #[test]

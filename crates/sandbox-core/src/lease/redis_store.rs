@@ -1,13 +1,25 @@
 //! The Redis store: leases as members of one sorted set per key, scored by their expiry.
+//!
+//! The connection is made here (TCP, then TLS through the store's one TLS stack,
+//! [`super::tls::handshake`], as the URL asks) and handed to the redis crate's multiplexed
+//! connection, so both stores check certificates the same way and `doctor` can say what was
+//! negotiated. A call that finds its connection gone reconnects and asks once more (every call
+//! is idempotent: an acquire of the same id is the same lease).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex as AsyncMutex;
 
+use super::tls::Transport;
 use super::{
     Acquired, Ask, LeaseStore, Leases, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture,
     WAIT_TICKET, ms,
 };
+use crate::error::Redactor;
 
 // KEYS[1] the cap's leases, KEYS[2] its line of waiting runs (scored by arrival, ms), KEYS[3]
 // the line's expiries (ms); ARGV cap, id, ttl, ticket (ms), queue (1: a refused run joins or
@@ -84,74 +96,182 @@ return redis.call('ZCARD', KEYS[1])
 
 /// The Redis store: one sorted set per key, members the lease ids scored by their expiry (ms,
 /// the server's `TIME`). The key itself expires twice a lease after its last write, and its
-/// expiry is only ever pushed later (a worker with a shorter lease never cuts another's). Keys are not spread over a Redis Cluster (a renewal names several).
+/// expiry is only ever pushed later (a worker with a shorter lease never cuts another's). Keys
+/// are not spread over a Redis Cluster (a renewal names several).
 pub struct RedisStore {
-    client: redis::Client,
-    conn: AsyncMutex<Option<redis::aio::ConnectionManager>>,
+    host: String,
+    port: u16,
+    /// The database, user and password (the redis crate's reading of the URL).
+    settings: redis::RedisConnectionInfo,
+    /// TLS (`None`: plain TCP, `redis://`).
+    tls: Option<Arc<rustls::ClientConfig>>,
+    conn: AsyncMutex<Option<redis::aio::MultiplexedConnection>>,
+    /// What the last connection negotiated.
+    transport: Mutex<Option<Transport>>,
+    /// The URL's secrets, masked in every error.
+    secrets: Redactor,
     acquire: redis::Script,
     renew: redis::Script,
     count: redis::Script,
 }
 
-fn redis_err(e: &redis::RedisError) -> StoreError {
-    // A RedisError's text names the command and the server's reply, never the URL.
-    StoreError(super::tls::explain(
-        super::StoreKind::Redis,
-        format!("redis: {e}"),
-    ))
-}
+/// A connection's stream, plain or TLS.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
+
+/// A call on a connection (a clone of the multiplexed handle).
+type Call<'a, T> = Pin<Box<dyn Future<Output = redis::RedisResult<T>> + Send + 'a>>;
 
 impl RedisStore {
     /// A store on `config`'s URL; connects on first use (and again after a failure).
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
-        let url = config.connect_url();
-        let client = match &config.tls.roots {
-            // The certificate is checked against these roots (redis-py's ssl_ca_certs).
-            super::tls::Roots::File { pem, .. }
-                if config.tls.mode != super::tls::TlsMode::Require =>
-            {
-                redis::Client::build_with_tls(
-                    url,
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(pem.clone()),
-                    },
-                )
+        let client = redis::Client::open(config.connect_url())
+            .map_err(|e| StoreError(format!("redis: not a usable Redis URL ({})", e.category())))?;
+        let info = client.get_connection_info();
+        let (host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+            _ => {
+                return Err(StoreError(
+                    "redis: only TCP (redis://, rediss://) is supported".into(),
+                ));
             }
-            // redis:// (plain), rediss:// checked against the system's roots, or #insecure.
-            _ => redis::Client::open(url),
-        }
-        .map_err(|e| StoreError(format!("redis: not a usable Redis URL ({})", e.category())))?;
+        };
+        let tls = config
+            .tls
+            .client_config()
+            .map_err(|e| StoreError(format!("redis: {e}")))?;
         Ok(Self {
-            client,
+            host,
+            port,
+            settings: info.redis_settings().clone(),
+            tls,
             conn: AsyncMutex::new(None),
+            transport: Mutex::new(None),
+            secrets: config.secrets.clone(),
             acquire: redis::Script::new(REDIS_ACQUIRE),
             renew: redis::Script::new(REDIS_RENEW),
             count: redis::Script::new(REDIS_COUNT),
         })
     }
 
-    async fn conn(&self) -> Result<redis::aio::ConnectionManager, StoreError> {
+    /// `e` as a store error: what the server or the connection said masked, cut and escaped,
+    /// and the certificate hint.
+    fn err(&self, e: &redis::RedisError) -> StoreError {
+        // A RedisError's text names the command and the server's reply, never the URL.
+        let text = crate::error::outside_text(&e.to_string(), &self.secrets);
+        StoreError(super::tls::explain(
+            super::StoreKind::Redis,
+            format!("redis: {text}"),
+        ))
+    }
+
+    /// What the last connection negotiated (`None` before the first).
+    pub fn transport(&self) -> Option<Transport> {
+        self.transport
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
+        let (host, port) = (self.host.as_str(), self.port);
+        let tcp = match tokio::time::timeout(
+            STORE_CALL_TIMEOUT,
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+        {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => {
+                return Err(StoreError(format!(
+                    "redis: cannot connect to {host}:{port} ({})",
+                    crate::error::escape_outside_text(&e.to_string())
+                )));
+            }
+            Err(_) => {
+                return Err(StoreError(format!(
+                    "redis: {host}:{port} did not take the connection within {} ms",
+                    STORE_CALL_TIMEOUT.as_millis()
+                )));
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (stream, transport): (Box<dyn Stream>, Transport) = match &self.tls {
+            None => (Box::new(tcp), Transport::PlainTcp),
+            Some(config) => {
+                let (tls, transport) = super::tls::handshake(Arc::clone(config), host, tcp)
+                    .await
+                    .map_err(|e| {
+                    let text = crate::error::outside_text(&e.to_string(), &self.secrets);
+                    StoreError(super::tls::explain(
+                        super::StoreKind::Redis,
+                        format!("redis: TLS with {host}:{port} failed: {text}"),
+                    ))
+                })?;
+                (Box::new(tls), transport)
+            }
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(STORE_CALL_TIMEOUT))
+            .set_response_timeout(Some(STORE_CALL_TIMEOUT));
+        let (conn, driver) =
+            redis::aio::MultiplexedConnection::new_with_config(&self.settings, stream, config)
+                .await
+                .map_err(|e| self.err(&e))?;
+        tokio::spawn(driver);
+        *self
+            .transport
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(transport);
+        Ok(conn)
+    }
+
+    /// The connection held (or a new one), and whether it is new.
+    async fn conn(&self) -> Result<(redis::aio::MultiplexedConnection, bool), StoreError> {
         let mut held = self.conn.lock().await;
         if let Some(c) = held.as_ref() {
-            return Ok(c.clone());
+            return Ok((c.clone(), false));
         }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(STORE_CALL_TIMEOUT))
-            .set_response_timeout(Some(STORE_CALL_TIMEOUT))
-            .set_number_of_retries(1);
-        let c = redis::aio::ConnectionManager::new_with_config(self.client.clone(), config)
-            .await
-            .map_err(|e| redis_err(&e))?;
+        let c = self.connect().await?;
         *held = Some(c.clone());
-        Ok(c)
+        Ok((c, true))
     }
+
+    /// `call` on the connection; when the connection failed it is dropped, and when it was not
+    /// a new one, a new one is made and `call` made once more.
+    async fn run<'a, T>(
+        &'a self,
+        call: impl Fn(redis::aio::MultiplexedConnection) -> Call<'a, T>,
+    ) -> Result<T, StoreError> {
+        let (c, fresh) = self.conn().await?;
+        match call(c).await {
+            Ok(v) => Ok(v),
+            Err(e) if broken(&e) => {
+                *self.conn.lock().await = None;
+                if fresh {
+                    return Err(self.err(&e));
+                }
+                let (c, _) = self.conn().await?;
+                let again = call(c).await;
+                if again.as_ref().is_err_and(broken) {
+                    *self.conn.lock().await = None;
+                }
+                again.map_err(|e| self.err(&e))
+            }
+            Err(e) => Err(self.err(&e)),
+        }
+    }
+}
+
+/// Whether `e` says the connection is gone (not a reply from the server).
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() || e.is_timeout()
 }
 
 impl LeaseStore for RedisStore {
     fn try_acquire<'a>(&'a self, ask: Ask<'a>, release: &'a Leases) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
-            let mut c = self.conn().await?;
             let cap = ask.cap.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
             let queue_key = format!("{}:line", ask.key);
             let mut inv = self.acquire.prepare_invoke();
@@ -166,8 +286,10 @@ impl LeaseStore for RedisStore {
             for (key, id) in release {
                 inv.key(key).arg(id);
             }
-            let (granted, live, waiting): (i64, u64, u64) =
-                inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))?;
+            let inv = &inv;
+            let (granted, live, waiting): (i64, u64, u64) = self
+                .run(|mut c| Box::pin(async move { inv.invoke_async(&mut c).await }))
+                .await?;
             Ok(Acquired {
                 granted: granted == 1,
                 live,
@@ -181,13 +303,14 @@ impl LeaseStore for RedisStore {
             if leases.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut c = self.conn().await?;
             let mut inv = self.renew.prepare_invoke();
             inv.arg(ms(ttl));
             for (key, id) in leases {
                 inv.key(key).arg(id);
             }
-            inv.invoke_async(&mut c).await.map_err(|e| redis_err(&e))
+            let inv = &inv;
+            self.run(|mut c| Box::pin(async move { inv.invoke_async(&mut c).await }))
+                .await
         })
     }
 
@@ -196,44 +319,45 @@ impl LeaseStore for RedisStore {
             if leases.is_empty() {
                 return Ok(());
             }
-            let mut c = self.conn().await?;
             let mut pipe = redis::pipe();
             for (key, id) in leases {
                 pipe.cmd("ZREM").arg(key).arg(id).ignore();
             }
-            pipe.query_async::<()>(&mut c)
+            let pipe = &pipe;
+            self.run(|mut c| Box::pin(async move { pipe.query_async::<()>(&mut c).await }))
                 .await
-                .map_err(|e| redis_err(&e))
         })
     }
 
     fn leave_line<'a>(&'a self, key: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut c = self.conn().await?;
             let line = format!("{key}:line");
-            redis::pipe()
-                .cmd("ZREM")
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZREM")
                 .arg(&line)
                 .arg(id)
                 .ignore()
                 .cmd("ZREM")
                 .arg(format!("{line}:exp"))
                 .arg(id)
-                .ignore()
-                .query_async::<()>(&mut c)
+                .ignore();
+            let pipe = &pipe;
+            self.run(|mut c| Box::pin(async move { pipe.query_async::<()>(&mut c).await }))
                 .await
-                .map_err(|e| redis_err(&e))
         })
     }
 
     fn count<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
         Box::pin(async move {
-            let mut c = self.conn().await?;
-            self.count
-                .key(key)
-                .invoke_async(&mut c)
+            let mut inv = self.count.prepare_invoke();
+            inv.key(key);
+            let inv = &inv;
+            self.run(|mut c| Box::pin(async move { inv.invoke_async(&mut c).await }))
                 .await
-                .map_err(|e| redis_err(&e))
         })
+    }
+
+    fn transport(&self) -> Option<Transport> {
+        RedisStore::transport(self)
     }
 }

@@ -11,23 +11,27 @@
 //!   or against redis-py's `ssl_ca_certs=<PEM file>`; redis-py's `ssl_cert_reqs=none` (or the
 //!   redis crate's `#insecure`) encrypts without checking.
 //!
+//! A certificate checked against roots may also be one of those roots itself (a self-signed
+//! certificate given as its own root, as OpenSSL, libpq and redis-py accept): it is accepted
+//! when it is byte for byte one of them, its validity period and (when the name is checked) its
+//! name still checked.
+//!
 //! Client certificates (`sslcert`, `ssl_certfile`, ...) are refused with the reason: a setting
-//! the store cannot honour is never dropped silently. One TLS stack serves every connection:
-//! rustls with the aws-lc-rs provider the HTTP client already uses.
+//! the store cannot honour is never dropped silently. One TLS stack serves every connection of
+//! both stores ([`handshake`]): rustls with the aws-lc-rs provider the HTTP client already uses.
+//! What each connection negotiated is kept ([`Transport`]) for `doctor`.
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::StoreKind;
 
@@ -133,21 +137,21 @@ impl StoreTls {
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS setup failed: {e}"))?;
         let config = if self.mode.checks_chain() {
-            let roots = Arc::new(self.root_store()?);
+            let (roots, anchors) = self.root_store()?;
             let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                roots,
+                Arc::new(roots),
                 provider.clone(),
             )
             .build()
             .map_err(|e| format!("TLS roots unusable: {e}"))?;
-            if self.mode == TlsMode::VerifyFull {
-                builder.with_webpki_verifier(webpki).with_no_client_auth()
-            } else {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
-                    .with_no_client_auth()
-            }
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Checked {
+                    webpki,
+                    roots: anchors,
+                    name: self.mode == TlsMode::VerifyFull,
+                }))
+                .with_no_client_auth()
         } else {
             builder
                 .dangerous()
@@ -159,11 +163,15 @@ impl StoreTls {
         Ok(Some(Arc::new(config)))
     }
 
-    fn root_store(&self) -> Result<RootCertStore, String> {
+    /// The roots, as rustls's store and as the certificates themselves (to recognise a server
+    /// certificate that is one of them).
+    fn root_store(&self) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), String> {
         let mut store = RootCertStore::empty();
+        let mut anchors = Vec::new();
         match &self.roots {
             Roots::System => {
                 let found = rustls_native_certs::load_native_certs();
+                anchors.clone_from(&found.certs);
                 let (added, _) = store.add_parsable_certificates(found.certs);
                 if added == 0 {
                     return Err(format!(
@@ -180,36 +188,132 @@ impl StoreTls {
             Roots::File { path, pem } => {
                 for cert in CertificateDer::pem_slice_iter(pem) {
                     let cert = cert.map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+                    anchors.push(cert.clone());
                     store.add(cert).map_err(|e| {
                         format!("{}: a certificate is unusable: {e}", path.display())
                     })?;
                 }
             }
         }
-        Ok(store)
+        Ok((store, anchors))
+    }
+
+    /// The parameter that names the roots in a `kind` store's URL.
+    fn roots_param(kind: StoreKind) -> &'static str {
+        match kind {
+            StoreKind::Postgres => "sslrootcert",
+            StoreKind::Redis => "ssl_ca_certs",
+        }
     }
 }
 
+/// What a store connection negotiated, as `doctor` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP: nothing is encrypted.
+    PlainTcp,
+    /// A Unix socket (a PostgreSQL on the same host): no TLS, nothing leaves the host.
+    UnixSocket,
+    /// TLS as negotiated.
+    Tls {
+        /// `TLS 1.3` or `TLS 1.2`.
+        version: String,
+        /// The cipher suite, e.g. `TLS13_AES_256_GCM_SHA384`.
+        cipher: String,
+    },
+}
+
+impl Transport {
+    /// Whether it is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Transport::Tls { .. })
+    }
+
+    /// What a finished rustls handshake negotiated.
+    fn of(conn: &rustls::ClientConnection) -> Self {
+        let version = match conn.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLS 1.3".to_owned(),
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLS 1.2".to_owned(),
+            Some(other) => format!("{other:?}"),
+            None => "TLS".to_owned(),
+        };
+        let cipher = conn
+            .negotiated_cipher_suite()
+            .map(|s| format!("{:?}", s.suite()))
+            .unwrap_or_default();
+        Transport::Tls { version, cipher }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::PlainTcp => f.write_str("plain TCP (not encrypted)"),
+            Transport::UnixSocket => f.write_str("a Unix socket (local, not encrypted)"),
+            Transport::Tls { version, cipher } if cipher.is_empty() => f.write_str(version),
+            Transport::Tls { version, cipher } => write!(f, "{version} ({cipher})"),
+        }
+    }
+}
+
+/// A TLS handshake over `stream` with the server named `host` (a DNS name or an address):
+/// the stream and what it negotiated.
+pub(super) async fn handshake<S>(
+    config: Arc<ClientConfig>,
+    host: &str,
+    stream: S,
+) -> io::Result<(tokio_rustls::client::TlsStream<S>, Transport)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, stream)
+        .await?;
+    let transport = Transport::of(tls.get_ref().1);
+    Ok((tls, transport))
+}
+
 /// `text` (a failed store call's message) with what to set when it is about the server's
-/// certificate.
+/// certificate: the fix for the check that failed, the right one first (the root to configure,
+/// the name to reach the store by, the certificate to renew). Turning the check off is never
+/// suggested.
 pub(super) fn explain(kind: StoreKind, text: String) -> String {
     if !text.contains("certificate") {
         return text;
     }
-    let param = match kind {
-        StoreKind::Postgres => {
-            "sslrootcert=/path/to/ca.pem (or sslmode=require to encrypt \
-                                without checking, as libpq does)"
-        }
-        StoreKind::Redis => {
-            "ssl_ca_certs=/path/to/ca.pem (or ssl_cert_reqs=none to encrypt \
-                             without checking)"
-        }
+    let roots = StoreTls::roots_param(kind);
+    let fix = if text.contains("NotValidForName") || text.contains("not valid for name") {
+        format!(
+            "the certificate does not name the host the URL reaches the store by: use a name \
+             it holds (or have the server's certificate name this one){}",
+            match kind {
+                StoreKind::Postgres => {
+                    "; sslmode=verify-ca checks the chain without the name"
+                }
+                StoreKind::Redis => "",
+            }
+        )
+    } else if text.contains("CaUsedAsEndEntity") {
+        format!(
+            "the store presents a CA certificate as its own, as a self-signed certificate is: \
+             give that certificate itself in the URL as {roots}=/path/to/its.pem (or the CA \
+             that signed it)"
+        )
+    } else if text.contains("Expired") || text.contains("expired") {
+        "the certificate has expired: renew it on the server".to_owned()
+    } else if text.contains("NotValidYet") || text.contains("not valid yet") {
+        "the certificate is not valid yet: check the server's and this host's clocks".to_owned()
+    } else {
+        format!(
+            "give the CA that signed the store's certificate in the URL as \
+             {roots}=/path/to/ca.pem (or, for a self-signed certificate, the certificate \
+             itself)"
+        )
     };
-    format!(
-        "{text} (the store's TLS certificate was not accepted: give the CA that signed it in \
-         the URL as {param}, and reach the store by a name its certificate holds)"
-    )
+    format!("{text} (the store's TLS certificate was not accepted: {fix})")
 }
 
 /// What [`split`] made of a store URL.
@@ -486,12 +590,20 @@ impl ServerCertVerifier for Unchecked {
     }
 }
 
-/// Checks the chain against the roots and accepts a certificate that does not name the host
-/// (`verify-ca`).
+/// Checks the chain against the roots (webpki), and the name unless `name` is false
+/// (`verify-ca`). A server certificate that is byte for byte one of the roots (a self-signed
+/// certificate given as its own root) is accepted as OpenSSL accepts it, though webpki refuses a
+/// CA certificate as an end entity (`CaUsedAsEndEntity`): webpki checks a certificate's
+/// validity period before its basic constraints, so that error means the period was checked;
+/// the name is then checked here.
 #[derive(Debug)]
-struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+struct Checked {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    roots: Vec<CertificateDer<'static>>,
+    name: bool,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Checked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -500,14 +612,28 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        use rustls::CertificateError as C;
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
             Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::NotValidForName
-                | rustls::CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+                C::NotValidForName | C::NotValidForNameContext { .. },
+            )) if !self.name => Ok(ServerCertVerified::assertion()),
+            // rustls passes webpki's `CaUsedAsEndEntity` on as an "other" error, by its name.
+            Err(rustls::Error::InvalidCertificate(C::Other(other)))
+                if other.to_string().contains("CaUsedAsEndEntity")
+                    && self.roots.iter().any(|r| r.as_ref() == end_entity.as_ref()) =>
+            {
+                if self.name {
+                    let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                    rustls::client::verify_server_name(&parsed, server_name)?;
+                }
+                Ok(ServerCertVerified::assertion())
+            }
             other => other,
         }
     }
@@ -518,7 +644,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.webpki.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -527,99 +653,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.webpki.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// tokio-postgres over rustls.
-
-/// tokio-postgres's TLS hook over tokio-rustls: one [`ClientConfig`], a connector per host.
-#[derive(Clone)]
-pub(super) struct PgTls(pub Arc<ClientConfig>);
-
-impl<S> tokio_postgres::tls::MakeTlsConnect<S> for PgTls
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Stream = PgTlsStream<S>;
-    type TlsConnect = PgTlsConnect;
-    type Error = io::Error;
-
-    fn make_tls_connect(&mut self, domain: &str) -> io::Result<PgTlsConnect> {
-        let name = ServerName::try_from(domain.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        Ok(PgTlsConnect {
-            config: self.0.clone(),
-            name,
-        })
-    }
-}
-
-/// One TLS handshake with one PostgreSQL host.
-pub(super) struct PgTlsConnect {
-    config: Arc<ClientConfig>,
-    name: ServerName<'static>,
-}
-
-impl<S> tokio_postgres::tls::TlsConnect<S> for PgTlsConnect
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Stream = PgTlsStream<S>;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<PgTlsStream<S>>> + Send>>;
-
-    fn connect(self, stream: S) -> Self::Future {
-        Box::pin(async move {
-            let tls = tokio_rustls::TlsConnector::from(self.config)
-                .connect(self.name, stream)
-                .await?;
-            Ok(PgTlsStream(tls))
-        })
-    }
-}
-
-/// A PostgreSQL connection's TLS stream.
-pub(super) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for PgTlsStream<S> {
-    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
-        // No tls-server-end-point binding: SCRAM authenticates as over plain TCP (libpq's
-        // `channel_binding=prefer` falls back the same way).
-        tokio_postgres::tls::ChannelBinding::none()
+        self.webpki.supported_verify_schemes()
     }
 }
 
