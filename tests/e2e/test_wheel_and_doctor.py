@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
 import pytest
 
-from conftest import Fake, backend_env, make_template, run_doctor
+from conftest import Fake, backend_env, make_template, run_doctor, venv_bin
 
 DIST = "langflow-sandbox-createos"
 
@@ -25,6 +27,29 @@ def test_wheel_ships_stubs_marker_and_entry_point() -> None:
     assert any(req.replace(" ", "").startswith("lfx>=1.12") for req in dist.requires or ()), dist.requires
     (ep,) = [ep for ep in entry_points(group="lfx.sandbox_backends") if ep.name == "createos"]
     assert ep.value == "langflow_sandbox_createos.backend:create_backend"
+    # The operator commands as a console script, the same main as `python -m`.
+    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == DIST]
+    assert script.value == "langflow_sandbox_createos.__main__:main"
+
+
+COMMANDS = ("doctor", "reap", "template", "gateway")
+
+
+def test_no_command_or_help_lists_the_commands() -> None:
+    """A first `python -m langflow_sandbox_createos` (or the console script) says what there is."""
+    bare = subprocess.run([sys.executable, "-m", "langflow_sandbox_createos"], capture_output=True, text=True, timeout=60, check=False)
+    assert bare.returncode == 2, (bare.stdout, bare.stderr)
+    assert bare.stderr.startswith("usage: python -m langflow_sandbox_createos"), bare.stderr
+    assert all(f"    {command} " in bare.stderr for command in COMMANDS), bare.stderr
+    script = venv_bin(DIST)
+    helped = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith(f"usage: {DIST}"), helped.stdout
+    assert all(f"    {command} " in helped.stdout for command in COMMANDS), helped.stdout
+    doctor = subprocess.run([script, "doctor", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 0 and "--surface" in doctor.stdout and "--json" in doctor.stdout, doctor.stdout
+    wrong = subprocess.run([script, "doctor", "--surface", "nope"], capture_output=True, text=True, timeout=60, check=False)
+    assert wrong.returncode == 2 and "backend, component, executor" in wrong.stderr, wrong.stderr
 
 
 def test_doctor_shows_what_a_run_would_get_and_creates_nothing(clean_fake: Fake) -> None:

@@ -1,10 +1,12 @@
-"""Operator commands, ``python -m langflow_sandbox_createos COMMAND``: ``doctor [--surface S] [--json]``,
+"""Operator commands, ``python -m langflow_sandbox_createos COMMAND`` or the
+``langflow-sandbox-createos`` console script: ``doctor [--surface S] [--json]``,
 ``reap [--older-than AGE] [--dry-run]``, ``template build FLOW.json [--name N] [--dry-run]`` and
 ``gateway --listen ADDR:PORT [...]``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 #: The surfaces ``doctor --surface`` accepts.
@@ -140,18 +142,28 @@ def _gateway(argv: list[str]) -> int:
         return 0
 
 
+def _prog() -> str:
+    """How the operator called us: the console script's name, or ``python -m ...``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not name or name in ("__main__.py", "-c", "-m"):
+        return "python -m langflow_sandbox_createos"
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m langflow_sandbox_createos``."""
+    """Entry point of ``python -m langflow_sandbox_createos`` and ``langflow-sandbox-createos``."""
     args_in = sys.argv[1:] if argv is None else argv
     # The gateway's options are defined once, natively (the same as the egress-gateway binary's):
     # everything after `gateway` is passed on untouched, `--help` included.
     if args_in[:1] == ["gateway"]:
         return _gateway(args_in[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m langflow_sandbox_createos",
-        description="Operator tools for langflow-sandbox-createos (backend, component and executor).",
+        prog=_prog(),
+        description="Operator tools for langflow-sandbox-createos: the sandbox backend, the CreateOS "
+        "Sandbox component and the whole-flow executor. Start with `doctor`.",
+        epilog="`COMMAND --help` describes one command.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     doctor = commands.add_parser(
         "doctor",
         help="check each enabled surface's settings, key, control plane and store, and what a run "
@@ -205,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         "CREATEOS_GATEWAY_SECRET; `gateway --help` lists its options",
     )
     args = parser.parse_args(args_in)
+    if args.command is None:
+        # No command: say what there is, on stderr, and fail as a usage error does.
+        parser.print_help(sys.stderr)
+        return 2
     if args.command == "doctor":
         repeated: list[list[str]] = args.surface or []
         asked = [name for names in repeated for name in names]
