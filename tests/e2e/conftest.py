@@ -275,10 +275,12 @@ def run_python(script: str, env: dict[str, str], *, timeout: float = 120) -> sub
     )
 
 
-def run_doctor(env: dict[str, str], *, timeout: float = 120, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
-    """``python -m langflow_sandbox_createos doctor`` (bounded), by default in this venv."""
+def run_doctor(
+    env: dict[str, str], *, timeout: float = 120, python: str = sys.executable, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -m langflow_sandbox_createos doctor [args]`` (bounded), by default in this venv."""
     return subprocess.run(
-        [python, "-m", "langflow_sandbox_createos", "doctor"],
+        [python, "-m", "langflow_sandbox_createos", "doctor", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -286,6 +288,19 @@ def run_doctor(env: dict[str, str], *, timeout: float = 120, python: str = sys.e
         cwd=E2E,
         check=False,
     )
+
+
+def make_template(fake: Fake, name: str) -> str:
+    """A ready template ``name`` on ``fake``, with a Dockerfile like the one `template build`
+    writes; its id. The fake builds it in a moment (bounded wait)."""
+    dockerfile = "FROM nodeops/sandbox:debian\nRUN python3 -m pip install 'lfx==1.13.0'\nRUN python3 -c 'import lfx'\n"
+    created = http_json("POST", f"{fake.url}/v1/templates", {"name": name, "dockerfile": dockerfile}, api_key=fake.key)
+    deadline = time.monotonic() + 15
+    while http_json("GET", f"{fake.url}/v1/templates/{name}", api_key=fake.key)["data"]["status"] != "ready":
+        if time.monotonic() > deadline:
+            pytest.fail(f"the fake never built template {name}")
+        time.sleep(0.05)
+    return str(created["data"]["id"])
 
 
 def free_port() -> int:

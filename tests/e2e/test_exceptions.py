@@ -152,21 +152,24 @@ def test_reap_raises_an_execution_error_when_the_listing_keeps_failing(clean_fak
 
 def test_doctor_reports_an_unreadable_setting_instead_of_raising(clean_fake: Fake) -> None:
     # lfx's settings are a dataclass; one whose value the backend cannot honour (a negative
-    # timeout) is a refusal line in the report, and the trust gate is still checked.
+    # timeout) is a problem line in the report, and the trust gate is still checked.
     script = (
         "from lfx.utils.sandbox.base import _SandboxSettings\n"
         "from langflow_sandbox_createos import _native\n"
-        "ok, report = _native.NativeBackend().doctor(_SandboxSettings(timeout_seconds=-5))\n"
-        "print(ok)\nprint(report)\n"
+        "code, report, _ = _native.doctor(_SandboxSettings(timeout_seconds=-5), [], ['backend'], [], [])\n"
+        "print(code)\nprint(report)\n"
+        "try:\n    _native.doctor(None, [], ['nope'], [], [])\n"
+        "except ValueError as exc:\n    print('ValueError:', exc)\n"
     )
     proc = run_python(script, backend_env(clean_fake))
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, report = proc.stdout.split("\n", 1)
-    assert first == "False", proc.stdout
+    assert first == "1", proc.stdout
     assert "[refused] LANGFLOW_SANDBOX_TIMEOUT_SECONDS" in report, report
     assert "lfx trusts the plugin" in report, report
+    # An unknown surface is the caller's mistake, said as such.
+    assert 'ValueError: unknown surface "nope"' in report, report
     assert clean_fake.stats()["created"] == 0
-
 
 
 def test_without_the_exceptions_module_the_message_still_arrives(clean_fake: Fake) -> None:

@@ -118,3 +118,9 @@ def test_out_of_range_lfx_setting_fails_closed(clean_fake: Fake) -> None:
     assert run.returncode == 1
     assert run.json["success"] is False
     assert clean_fake.stats()["created"] == 0
+    # lfx itself says only "Settings service not found"; the backend, imported while lfx builds
+    # its settings, names the variable and lfx's own reason, once.
+    assert run.json["exception_message"] == "Settings service not found", run.json
+    named = [line for line in run.stderr.splitlines() if "LANGFLOW_SANDBOX_TIMEOUT_SECONDS='0' refused" in line]
+    assert len(named) == 1, run.stderr[-3000:]
+    assert "greater than or equal to 1" in named[0] and "fix or unset" in named[0], named[0]

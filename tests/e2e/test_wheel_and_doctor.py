@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import distribution, entry_points
 from pathlib import Path
 
 import pytest
 
-from conftest import Fake, backend_env, run_doctor
+from conftest import Fake, backend_env, make_template, run_doctor, venv_bin
 
 DIST = "langflow-sandbox-createos"
 
@@ -25,6 +27,29 @@ def test_wheel_ships_stubs_marker_and_entry_point() -> None:
     assert any(req.replace(" ", "").startswith("lfx>=1.12") for req in dist.requires or ()), dist.requires
     (ep,) = [ep for ep in entry_points(group="lfx.sandbox_backends") if ep.name == "createos"]
     assert ep.value == "langflow_sandbox_createos.backend:create_backend"
+    # The operator commands as a console script, the same main as `python -m`.
+    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == DIST]
+    assert script.value == "langflow_sandbox_createos.__main__:main"
+
+
+COMMANDS = ("doctor", "reap", "template", "gateway")
+
+
+def test_no_command_or_help_lists_the_commands() -> None:
+    """A first `python -m langflow_sandbox_createos` (or the console script) says what there is."""
+    bare = subprocess.run([sys.executable, "-m", "langflow_sandbox_createos"], capture_output=True, text=True, timeout=60, check=False)
+    assert bare.returncode == 2, (bare.stdout, bare.stderr)
+    assert bare.stderr.startswith("usage: python -m langflow_sandbox_createos"), bare.stderr
+    assert all(f"    {command} " in bare.stderr for command in COMMANDS), bare.stderr
+    script = venv_bin(DIST)
+    helped = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith(f"usage: {DIST}"), helped.stdout
+    assert all(f"    {command} " in helped.stdout for command in COMMANDS), helped.stdout
+    doctor = subprocess.run([script, "doctor", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert doctor.returncode == 0 and "--surface" in doctor.stdout and "--json" in doctor.stdout, doctor.stdout
+    wrong = subprocess.run([script, "doctor", "--surface", "nope"], capture_output=True, text=True, timeout=60, check=False)
+    assert wrong.returncode == 2 and "backend, component, executor" in wrong.stderr, wrong.stderr
 
 
 def test_doctor_shows_what_a_run_would_get_and_creates_nothing(clean_fake: Fake) -> None:
@@ -98,21 +123,23 @@ def _section(out: str, title: str) -> list[str]:
 
 
 def test_doctor_reports_every_surface_and_what_the_executor_covers(clean_fake: Fake) -> None:
+    template = make_template(clean_fake, "lf-t-doctor")
     env = backend_env(
         clean_fake,
         LANGFLOW_EXECUTOR_KIND="createos",
-        CREATEOS_EXECUTOR_ROOTFS="tpl_doctor",
+        CREATEOS_EXECUTOR_ROOTFS="lf-t-doctor",
         CREATEOS_EXECUTOR_WARM_POOL="2",
         CREATEOS_EXECUTOR_TIMEOUT_SECONDS="90",
     )
-    proc = run_doctor(env)
+    proc = run_doctor(env, args=("--surface", "backend,component,executor"))
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
     out = proc.stdout
-    component = "\n".join(_section(out, "CreateOS Sandbox component: settings"))
-    assert "Network: off, deny-all egress" in component and "Guest reuse: off" in component, component
+    component = "\n".join(_section(out, "CreateOS Sandbox component"))
+    assert "deny-all" in component and "Guest Reuse off" in component, component
     executor = _section(out, "Whole-flow executor: settings")
-    assert "  [info   ] rootfs: tpl_doctor (CREATEOS_EXECUTOR_ROOTFS)" in executor, executor
-    assert any("shape: s-4vcpu-8gb" in line for line in executor), executor
+    rootfs = [line for line in executor if "rootfs: CREATEOS_EXECUTOR_ROOTFS=lf-t-doctor" in line]
+    assert rootfs and rootfs[0].startswith("  [ok     ]") and template in rootfs[0], executor
+    assert any(line.startswith("  [ok     ] shape: s-4vcpu-8gb") for line in executor), executor
     assert any("timeout: 90 s" in line for line in executor), executor
     assert any("egress: " in line for line in executor), executor
     assert any("warm pool: 2 guest(s)" in line for line in executor), executor
@@ -124,11 +151,14 @@ def test_doctor_reports_every_surface_and_what_the_executor_covers(clean_fake: F
     (playground,) = [line for line in paths if "Playground" in line]
     assert "cannot tell" in playground and "langflow is not installed" in playground, playground
     assert any("still runs in a guest" in line for line in paths), paths
-    # Without the backend, doctor suggests it for those paths.
-    bare = run_doctor(env | {"LANGFLOW_SANDBOX_BACKEND": "none"}).stdout
-    bare_paths = _section(bare, "Whole-flow executor: which Langflow paths reach it")
+    # Without the backend, doctor suggests it for those paths, and checks only the executor.
+    bare = run_doctor(env | {"LANGFLOW_SANDBOX_BACKEND": "none"})
+    assert bare.returncode == 0, bare.stdout
+    assert "Checked: executor (LANGFLOW_EXECUTOR_KIND=createos)\n" in bare.stdout, bare.stdout
+    assert "backend (LANGFLOW_SANDBOX_BACKEND=none selects another backend" in bare.stdout, bare.stdout
+    bare_paths = _section(bare.stdout, "Whole-flow executor: which Langflow paths reach it")
     suggestion = [line for line in bare_paths if "LANGFLOW_SANDBOX_BACKEND=createos" in line]
-    assert suggestion and suggestion[0].startswith("  [warn   ]"), bare
+    assert suggestion and suggestion[0].startswith("  [warn   ]"), bare.stdout
     assert clean_fake.stats()["created"] == 0
 
 
@@ -159,14 +189,16 @@ def test_doctor_reports_the_caps_wait_and_retry_every_surface_shares(clean_fake:
 
 
 def test_a_bad_executor_setting_fails_doctor_only_where_the_executor_is_selected(clean_fake: Fake) -> None:
-    bad = {"CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "0"}
+    bad = {"CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "0", "CREATEOS_EXECUTOR_INSTALL_LFX": "true"}
     selected = run_doctor(backend_env(clean_fake, LANGFLOW_EXECUTOR_KIND="createos", **bad))
     assert selected.returncode == 1, selected.stdout
     refusals = [line for line in selected.stdout.splitlines() if line.startswith("  [refused]")]
-    assert any("CREATEOS_EXECUTOR_TIMEOUT_SECONDS" in line for line in refusals), selected.stdout
+    assert len(refusals) == 1 and "CREATEOS_EXECUTOR_TIMEOUT_SECONDS" in refusals[0], selected.stdout
+    assert selected.stdout.endswith("backend: ready; executor: refused\n"), selected.stdout
     other = run_doctor(backend_env(clean_fake, **bad))
     assert other.returncode == 0, other.stdout
-    assert "LANGFLOW_EXECUTOR_KIND is 'in-process'" in other.stdout, other.stdout
+    assert "executor (LANGFLOW_EXECUTOR_KIND is unset: lfx runs flows in-process)" in other.stdout, other.stdout
+    assert "CREATEOS_EXECUTOR_TIMEOUT_SECONDS" not in other.stdout, other.stdout
 
 
 def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

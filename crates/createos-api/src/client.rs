@@ -297,6 +297,16 @@ fn check_injected(http: &reqwest::Client) -> Result<()> {
     Ok(())
 }
 
+/// Whether a client for `base_url` would send the API key over plain `http` to a host that is
+/// not this machine: an `http://` URL whose host is not `localhost`, `127.0.0.0/8` or `::1`.
+/// That is what [`ClientBuilder::build`] refuses (with a key) unless
+/// [`ClientBuilder::allow_insecure_http`] is set, so an application can tell its own users the
+/// fix before building a client. `false` for `https` and for a URL that does not parse.
+pub fn sends_key_in_clear(base_url: &str) -> bool {
+    Url::parse(base_url.trim())
+        .is_ok_and(|url| url.scheme() == "http" && !transport::is_loopback_host(&url))
+}
+
 fn parse_base(raw: &str) -> Result<(Url, String)> {
     let trimmed = raw.trim().trim_end_matches('/');
     let url = Url::parse(trimmed).map_err(|e| Error::Config(format!("invalid base URL: {e}")))?;
@@ -580,6 +590,34 @@ fn readiness_from(status: u16, body: &[u8]) -> Readiness {
 mod tests {
     use super::*;
     use crate::net::env_of;
+
+    #[test]
+    fn the_key_goes_in_clear_only_over_http_to_another_machine() {
+        for remote in [
+            "http://api.example.test",
+            "http://10.0.0.5:8080/",
+            " http://LOCALHOST.example ",
+        ] {
+            assert!(sends_key_in_clear(remote), "{remote}");
+        }
+        for safe in [
+            "https://api.example.test",
+            "http://localhost:8080",
+            "http://127.0.0.1:9",
+            "http://[::1]:8080",
+            "not a url",
+        ] {
+            assert!(!sends_key_in_clear(safe), "{safe}");
+        }
+        // The same rule as the builder's refusal.
+        assert!(
+            Client::builder()
+                .api_key("k-1234567")
+                .base_url("http://10.0.0.5:8080")
+                .build()
+                .is_err()
+        );
+    }
 
     #[test]
     fn from_env_reads_key_and_base_url() {

@@ -19,14 +19,18 @@ use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk, SurfaceError};
 use sandbox_core::session::Account;
 use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
-use sandbox_core::shapes::{Shape, ShapeChoice, select_shape};
+use sandbox_core::shapes::{ShapeChoice, select_shape};
 use sandbox_core::surface::{Surface, SurfaceKind};
 
 mod doctor;
 pub mod lifecycle;
 mod orphans;
 
-pub use doctor::{DoctorLevel, DoctorLine, DoctorReport};
+pub use doctor::{
+    CONTROL_PLANE_CHECK, ControlPlaneCheck, DoctorLevel, DoctorLine, DoctorReport, ENV_LF_PLUGINS,
+    ENV_LF_SELECTED, GATEWAY_PROBE_TIMEOUT, PLUGIN_NAME, check_control_plane, control_plane_lines,
+    gateway_lines, key_line, named_setting, selected, trust_gate, trusted,
+};
 /// Per-phase timings of one run, in milliseconds (`destroy_ms` is `None` when the destroy was
 /// handed to the reaper: off the critical path, still guaranteed, and logged when done).
 pub use lifecycle::{RunOutput, Timings};
@@ -392,35 +396,8 @@ impl Backend {
         self.surface.shutdown().await;
     }
 
-    /// Checks the configuration and the credential and reports the shape and egress a run
-    /// would get and every refusal that would apply. Creates no guest.
-    pub async fn doctor(&self, policy: &LfxPolicy) -> DoctorReport {
-        doctor::run(self, policy).await
-    }
-
-    pub(crate) fn settings_for_doctor(&self) -> Result<Settings, SandboxError> {
-        self.settings()
-    }
-
     pub(crate) fn limits_for_doctor(&self, policy: &LfxPolicy) -> ExecLimits {
         self.limits(policy)
-    }
-
-    pub(crate) async fn preflight_for_doctor(
-        &self,
-        settings: &Settings,
-    ) -> (
-        Result<String, SandboxError>,
-        Result<Vec<Shape>, SandboxError>,
-    ) {
-        let redactor = settings.redactor();
-        let account = match self.account(settings) {
-            Ok(a) => a,
-            Err(e) => return (Err(e.clone()), Err(e)),
-        };
-        account
-            .preflight(&self.surface.backoff(settings), &redactor)
-            .await
     }
 }
 

@@ -8,7 +8,6 @@
 //! |---|---|---|
 //! | `run` | refusals: settings, key, policy, shape | infrastructure failure, outcome unknown, internal error |
 //! | `reap` | missing, malformed or rejected key or endpoint | the listing failed (transient), internal error |
-//! | `doctor` | never: every refusal is a line of the report | internal error, or no async runtime |
 //!
 //! Ctrl-C raises `KeyboardInterrupt` from any of them, after an interrupted run's guest is
 //! destroyed (bounded).
@@ -19,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use langflow_backend::{
-    Backend, BackendOptions, DoctorLevel, DoctorLine, DoctorReport, ENV_LF_ALLOW_NETWORK,
-    ENV_LF_ALLOWED_DOMAINS, ENV_LF_MEMORY, ENV_LF_TIMEOUT, LfxPolicy, SurfaceOptions,
+    Backend, BackendOptions, ENV_LF_ALLOW_NETWORK, ENV_LF_ALLOWED_DOMAINS, ENV_LF_MEMORY,
+    ENV_LF_TIMEOUT, LfxPolicy, SurfaceOptions,
 };
 use pyo3::prelude::*;
 
@@ -40,7 +39,7 @@ const FORKED_CLEANUP: Duration = Duration::from_secs(15);
 /// Reads lfx's `_SandboxSettings` into the policy the backend enforces. A value that does not
 /// fit is a configuration the backend cannot honour: the error is the refusal's message, which
 /// names the variable (fail closed).
-fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
+pub(crate) fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
     fn field<'py>(
         settings: &Bound<'py, PyAny>,
         attr: &str,
@@ -84,22 +83,6 @@ fn policy_from(settings: &Bound<'_, PyAny>) -> Result<LfxPolicy, String> {
 fn runtime_or_err(py: Python<'_>) -> PyResult<&'static runtime::Rt> {
     runtime::get()
         .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))
-}
-
-/// Reads one environment variable of this process (for lfx's own switches).
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
-}
-
-/// A doctor report that stops at one refusal found before any check could run.
-fn refused(text: String) -> DoctorReport {
-    DoctorReport {
-        ok: false,
-        lines: vec![DoctorLine {
-            level: DoctorLevel::Refused,
-            text,
-        }],
-    }
 }
 
 /// The sandbox backend's native half: one `langflow_backend::Backend` per process.
@@ -232,50 +215,6 @@ impl NativeBackend {
     fn reset_after_fork(&self) {
         self.held.forget_inherited();
         runtime::forget_inherited();
-    }
-
-    /// Checks configuration and credential without creating a guest. Returns `(ok, report)`.
-    ///
-    /// `settings` is lfx's `_SandboxSettings`, or `None` when lfx could not build its settings
-    /// service (lfx then refuses to run any flow, so the report fails). Every refusal,
-    /// including a setting that cannot be read, is a line of the report; only an internal
-    /// failure raises (`CreateOSExecutionError`).
-    fn doctor(
-        &self,
-        py: Python<'_>,
-        settings: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(bool, String)> {
-        logbridge::install();
-        logbridge::sync_level(py);
-        let mut report = match settings.map(policy_from) {
-            None => refused(
-                "lfx settings: the settings service could not be built (see the log above); \
-                 lfx would refuse to run any flow"
-                    .to_owned(),
-            ),
-            Some(Err(message)) => refused(message),
-            Some(Ok(policy)) => {
-                let rt = runtime_or_err(py)?;
-                let live = backend_of(&self.held);
-                match drive(
-                    py,
-                    rt,
-                    move || async move { live.backend.doctor(&policy).await },
-                ) {
-                    Waited::Finished(report) => report,
-                    Waited::Panicked => {
-                        return Err(errors::execution(
-                            py,
-                            "doctor failed with an internal error",
-                        ));
-                    }
-                    Waited::Interrupted(interrupt) => return Err(interrupt),
-                }
-            }
-        };
-        logbridge::drain(py);
-        report.add_trust_gate(&env_var);
-        Ok((report.ok, report.to_string()))
     }
 
     fn __repr__(&self) -> String {

@@ -4,7 +4,8 @@
 //! Everything else happens here or below, in `langflow-backend`. This file only registers the
 //! module; the work is split by concern:
 //!
-//! - [`backend`]: `NativeBackend` (run, shutdown, doctor) and `reap()`;
+//! - [`backend`]: `NativeBackend` (run, shutdown) and `reap()`;
+//! - [`doctor`]: `doctor()`, the deployment check of every enabled surface;
 //! - [`component`]: `NativeComponent` (the CreateOS Sandbox node), `describe_component()` and
 //!   `reap_reused()`;
 //! - [`executor`]: `NativeExecutor` and the async `FlowEvents` of a whole-flow run;
@@ -13,7 +14,7 @@
 //!   component, executor) keyed on the process id with the fork rule stated once, so a forked
 //!   child builds its own while the parent's is untouched;
 //! - [`session`]: what every surface of a process shares (the session, the surfaces' options,
-//!   the shutdown budget) and what Python reads of it (`counters`, `shared_settings`);
+//!   the shutdown budget) and what Python reads of it (`counters`);
 //! - [`results`]: the values handed to Python (capabilities, run results, output streams);
 //! - [`events`]: observation events queued per process for Python to drain (metrics, usage
 //!   records);
@@ -27,6 +28,7 @@
 
 mod backend;
 mod component;
+mod doctor;
 mod errors;
 mod events;
 mod executor;
@@ -60,15 +62,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<executor::FlowWake>()?;
     m.add_function(wrap_pyfunction!(results::capabilities, m)?)?;
     m.add_function(wrap_pyfunction!(session::counters, m)?)?;
-    m.add_function(wrap_pyfunction!(session::shared_settings, m)?)?;
-    m.add_function(wrap_pyfunction!(session::admission_store, m)?)?;
     m.add_function(wrap_pyfunction!(perprocess::forked_py, m)?)?;
     m.add_function(wrap_pyfunction!(session::enable_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::drain_events, m)?)?;
     m.add_function(wrap_pyfunction!(events::metrics_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(backend::reap, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(executor::executor_settings, m)?)?;
     m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_hold_log_queue, m)?)?;

@@ -1,7 +1,7 @@
 //! What every surface of this process shares: the session (one control plane and connection
 //! pool per account, one credential check and one shape-catalog fetch, the admission state and
 //! the observation), the options every surface is built with, the shutdown budget, and what
-//! Python reads of them (`counters()`, `shared_settings()`, `enable_events()`).
+//! Python reads of them (`counters()`, `enable_events()`).
 
 use std::time::Duration;
 
@@ -51,51 +51,6 @@ pub fn enable_events() {
     if let Some(session) = current_session() {
         events::observe_session(&session);
     }
-}
-
-/// What every surface of this process shares, for `doctor`, as `(level, text)` lines: the
-/// live-guest caps, the admission wait and the control-plane retry budget (`info`), or the
-/// refusal a bad value gets (`refused`: every run of every surface is refused with it). Read
-/// from the environment now; no I/O.
-#[pyo3::pyfunction]
-pub fn shared_settings() -> Vec<(&'static str, String)> {
-    sandbox_core::settings::shared_summary(&|k| std::env::var(k).ok())
-        .into_iter()
-        .map(|line| match line {
-            Ok(text) => ("info", text),
-            Err(refusal) => ("refused", refusal),
-        })
-        .collect()
-}
-
-/// What `doctor` says about the deployment's admission store, as `(level, text)` lines: the
-/// store, whether it answers (and how fast), the deployment's live guests against its cap
-/// (`info`), or why runs are refused (`refused`). Read from the environment now; one bounded
-/// round trip to the store (at most 2 s), with the GIL released.
-#[pyo3::pyfunction]
-pub fn admission_store(py: pyo3::Python<'_>) -> pyo3::PyResult<Vec<(&'static str, String)>> {
-    let rt = crate::runtime::get().map_err(|err| {
-        crate::errors::execution(py, format!("cannot start the async runtime: {err}"))
-    })?;
-    let lines = match crate::wait::drive(py, rt, || async {
-        sandbox_core::lease::doctor_lines(&|k| std::env::var(k).ok()).await
-    }) {
-        crate::wait::Waited::Finished(lines) => lines,
-        crate::wait::Waited::Panicked => {
-            return Err(crate::errors::execution(
-                py,
-                "doctor's admission store check failed with an internal error",
-            ));
-        }
-        crate::wait::Waited::Interrupted(interrupt) => return Err(interrupt),
-    };
-    Ok(lines
-        .into_iter()
-        .map(|line| match line {
-            Ok(text) => ("info", text),
-            Err(refusal) => ("refused", refusal),
-        })
-        .collect())
 }
 
 /// One native total: its family name (`createos_…`), its labels, its value.

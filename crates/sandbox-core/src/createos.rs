@@ -22,6 +22,7 @@ use crate::control::{
     TemplateLogStream, TemplateStatus, parse_rfc3339,
 };
 use crate::error::{Redactor, SandboxError};
+use crate::settings::{DEFAULT_BASE_URL, ENV_BASE_URL};
 use crate::shapes::Shape;
 
 /// Default timeout of one control call (not exec, which gets the host deadline).
@@ -61,6 +62,12 @@ impl std::fmt::Debug for CreateOsControlPlane {
 /// `ALL_PROXY` and `NO_PROXY` of the process environment (see [`createos_api::proxy_for`]).
 pub fn proxy_for(base_url: &str) -> Option<String> {
     createos_api::proxy_for(base_url)
+}
+
+/// `url` as logs, errors and `doctor` show it: without userinfo, query or fragment (see
+/// [`createos_api::redact_url`]).
+pub fn shown_url(url: &str) -> String {
+    createos_api::redact_url(url)
 }
 
 /// Maps a client error to a [`CallError`], redacting the key.
@@ -103,6 +110,16 @@ impl CreateOsControlPlane {
     ) -> Result<Self, SandboxError> {
         let redactor = Redactor::new(api_key.expose_secret());
         let shown = createos_api::redact_url(base_url);
+        if createos_api::sends_key_in_clear(base_url) {
+            // The client would refuse too, naming its own builder option; an operator gets
+            // the fix they can make.
+            return Err(SandboxError::refused(format!(
+                "{ENV_BASE_URL}={shown} is plain http to another machine, which would send \
+                 the API key unencrypted; set it to an https URL (the public control plane is \
+                 {DEFAULT_BASE_URL}), or use http only for a control plane on this machine \
+                 (localhost, 127.0.0.1 or [::1])"
+            )));
+        }
         let client = Client::builder()
             .api_key(SecretString::from(api_key.expose_secret().to_owned()))
             .base_url(base_url)
@@ -664,6 +681,28 @@ mod tests {
             rows.join(",")
         );
         reply(200, "", &body)
+    }
+
+    #[test]
+    fn plain_http_to_another_machine_is_refused_with_the_operators_fix() {
+        let Err(e) = CreateOsControlPlane::new(
+            &SecretString::from(KEY),
+            "http://cp.example.test:8080",
+            Duration::from_secs(1),
+        ) else {
+            panic!("plain http to another machine was accepted");
+        };
+        let m = e.message();
+        assert!(
+            m.starts_with("CREATEOS_SANDBOX_BASE_URL=http://cp.example.test:8080 "),
+            "{m}"
+        );
+        assert!(m.contains("https") && m.contains("127.0.0.1"), "{m}");
+        // The fix is a setting, not the client library's builder option.
+        assert!(!m.contains("ClientBuilder") && !m.contains(KEY), "{m}");
+        // Plain http to this machine stays allowed (the fake, a local proxy): no panic here.
+        plane("http://127.0.0.1:9", Duration::from_secs(1));
+        plane("http://localhost:9", Duration::from_secs(1));
     }
 
     fn plane(url: &str, timeout: Duration) -> CreateOsControlPlane {

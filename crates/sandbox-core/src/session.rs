@@ -8,7 +8,7 @@
 //! process).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,13 +20,13 @@ use tokio::sync::OnceCell;
 use crate::LOG_TARGET;
 use crate::admission::Admission;
 use crate::classify;
-use crate::control::{CallError, ControlPlane};
+use crate::control::{CallError, CallFailure, ControlPlane};
 use crate::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
 use crate::error::{Redactor, SandboxError};
 use crate::observe::{Event, Observation, Observed};
 use crate::orphans::{SweepConfig, sweep};
 use crate::retry::{Backoff, retry_until};
-use crate::settings::Settings;
+use crate::settings::{ENV_BASE_URL, ENV_CONTROL_PLANE_RETRY, Settings};
 use crate::shapes::Shape;
 
 /// Builds a control plane from settings (the default, [`http_connector`], talks HTTP to
@@ -46,6 +46,8 @@ pub fn http_connector() -> Connector {
 /// One account's shared state.
 pub struct Account {
     cp: Arc<dyn ControlPlane>,
+    /// The control plane's URL as logs and errors show it ([`createos_api::redact_url`]).
+    endpoint: String,
     credential: OnceCell<String>,
     shapes: OnceCell<Vec<Shape>>,
     orphan_sweep: AtomicBool,
@@ -79,7 +81,7 @@ impl Account {
         cached(
             &self.credential,
             "credential check",
-            backoff,
+            (backoff, &self.endpoint),
             redactor,
             move || {
                 let cp = cp.clone();
@@ -100,7 +102,7 @@ impl Account {
         cached(
             &self.shapes,
             "shape catalog",
-            backoff,
+            (backoff, &self.endpoint),
             redactor,
             move || {
                 let cp = cp.clone();
@@ -164,18 +166,78 @@ impl Account {
     }
 }
 
+/// The process that last said it is retrying an unanswering control plane
+/// ([`say_retrying_once`]); a child after `fork()` says it again, once.
+static SAID_RETRYING: AtomicU32 = AtomicU32::new(0);
+
+/// Logs, once per process, that a run's first calls to the control plane at `endpoint` fail
+/// and are being retried: where, for how long, and which settings decide both.
+fn say_retrying_once(endpoint: &str, what: &str, budget: Duration, e: &CallError) {
+    let pid = std::process::id();
+    if SAID_RETRYING.swap(pid, Ordering::SeqCst) == pid {
+        return;
+    }
+    let how = if unanswered(e) {
+        "did not answer"
+    } else {
+        "failed"
+    };
+    tracing::warn!(
+        target: LOG_TARGET,
+        endpoint,
+        operation = what,
+        error = %e,
+        "the CreateOS control plane at {endpoint} ({ENV_BASE_URL}) {how} the {what}; retrying \
+         for up to {} s ({ENV_CONTROL_PLANE_RETRY}) before the run fails (said once per process)",
+        budget.as_secs_f64()
+    );
+}
+
+/// Whether `e` means the control plane could not be reached at all (no answer), rather than
+/// answered with a failure.
+fn unanswered(e: &CallError) -> bool {
+    matches!(e.failure, CallFailure::Transport | CallFailure::Timeout)
+}
+
 async fn cached<T: Clone>(
     cell: &OnceCell<T>,
     what: &str,
-    backoff: &Backoff,
+    (backoff, endpoint): (&Backoff, &str),
     redactor: &Redactor,
     op: impl Fn() -> BoxFuture<'static, Result<T, CallError>>,
 ) -> Result<T, SandboxError> {
     let deadline = tokio::time::Instant::now() + backoff.budget;
     cell.get_or_try_init(|| async {
-        let (res, _) =
-            retry_until(backoff, deadline, what, CallError::is_transient, |_| op()).await;
-        res.map_err(|e| classify::before_dispatch(what, &e, false, redactor))
+        let (res, _) = retry_until(backoff, deadline, what, CallError::is_transient, |_| {
+            let attempt = op();
+            async move {
+                let res = attempt.await;
+                if let Err(e) = &res
+                    && e.is_transient()
+                {
+                    say_retrying_once(endpoint, what, backoff.budget, e);
+                }
+                res
+            }
+        })
+        .await;
+        res.map_err(|e| {
+            let err = classify::before_dispatch(what, &e, false, redactor);
+            if !unanswered(&e) {
+                return err;
+            }
+            // Where, and which two settings decide where and for how long.
+            SandboxError::new(
+                err.kind(),
+                format!(
+                    "{} The control plane at {endpoint} ({ENV_BASE_URL}) did not answer within \
+                     {} s of retries ({ENV_CONTROL_PLANE_RETRY}); check the URL and this \
+                     host's network and proxy.",
+                    err.message(),
+                    backoff.budget.as_secs_f64()
+                ),
+            )
+        })
     })
     .await
     .cloned()
@@ -266,6 +328,7 @@ impl Session {
         let cp = Observed::wrap(cp, self.inner.observation.clone());
         let a = Arc::new(Account {
             cp,
+            endpoint: createos_api::redact_url(&settings.base_url),
             obs: self.inner.observation.clone(),
             credential: OnceCell::new(),
             shapes: OnceCell::new(),
@@ -273,5 +336,53 @@ impl Session {
         });
         map.insert(id, a.clone());
         Ok(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unreachable_control_plane_fails_naming_its_url_and_both_settings() {
+        // A loopback port nothing listens on: every connect is refused at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let key = "sk-session-test-123456";
+        let lookup = |k: &str| match k {
+            "CREATEOS_SANDBOX_API_KEY" => Some(key.to_owned()),
+            ENV_BASE_URL => Some(url.clone()),
+            _ => None,
+        };
+        let settings = Settings::from_lookup(&lookup).unwrap();
+        let account = Session::default().account(&settings).unwrap();
+        let backoff = Backoff {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(20),
+            budget: Duration::from_millis(400),
+        };
+        let started = std::time::Instant::now();
+        let (cred, shapes) = account.preflight(&backoff, &settings.redactor()).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        for err in [cred.unwrap_err(), shapes.unwrap_err()] {
+            let m = err.message();
+            assert_eq!(err.kind(), crate::ErrorKind::Transient, "{m}");
+            assert!(
+                m.contains(&format!("control plane at {url} ({ENV_BASE_URL})")),
+                "{m}"
+            );
+            assert!(
+                m.contains(&format!("0.4 s of retries ({ENV_CONTROL_PLANE_RETRY})")),
+                "{m}"
+            );
+            assert!(!m.contains(key), "{m}");
+        }
     }
 }

@@ -1,61 +1,41 @@
-"""Operator commands: ``python -m langflow_sandbox_createos doctor``,
+"""Operator commands, ``python -m langflow_sandbox_createos COMMAND`` or the
+``langflow-sandbox-createos`` console script: ``doctor [--surface S] [--json]``,
 ``reap [--older-than AGE] [--dry-run]``, ``template build FLOW.json [--name N] [--dry-run]`` and
 ``gateway --listen ADDR:PORT [...]``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+#: The surfaces ``doctor --surface`` accepts.
+SURFACES = ("backend", "component", "executor")
 
-def _doctor() -> int:
-    # lfx's settings are what a run would see; building them imports lfx (a few seconds).
-    from lfx.services.deps import get_settings_service
-    # lfx's own reader of its sandbox settings, the one its built-in backend uses.
-    from lfx.utils.sandbox.base import _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
-    from . import _native, metrics, reach
+def _doctor(surfaces: list[str], as_json: bool) -> int:
+    """Check every enabled surface (or those asked for); the exit code is the verdict's."""
+    print("doctor: loading lfx's settings (this imports lfx: a few seconds)", file=sys.stderr, flush=True)
+    from . import _native, lfx_settings, metrics, reach
 
-    # No settings service means lfx could not start; the native doctor reports that.
-    settings = _sandbox_settings() if get_settings_service() is not None else None
+    settings, problems = lfx_settings.load()
     try:
-        ok, report = _native.NativeBackend().doctor(settings)
+        code, report, as_data = _native.doctor(settings, problems, surfaces, reach.findings(), metrics.findings())
     except RuntimeError as exc:  # CreateOSExecutionError: an internal failure, not a finding
         print(f"doctor failed: {exc}", file=sys.stderr)
         return 1
-    print(report)
-    shared = _native.shared_settings()
-    _print_section("Every surface: admission and control-plane retry", shared)
-    store = _native.admission_store()
-    _print_section("Every surface: the deployment's admission store", store)
-    shared = shared + store
-    _print_section(
-        "CreateOS Sandbox component: settings",
-        [
-            (
-                "info",
-                "rootfs, pinned shape, output cap and warm pool: the CREATEOS_SANDBOX_* values above "
-                "(the warm pool serves Guest Reuse = off runs)",
-            ),
-            ("info", "per node: Shape, Timeout, Network, Allowed Domains and Guest Reuse are the node's inputs"),
-            ("info", "a node with the default inputs: " + _native.describe_component(False, "off")),
-        ],
-    )
-    executor = _native.executor_settings()
-    if not reach.executor_selected():
-        # A bad executor setting refuses runs only where the executor is selected.
-        executor = [("warn" if level == "refused" else level, text) for level, text in executor]
-    _print_section("Whole-flow executor: settings", executor)
-    _print_section("Whole-flow executor: which Langflow paths reach it", reach.findings())
-    _print_section("Metrics and usage records", metrics.findings())
-    return 0 if ok and all(level != "refused" for level, _ in executor + shared) else 1
+    print(as_data if as_json else report, flush=True)
+    return code
 
 
-def _print_section(title: str, lines: list[tuple[str, str]]) -> None:
-    """More of doctor's findings, in the native report's layout."""
-    print(title)
-    for level, text in lines:
-        print(f"  [{level:<7}] {text}")
+def _surfaces(value: str) -> list[str]:
+    """``--surface``'s value: one surface or several, comma-separated."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    bad = [name for name in names if name not in SURFACES]
+    if bad or not names:
+        msg = f"{value!r}: choose from {', '.join(SURFACES)} (comma-separated for several)"
+        raise argparse.ArgumentTypeError(msg)
+    return names
 
 
 def _reap_reused(older_than: str, dry_run: bool) -> int:
@@ -162,21 +142,51 @@ def _gateway(argv: list[str]) -> int:
         return 0
 
 
+def _prog() -> str:
+    """How the operator called us: the console script's name, or ``python -m ...``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not name or name in ("__main__.py", "-c", "-m"):
+        return "python -m langflow_sandbox_createos"
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m langflow_sandbox_createos``."""
+    """Entry point of ``python -m langflow_sandbox_createos`` and ``langflow-sandbox-createos``."""
     args_in = sys.argv[1:] if argv is None else argv
     # The gateway's options are defined once, natively (the same as the egress-gateway binary's):
     # everything after `gateway` is passed on untouched, `--help` included.
     if args_in[:1] == ["gateway"]:
         return _gateway(args_in[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m langflow_sandbox_createos",
-        description="Operator tools for langflow-sandbox-createos (backend, component and executor).",
+        prog=_prog(),
+        description="Operator tools for langflow-sandbox-createos: the sandbox backend, the CreateOS "
+        "Sandbox component and the whole-flow executor. Start with `doctor`.",
+        epilog="`COMMAND --help` describes one command.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    doctor = commands.add_parser(
         "doctor",
-        help="check configuration and credential and show what a run would get; creates no guest",
+        help="check each enabled surface's settings, key, control plane and store, and what a run "
+        "would get; creates no guest; exits 1 on any problem",
+        description="Checks the surfaces that are enabled (the backend by LANGFLOW_SANDBOX_BACKEND / "
+        "LANGFLOW_SANDBOX_BACKEND_PLUGINS, the executor by LANGFLOW_EXECUTOR_KIND, the component when "
+        "asked or when nothing else is) and what they share. Creates no guest. Exit status: 0 no "
+        "problem, 1 a problem for a checked surface (the last line counts them). Progress goes to "
+        "stderr.",
+    )
+    doctor.add_argument(
+        "--surface",
+        type=_surfaces,
+        action="append",
+        metavar="SURFACE",
+        help="check this surface (backend, component or executor; repeat or comma-separate for "
+        "several) instead of the enabled ones",
+    )
+    doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON object (surfaces checked and skipped, findings, verdict, "
+        "exit code) for deployment scripts",
     )
     reap = commands.add_parser(
         "reap",
@@ -207,8 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         "CREATEOS_GATEWAY_SECRET; `gateway --help` lists its options",
     )
     args = parser.parse_args(args_in)
+    if args.command is None:
+        # No command: say what there is, on stderr, and fail as a usage error does.
+        parser.print_help(sys.stderr)
+        return 2
     if args.command == "doctor":
-        return _doctor()
+        repeated: list[list[str]] = args.surface or []
+        asked = [name for names in repeated for name in names]
+        return _doctor(asked, args.json)
     if args.command == "reap":
         rc = _reap(args.dry_run)
         if args.older_than is not None:

@@ -19,13 +19,12 @@ __all__ = [
     "ReapReport",
     "capabilities",
     "counters",
-    "shared_settings",
-    "admission_store",
     "forked",
     "enable_events",
     "drain_events",
     "metrics_enabled",
     "reap",
+    "doctor",
     "_emit_log_records",
     "_hold_log_queue",
     "NativeComponent",
@@ -36,7 +35,6 @@ __all__ = [
     "NativeExecutor",
     "FlowEvents",
     "FlowWake",
-    "executor_settings",
     "template_plan",
     "template_build",
     "gateway_main",
@@ -148,13 +146,6 @@ class NativeBackend:
         """Destroy this process's live guests. Idempotent."""
     def reset_after_fork(self) -> None:
         """Drop state inherited from a parent process."""
-    def doctor(self, settings: _SandboxSettings | None) -> tuple[bool, str]:
-        """Check configuration and credential without creating a guest.
-
-        ``None`` means lfx could not build its settings service; the report then fails.
-        Every refusal is a line of the report; only an internal failure raises
-        (``CreateOSExecutionError``).
-        """
 
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
@@ -173,18 +164,23 @@ def forked() -> bool:
     """Whether this process was forked from the one that imported the extension (such a
     process commonly ends with ``os._exit``, which skips exit handlers). No I/O."""
 
-def admission_store() -> list[tuple[str, str]]:
-    """What ``doctor`` says about the deployment's admission store (``CREATEOS_ADMISSION_STORE``),
-    as ``(level, text)`` lines: the store (its URL without the password), whether it answers
-    and in how many milliseconds, and the deployment's live guests against its cap (``info``),
-    or why every run is refused (``refused``). One round trip to the store, at most 2 s, with
-    the GIL released."""
+def doctor(
+    lfx: _SandboxSettings | None,
+    lfx_problems: list[tuple[str | None, str]],
+    surfaces: list[str],
+    paths: list[tuple[str, str]],
+    exports: list[tuple[str, str]],
+) -> tuple[int, str, str]:
+    """Check the deployment without creating a guest: ``(exit_code, report, report_as_json)``.
 
-def shared_settings() -> list[tuple[str, str]]:
-    """What every surface of this process shares, for ``doctor``: ``(level, text)`` lines for
-    the live-guest caps (``CREATEOS_MAX_LIVE_GUESTS``, ``CREATEOS_MAX_LIVE_GUESTS_PER_FLOW``),
-    the admission wait and the control-plane retry budget; ``"info"``, or ``"refused"`` with
-    the refusal a bad value gets. No I/O."""
+    ``lfx`` is lfx's ``_SandboxSettings``, or ``None`` when lfx could not build its settings
+    service, and ``lfx_problems`` then says why as ``(setting, message)`` pairs. ``surfaces``
+    names the surfaces to check (``backend``, ``component``, ``executor``; empty: the enabled
+    ones). ``paths`` and ``exports`` are ``(level, text)`` findings (which Langflow paths reach
+    the executor; metrics and usage records). Progress goes to stderr; every wait is bounded
+    and the GIL is released. Raises ``ValueError`` for an unknown surface and
+    ``CreateOSExecutionError`` for an internal failure only.
+    """
 
 def enable_events() -> None:
     """Start queueing this process's observation events (and its forked children's) for
@@ -400,10 +396,6 @@ class NativeExecutor:
     def pool_stats(self) -> dict[str, int]:
         """The warm pool's counters (``size``, ``ready``, ``filling``, ``hits``, ``misses``,
         ``discarded``, ``refill_failures``); all 0 before the first run."""
-
-def executor_settings() -> list[tuple[str, str]]:
-    """The executor's effective settings for ``doctor``, as ``(level, text)`` lines: ``info``
-    per setting, or one ``refused`` line naming a bad setting."""
 
 def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
     """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.

@@ -14,7 +14,7 @@ import atexit
 # lfx's own reader of its sandbox settings, the one its built-in backend uses.
 from lfx.utils.sandbox.base import Capabilities, SandboxResult, _sandbox_settings  # pyright: ignore[reportPrivateUsage]
 
-from . import _native, metrics
+from . import _native, lfx_settings, metrics
 
 __all__ = ["CreateOSBackend", "create_backend", "output_text"]
 
@@ -95,3 +95,9 @@ class CreateOSBackend:
 def create_backend() -> CreateOSBackend:
     """Entry-point factory: builds the backend without any I/O or thread."""
     return CreateOSBackend()
+
+
+# lfx imports this module while it builds its settings (its backend validator loads the
+# plugins): a LANGFLOW_SANDBOX_* value lfx is about to refuse is named here, once, with lfx's
+# own reason, where `lfx run` would otherwise say only "Settings service not found".
+lfx_settings.warn_once_about_sandbox_settings()

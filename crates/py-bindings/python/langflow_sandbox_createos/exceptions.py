@@ -16,7 +16,7 @@ those, so callers keep catching lfx's classes; catch these to tell CreateOS apar
 Where they come from: ``CreateOSBackend.run`` (the lfx entry point) raises either;
 ``_native.reap`` raises :class:`CreateOSUnavailableError` for a missing, malformed or rejected
 key or endpoint and :class:`CreateOSExecutionError` when the listing fails;
-``_native.NativeBackend.doctor`` reports every refusal as a line of its report and raises only
+``_native.doctor`` reports every problem as a line of its report and raises only
 :class:`CreateOSExecutionError`, for an internal failure. A guest program that exits non-zero,
 times out or is killed is not an error: it is a result with its exit code.
 

@@ -198,16 +198,6 @@ impl NativeExecutor {
     }
 }
 
-/// The executor's effective settings for `doctor`, as `(level, text)` lines: one `info` line per
-/// setting, or one `refused` line naming the bad setting (what a run would be refused with).
-#[pyfunction]
-pub fn executor_settings() -> Vec<(&'static str, String)> {
-    match langflow_executor::settings::ExecutorSettings::from_lookup(&|k| std::env::var(k).ok()) {
-        Ok(s) => s.summary().into_iter().map(|line| ("info", line)).collect(),
-        Err(e) => vec![("refused", e.message().to_owned())],
-    }
-}
-
 /// The requirements and Dockerfile of a template for a flow that needs `requirements` (what
 /// lfx's flow-requirements reader found), pinned to the host's `lfx_version`. No I/O.
 /// Returns `(name, dockerfile)`; `name` is derived from the Dockerfile unless given.
