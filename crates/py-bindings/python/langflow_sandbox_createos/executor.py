@@ -517,16 +517,39 @@ def _session_id(unit: Unit) -> str | None:
     return _text(unit.runtime_options.get("session_id") or getattr(unit.graph, "session_id", None) or None)
 
 
+def _asked_variables(graph: Any) -> list[dict[str, str | None]]:
+    """The variables the flow's fields ask for (each field that loads from a global variable,
+    and the name it holds), read from the built graph without resolving anything: the native
+    side refuses a run that asks for what configures the sandbox before any guest exists."""
+    asked: list[dict[str, str | None]] = []
+    for vertex in _vertices(graph):
+        params: Any = getattr(vertex, "params", None) or {}
+        for field in list(getattr(vertex, "load_from_db_fields", None) or []):
+            name = params.get(field) if isinstance(params, dict) else None
+            if isinstance(name, str) and name.strip():
+                asked.append(
+                    {
+                        "vertex": str(vertex.id),
+                        "component": _text(getattr(vertex, "display_name", None)),
+                        "field": str(field),
+                        "name": name,
+                    }
+                )
+    return asked
+
+
 def _head(unit: Unit, uploads: list[dict[str, str]]) -> dict[str, Any]:
     """The head document for the native executor: what admits the run, refuses it and creates
-    its guest (the flow's id, the session, the mode flag, the uploaded files), so the rest of
-    the request is prepared while the guest is created and imports lfx."""
+    its guest (the flow's id, the session, the mode flag, the uploaded files, the variables its
+    fields ask for), so the rest of the request is prepared while the guest is created and
+    imports lfx."""
     legacy = unit.runtime_options.get("_use_arun_legacy")
     return {
         "flow_id": _text(getattr(unit.graph, "flow_id", None)),
         "session_id": _session_id(unit),
         "options": {"_use_arun_legacy": legacy} if isinstance(legacy, bool) else {},
         "files": uploads,
+        "variables": _asked_variables(unit.graph),
     }
 
 
