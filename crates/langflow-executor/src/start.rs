@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crate::error::ExecutorError;
 use crate::flow_run::FlowRun;
-use crate::frames::{FrameLimits, MAX_FRAME_BYTES, escape_controls};
+use crate::frames::{FrameLimits, MAX_FRAME_BYTES};
 use crate::job::{FlowRequest, RunHead};
 use crate::runner::{JOB_PATH, RUNNER_PATH, SOURCE};
 use crate::settings::{ENV_ALLOWED_DOMAINS, ENV_SHAPE, ExecutorSettings};
@@ -217,7 +217,7 @@ impl Executor {
         let files = head
             .read_files()
             .await
-            .map_err(|why| ExecutorError::Unavailable(escape_controls(&why).into_owned()))?;
+            .map_err(|why| ExecutorError::Unavailable(outside_text::line(&why).into_owned()))?;
         withhold::check_files(&files, &head.files, &plan.withheld)?;
         t.files_ms = Some(timings::since(at));
         let at = Instant::now();

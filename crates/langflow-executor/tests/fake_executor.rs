@@ -1181,7 +1181,8 @@ exit 1"#;
     let ExecutorError::Flow { message, .. } = &err else {
         panic!("{err:?}")
     };
-    assert_escaped(message, &["bad \\x1b[31mthing\\x07\nline two\\x9b"]);
+    // Its lines kept, but the second cannot start a line of the host's log.
+    assert_escaped(message, &["bad \\x1b[31mthing\\x07\n  | line two\\x9b"]);
     let records = logs.0.lock().unwrap().join("\n");
     assert_escaped(
         &records,

@@ -259,14 +259,10 @@ pub fn refuse_value(place: &str, found: Found) -> SandboxError {
     ))
 }
 
-/// A name from a flow, fit for a message: in backquotes, at most 80 characters, with every
-/// character that could act on a terminal or break a log line escaped.
+/// A name from a flow, fit for a message: in backquotes, at most 80 bytes, on one line with
+/// every character that could act on a terminal escaped ([`outside_text::line`]).
 pub fn shown(name: &str) -> String {
-    let mut cut: String = name.chars().take(80).collect();
-    if cut.len() < name.len() {
-        cut.push('…');
-    }
-    format!("`{}`", cut.escape_debug())
+    format!("`{}`", outside_text::line(&outside_text::cap(name, 80)))
 }
 
 /// The password inside a URL's user information, a `password=` query parameter, or a libpq

@@ -72,19 +72,19 @@ _MAX_NAME_CHARS = 256
 _GUEST_FILES = "/workspace/lfx_files/"
 #: How much of a conversion failure's text an error quotes.
 _MAX_REASON_CHARS = 500
-# C0 controls but tab and newline, DEL and C1 controls, shown as ``\xNN`` (the native rule).
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
 
 
 def _safe(text: Any, limit: int = _MAX_NAME_CHARS) -> str | None:
-    """Guest text fit for a log record or an exception: cut, control characters escaped."""
+    """Guest text fit for a log record or an exception: cut to ``limit`` bytes, on one line, its
+    control, line-break and bidirectional characters escaped (the native ``outside_line``, the
+    workspace's one escaping)."""
+    from . import _native
+
     if text is None:
         return None
     if not isinstance(text, str):
         text = repr(text)[: limit + 1]
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return text.translate(_CONTROLS)
+    return _native.outside_line(text, limit)
 
 
 class RemoteComponent:
