@@ -812,3 +812,44 @@ def test_the_first_run_logs_once_which_paths_reach_the_executor(clean_fake: Fake
     assert "Graph.arun (Langflow's /api/v1/run" in said[0] and "go to a guest" in said[0], said
     assert "not known (treat as not sandboxed): the Playground's streaming build" in said[0], said
     assert clean_fake.wait_settled()["created"] == 2
+
+
+FORGE = """
+import asyncio, json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+from lfx.graph import Graph
+
+async def main():
+    graph = Graph.from_payload(json.load(open(FLOW)))
+    try:
+        await graph.arun([{"input_value": "forge"}])
+    except Exception as exc:
+        logging.getLogger("host").error("the flow failed: %s", exc)
+        print("RESULT " + json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+
+asyncio.run(main())
+"""
+
+
+def test_guest_text_cannot_start_a_line_of_the_hosts_log(clean_fake: Fake) -> None:
+    # The flow prints Unicode line separators, NEL, CR LF and a bidi override, then fails with a
+    # message of several lines; the host logs the guest's output and then the exception.
+    proc = run_python(FORGE.replace("FLOW", repr(str(HOSTILE))), executor_env(clean_fake), timeout=180)
+    result = _result(proc)
+    assert result["type"] == "ValueError", result
+    # lfx's own words first ("Error building Component Hostile: "), then the guest's lines.
+    lines = result["message"].split("\n")
+    assert lines[1:] and all(line.startswith("  | ") for line in lines[1:]), result
+    assert "  | boom" in lines, result
+    assert "  | CRITICAL root: forged-by-exception\\r" in lines, result
+    relayed = [line for line in proc.stderr.splitlines() if "guest: ok" in line]
+    assert relayed, proc.stderr[-3000:]
+    assert "\\u{2028}CRITICAL forged-by-separator\\u{2029}x\\x85y\\u{202e}live" in relayed[0], relayed
+    # The guest's CR LF ends a record: the next line is a record of its own, prefixed as one.
+    assert any(line.endswith("guest: CRITICAL forged-by-crlf") for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    # No line of what the host wrote starts with the guest's words, and none carries a raw
+    # separator, NEL or bidi control.
+    for line in proc.stderr.splitlines():
+        assert not line.startswith("CRITICAL"), line
+        assert not any(c in line for c in "\u2028\u2029\u0085\u202e\r"), repr(line)
+    assert clean_fake.wait_settled()["live"] == 0

@@ -552,6 +552,24 @@ def test_a_variable_that_cannot_be_resolved_fails_as_in_process(
     assert remote == local
 
 
+def test_a_flow_asking_for_the_sandboxs_own_key_is_refused_and_no_guest_sees_it(
+    executor_server: Server, slow_fake: Fake
+) -> None:
+    # Langflow's default LANGFLOW_FALLBACK_TO_ENV_VAR=true resolves a name no global variable has
+    # from the server's environment, which holds the sandbox's key: the executor refuses the
+    # flow by the name it asks for, before any guest exists.
+    slow_fake.reset()
+    for name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_GATEWAY_SECRET"):
+        dump = with_variable(json.loads(SECRET.read_text()), name)
+        flow_id = upload_dump(executor_server, dump, f"slow: asks for {name}")
+        status, answer = run_session(executor_server, flow_id, "probe", "slow-withheld")
+        text = json.dumps(answer)
+        assert status >= 400, (status, text[-2000:])
+        assert f"`{name}`" in text and "configures the sandbox itself" in text, text[-2000:]
+        assert slow_fake.key not in text
+    assert slow_fake.stats()["created"] == 0
+
+
 def test_the_second_run_of_a_session_reads_the_first_from_the_history(
     plain_server: Server, executor_server: Server, slow_fake: Fake
 ) -> None:

@@ -302,6 +302,12 @@ pub struct ApiError {
 /// The largest error body kept in an [`ApiError`]: 4 MiB.
 pub const MAX_ERROR_BODY: usize = 4 * 1024 * 1024;
 
+/// The most bytes of a server's own words an error's message quotes (its `message`, a
+/// protocol failure's text), before escaping: the text is one line, its control, line-break and
+/// bidirectional characters shown as escapes (see the `outside-text` crate). The whole body
+/// stays in [`ApiError::body`].
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+
 impl ApiError {
     /// The body as (lossy) UTF-8 text.
     pub fn body_text(&self) -> String {

@@ -668,3 +668,38 @@ async fn an_endless_list_stops_at_max_pages() {
         u64::from(createos_api::MAX_PAGES)
     );
 }
+
+// ---------------------------------------------------------------- hostile error text
+
+#[tokio::test]
+async fn a_huge_hostile_error_message_becomes_one_bounded_line() {
+    let server = MockServer::start_async().await;
+    let hostile = format!(
+        "denied\r\n2026-12-04 CRITICAL root: forged\u{2028}\u{202e}\u{1b}[31m{}",
+        // Under the 4 MiB an error body is read to, so the message is the server's.
+        "x".repeat(3 << 20)
+    );
+    server
+        .mock_async(|when, then| {
+            when.method(GET).path("/v1/whoami");
+            then.status(400)
+                .header("x-request-id", "req-1")
+                .json_body(json!({"status": "error", "message": hostile}));
+        })
+        .await;
+    let c = Client::builder()
+        .api_key(KEY)
+        .base_url(server.base_url())
+        .build()
+        .unwrap();
+    let err = bounded(c.whoami()).await.unwrap_err();
+    let shown = err.to_string();
+    assert!(shown.len() < 4096, "{} bytes", shown.len());
+    assert!(shown.contains("HTTP 400"), "{shown:.300}");
+    assert_eq!(shown.lines().count(), 1, "{shown:.300}");
+    assert!(!shown.chars().any(outside_text::is_unsafe), "{shown:.300}");
+    assert!(
+        shown.contains("denied\\r\\n2026-12-04 CRITICAL") && shown.contains("bytes cut]"),
+        "{shown:.300}"
+    );
+}

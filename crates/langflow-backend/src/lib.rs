@@ -21,6 +21,7 @@ use sandbox_core::session::Account;
 use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
 use sandbox_core::shapes::{ShapeChoice, select_shape};
 use sandbox_core::surface::{Surface, SurfaceKind};
+use sandbox_core::withheld::Withheld;
 
 mod doctor;
 pub mod lifecycle;
@@ -358,6 +359,9 @@ impl Backend {
                 "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
         }
+        let withheld = Withheld::from_lookup(&|k| self.surface.lookup(k));
+        withheld.check_text("the code to run", code)?;
+        withheld.check_env("the env passed to run()", &envs)?;
         let opened = self.surface.open(&plan.settings).await?;
         let choice = select_shape(
             &opened.catalog,

@@ -277,17 +277,10 @@ fn check_session(inputs: &ComponentInputs) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// Control characters written as escapes, so a path or an id cannot act on a terminal.
+/// Outside text (a path, an id) on one line with its control characters escaped, so it cannot
+/// act on a terminal or break a log line.
 fn escaped(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    outside_text::line(text).into_owned()
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk};
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
+use sandbox_core::withheld::Withheld;
 
 use crate::{
     ARTIFACTS_DIR, ARTIFACTS_ENV, ComponentInputs, DOMAIN_SETTING_NAMES,
@@ -132,6 +133,11 @@ impl SandboxComponent {
             check_command(&inputs.command)?;
             Program::Shell(inputs.command.clone())
         };
+        let (place, text) = match &program {
+            Program::Python(code) => (input::PYTHON_CODE, code),
+            Program::Shell(command) => (input::COMMAND, command),
+        };
+        Withheld::from_lookup(&|k| self.surface.lookup(k)).check_text(place, text)?;
         let shape = inputs.shape.trim();
         let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
             settings

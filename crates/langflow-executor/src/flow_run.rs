@@ -20,9 +20,7 @@ use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
 use crate::error::ExecutorError;
-use crate::frames::{
-    Bound, FrameLimits, Line, LogLines, Payload, RunnerFrame, escape_controls, parse_line,
-};
+use crate::frames::{Bound, FrameLimits, Line, LogLines, Payload, RunnerFrame, parse_line};
 use crate::job::{FlowRequest, Mode};
 use crate::runner::{EXIT_NO_RUNNER, EXIT_RUNNER_LOST};
 use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT};
@@ -255,7 +253,7 @@ impl FlowRun {
                     }
                 }
                 ExecStep::Frame(ExecFrame::Error(m)) => {
-                    self.agent_error = Some(escape_controls(&self.redactor.cap(&m)).into_owned());
+                    self.agent_error = Some(self.redactor.cap(&m));
                 }
                 ExecStep::Frame(ExecFrame::Heartbeat) => {}
                 ExecStep::Frame(ExecFrame::Exit(c)) => {
@@ -342,7 +340,7 @@ impl FlowRun {
         if line.is_empty() {
             return;
         }
-        let line = escape_controls(&self.redactor.apply(line)).into_owned();
+        let line = outside_text::line(&self.redactor.apply(line)).into_owned();
         tracing::info!(target: LOG_TARGET, "guest: {line}");
         if self.tail.len() == TAIL_LINES {
             self.tail.pop_front();
@@ -457,7 +455,9 @@ impl FlowRun {
                 error_type,
                 message,
             } => {
-                let message = escape_controls(&self.redactor.apply(&message)).into_owned();
+                // Readable as the guest wrote it, but no line of it starts a line of the
+                // host's log (whatever logs the exception raised for it).
+                let message = outside_text::block(&self.redactor.apply(&message)).into_owned();
                 let err = match kind.as_str() {
                     "missing_lfx" => ExecutorError::Unavailable(self.missing_lfx_message()),
                     "protocol" => ExecutorError::Execution(format!(

@@ -14,8 +14,10 @@
 //! its raw bytes ([`Payload`]), not as a parsed tree.
 //!
 //! A malformed line is reported and skipped, a log line longer than [`MAX_LOG_LINE`] is cut,
-//! and guest text that goes into a log record or an error message is passed through
-//! [`escape_controls`] first, so the operator's terminal never interprets it.
+//! and guest text that goes into a log record or an error message is escaped first with the
+//! workspace's one escaping (`outside-text`: one line for a record, [`outside_text::block`] for
+//! a multi-line message), so it can neither act on the operator's terminal nor start a line of
+//! the host's log.
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
@@ -220,7 +222,7 @@ pub enum RunnerFrame {
         /// The Python exception type, for `flow` (cut and escaped).
         error_type: Option<String>,
         /// What the runner said: cut to [`MAX_MESSAGE_BYTES`], *not* escaped yet (the caller
-        /// redacts, then escapes with [`escape_controls`]).
+        /// redacts, then escapes with [`outside_text::block`]).
         message: String,
     },
 }
@@ -449,7 +451,7 @@ fn millis(raw: Option<&RawValue>) -> Option<u64> {
 
 /// A short field: cut to [`MAX_FIELD_BYTES`] and escaped.
 fn field(raw: Option<&RawValue>) -> Option<String> {
-    text(raw).map(|t| escape_controls(&cut(&t, MAX_FIELD_BYTES)).into_owned())
+    text(raw).map(|t| outside_text::line(&cut(&t, MAX_FIELD_BYTES)).into_owned())
 }
 
 /// Reads one line of the runner's standard output (`line` as the framer cut it), checking a
@@ -520,7 +522,7 @@ pub fn parse_line(line: &Bytes, limits: &FrameLimits) -> Line {
 }
 
 fn malformed(why: &str) -> Line {
-    Line::Malformed(escape_controls(&cut(why, 2 * MAX_FIELD_BYTES)).into_owned())
+    Line::Malformed(outside_text::line(&cut(why, 2 * MAX_FIELD_BYTES)).into_owned())
 }
 
 /// A line that is not a frame, as a log line: at most [`MAX_LOG_LINE`] bytes of it.
@@ -534,40 +536,9 @@ fn log_text(line: &[u8]) -> String {
 }
 
 /// `text` cut to at most `max_bytes` bytes (at a character boundary), with a marker saying how
-/// much was cut.
+/// much was cut ([`outside_text::cap`]).
 pub fn cut(text: &str, max_bytes: usize) -> Cow<'_, str> {
-    if text.len() <= max_bytes {
-        return Cow::Borrowed(text);
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    Cow::Owned(format!(
-        "{} [... {} bytes cut]",
-        &text[..end],
-        text.len() - end
-    ))
-}
-
-/// Guest text made safe for a log record or an exception message: every C0 control character
-/// but tab and newline, DEL, and every C1 control character becomes a visible `\xNN` (ESC is
-/// `\x1b`), so an operator's terminal shows it instead of acting on it. Tabs and newlines stay
-/// (a multi-line message stays readable); everything else is unchanged.
-pub fn escape_controls(text: &str) -> Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !text.chars().any(unsafe_char) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            let _ = write!(out, "\\x{:02x}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    outside_text::cap(text, max_bytes)
 }
 
 /// Splits the guest's standard error into log lines, keeping at most [`MAX_LOG_LINE`] bytes of
@@ -825,15 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn escaping_keeps_newlines_and_tabs_and_shows_the_rest() {
-        assert!(matches!(
-            escape_controls("plain text é 😀"),
-            Cow::Borrowed(_)
-        ));
-        assert_eq!(
-            escape_controls("a\u{1b}[31mred\u{7}\tb\nc\r\u{7f}\u{9b}\u{0}"),
-            "a\\x1b[31mred\\x07\tb\nc\\x0d\\x7f\\x9b\\x00"
-        );
+    fn a_cut_says_how_much_it_cut() {
         assert_eq!(cut("héllo", 2), "h [... 5 bytes cut]");
         assert_eq!(cut("hello", 5), "hello");
     }

@@ -79,6 +79,88 @@ pub struct HostFile {
     pub component: String,
 }
 
+/// A field of the flow that loads from a global variable, and the variable it names: what the
+/// host resolves for the run (Langflow's variables, else the host's environment under lfx's
+/// rules). Known before the flow is resolved, so a flow that names a withheld variable is
+/// refused before any guest exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AskedVariable {
+    /// The vertex (node) id.
+    pub vertex: String,
+    /// The component's display name, when the flow has one.
+    pub component: Option<String>,
+    /// The field.
+    pub field: String,
+    /// The variable's name, as the flow writes it.
+    pub name: String,
+}
+
+impl AskedVariable {
+    /// Who asks, for a message: "the field `api_key` of Secret Probe (vertex `secret`)".
+    pub fn describe(&self) -> String {
+        let shown = |t: &str| {
+            let s = sandbox_core::withheld::shown(t);
+            s[1..s.len() - 1].to_owned()
+        };
+        match &self.component {
+            Some(c) => format!(
+                "the field `{}` of {} (vertex `{}`)",
+                shown(&self.field),
+                shown(c),
+                shown(&self.vertex)
+            ),
+            None => format!(
+                "the field `{}` of vertex `{}`",
+                shown(&self.field),
+                shown(&self.vertex)
+            ),
+        }
+    }
+}
+
+/// The fields of a `Graph.dump` that load from a global variable (`load_from_db` with a name
+/// as the value), node by node: what lfx's build asks the host to resolve for them.
+pub fn asked_variables(flow: &Value) -> Vec<AskedVariable> {
+    let mut out = Vec::new();
+    let nodes = flow
+        .pointer("/data/nodes")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    for node in nodes {
+        let vertex = node
+            .get("id")
+            .and_then(Value::as_str)
+            .or_else(|| node.pointer("/data/id").and_then(Value::as_str))
+            .unwrap_or_default();
+        let component = node
+            .pointer("/data/node/display_name")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let Some(template) = node
+            .pointer("/data/node/template")
+            .and_then(Value::as_object)
+        else {
+            continue;
+        };
+        for (field, spec) in template {
+            if spec.get("load_from_db") != Some(&Value::Bool(true)) {
+                continue;
+            }
+            if let Some(name) = spec.get("value").and_then(Value::as_str)
+                && !name.trim().is_empty()
+            {
+                out.push(AskedVariable {
+                    vertex: vertex.to_owned(),
+                    component: component.clone(),
+                    field: field.clone(),
+                    name: name.to_owned(),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// What a run needs to know before its flow is known in full: enough to admit it, refuse it
 /// and create its guest, so the glue's slower work (dumping the graph, resolving variables,
 /// reading history) overlaps the create and the guest's import of lfx. The rest comes as the
@@ -93,12 +175,15 @@ pub struct RunHead {
     pub mode: Mode,
     /// The uploaded files the flow's file inputs read (measured and read before any guest).
     pub files: Vec<HostFile>,
+    /// The variables the flow's fields ask for (checked before any guest exists).
+    pub asked: Vec<AskedVariable>,
 }
 
 impl RunHead {
     /// Parses the head document the glue sends first: `{"flow_id"?, "session_id"?,
     /// "options"?: {"_use_arun_legacy"?}, "files"?: [{"host_path", "guest_path",
-    /// "component"}]}` (any other key is ignored).
+    /// "component"}], "variables"?: [{"vertex", "component"?, "field", "name"}]}` (any other
+    /// key is ignored).
     pub fn from_json(text: &str) -> Result<Self, String> {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         let Value::Object(mut o) = v else {
@@ -118,6 +203,7 @@ impl RunHead {
             session_id: text_field(&mut o, "session_id"),
             mode,
             files: files_of(o.remove("files"))?,
+            asked: asked_of(o.remove("variables"))?,
         })
     }
 
@@ -133,6 +219,26 @@ fn mode_of(options: &Map<String, Value>) -> Mode {
         Some(Value::Bool(true)) => Mode::Legacy,
         _ => Mode::Stream,
     }
+}
+
+fn asked_of(raw: Option<Value>) -> Result<Vec<AskedVariable>, String> {
+    let items = match raw {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err("`variables` is not a list".to_owned()),
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let text = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_owned);
+            Ok(AskedVariable {
+                vertex: text("vertex").unwrap_or_default(),
+                component: text("component"),
+                field: text("field").unwrap_or_default(),
+                name: text("name").ok_or("a `variables` entry without a `name`")?,
+            })
+        })
+        .collect()
 }
 
 fn files_of(raw: Option<Value>) -> Result<Vec<HostFile>, String> {
@@ -307,6 +413,7 @@ impl FlowRequest {
             session_id: self.session_id.clone(),
             mode: self.mode(),
             files: self.files.clone(),
+            asked: asked_variables(&self.flow),
         }
     }
 

@@ -26,6 +26,7 @@ mod start;
 pub mod template;
 pub mod timings;
 mod warm;
+pub mod withhold;
 
 pub use error::ExecutorError;
 pub use flow_run::{Event, FlowRun};

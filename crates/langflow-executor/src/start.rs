@@ -26,17 +26,19 @@ use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
     Acquire, End, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
+use sandbox_core::withheld::Withheld;
 use sandbox_core::{LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
 use crate::error::ExecutorError;
 use crate::flow_run::FlowRun;
-use crate::frames::{FrameLimits, MAX_FRAME_BYTES, escape_controls};
+use crate::frames::{FrameLimits, MAX_FRAME_BYTES};
 use crate::job::{FlowRequest, RunHead};
 use crate::runner::{JOB_PATH, RUNNER_PATH, SOURCE};
 use crate::settings::{ENV_ALLOWED_DOMAINS, ENV_SHAPE, ExecutorSettings};
 use crate::timings::{self, Timings};
 use crate::warm::preloader;
+use crate::withhold;
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
 /// outputs. The same as [`MAX_FRAME_BYTES`].
@@ -91,6 +93,8 @@ pub struct Plan {
     pub limits: ExecLimits,
     /// The domain grant (`CREATEOS_EXECUTOR_ALLOWED_DOMAINS`): the guest's proxy variables.
     pub grant: Option<Grant>,
+    /// The values of this process's secret settings, never sent to a guest.
+    pub withheld: Withheld,
 }
 
 impl Plan {
@@ -171,6 +175,7 @@ impl Executor {
             executor,
             limits,
             grant,
+            withheld: Withheld::from_lookup(&lookup),
         })
     }
 
@@ -202,6 +207,8 @@ impl Executor {
     ) -> Result<FlowRun, ExecutorError> {
         let began = Instant::now();
         let mut t = Timings::default();
+        // A flow that asks for what configures the sandbox is refused before anything else.
+        withhold::refuse_asked(&head.asked)?;
         let plan = self.plan()?;
         t.plan_ms = Some(timings::since(began));
         // Uploaded files are measured and read before anything is sent: over a bound, the run
@@ -210,7 +217,8 @@ impl Executor {
         let files = head
             .read_files()
             .await
-            .map_err(|why| ExecutorError::Unavailable(escape_controls(&why).into_owned()))?;
+            .map_err(|why| ExecutorError::Unavailable(outside_text::line(&why).into_owned()))?;
+        withhold::check_files(&files, &head.files, &plan.withheld)?;
         t.files_ms = Some(timings::since(at));
         let at = Instant::now();
         let opened = self.surface.open(&plan.settings).await?;
@@ -231,7 +239,17 @@ impl Executor {
         };
         // The body is awaited by whichever guest gets the run (a pool guest that cannot take
         // it hands the run to a fresh one, which awaits the same body).
-        let body: Body = body.map(|r| r.map(Arc::new)).boxed().shared();
+        // Checked as it completes, before any guest (a fresh one or a pooled one) is handed
+        // anything of it.
+        let withheld = plan.withheld.clone();
+        let body: Body = body
+            .map(move |r| {
+                let request = r?;
+                withhold::check_request(&request, &withheld)?;
+                Ok(Arc::new(request))
+            })
+            .boxed()
+            .shared();
         let spec = GuestSpec {
             shape: plan.executor.shape.clone(),
             rootfs: plan.rootfs().to_owned(),

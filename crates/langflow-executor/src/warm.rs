@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::error::ExecutorError;
 use crate::flow_run::FlowRun;
-use crate::frames::{cut, escape_controls};
+use crate::frames::cut;
 use crate::runner::{HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE, socket_name};
 use crate::settings::ENV_ROOTFS;
 use crate::start::{Executor, Job, Plan, job_for, upload_files};
@@ -162,6 +162,6 @@ async fn preload(guest: &Guest, wait: Duration, kill_after: Duration) -> Result<
         "the preloaded runner did not answer (exit {}, {:?}; {})",
         outcome.exit_code,
         cut(&answer, 200),
-        escape_controls(&cut(stderr.trim(), 2000))
+        outside_text::block(&cut(stderr.trim(), 2000))
     ))
 }

@@ -1181,7 +1181,8 @@ exit 1"#;
     let ExecutorError::Flow { message, .. } = &err else {
         panic!("{err:?}")
     };
-    assert_escaped(message, &["bad \\x1b[31mthing\\x07\nline two\\x9b"]);
+    // Its lines kept, but the second cannot start a line of the host's log.
+    assert_escaped(message, &["bad \\x1b[31mthing\\x07\n  | line two\\x9b"]);
     let records = logs.0.lock().unwrap().join("\n");
     assert_escaped(
         &records,
@@ -1470,5 +1471,180 @@ async fn allowed_domains_send_the_gateway_as_egress_and_the_proxy_variables_in_t
         msg.contains("CREATEOS_EXECUTOR_ALLOWED_DOMAINS") && msg.contains("CREATEOS_GATEWAY_URL"),
         "{msg}"
     );
+    assert_eq!(rig.fake.stats().created, 0);
+}
+
+/// A request whose flow has one field that loads from the global variable `name`.
+fn request_asking_for(name: &str) -> FlowRequest {
+    FlowRequest::from_json(
+        &json!({"flow": {"data": {"nodes": [{"id": "llm-1", "data": {"id": "llm-1", "node": {
+                    "display_name": "OpenAI Model",
+                    "template": {"api_key": {"load_from_db": true, "value": name,
+                                             "_input_type": "SecretStrInput"}}}}}],
+                "edges": []}},
+                "inputs": [{"input_value": "hi"}], "options": {"_use_arun_legacy": true}})
+        .to_string(),
+    )
+    .unwrap()
+}
+
+const GATEWAY_SECRET: &str = "gw-secret-0123456789abcdef0123456789abcdef";
+const DB_PASSWORD: &str = "db-passw0rd-71c3";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flow_asking_for_a_plugin_setting_is_refused_before_any_guest() {
+    let rig = start_rig("exit 9", &[], "").await;
+    for name in [
+        "CREATEOS_SANDBOX_API_KEY",
+        "CREATEOS_API_KEY",
+        "createos_sandbox_api_key",
+        "CREATEOS_GATEWAY_SECRET",
+        "CREATEOS_ADMISSION_STORE",
+        "OPEN_SANDBOX_API_KEY",
+        "LANGFLOW_DATABASE_URL",
+        "LANGFLOW_REDIS_URL",
+    ] {
+        let err = rig
+            .executor
+            .start(&request_asking_for(name), None)
+            .await
+            .unwrap_err();
+        let ExecutorError::Unavailable(msg) = &err else {
+            panic!("{name}: {err:?}")
+        };
+        assert!(
+            msg.contains(&format!("`{name}`"))
+                && msg.contains("the field `api_key` of OpenAI Model (vertex `llm-1`)")
+                && msg.contains("configures the sandbox itself"),
+            "{msg}"
+        );
+        assert_no_key(msg);
+    }
+    let stats = rig.fake.stats();
+    assert_eq!(stats.created, 0);
+    assert!(stats.requests.is_empty(), "{:?}", stats.requests);
+    // A variable of the flow's own is resolved and sent as before.
+    rig.executor
+        .plan()
+        .and_then(|plan| {
+            langflow_executor::withhold::check_request(
+                &request_asking_for("OPENAI_API_KEY"),
+                &plan.withheld,
+            )
+        })
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_secret_anywhere_in_the_request_never_reaches_the_guest() {
+    // The guest would print whatever job it got; it must get none.
+    let script = format!(
+        r#"{RUNNER_CHECK}
+cat "$(dirname "$2")/lfx_job.json" >&2
+exit 1"#
+    );
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("requests.jsonl");
+    let db_url = format!("postgresql://langflow:{DB_PASSWORD}@db:5432/langflow");
+    let env = [
+        ("CREATEOS_GATEWAY_SECRET", GATEWAY_SECRET),
+        ("LANGFLOW_DATABASE_URL", db_url.as_str()),
+    ];
+    let rig = rig_full(&script, &env, "", Some(&log), |_| {}).await;
+    let resolved = |value: &str| {
+        json!({"flow": {"data": {"nodes": [], "edges": []}}, "inputs": [{"input_value": "hi"}],
+               "options": {"_use_arun_legacy": true},
+               "variables": {"llm-1": {"params": {"api_key": value}}}})
+    };
+    let cases: Vec<(serde_json::Value, &str, &str)> = vec![
+        // A variable of another name whose value is the sandbox's key (lfx's env fallback).
+        (
+            resolved(KEY),
+            "the field `api_key` of vertex `llm-1`",
+            "CREATEOS_SANDBOX_API_KEY",
+        ),
+        (
+            resolved(&format!("Bearer {GATEWAY_SECRET}")),
+            "`api_key`",
+            "CREATEOS_GATEWAY_SECRET",
+        ),
+        (
+            resolved(DB_PASSWORD),
+            "`api_key`",
+            "the password in LANGFLOW_DATABASE_URL",
+        ),
+        (
+            json!({"flow": {"data": {"nodes": [], "edges": []}},
+                   "inputs": [{"input_value": format!("my key is {KEY}")}]}),
+            "inputs[0] (at input_value)",
+            "CREATEOS_SANDBOX_API_KEY",
+        ),
+        (
+            json!({"flow": {"data": {"nodes": [{"id": "p", "data": {"node": {"template":
+                      {"template": {"value": format!("use {KEY}")}}}}}], "edges": []}}}),
+            "the flow's definition (at data.nodes[0].data.node.template.template.value)",
+            "CREATEOS_SANDBOX_API_KEY",
+        ),
+        (
+            json!({"flow": {"data": {"nodes": [], "edges": []}}, "session_id": "s",
+                   "memory": {"history": [{"text": format!("the key: {KEY}"), "sender": "User"}]}}),
+            "a message of the session's chat history (at text)",
+            "CREATEOS_SANDBOX_API_KEY",
+        ),
+    ];
+    for (body, place, setting) in cases {
+        let request = FlowRequest::from_json(&body.to_string()).unwrap();
+        let err = rig.executor.start(&request, None).await.unwrap_err();
+        let ExecutorError::Unavailable(msg) = &err else {
+            panic!("{place}: {err:?}")
+        };
+        assert!(
+            msg.contains(place) && msg.contains(setting),
+            "{place} / {setting}: {msg}"
+        );
+        assert!(msg.contains("nothing was sent to a guest"), "{msg}");
+        assert_no_key(msg);
+        assert!(
+            !msg.contains(GATEWAY_SECRET) && !msg.contains(DB_PASSWORD),
+            "{msg}"
+        );
+    }
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    // The control plane saw no job, and no secret in any request body.
+    let requests = std::fs::read_to_string(&log).unwrap();
+    let jobs = requests
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["route"] == "upload" && v["query"].to_string().contains("lfx_job.json"))
+        .count();
+    assert_eq!(jobs, 0, "a job was uploaded");
+    for secret in [KEY, GATEWAY_SECRET, DB_PASSWORD] {
+        assert!(
+            !requests.contains(secret),
+            "{secret} reached the control plane"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uploaded_file_holding_the_key_is_refused_before_any_guest() {
+    let host = tempfile::tempdir().unwrap();
+    let notes = host.path().join("notes.txt");
+    std::fs::write(&notes, format!("config:\n  key: {KEY}\n")).unwrap();
+    let rig = start_rig("exit 9", &[], "").await;
+    let err = rig
+        .executor
+        .start(&request_with_files(&[(&notes, "notes.txt")]), None)
+        .await
+        .unwrap_err();
+    let ExecutorError::Unavailable(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        msg.contains("the uploaded file a file input of File reads")
+            && msg.contains("CREATEOS_SANDBOX_API_KEY"),
+        "{msg}"
+    );
+    assert_no_key(msg);
     assert_eq!(rig.fake.stats().created, 0);
 }

@@ -72,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executor::template_build, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_emit_log_records, m)?)?;
     m.add_function(wrap_pyfunction!(logbridge::_hold_log_queue, m)?)?;
+    m.add_function(wrap_pyfunction!(logbridge::outside_line, m)?)?;
     m.add_class::<component::NativeComponent>()?;
     m.add_class::<component::ComponentRun>()?;
     m.add_class::<component::ReusedReapReport>()?;

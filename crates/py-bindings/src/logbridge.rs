@@ -417,14 +417,7 @@ fn plain_line(out: &mut String, level: u32, message: &str) {
         PY_DEBUG.. => "DEBUG",
         _ => "TRACE",
     };
-    let _ = write!(out, "{name}:{LOGGER_NAME}:");
-    for ch in message.chars() {
-        if ch.is_control() {
-            let _ = write!(out, "{}", ch.escape_default());
-        } else {
-            out.push(ch);
-        }
-    }
+    let _ = write!(out, "{name}:{LOGGER_NAME}:{}", outside_text::line(message));
     out.push('\n');
 }
 
@@ -441,6 +434,15 @@ fn requeue(records: VecDeque<Record>) {
             queue.dropped += 1;
         }
     }
+}
+
+/// Text from outside the process (a guest's names and messages, a store's reply) as the host
+/// shows it: at most `limit` bytes, on one line, with every control, line-break and
+/// bidirectional character escaped: the workspace's one escaping (`outside-text`), for the
+/// Python glue.
+#[pyfunction]
+pub fn outside_line(text: &str, limit: usize) -> String {
+    outside_text::snippet(text, limit)
 }
 
 #[cfg(test)]
@@ -461,12 +463,12 @@ mod tests {
         plain_line(
             &mut out,
             PY_ERROR,
-            "could not destroy guest\nx=\u{1b}[2J\u{7}",
+            "could not destroy guest\nx=\u{1b}[2J\u{7}\u{2028}\u{202e}",
         );
         plain_line(&mut out, PY_INFO, "done");
         assert_eq!(
             out,
-            "ERROR:langflow_sandbox_createos:could not destroy guest\\nx=\\u{1b}[2J\\u{7}\n\
+            "ERROR:langflow_sandbox_createos:could not destroy guest\\nx=\\x1b[2J\\x07\\u{2028}\\u{202e}\n\
              INFO:langflow_sandbox_createos:done\n"
         );
     }

@@ -118,50 +118,14 @@ impl SandboxError {
 /// server-provided detail.
 pub use createos_api::{MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail};
 
-/// Whether `c` must not reach a terminal or a log line as it is: a C0 or C1 control (tab,
-/// newline, carriage return, escape and NEL included), DEL, the line and paragraph separators
-/// (U+2028, U+2029), and the bidirectional marks and controls (U+061C, U+200E, U+200F,
-/// U+202A to U+202E, U+2066 to U+2069) that reorder what a reader sees.
-pub fn is_unsafe_outside_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}'
-                | '\u{200e}'
-                | '\u{200f}'
-                | '\u{2028}'
-                | '\u{2029}'
-                | '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}'
-        )
-}
-
-/// `text` with every character [`is_unsafe_outside_char`] flags shown as an escape: `\xNN`
-/// up to U+00FF (ESC is `\x1b`, a newline `\x0a`), `\u{NNNN}` above. A backslash stays as it
-/// is. The text then fits on one line and cannot move a terminal's cursor, colour it, or
-/// reorder the characters after it.
-pub fn escape_outside_text(text: &str) -> std::borrow::Cow<'_, str> {
-    use std::fmt::Write as _;
-    if !text.chars().any(is_unsafe_outside_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if !is_unsafe_outside_char(c) {
-            out.push(c);
-        } else if u32::from(c) <= 0xff {
-            let _ = write!(out, "\\x{:02x}", u32::from(c));
-        } else {
-            let _ = write!(out, "\\u{{{:04x}}}", u32::from(c));
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
+/// Whether `c` must not reach a terminal or a log line as it is; the workspace's one rule,
+/// [`outside_text::is_unsafe`].
+pub use outside_text::is_unsafe as is_unsafe_outside_char;
 
 /// Text a server sent (a store's error reply, a database's message) as it may enter an error,
 /// a log record or `doctor`'s report: the secrets of `redactor` masked (before and after the
 /// cut, so none straddles it), cut to [`MAX_DETAIL_CHARS`] characters (`…` when it was cut, as
-/// control-plane snippets are cut by [`cap_detail`]), then [`escape_outside_text`]. Reads at
+/// control-plane snippets are cut by [`cap_detail`]), then [`outside_text::line`]. Reads at
 /// most a few times [`MAX_DETAIL_CHARS`] characters of `text`, however long it is.
 pub fn outside_text(text: &str, redactor: &Redactor) -> String {
     let text = text.trim();
@@ -170,7 +134,7 @@ pub fn outside_text(text: &str, redactor: &Redactor) -> String {
     } else {
         redactor.apply(text)
     };
-    escape_outside_text(&shown).into_owned()
+    outside_text::line(&shown).into_owned()
 }
 
 #[cfg(test)]
@@ -204,7 +168,7 @@ mod tests {
         assert!(!shown.contains("pw-secret"), "{shown}");
         assert!(
             shown.starts_with(
-                "ERR \\x1b[2J\\x1b]0;owned\\x07line\\nnext\\x0d\\x0a\\x85\\u{2028}\\u{2029}\\u{202e}rev\\u{2066}\\x7f [REDACTED]"
+                "ERR \\x1b[2J\\x1b]0;owned\\x07line\\nnext\\r\\n\\x85\\u{2028}\\u{2029}\\u{202e}rev\\u{2066}\\x7f [REDACTED]"
             ),
             "{shown}"
         );

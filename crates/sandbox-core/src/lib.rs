@@ -26,6 +26,8 @@
 //! - [`timings`]: where a run's time went, phase by phase, one type for every surface.
 //! - [`output`], [`exec`], [`retry`], [`error`], [`vars`], [`kind`]: the pieces those are
 //!   built from.
+//! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
+//!   value.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
 pub mod admission;
@@ -53,6 +55,7 @@ pub mod shapes;
 pub mod surface;
 pub mod timings;
 pub mod vars;
+pub mod withheld;
 
 pub use error::{ErrorKind, Redactor, SandboxError};
 

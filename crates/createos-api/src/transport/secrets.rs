@@ -233,13 +233,15 @@ impl Redactor {
 
     /// [`cap_detail`] for text that may hold a secret: redacts, cuts to
     /// [`MAX_DETAIL_CHARS`], then redacts again, so a secret that straddled the cut leaves no
-    /// fragment at the new edge.
+    /// fragment at the new edge; the result is one line, its control, line-break and
+    /// bidirectional characters escaped (`outside_text::line`), fit for a message or a log.
     pub fn cap(&self, text: &str) -> String {
         let capped = cap_detail(&self.apply(text));
-        match capped.strip_suffix('…') {
+        let capped = match capped.strip_suffix('…') {
             Some(cut) => format!("{}…", self.apply(cut)),
             None => capped,
-        }
+        };
+        outside_text::line(&capped).into_owned()
     }
 
     /// At most `max_chars` characters of `text`, redacted before the cut and again after

@@ -16,7 +16,7 @@ use url::Url;
 use super::idle::{Progress, RawMeta};
 use super::secrets::{Redactor, SENSITIVE_HEADERS};
 use super::{RawBody, Transport};
-use crate::error::{ApiError, Error, MAX_ERROR_BODY, Result};
+use crate::error::{ApiError, Error, MAX_ERROR_BODY, MAX_MESSAGE_BYTES, Result};
 use crate::options::RequestOptions;
 
 /// Largest JSON success body read into memory (64 MiB); more is a protocol error.
@@ -254,8 +254,9 @@ impl Transport {
             method: method.clone(),
             endpoint: endpoint.to_owned(),
             code,
-            message: self.secrets.apply(&message),
-            request_id,
+            // A server's words in an error: redacted, at most MAX_MESSAGE_BYTES, one line.
+            message: outside_text::snippet(&self.secrets.apply(&message), MAX_MESSAGE_BYTES),
+            request_id: outside_text::snippet(&request_id, 128),
             retry_after: parse_retry_after(&headers),
             body,
             body_truncated: truncated,
@@ -443,7 +444,10 @@ impl Transport {
                     .and_then(Value::as_str)
                     .filter(|m| !m.is_empty())
                     .unwrap_or("unexpected JSend status");
-                Err(Error::protocol(self.secrets.apply(msg)))
+                Err(Error::protocol(outside_text::snippet(
+                    &self.secrets.apply(msg),
+                    MAX_MESSAGE_BYTES,
+                )))
             }
             None => Err(Error::protocol("invalid JSend envelope: missing status")),
         }
@@ -453,7 +457,8 @@ impl Transport {
     /// the cut.
     fn snippet(&self, bytes: &[u8]) -> String {
         let window = &bytes[..bytes.len().min(200 * 4 + 4096)];
-        self.secrets.shorten(&String::from_utf8_lossy(window), 200)
+        outside_text::line(&self.secrets.shorten(&String::from_utf8_lossy(window), 200))
+            .into_owned()
     }
 
     /// Raw response for streams, bytes and uploads: never retried; non-2xx already

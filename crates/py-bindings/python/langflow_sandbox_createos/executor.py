@@ -72,19 +72,19 @@ _MAX_NAME_CHARS = 256
 _GUEST_FILES = "/workspace/lfx_files/"
 #: How much of a conversion failure's text an error quotes.
 _MAX_REASON_CHARS = 500
-# C0 controls but tab and newline, DEL and C1 controls, shown as ``\xNN`` (the native rule).
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
 
 
 def _safe(text: Any, limit: int = _MAX_NAME_CHARS) -> str | None:
-    """Guest text fit for a log record or an exception: cut, control characters escaped."""
+    """Guest text fit for a log record or an exception: cut to ``limit`` bytes, on one line, its
+    control, line-break and bidirectional characters escaped (the native ``outside_line``, the
+    workspace's one escaping)."""
+    from . import _native
+
     if text is None:
         return None
     if not isinstance(text, str):
         text = repr(text)[: limit + 1]
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return text.translate(_CONTROLS)
+    return _native.outside_line(text, limit)
 
 
 class RemoteComponent:
@@ -517,16 +517,39 @@ def _session_id(unit: Unit) -> str | None:
     return _text(unit.runtime_options.get("session_id") or getattr(unit.graph, "session_id", None) or None)
 
 
+def _asked_variables(graph: Any) -> list[dict[str, str | None]]:
+    """The variables the flow's fields ask for (each field that loads from a global variable,
+    and the name it holds), read from the built graph without resolving anything: the native
+    side refuses a run that asks for what configures the sandbox before any guest exists."""
+    asked: list[dict[str, str | None]] = []
+    for vertex in _vertices(graph):
+        params: Any = getattr(vertex, "params", None) or {}
+        for field in list(getattr(vertex, "load_from_db_fields", None) or []):
+            name = params.get(field) if isinstance(params, dict) else None
+            if isinstance(name, str) and name.strip():
+                asked.append(
+                    {
+                        "vertex": str(vertex.id),
+                        "component": _text(getattr(vertex, "display_name", None)),
+                        "field": str(field),
+                        "name": name,
+                    }
+                )
+    return asked
+
+
 def _head(unit: Unit, uploads: list[dict[str, str]]) -> dict[str, Any]:
     """The head document for the native executor: what admits the run, refuses it and creates
-    its guest (the flow's id, the session, the mode flag, the uploaded files), so the rest of
-    the request is prepared while the guest is created and imports lfx."""
+    its guest (the flow's id, the session, the mode flag, the uploaded files, the variables its
+    fields ask for), so the rest of the request is prepared while the guest is created and
+    imports lfx."""
     legacy = unit.runtime_options.get("_use_arun_legacy")
     return {
         "flow_id": _text(getattr(unit.graph, "flow_id", None)),
         "session_id": _session_id(unit),
         "options": {"_use_arun_legacy": legacy} if isinstance(legacy, bool) else {},
         "files": uploads,
+        "variables": _asked_variables(unit.graph),
     }
 
 

@@ -12,7 +12,7 @@ use std::net::TcpStream as UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use langflow_executor::frames::{MAX_FRAME_BYTES, escape_controls};
+use langflow_executor::frames::MAX_FRAME_BYTES;
 use langflow_executor::{Event, ExecutorError, FlowRequest, Timings};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration};
 use pyo3::prelude::*;
@@ -150,7 +150,7 @@ fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, ready: Ready) -> PyResult<()>
                 py,
                 format!(
                     "the guest's {kind} event could not be read on the host: {}",
-                    escape_controls(&e.to_string())
+                    outside_text::line(&e.to_string())
                 ),
             );
             fut.call_method1("set_exception", (err.value(py),))

@@ -259,7 +259,7 @@ impl PostgresStore {
                         Ok(found) => self.over_tcp(found.collect(), h).await,
                         Err(e) => Err(StoreError(format!(
                             "postgres: {h}: the name does not resolve ({})",
-                            crate::error::escape_outside_text(&e.to_string())
+                            outside_text::line(&e.to_string())
                         ))),
                     }
                 }

@@ -186,7 +186,7 @@ impl RedisStore {
             Ok(Err(e)) => {
                 return Err(StoreError(format!(
                     "redis: cannot connect to {host}:{port} ({})",
-                    crate::error::escape_outside_text(&e.to_string())
+                    outside_text::line(&e.to_string())
                 )));
             }
             Err(_) => {

@@ -295,7 +295,7 @@ fn push_query(out: &mut String, query: &str) {
     let pairs: Vec<String> = url::form_urlencoded::parse(query.as_bytes())
         .map(|(k, v)| {
             if SHOWN_PARAMS.contains(&k.as_ref()) {
-                format!("{k}={}", crate::error::escape_outside_text(&v))
+                format!("{k}={}", outside_text::line(&v))
             } else if !k.is_empty()
                 && k.len() <= 40
                 && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')

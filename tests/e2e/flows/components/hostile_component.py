@@ -48,6 +48,12 @@ class HostileComponent(Component):
         elif mode == "name":
             frame["display_name"] = "\x1b]0;pwned\x07\x1b[2Jraw"
             line = json.dumps(frame)
+        elif mode == "forge":
+            # Text that would start lines of the host's log: Unicode separators and a bidi
+            # override in what the flow prints, and a failure whose message has lines of its own.
+            print("ok\u2028CRITICAL forged-by-separator\u2029x\x85y\u202elive\r\nCRITICAL forged-by-crlf", file=sys.stderr, flush=True)
+            msg = "boom\nCRITICAL root: forged-by-exception\r\n\u2028more"
+            raise ValueError(msg)
         else:
             return Message(text="nothing written")
         frames = sys.modules["__main__"]._frames
