@@ -29,6 +29,7 @@
 //! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
 //!   value.
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
+//! - [`provider`]: each other provider's own rules ([`provider::opensandbox`]).
 
 pub mod admission;
 pub mod classify;
@@ -47,6 +48,7 @@ pub mod orphans;
 pub mod output;
 pub mod plan;
 pub mod pool;
+pub mod provider;
 pub mod reaper;
 pub mod retry;
 pub mod session;

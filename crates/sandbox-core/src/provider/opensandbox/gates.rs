@@ -1,0 +1,375 @@
+//! The OpenSandbox provider's checks, without I/O: the egress policy sent and its read-back,
+//! the RuntimeClass cross-check, the in-guest probe and the host-network-mode signs. Each
+//! refusal names the server or plugin setting to change.
+
+use std::net::IpAddr;
+
+use opensandbox_api::{EnforcementMode, NetworkPolicy, PolicyAction, PolicyStatus, RuntimeClass};
+
+use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS};
+use crate::error::SandboxError;
+
+/// The egress a run asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Egress {
+    /// Deny everything (the default).
+    DenyAll,
+    /// Deny everything but these domains (FQDN or `*.wildcard`).
+    Domains(Vec<String>),
+    /// No restriction: no policy is sent and no sidecar runs.
+    Unrestricted,
+}
+
+fn is_domain(d: &str) -> bool {
+    let host = d.strip_prefix("*.").unwrap_or(d);
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+        && !host
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The `networkPolicy` to send for `egress` (none for [`Egress::Unrestricted`]). An address
+/// or CIDR rule is refused: the lifecycle API does not support them and `dns` mode could not
+/// enforce them; a rule that is not a domain is refused.
+pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError> {
+    match egress {
+        Egress::Unrestricted => Ok(None),
+        Egress::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
+        Egress::Domains(domains) => {
+            let mut policy = NetworkPolicy::deny_all();
+            for raw in domains {
+                let d = raw.trim().trim_end_matches('.').to_ascii_lowercase();
+                let bare = d.split('/').next().unwrap_or("");
+                if d.contains('/') || bare.parse::<IpAddr>().is_ok() {
+                    return Err(SandboxError::refused(format!(
+                        "the OpenSandbox provider refuses the address rule {}: OpenSandbox \
+                         allowlists hold domain names only; list the domains the code needs \
+                         in LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                        outside_text::snippet(raw, 80)
+                    )));
+                }
+                if !is_domain(&d) {
+                    return Err(SandboxError::refused(format!(
+                        "{} is not a domain name or *.wildcard; fix \
+                         LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                        outside_text::snippet(raw, 80)
+                    )));
+                }
+                if !policy.egress.iter().any(|r| r.target == d) {
+                    policy = policy.allow(d);
+                }
+            }
+            Ok(Some(policy))
+        }
+    }
+}
+
+/// Checks the sidecar's read-back against what was sent: `dns+nft`, `deny` by default and
+/// exactly the rules sent, in any order.
+pub fn check_policy_readback(sent: &NetworkPolicy, got: &PolicyStatus) -> Result<(), SandboxError> {
+    if got.enforcement_mode != EnforcementMode::DnsNft {
+        return Err(SandboxError::refused(format!(
+            "the OpenSandbox egress sidecar enforces in mode {:?}, which filters only name \
+             lookups (connections to addresses pass); set [egress] mode = \"dns+nft\" in the \
+             server's configuration",
+            outside_text::snippet(got.enforcement_mode.as_str(), 40)
+        )));
+    }
+    let Some(policy) = &got.policy else {
+        return Err(SandboxError::refused(
+            "the OpenSandbox egress sidecar read back no policy; check the server's [egress] \
+             image and that the sidecar runs",
+        ));
+    };
+    if policy.default_action != PolicyAction::Deny {
+        return Err(SandboxError::refused(format!(
+            "the OpenSandbox egress sidecar reads back defaultAction {:?}, not deny; the \
+             sandbox was destroyed: check the server's [egress] configuration",
+            outside_text::snippet(policy.default_action.as_str(), 40)
+        )));
+    }
+    let mut want: Vec<(&str, &str)> = sent
+        .egress
+        .iter()
+        .map(|r| (r.action.as_str(), r.target.as_str()))
+        .collect();
+    let mut have: Vec<(&str, &str)> = policy
+        .egress
+        .iter()
+        .map(|r| (r.action.as_str(), r.target.as_str()))
+        .collect();
+    want.sort_unstable();
+    have.sort_unstable();
+    if want != have {
+        let shown: Vec<String> = have
+            .iter()
+            .take(8)
+            .map(|(a, t)| format!("{a} {}", outside_text::snippet(t, 80)))
+            .collect();
+        return Err(SandboxError::refused(format!(
+            "the OpenSandbox egress sidecar reads back rules [{}] ({} rules), not the {} \
+             sent; the sandbox was destroyed: check the server's [egress] configuration",
+            shown.join(", "),
+            have.len(),
+            want.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal for a `networkpolicy` read-back that answered 502 or 404: no sidecar.
+pub fn no_sidecar(detail: &str) -> SandboxError {
+    SandboxError::refused(format!(
+        "the OpenSandbox server runs no egress sidecar for this sandbox ({}); configure an \
+         [egress] image with mode = \"dns+nft\" on the server (and Docker bridge networking or \
+         Kubernetes), or allow unrestricted egress",
+        outside_text::snippet(detail, 200)
+    ))
+}
+
+/// Cross-checks the inspect diagnostics' RuntimeClass against the expected one.
+pub fn check_runtime_class(expected: &str, got: &RuntimeClass) -> Result<(), SandboxError> {
+    match got {
+        RuntimeClass::Named(n) if n == expected => Ok(()),
+        RuntimeClass::Named(n) => Err(SandboxError::refused(format!(
+            "the OpenSandbox sandbox runs with RuntimeClass {}, not {expected} as \
+             {ENV_RUNTIME_CLASS} says; set [secure_runtime] k8s_runtime_class = \
+             \"{expected}\" on the server, or correct {ENV_RUNTIME_CLASS}",
+            outside_text::snippet(n, 70)
+        ))),
+        RuntimeClass::NotReported => Err(SandboxError::refused(format!(
+            "the OpenSandbox server reports no RuntimeClass for the sandbox, but \
+             {ENV_RUNTIME_CLASS}={expected}; a Docker server has none (unset \
+             {ENV_RUNTIME_CLASS}), a Kubernetes one needs [secure_runtime] configured"
+        ))),
+        RuntimeClass::Conflicting(names) => Err(SandboxError::refused(format!(
+            "the OpenSandbox inspect diagnostics name several RuntimeClasses ({}); cannot \
+             check {ENV_RUNTIME_CLASS}",
+            outside_text::snippet(&names.join(", "), 200)
+        ))),
+    }
+}
+
+/// The shell line of the first exec: the identity canary and the isolation probe, one
+/// `key=value` per line.
+pub const PROBE_COMMAND: &str = "printf 'lf-id=%s\\n' \"$OPENSANDBOX_ID\"; \
+    printf 'lf-release=%s\\n' \"$(uname -r 2>/dev/null)\"; \
+    printf 'lf-version=%s\\n' \"$(head -c 300 /proc/version 2>/dev/null | tr '\\n' ' ')\"; \
+    printf 'lf-dmesg=%s\\n' \"$(dmesg 2>/dev/null | head -n 3 | tr '\\n' ' ' | head -c 300)\"";
+
+/// What the probe found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// `$OPENSANDBOX_ID` as the guest sees it.
+    pub id: String,
+    /// `uname -r`.
+    pub release: String,
+    /// The start of `/proc/version`.
+    pub version: String,
+    /// The start of `dmesg` (empty where it is not readable).
+    pub dmesg: String,
+}
+
+impl Probe {
+    /// Parses the probe's output.
+    pub fn parse(stdout: &str) -> Probe {
+        let mut p = Probe::default();
+        for line in stdout.lines() {
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            let v = v.trim().to_owned();
+            match k {
+                "lf-id" => p.id = v,
+                "lf-release" => p.release = v,
+                "lf-version" => p.version = v,
+                "lf-dmesg" => p.dmesg = v,
+                _ => {}
+            }
+        }
+        p
+    }
+
+    /// Whether the guest shows gVisor's signature.
+    pub fn is_gvisor(&self) -> bool {
+        let has = |s: &str| s.to_ascii_lowercase().contains("gvisor");
+        has(&self.dmesg) || has(&self.version) || self.release == "4.4.0"
+    }
+}
+
+/// The identity canary: the guest's `$OPENSANDBOX_ID` must be the sandbox's own id.
+pub fn check_identity(sandbox_id: &str, probe: &Probe) -> Result<(), SandboxError> {
+    if probe.id == sandbox_id {
+        return Ok(());
+    }
+    Err(SandboxError::refused(format!(
+        "a command sent to OpenSandbox sandbox {sandbox_id} ran in {} : the server routes \
+         commands between sandboxes, as a Docker server in host network mode does; set \
+         [docker] network_mode = \"bridge\" (with publish_host = \"127.0.0.1\") or use \
+         Kubernetes",
+        if probe.id.is_empty() {
+            "a guest without $OPENSANDBOX_ID".to_owned()
+        } else {
+            format!("sandbox {}", outside_text::snippet(&probe.id, 64))
+        }
+    )))
+}
+
+/// A host-network-mode endpoint: execd's port published as `host:44772` with no per-sandbox
+/// path or port, shared by every sandbox.
+pub fn check_endpoint(endpoint: &str) -> Result<(), SandboxError> {
+    let bare = endpoint
+        .trim()
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    if !bare.contains('/') && bare.ends_with(":44772") {
+        return Err(SandboxError::refused(format!(
+            "the OpenSandbox server publishes every sandbox's execd at {} (host network \
+             mode: commands reach the wrong sandbox and guests share the host's network); \
+             set [docker] network_mode = \"bridge\" with publish_host = \"127.0.0.1\", or use \
+             Kubernetes",
+            outside_text::snippet(bare, 80)
+        )));
+    }
+    Ok(())
+}
+
+/// Judges the probe when isolation is attested: no gVisor, no host kernel.
+pub fn check_attested_probe(probe: &Probe, host_kernels: &[String]) -> Result<(), SandboxError> {
+    if probe.is_gvisor() {
+        return Err(SandboxError::refused(
+            "the OpenSandbox guest runs under gVisor (a user-space kernel, not a VM), though \
+             OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized; set the server's \
+             [secure_runtime] type to kata or firecracker, or unset the attestation",
+        ));
+    }
+    if host_kernels.contains(&probe.release) {
+        return Err(SandboxError::refused(format!(
+            "the OpenSandbox guest reports kernel {}, which {ENV_HOST_KERNEL} names as the \
+             host's: it shares the host kernel (runc), not a VM; set the server's \
+             [secure_runtime] type to kata or firecracker, or unset \
+             OPEN_SANDBOX_ATTEST_ISOLATION",
+            outside_text::snippet(&probe.release, 80)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(mode: &str, default: &str, rules: &[&str]) -> PolicyStatus {
+        serde_json::from_value(serde_json::json!({
+            "status": "ok",
+            "mode": "enforcing",
+            "enforcementMode": mode,
+            "policy": {
+                "defaultAction": default,
+                "egress": rules.iter().map(|t| serde_json::json!({"action": "allow", "target": t})).collect::<Vec<_>>(),
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn policies_are_deny_all_with_domains_and_refuse_addresses() {
+        assert_eq!(policy_for(&Egress::Unrestricted).unwrap(), None);
+        assert_eq!(
+            policy_for(&Egress::DenyAll).unwrap(),
+            Some(NetworkPolicy::deny_all())
+        );
+        let p = policy_for(&Egress::Domains(vec![
+            "PyPI.org.".into(),
+            "*.example.com".into(),
+            "pypi.org".into(),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            p,
+            NetworkPolicy::deny_all()
+                .allow("pypi.org")
+                .allow("*.example.com")
+        );
+        for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "a b", "", "1.2.3"] {
+            let e = policy_for(&Egress::Domains(vec![bad.into()])).unwrap_err();
+            assert!(
+                e.message().contains("LANGFLOW_SANDBOX_ALLOWED_DOMAINS"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn readback_needs_dns_nft_deny_and_the_exact_rules() {
+        let sent = NetworkPolicy::deny_all().allow("a.com").allow("b.com");
+        check_policy_readback(&sent, &status("dns+nft", "deny", &["b.com", "a.com"])).unwrap();
+        let e =
+            check_policy_readback(&sent, &status("dns", "deny", &["a.com", "b.com"])).unwrap_err();
+        assert!(e.message().contains("dns+nft"), "{e}");
+        let e = check_policy_readback(&sent, &status("dns+nft", "allow", &["a.com", "b.com"]))
+            .unwrap_err();
+        assert!(e.message().contains("defaultAction"), "{e}");
+        for rules in [&["a.com"][..], &["a.com", "b.com", "c.com"], &[]] {
+            assert!(check_policy_readback(&sent, &status("dns+nft", "deny", rules)).is_err());
+        }
+    }
+
+    #[test]
+    fn runtime_class_cross_check() {
+        check_runtime_class("kata-fc", &RuntimeClass::Named("kata-fc".into())).unwrap();
+        for got in [
+            RuntimeClass::Named("kata-qemu".into()),
+            RuntimeClass::NotReported,
+            RuntimeClass::Conflicting(vec!["a".into(), "b".into()]),
+        ] {
+            let e = check_runtime_class("kata-fc", &got).unwrap_err();
+            assert!(e.message().contains(ENV_RUNTIME_CLASS), "{e}");
+        }
+    }
+
+    #[test]
+    fn probe_identity_gvisor_and_host_kernel() {
+        let p = Probe::parse(
+            "lf-id=abc\nlf-release=6.1.62-kata\nlf-version=Linux version 6.1.62\nlf-dmesg=\n",
+        );
+        assert_eq!(p.release, "6.1.62-kata");
+        check_identity("abc", &p).unwrap();
+        assert!(
+            check_identity("xyz", &p)
+                .unwrap_err()
+                .message()
+                .contains("network_mode")
+        );
+        check_attested_probe(&p, &["6.18.44".into()]).unwrap();
+        let e = check_attested_probe(&p, &["6.1.62-kata".into()]).unwrap_err();
+        assert!(e.message().contains(ENV_HOST_KERNEL));
+        let g = Probe::parse("lf-id=abc\nlf-release=4.4.0\nlf-dmesg=Starting gVisor...\n");
+        assert!(g.is_gvisor());
+        assert!(
+            check_attested_probe(&g, &[])
+                .unwrap_err()
+                .message()
+                .contains("gVisor")
+        );
+    }
+
+    #[test]
+    fn host_mode_endpoints() {
+        assert!(check_endpoint("127.0.0.1:44772").is_err());
+        check_endpoint("127.0.0.1:8080/sandboxes/x/proxy/44772").unwrap();
+        check_endpoint("10.0.0.5:32811").unwrap();
+    }
+}

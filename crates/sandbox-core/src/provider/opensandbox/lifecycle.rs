@@ -1,0 +1,536 @@
+//! A sandbox's life on an OpenSandbox server: create with a nonce (a lost answer is found and
+//! destroyed), wait for `Running` and for execd's `/ping`, check the egress read-back, the
+//! RuntimeClass, the endpoint and the in-guest probe before any user code, run a program
+//! under two clocks and an idle deadline, and destroy (404 is gone, a 500 is tried again).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use opensandbox_api::{
+    Client, CreateSandbox, Deletion, ErrorKind as ApiKind, ExecEvent, ExitStatus, Lifetime,
+    NetworkPolicy, RunCommand, StreamOptions, UploadFile,
+};
+
+use super::gates::{self, Egress, Probe};
+use super::settings::{Attestation, OpenSandboxSettings};
+use crate::error::{ErrorKind, SandboxError};
+use crate::exec::{Command, ExecLimits, classify_exit};
+use crate::output::TailBuffer;
+use crate::withheld;
+
+/// The metadata key every sandbox of this plugin carries (value: the `created-by` setting).
+pub const META_CREATED_BY: &str = "created-by";
+/// The metadata key of the create nonce.
+pub const META_NONCE: &str = "lf-nonce";
+/// The metadata key of the surface that made the sandbox.
+pub const META_SURFACE: &str = "lf-surface";
+/// How long a first delete that failed waits before its one more try.
+const DELETE_RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// Where the program is uploaded.
+const PROGRAM_PATH: &str = "/tmp/lf-run/main.py";
+
+/// What one sandbox is created for.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// The egress the run gets.
+    pub egress: Egress,
+    /// Memory limit in MiB.
+    pub memory_mb: u32,
+    /// The surface asking (`backend`, `component`, `executor`), recorded in metadata.
+    pub surface: &'static str,
+    /// The longest one run may take: the server-side lifetime is kept above it.
+    pub run_budget: Duration,
+}
+
+/// One program run's result, as lfx reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// Standard output kept (the tail, after a marker when truncated).
+    pub stdout: String,
+    /// Standard error kept.
+    pub stderr: String,
+    /// The exit code; -1 for a timeout.
+    pub exit_code: i32,
+    /// Whether either stream was cut.
+    pub truncated: bool,
+    /// Wall time of the command.
+    pub elapsed: Duration,
+}
+
+/// The OpenSandbox provider: a client and the settings it was built from.
+#[derive(Debug, Clone)]
+pub struct OpenSandboxProvider {
+    client: Client,
+    settings: OpenSandboxSettings,
+}
+
+fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError {
+    let kind = match e.kind() {
+        ApiKind::Auth | ApiKind::InvalidRequest | ApiKind::NotFound | ApiKind::Conflict => {
+            ErrorKind::Rejected
+        }
+        ApiKind::Config => ErrorKind::Refused,
+        _ => ErrorKind::Transient,
+    };
+    let hint = if e.kind() == ApiKind::Auth {
+        " (check OPEN_SANDBOX_API_KEY against the server's [server] api_key)"
+    } else {
+        ""
+    };
+    SandboxError::new(
+        kind,
+        format!(
+            "OpenSandbox: {what} failed: {}{hint}",
+            outside_text::snippet(&e.to_string(), 600)
+        ),
+    )
+}
+
+fn nonce() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    use rand::RngCore;
+    let mut b = [0u8; 12];
+    rand::rng().fill_bytes(&mut b);
+    b.iter()
+        .flat_map(|x| [HEX[usize::from(x >> 4)], HEX[usize::from(x & 15)]])
+        .map(char::from)
+        .collect()
+}
+
+/// Appends one execd output frame: execd sends a line per frame without its line end (and a
+/// blank line as `"\n"`); a frame that already ends a line is kept as it is.
+fn push_line(buf: &mut TailBuffer, text: &str) {
+    buf.push(text.as_bytes());
+    if !text.ends_with('\n') {
+        buf.push(b"\n");
+    }
+}
+
+impl OpenSandboxProvider {
+    /// A provider over `settings`; refused without a key or with an unusable domain.
+    pub fn new(settings: OpenSandboxSettings) -> Result<Self, SandboxError> {
+        let client = settings.client()?;
+        Ok(Self { client, settings })
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &OpenSandboxSettings {
+        &self.settings
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Deletes sandbox `id`: a 404 is gone; a failure is tried once more (the client already
+    /// repeats transport errors and 5xx within its policy).
+    pub async fn destroy(&self, id: &str) -> Result<Deletion, SandboxError> {
+        match self.client.delete_sandbox(id).await {
+            Ok(d) => Ok(d),
+            Err(first) if first.kind() != ApiKind::Auth => {
+                tokio::time::sleep(DELETE_RETRY_PAUSE).await;
+                self.client
+                    .delete_sandbox(id)
+                    .await
+                    .map_err(|e| api_error(&format!("deleting sandbox {id}"), &e))
+            }
+            Err(e) => Err(api_error(&format!("deleting sandbox {id}"), &e)),
+        }
+    }
+
+    /// Pushes sandbox `id`'s expiry `extend_by` ahead, never more than
+    /// `OPEN_SANDBOX_MAX_RENEW_SECONDS` (the server accepts any time).
+    pub async fn renew(
+        &self,
+        id: &str,
+        extend_by: Duration,
+    ) -> Result<opensandbox_api::Renewal, SandboxError> {
+        self.client
+            .renew_expiration(id, extend_by, self.settings.max_renew)
+            .await
+            .map_err(|e| api_error(&format!("renewing sandbox {id}"), &e))
+    }
+
+    /// Creates a sandbox for `spec` and checks it before any user code; on any refusal or
+    /// failure after the create, the sandbox is destroyed and nothing is left.
+    pub async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        let policy = gates::policy_for(&spec.egress)?;
+        let s = &self.settings;
+        // The server-side lifetime must outlive one run, whatever the setting says.
+        let lifetime = s
+            .sandbox_timeout
+            .max(spec.run_budget + s.ready + Duration::from_secs(120));
+        let nonce = nonce();
+        let mut request = CreateSandbox::from_image(s.image.clone(), s.entrypoint.clone())
+            .lifetime(Lifetime::After(lifetime))
+            .resource("cpu", s.cpu.clone())
+            .resource("memory", format!("{}Mi", spec.memory_mb))
+            .metadata(META_CREATED_BY, s.created_by.clone())
+            .metadata(META_NONCE, nonce.clone())
+            .metadata(META_SURFACE, spec.surface);
+        if let Some(p) = &policy {
+            request = request.network_policy(p.clone());
+        }
+        let info = match self.client.create_sandbox(&request).await {
+            Ok(info) => info,
+            Err(e) if e.is_retryable() => {
+                // The answer may be lost with the sandbox made: find it by nonce and destroy.
+                self.destroy_by_nonce(&nonce).await;
+                return Err(api_error(
+                    "creating a sandbox (any sandbox it made was deleted)",
+                    &e,
+                ));
+            }
+            Err(e) => return Err(Self::create_refusal(&e, policy.is_some())),
+        };
+        let mut sandbox = Sandbox {
+            id: info.id.clone(),
+            provider: Some(self.clone()),
+            probed: false,
+        };
+        match self.check_new(&sandbox, policy.as_ref()).await {
+            Ok(()) => {
+                sandbox.probed = true;
+                Ok(sandbox)
+            }
+            Err(e) => {
+                sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn destroy_by_nonce(&self, nonce: &str) {
+        for _ in 0..2 {
+            if let Ok(found) = self.client.find_by_metadata(META_NONCE, nonce).await {
+                for sb in found {
+                    let _ = self.destroy(&sb.id).await;
+                }
+                return;
+            }
+            tokio::time::sleep(DELETE_RETRY_PAUSE).await;
+        }
+        tracing::warn!(
+            target: crate::LOG_TARGET,
+            "OpenSandbox: a create whose answer was lost could not be looked up; the orphan \
+             sweep or the server-side timeout will remove what it made"
+        );
+    }
+
+    fn create_refusal(e: &opensandbox_api::Error, with_policy: bool) -> SandboxError {
+        let msg = e.to_string().to_ascii_lowercase();
+        if with_policy && e.status().is_some_and(|s| s.as_u16() == 400) {
+            if msg.contains("host") {
+                return SandboxError::refused(format!(
+                    "the OpenSandbox server refuses an egress policy in Docker host network \
+                     mode ({}); set [docker] network_mode = \"bridge\" with publish_host = \
+                     \"127.0.0.1\", or use Kubernetes",
+                    outside_text::snippet(&e.to_string(), 300)
+                ));
+            }
+            if msg.contains("gvisor") {
+                return SandboxError::refused(format!(
+                    "the OpenSandbox server runs gVisor, which cannot enforce egress ({}); set \
+                     [secure_runtime] type = \"kata\" or \"firecracker\", or allow unrestricted \
+                     egress",
+                    outside_text::snippet(&e.to_string(), 300)
+                ));
+            }
+            if msg.contains("egress") || msg.contains("networkpolicy") {
+                return SandboxError::refused(format!(
+                    "the OpenSandbox server cannot apply an egress policy ({}); configure an \
+                     [egress] image with mode = \"dns+nft\" on the server",
+                    outside_text::snippet(&e.to_string(), 300)
+                ));
+            }
+        }
+        api_error("creating a sandbox", e)
+    }
+
+    async fn check_new(
+        &self,
+        sandbox: &Sandbox,
+        policy: Option<&NetworkPolicy>,
+    ) -> Result<(), SandboxError> {
+        let s = &self.settings;
+        let id = sandbox.id.as_str();
+        let started = Instant::now();
+        self.client
+            .wait_until_running(id, s.ready, Duration::from_millis(200))
+            .await
+            .map_err(|e| api_error(&format!("waiting for sandbox {id} to run"), &e))?;
+        let execd = self.client.execd(id);
+        let left = s
+            .ready
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        execd
+            .wait_until_ready(left, Duration::from_millis(200))
+            .await
+            .map_err(|e| api_error(&format!("waiting for execd in sandbox {id}"), &e))?;
+        if let Some(sent) = policy {
+            match self.client.get_network_policy(id).await {
+                Ok(got) => gates::check_policy_readback(sent, &got)?,
+                Err(e) if e.status().is_some_and(|c| matches!(c.as_u16(), 404 | 502)) => {
+                    return Err(gates::no_sidecar(&e.to_string()));
+                }
+                Err(e) => return Err(api_error("reading the egress policy back", &e)),
+            }
+        }
+        if let (Attestation::HardwareVirtualized, Some(expected)) =
+            (s.attestation, &s.runtime_class)
+        {
+            let rc = self
+                .client
+                .runtime_class(id)
+                .await
+                .map_err(|e| api_error("reading the inspect diagnostics", &e))?;
+            gates::check_runtime_class(expected, &rc)?;
+        }
+        let endpoint = self
+            .client
+            .get_endpoint(id, 44772, false)
+            .await
+            .map_err(|e| api_error("reading execd's endpoint", &e))?;
+        gates::check_endpoint(&endpoint.endpoint)?;
+        let out = execd
+            .run(
+                &RunCommand::shell(gates::PROBE_COMMAND).timeout(Duration::from_secs(20)),
+                StreamOptions {
+                    idle_timeout: s.idle,
+                    deadline: Some(Duration::from_secs(30)),
+                    ..StreamOptions::default()
+                },
+            )
+            .await
+            .map_err(|e| api_error("the first command (identity and isolation probe)", &e))?;
+        let mut stdout = TailBuffer::new(16 * 1024);
+        let mut events = out;
+        while let Some(ev) = events.next().await {
+            if let ExecEvent::Stdout { text, .. } =
+                ev.map_err(|e| api_error("the identity and isolation probe", &e))?
+            {
+                push_line(&mut stdout, &text);
+            }
+        }
+        let probe = Probe::parse(&stdout.finish().text.to_string());
+        gates::check_identity(id, &probe)?;
+        if s.attestation == Attestation::HardwareVirtualized {
+            gates::check_attested_probe(&probe, &s.host_kernels)?;
+        } else if policy.is_some() && probe.is_gvisor() {
+            return Err(SandboxError::refused(
+                "the OpenSandbox guest runs under gVisor, which cannot enforce egress; set \
+                 [secure_runtime] type = \"kata\" or \"firecracker\" on the server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The orphan sweep: deletes this deployment's sandboxes (by `created-by` metadata) older
+    /// than `older_than`. Returns the ids deleted.
+    pub async fn sweep(&self, older_than: Duration) -> Result<Vec<String>, SandboxError> {
+        let found = self
+            .client
+            .find_by_metadata(META_CREATED_BY, &self.settings.created_by)
+            .await
+            .map_err(|e| api_error("listing sandboxes for the orphan sweep", &e))?;
+        let now = opensandbox_api::OffsetDateTime::now_utc();
+        let mut deleted = Vec::new();
+        for sb in found {
+            let old = sb.created().is_none_or(|c| {
+                (now - c).whole_milliseconds()
+                    >= i128::try_from(older_than.as_millis()).unwrap_or(i128::MAX)
+            });
+            if old && self.destroy(&sb.id).await.is_ok() {
+                deleted.push(sb.id);
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// A created, checked sandbox. [`Sandbox::destroy`] ends it; dropping it unended deletes it
+/// in the background.
+#[derive(Debug)]
+pub struct Sandbox {
+    id: String,
+    provider: Option<OpenSandboxProvider>,
+    probed: bool,
+}
+
+impl Sandbox {
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn provider(&self) -> &OpenSandboxProvider {
+        self.provider
+            .as_ref()
+            .expect("a live sandbox has its provider")
+    }
+
+    /// Runs the Python program `code` under the budget `timeout`, with `env` (a withheld
+    /// name is refused), keeping at most `cap` bytes per stream. A stream that stalls (no
+    /// frame, not even a ping, for `OPEN_SANDBOX_IDLE_SECONDS`) destroys the sandbox and is an
+    /// error; the host deadline reports a timeout (-1) with the output that arrived.
+    pub async fn run_python(
+        &mut self,
+        code: &str,
+        env: &BTreeMap<String, String>,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<RunOutcome, SandboxError> {
+        debug_assert!(self.probed);
+        for name in env.keys() {
+            if withheld::is_withheld_name(name) {
+                return Err(withheld::refuse_name("the run's environment", name));
+            }
+        }
+        let id = self.id.clone();
+        let p = self.provider().clone();
+        let execd = p.client.execd(&id);
+        // A paused sandbox never answers: bound the upload by the idle deadline (plus time
+        // for the bytes), then destroy.
+        let upload_budget = p.settings.idle + Duration::from_secs(2 * (code.len() as u64 >> 20));
+        let file = UploadFile::new(PROGRAM_PATH, code.as_bytes().to_vec()).mode(0o644);
+        match tokio::time::timeout(upload_budget, execd.upload(&[file])).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.failed(&p, "uploading the program", &e).await),
+            Err(_) => {
+                self.end(&p).await;
+                return Err(SandboxError::new(
+                    ErrorKind::Transient,
+                    format!(
+                        "OpenSandbox: uploading the program to sandbox {id} got no answer within                          {}s (a paused or stalled sandbox; see OPEN_SANDBOX_IDLE_SECONDS); the                          sandbox was destroyed",
+                        upload_budget.as_secs()
+                    ),
+                ));
+            }
+        }
+        let limits = ExecLimits {
+            budget: timeout,
+            kill_after: Duration::from_secs(2),
+            host_grace: Duration::from_secs(5),
+        };
+        let (program, rest) = Command::python(PROGRAM_PATH).under_timeout(&limits);
+        let mut cmd = RunCommand::argv(std::iter::once(program).chain(rest))
+            .timeout(limits.budget + limits.kill_after + Duration::from_secs(1));
+        for (k, v) in env {
+            cmd = cmd.env(k.clone(), v.clone());
+        }
+        let started = Instant::now();
+        let mut out = TailBuffer::new(cap);
+        let mut err = TailBuffer::new(cap);
+        let opts = StreamOptions {
+            idle_timeout: p.settings.idle,
+            deadline: Some(limits.host_deadline()),
+            ..StreamOptions::default()
+        };
+        let mut stream = match execd.run(&cmd, opts).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.failed(&p, "starting the program", &e).await),
+        };
+        let mut host_timeout = false;
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ExecEvent::Stdout { text, .. }) => push_line(&mut out, &text),
+                Ok(ExecEvent::Stderr { text, .. }) => push_line(&mut err, &text),
+                Ok(_) => {}
+                Err(e) if e.kind() == ApiKind::Timeout => {
+                    host_timeout = true;
+                    break;
+                }
+                Err(e) => return Err(self.failed(&p, "the program's output stream", &e).await),
+            }
+        }
+        let elapsed = started.elapsed();
+        let status = stream.exit_status();
+        drop(stream);
+        let exit_code = if host_timeout {
+            self.end(&p).await;
+            crate::exec::EXIT_TIMED_OUT
+        } else {
+            match status {
+                ExitStatus::Code(c) => classify_exit(c, elapsed, timeout),
+                ExitStatus::Unknown => {
+                    self.end(&p).await;
+                    return Err(SandboxError::new(
+                        ErrorKind::OutcomeUnknown,
+                        format!(
+                            "OpenSandbox: the program's stream in sandbox {id} ended without an \
+                             exit status; the sandbox was destroyed and the program may have run"
+                        ),
+                    ));
+                }
+            }
+        };
+        let (o, e) = (out.finish(), err.finish());
+        Ok(RunOutcome {
+            truncated: o.truncated || e.truncated,
+            stdout: o.text.to_string(),
+            stderr: e.text.to_string(),
+            exit_code,
+            elapsed,
+        })
+    }
+
+    async fn failed(
+        &mut self,
+        p: &OpenSandboxProvider,
+        what: &str,
+        e: &opensandbox_api::Error,
+    ) -> SandboxError {
+        self.end(p).await;
+        let kind = if e.kind() == ApiKind::Idle {
+            ErrorKind::OutcomeUnknown
+        } else {
+            api_error(what, e).kind()
+        };
+        SandboxError::new(
+            kind,
+            format!(
+                "OpenSandbox: {what} in sandbox {} failed: {}; the sandbox was destroyed{}",
+                self.id,
+                outside_text::snippet(&e.to_string(), 600),
+                if e.kind() == ApiKind::Idle {
+                    " (a paused or stalled sandbox sends nothing; see OPEN_SANDBOX_IDLE_SECONDS)"
+                } else {
+                    ""
+                }
+            ),
+        )
+    }
+
+    async fn end(&mut self, p: &OpenSandboxProvider) {
+        if let Err(e) = p.destroy(&self.id).await {
+            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+        }
+        self.provider = None;
+    }
+
+    /// Deletes the sandbox (404 counts as deleted); a failure is logged, and the orphan sweep
+    /// and the server-side timeout remain.
+    pub async fn destroy(mut self) {
+        if let Some(p) = self.provider.take()
+            && let Err(e) = p.destroy(&self.id).await
+        {
+            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let id = std::mem::take(&mut self.id);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = p.destroy(&id).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The OpenSandbox provider's settings, read through an environment lookup.
+//!
+//! The SDK's own names where they exist (`OPEN_SANDBOX_DOMAIN`, `OPEN_SANDBOX_API_KEY`), and
+//! ours under the same `OPEN_SANDBOX_` prefix, which [`crate::withheld`] keeps from every
+//! guest. A bad value fails closed with an error naming the variable; the key never appears
+//! in an error or in `Debug`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use crate::error::SandboxError;
+use crate::vars::{non_blank, read_flag};
+
+/// `OPEN_SANDBOX_DOMAIN`: the server (`host[:port]` or a URL), as the official SDK reads it.
+pub const ENV_DOMAIN: &str = opensandbox_api::ENV_DOMAIN;
+/// `OPEN_SANDBOX_API_KEY`: the server's API key, as the official SDK reads it.
+pub const ENV_API_KEY: &str = opensandbox_api::ENV_API_KEY;
+/// `OPEN_SANDBOX_IMAGE`: the sandbox image (needs `python3`, `sh` and `timeout`).
+pub const ENV_IMAGE: &str = "OPEN_SANDBOX_IMAGE";
+/// `OPEN_SANDBOX_ENTRYPOINT`: the sandbox's entry process, split on spaces.
+pub const ENV_ENTRYPOINT: &str = "OPEN_SANDBOX_ENTRYPOINT";
+/// `OPEN_SANDBOX_CPU`: the `cpu` resource limit (Kubernetes quantity, e.g. `500m`, `1`).
+pub const ENV_CPU: &str = "OPEN_SANDBOX_CPU";
+/// `OPEN_SANDBOX_ATTEST_ISOLATION`: the operator's word that the server's secure runtime is a
+/// VM (`hardware-virtualized`). Unset: the provider reports container isolation.
+pub const ENV_ATTEST_ISOLATION: &str = "OPEN_SANDBOX_ATTEST_ISOLATION";
+/// `OPEN_SANDBOX_RUNTIME_CLASS`: the Kubernetes RuntimeClass the server's sandboxes must
+/// report in their inspect diagnostics (e.g. `kata-fc`).
+pub const ENV_RUNTIME_CLASS: &str = "OPEN_SANDBOX_RUNTIME_CLASS";
+/// `OPEN_SANDBOX_HOST_KERNEL`: the kernel release(s) of the server's hosts or nodes,
+/// comma-separated: a guest reporting one of them shares the host kernel and is refused.
+pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
+/// `OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION`: lets the component and the executor run on a
+/// server whose isolation is not attested (containers only). lfx's backend seam refuses such
+/// a server whatever this says.
+pub const ENV_ALLOW_CONTAINER_ISOLATION: &str = "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION";
+/// `OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS`: the server-side lifetime of every sandbox, the
+/// backstop that deletes it if this process dies (must be longer than one run).
+pub const ENV_SANDBOX_TIMEOUT: &str = "OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS";
+/// `OPEN_SANDBOX_MAX_RENEW_SECONDS`: the longest a renewal may push a sandbox's expiry ahead.
+pub const ENV_MAX_RENEW: &str = "OPEN_SANDBOX_MAX_RENEW_SECONDS";
+/// `OPEN_SANDBOX_READY_SECONDS`: how long a new sandbox may take to be `Running` and have
+/// execd answer `/ping`.
+pub const ENV_READY: &str = "OPEN_SANDBOX_READY_SECONDS";
+/// `OPEN_SANDBOX_IDLE_SECONDS`: a command stream with no frame (execd pings every 3 s) for
+/// this long is a stalled or paused sandbox: it is destroyed.
+pub const ENV_IDLE: &str = "OPEN_SANDBOX_IDLE_SECONDS";
+/// `OPEN_SANDBOX_CREATED_BY`: the `created-by` metadata value that marks this deployment's
+/// sandboxes for the orphan sweep.
+pub const ENV_CREATED_BY: &str = "OPEN_SANDBOX_CREATED_BY";
+
+/// The default image.
+pub const DEFAULT_IMAGE: &str = "python:3.12-slim";
+/// The default entry process.
+pub const DEFAULT_ENTRYPOINT: &str = "tail -f /dev/null";
+/// The default `created-by` value.
+pub const DEFAULT_CREATED_BY: &str = "langflow-sandbox";
+/// The default server-side lifetime (15 minutes).
+pub const DEFAULT_SANDBOX_TIMEOUT: Duration = Duration::from_secs(900);
+/// The default renewal bound (1 hour, the server's own default maximum lifetime).
+pub const DEFAULT_MAX_RENEW: Duration = Duration::from_secs(3600);
+/// The default readiness budget.
+pub const DEFAULT_READY: Duration = Duration::from_secs(60);
+/// The default idle deadline of a command stream (five missed pings).
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(15);
+
+/// An environment lookup shared with the client.
+type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// What the operator attests about the server's isolation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attestation {
+    /// Nothing attested: containers (runc, or gVisor, which is not a VM).
+    None,
+    /// `hardware-virtualized`: Kata or Firecracker-under-Kata.
+    HardwareVirtualized,
+}
+
+/// The OpenSandbox provider's settings.
+#[derive(Clone)]
+pub struct OpenSandboxSettings {
+    /// `OPEN_SANDBOX_DOMAIN`, when set.
+    pub domain: Option<String>,
+    /// `OPEN_SANDBOX_API_KEY`, when set.
+    pub api_key: Option<SecretString>,
+    /// The image.
+    pub image: String,
+    /// The entry process.
+    pub entrypoint: Vec<String>,
+    /// The `cpu` limit.
+    pub cpu: String,
+    /// The isolation attested.
+    pub attestation: Attestation,
+    /// The expected Kubernetes RuntimeClass.
+    pub runtime_class: Option<String>,
+    /// Host kernel releases a guest must not report.
+    pub host_kernels: Vec<String>,
+    /// Whether the component and executor may run with container isolation.
+    pub allow_container_isolation: bool,
+    /// The server-side lifetime of a sandbox.
+    pub sandbox_timeout: Duration,
+    /// The renewal bound.
+    pub max_renew: Duration,
+    /// The readiness budget.
+    pub ready: Duration,
+    /// The command stream's idle deadline.
+    pub idle: Duration,
+    /// The `created-by` metadata value.
+    pub created_by: String,
+    lookup: Lookup,
+}
+
+impl fmt::Debug for OpenSandboxSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenSandboxSettings")
+            .field("domain", &self.domain)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
+            .field("image", &self.image)
+            .field("entrypoint", &self.entrypoint)
+            .field("cpu", &self.cpu)
+            .field("attestation", &self.attestation)
+            .field("runtime_class", &self.runtime_class)
+            .field("host_kernels", &self.host_kernels)
+            .field("allow_container_isolation", &self.allow_container_isolation)
+            .field("sandbox_timeout", &self.sandbox_timeout)
+            .field("max_renew", &self.max_renew)
+            .field("ready", &self.ready)
+            .field("idle", &self.idle)
+            .field("created_by", &self.created_by)
+            .finish_non_exhaustive()
+    }
+}
+
+fn seconds(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    default: Duration,
+    min: u64,
+    max: u64,
+) -> Result<Duration, SandboxError> {
+    let Some(raw) = non_blank(lookup, name) else {
+        return Ok(default);
+    };
+    match raw.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(Duration::from_secs(n)),
+        _ => Err(SandboxError::refused(format!(
+            "{name}={} is not a whole number of seconds from {min} to {max}; set it in that \
+             range or unset it for the default ({}s)",
+            outside_text::snippet(&raw, 40),
+            default.as_secs()
+        ))),
+    }
+}
+
+/// Kubernetes label values (and so metadata values): 1..=63 of `[A-Za-z0-9._-]`, starting
+/// and ending alphanumeric.
+pub(crate) fn is_label_value(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && v.as_bytes()[0].is_ascii_alphanumeric()
+        && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric()
+}
+
+impl OpenSandboxSettings {
+    /// Reads every setting through `lookup`; a bad value is a refusal naming its variable.
+    /// A missing key is not an error here (see [`OpenSandboxSettings::client`]), so `doctor`
+    /// can report the rest.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Result<Self, SandboxError> {
+        let lookup: Lookup = Arc::new(lookup);
+        let l: &dyn Fn(&str) -> Option<String> = &*lookup;
+        let attestation = match non_blank(l, ENV_ATTEST_ISOLATION) {
+            None => Attestation::None,
+            Some(v) if v.eq_ignore_ascii_case("hardware-virtualized") => {
+                Attestation::HardwareVirtualized
+            }
+            Some(v) if v.eq_ignore_ascii_case("none") || v.eq_ignore_ascii_case("container") => {
+                Attestation::None
+            }
+            Some(v) => {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_ATTEST_ISOLATION}={} is not understood; set it to \
+                     hardware-virtualized only if the server's [secure_runtime] is Kata or \
+                     Firecracker (gVisor and runc are containers), or unset it",
+                    outside_text::snippet(&v, 40)
+                )));
+            }
+        };
+        let runtime_class = non_blank(l, ENV_RUNTIME_CLASS);
+        if let Some(rc) = runtime_class.as_deref().filter(|rc| !is_label_value(rc)) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_RUNTIME_CLASS}={} is not a RuntimeClass name; set it to the server's \
+                 [secure_runtime] k8s_runtime_class (e.g. kata-fc)",
+                outside_text::snippet(rc, 70)
+            )));
+        }
+        let host_kernels = non_blank(l, ENV_HOST_KERNEL)
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let created_by =
+            non_blank(l, ENV_CREATED_BY).unwrap_or_else(|| DEFAULT_CREATED_BY.to_owned());
+        if !is_label_value(&created_by) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_CREATED_BY}={} is not a metadata value; use up to 63 letters, digits, \
+                 '-', '_' or '.', starting and ending with a letter or digit",
+                outside_text::snippet(&created_by, 70)
+            )));
+        }
+        let entrypoint: Vec<String> = non_blank(l, ENV_ENTRYPOINT)
+            .unwrap_or_else(|| DEFAULT_ENTRYPOINT.to_owned())
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        let sandbox_timeout = seconds(l, ENV_SANDBOX_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT, 60, 86_400)?;
+        Ok(OpenSandboxSettings {
+            domain: non_blank(l, ENV_DOMAIN),
+            api_key: non_blank(l, ENV_API_KEY).map(SecretString::from),
+            image: non_blank(l, ENV_IMAGE).unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
+            entrypoint,
+            cpu: non_blank(l, ENV_CPU).unwrap_or_else(|| "1".to_owned()),
+            attestation,
+            runtime_class,
+            host_kernels,
+            allow_container_isolation: read_flag(l, ENV_ALLOW_CONTAINER_ISOLATION)?,
+            sandbox_timeout,
+            max_renew: seconds(l, ENV_MAX_RENEW, DEFAULT_MAX_RENEW, 60, 86_400)?,
+            ready: seconds(l, ENV_READY, DEFAULT_READY, 1, 3600)?,
+            idle: seconds(l, ENV_IDLE, DEFAULT_IDLE, 4, 3600)?,
+            created_by,
+            lookup,
+        })
+    }
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, SandboxError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// The isolation lfx's dispatcher is told: `hardware-virtualized` only when attested,
+    /// `container` otherwise (which lfx refuses).
+    pub fn declared_isolation(&self) -> &'static str {
+        match self.attestation {
+            Attestation::HardwareVirtualized => "hardware-virtualized",
+            Attestation::None => "container",
+        }
+    }
+
+    /// For the component and the executor, which have no dispatcher of their own: refused
+    /// unless the isolation is attested or the operator opted into containers.
+    pub fn require_isolation_for(&self, surface: &str) -> Result<(), SandboxError> {
+        if self.attestation == Attestation::HardwareVirtualized || self.allow_container_isolation {
+            return Ok(());
+        }
+        Err(SandboxError::refused(format!(
+            "the {surface} refuses the OpenSandbox server: its isolation is not attested. If \
+             the server's [secure_runtime] is Kata or Firecracker, set \
+             {ENV_ATTEST_ISOLATION}=hardware-virtualized (and {ENV_RUNTIME_CLASS} on \
+             Kubernetes); to accept container isolation knowingly, set \
+             {ENV_ALLOW_CONTAINER_ISOLATION}=true"
+        )))
+    }
+
+    /// Builds the HTTP client; a missing key or an unusable domain is a refusal naming the
+    /// variable (the client's own message never carries the key).
+    pub fn client(&self) -> Result<opensandbox_api::Client, SandboxError> {
+        if self.api_key.is_none() {
+            return Err(SandboxError::refused(format!(
+                "{ENV_API_KEY} is not set; set it to the server's [server] api_key"
+            )));
+        }
+        let lookup = Arc::clone(&self.lookup);
+        opensandbox_api::Client::builder()
+            .env_lookup(move |name| lookup(name))
+            .user_agent(concat!(
+                "langflow-sandbox-createos/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()
+            .map_err(|e| {
+                SandboxError::refused(format!(
+                    "the OpenSandbox client cannot be built from {ENV_DOMAIN}/{ENV_API_KEY}: {}",
+                    outside_text::snippet(&e.to_string(), 400)
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<OpenSandboxSettings, SandboxError> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        OpenSandboxSettings::from_lookup(move |n| {
+            pairs.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn defaults_report_container_isolation_and_refuse_surfaces() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.declared_isolation(), "container");
+        let e = s.require_isolation_for("executor").unwrap_err();
+        assert!(e.message().contains(ENV_ATTEST_ISOLATION), "{e}");
+        assert!(e.message().contains(ENV_ALLOW_CONTAINER_ISOLATION), "{e}");
+        assert!(s.client().unwrap_err().message().contains(ENV_API_KEY));
+        assert_eq!(s.sandbox_timeout, DEFAULT_SANDBOX_TIMEOUT);
+        assert_eq!(s.entrypoint, ["tail", "-f", "/dev/null"]);
+    }
+
+    #[test]
+    fn attestation_and_opt_in() {
+        let s = settings(&[(ENV_ATTEST_ISOLATION, "Hardware-Virtualized")]).unwrap();
+        assert_eq!(s.declared_isolation(), "hardware-virtualized");
+        s.require_isolation_for("component").unwrap();
+        let s = settings(&[(ENV_ALLOW_CONTAINER_ISOLATION, "true")]).unwrap();
+        assert_eq!(s.declared_isolation(), "container");
+        s.require_isolation_for("component").unwrap();
+        let e = settings(&[(ENV_ATTEST_ISOLATION, "gvisor")]).unwrap_err();
+        assert!(e.message().contains(ENV_ATTEST_ISOLATION));
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        for (k, v) in [
+            (ENV_SANDBOX_TIMEOUT, "30"),
+            (ENV_MAX_RENEW, "x"),
+            (ENV_IDLE, "1"),
+            (ENV_RUNTIME_CLASS, "Kata FC!"),
+            (ENV_CREATED_BY, "-bad-"),
+            (ENV_ALLOW_CONTAINER_ISOLATION, "maybe"),
+        ] {
+            let e = settings(&[(k, v)]).unwrap_err();
+            assert!(e.message().contains(k), "{k}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_key_is_never_shown() {
+        let s = settings(&[
+            (ENV_API_KEY, "sk-very-secret-1234"),
+            (ENV_DOMAIN, "ftp://example.com"),
+            (ENV_HOST_KERNEL, "6.1.0-18-amd64, 6.18.44"),
+        ])
+        .unwrap();
+        assert!(!format!("{s:?}").contains("sk-very-secret"));
+        assert_eq!(s.host_kernels, ["6.1.0-18-amd64", "6.18.44"]);
+        let e = s.client().unwrap_err();
+        assert!(e.message().contains(ENV_DOMAIN), "{e}");
+        assert!(!e.message().contains("sk-very-secret"));
+    }
+}
