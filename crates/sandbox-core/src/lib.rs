@@ -28,6 +28,9 @@
 //!   built from.
 //! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
 //!   value.
+//! - [`provider`]: the provider seam, what a sandbox provider must offer the surfaces in
+//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it, `provider::opensandbox`
+//!   the self-hosted OpenSandbox server (issue 41).
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
 
 pub mod admission;
@@ -47,6 +50,7 @@ pub mod orphans;
 pub mod output;
 pub mod plan;
 pub mod pool;
+pub mod provider;
 pub mod reaper;
 pub mod retry;
 pub mod session;
