@@ -28,8 +28,10 @@
 //!   built from.
 //! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
 //!   value.
+//! - [`provider`]: the provider seam, what a sandbox provider must offer the surfaces in
+//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it, [`provider::opensandbox`]
+//!   the self-hosted OpenSandbox server (issue 41).
 //! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
-//! - [`provider`]: each other provider's own rules ([`provider::opensandbox`]).
 
 pub mod admission;
 pub mod classify;
