@@ -65,7 +65,7 @@ pub struct OpenSandboxProvider {
     settings: OpenSandboxSettings,
 }
 
-fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError {
+pub(crate) fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError {
     let kind = match e.kind() {
         ApiKind::Auth | ApiKind::InvalidRequest | ApiKind::NotFound | ApiKind::Conflict => {
             ErrorKind::Rejected
@@ -87,7 +87,7 @@ fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError {
     )
 }
 
-fn nonce() -> String {
+pub(crate) fn nonce() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     use rand::RngCore;
     let mut b = [0u8; 12];
@@ -100,7 +100,7 @@ fn nonce() -> String {
 
 /// Appends one execd output frame: execd sends a line per frame without its line end (and a
 /// blank line as `"\n"`); a frame that already ends a line is kept as it is.
-fn push_line(buf: &mut TailBuffer, text: &str) {
+pub(crate) fn push_line(buf: &mut TailBuffer, text: &str) {
     buf.push(text.as_bytes());
     if !text.ends_with('\n') {
         buf.push(b"\n");
@@ -254,31 +254,64 @@ impl OpenSandboxProvider {
         sandbox: &Sandbox,
         policy: Option<&NetworkPolicy>,
     ) -> Result<(), SandboxError> {
-        let s = &self.settings;
         let id = sandbox.id.as_str();
+        self.wait_running_and_execd(id, self.settings.ready).await?;
+        if let Some(sent) = policy {
+            self.check_egress(id, sent).await?;
+        }
+        let probe = self.check_guest(id).await?;
+        if self.settings.attestation == Attestation::None && policy.is_some() && probe.is_gvisor() {
+            return Err(SandboxError::refused(
+                "the OpenSandbox guest runs under gVisor, which cannot enforce egress; set \
+                 [secure_runtime] type = \"kata\" or \"firecracker\" on the server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits for `Running` (a Kubernetes server answers `Pending` first), then for execd's
+    /// `/ping` (`Running` is not ready), within `budget`.
+    pub(crate) async fn wait_running_and_execd(
+        &self,
+        id: &str,
+        budget: Duration,
+    ) -> Result<(), SandboxError> {
         let started = Instant::now();
         self.client
-            .wait_until_running(id, s.ready, Duration::from_millis(200))
+            .wait_until_running(id, budget, Duration::from_millis(200))
             .await
             .map_err(|e| api_error(&format!("waiting for sandbox {id} to run"), &e))?;
-        let execd = self.client.execd(id);
-        let left = s
-            .ready
+        let left = budget
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
-        execd
+        self.client
+            .execd(id)
             .wait_until_ready(left, Duration::from_millis(200))
             .await
-            .map_err(|e| api_error(&format!("waiting for execd in sandbox {id}"), &e))?;
-        if let Some(sent) = policy {
-            match self.client.get_network_policy(id).await {
-                Ok(got) => gates::check_policy_readback(sent, &got)?,
-                Err(e) if e.status().is_some_and(|c| matches!(c.as_u16(), 404 | 502)) => {
-                    return Err(gates::no_sidecar(&e.to_string()));
-                }
-                Err(e) => return Err(api_error("reading the egress policy back", &e)),
+            .map_err(|e| api_error(&format!("waiting for execd in sandbox {id}"), &e))
+    }
+
+    /// Reads the egress policy back: `dns+nft`, `deny`, exactly the rules sent; 502 or 404
+    /// (no sidecar) is a refusal.
+    pub(crate) async fn check_egress(
+        &self,
+        id: &str,
+        sent: &NetworkPolicy,
+    ) -> Result<(), SandboxError> {
+        match self.client.get_network_policy(id).await {
+            Ok(got) => gates::check_policy_readback(sent, &got),
+            Err(e) if e.status().is_some_and(|c| matches!(c.as_u16(), 404 | 502)) => {
+                Err(gates::no_sidecar(&e.to_string()))
             }
+            Err(e) => Err(api_error("reading the egress policy back", &e)),
         }
+    }
+
+    /// The checks before any user code: the RuntimeClass (when attested and expected), the
+    /// shared endpoint of host network mode, then the first command: the identity canary and
+    /// (when attested) the isolation probe.
+    pub(crate) async fn check_guest(&self, id: &str) -> Result<Probe, SandboxError> {
+        let s = &self.settings;
         if let (Attestation::HardwareVirtualized, Some(expected)) =
             (s.attestation, &s.runtime_class)
         {
@@ -295,7 +328,9 @@ impl OpenSandboxProvider {
             .await
             .map_err(|e| api_error("reading execd's endpoint", &e))?;
         gates::check_endpoint(&endpoint.endpoint)?;
-        let out = execd
+        let mut events = self
+            .client
+            .execd(id)
             .run(
                 &RunCommand::shell(gates::PROBE_COMMAND).timeout(Duration::from_secs(20)),
                 StreamOptions {
@@ -307,7 +342,6 @@ impl OpenSandboxProvider {
             .await
             .map_err(|e| api_error("the first command (identity and isolation probe)", &e))?;
         let mut stdout = TailBuffer::new(16 * 1024);
-        let mut events = out;
         while let Some(ev) = events.next().await {
             if let ExecEvent::Stdout { text, .. } =
                 ev.map_err(|e| api_error("the identity and isolation probe", &e))?
@@ -319,13 +353,8 @@ impl OpenSandboxProvider {
         gates::check_identity(id, &probe)?;
         if s.attestation == Attestation::HardwareVirtualized {
             gates::check_attested_probe(&probe, &s.host_kernels)?;
-        } else if policy.is_some() && probe.is_gvisor() {
-            return Err(SandboxError::refused(
-                "the OpenSandbox guest runs under gVisor, which cannot enforce egress; set \
-                 [secure_runtime] type = \"kata\" or \"firecracker\" on the server",
-            ));
         }
-        Ok(())
+        Ok(probe)
     }
 
     /// The orphan sweep: deletes this deployment's sandboxes (by `created-by` metadata) older

@@ -9,11 +9,14 @@
 //!   in-guest probe (identity canary, gVisor, host kernel), host-network endpoints.
 //! - [`lifecycle`]: create with a nonce, readiness, the checks in order before any user code,
 //!   a run under two clocks and an idle deadline, destroy, renew (clamped), the orphan sweep.
+//! - [`seam`]: [`OpenSandbox`], the same behind sandbox-core's [`crate::provider::Provider`].
 
 pub mod gates;
 pub mod lifecycle;
+pub mod seam;
 pub mod settings;
 
 pub use gates::Egress;
 pub use lifecycle::{OpenSandboxProvider, RunOutcome, Sandbox, SandboxSpec};
+pub use seam::OpenSandbox;
 pub use settings::OpenSandboxSettings;

@@ -1,0 +1,475 @@
+//! [`OpenSandbox`]: the OpenSandbox provider behind sandbox-core's [`Provider`] seam.
+//!
+//! sandbox-core decides the policy ([`GuestSpec`]); this module spells it for an OpenSandbox
+//! server and reports back what the server did. What it adds on its own: the name nonce in
+//! metadata (`lf-name`, found again by [`Provider::find`]), `Running` then `/ping` then the
+//! guest checks in [`Provider::wait_ready`], the `dns+nft` read-back in
+//! [`Provider::verify_egress`], an idle deadline on every exec stream, delete that counts 404
+//! as gone, and renewals clamped to `OPEN_SANDBOX_MAX_RENEW_SECONDS`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
+use opensandbox_api::{
+    CreateSandbox, DownloadOptions, ErrorKind as ApiKind, ExecEvent, Lifetime, NetworkPolicy,
+    NewDirectory, RunCommand, SandboxInfo, SandboxState, StreamOptions, UploadFile,
+};
+use tokio::time::Instant;
+
+use super::gates::{self, Egress};
+use super::lifecycle::{META_NONCE, OpenSandboxProvider};
+use super::settings::{Attestation, OpenSandboxSettings};
+use crate::control::parse_rfc3339;
+use crate::egress::EgressPolicy;
+use crate::error::SandboxError;
+use crate::provider::{
+    AgedGuest, CallError, CallFailure, Download, EgressCheck, ExecFrame, ExecRequest, ExecStream,
+    GuestInfo, GuestSpec, GuestStatus, Isolation, Labels, Provider, ProviderKind, Size, left,
+};
+
+/// The metadata key holding [`GuestSpec::name`] (OpenSandbox has no unique name).
+pub const META_NAME: &str = "lf-name";
+/// The memory sizes offered (MiB): the server takes any `resourceLimits`, so the catalog is
+/// ours; sandbox-core picks the smallest that fits.
+pub const SIZES_MIB: [u32; 6] = [512, 1024, 2048, 4096, 8192, 16_384];
+
+/// The OpenSandbox provider as a [`Provider`].
+#[derive(Debug, Clone)]
+pub struct OpenSandbox {
+    inner: OpenSandboxProvider,
+}
+
+impl OpenSandbox {
+    /// The provider over `settings`; refused without a key or with an unusable domain.
+    pub fn new(settings: OpenSandboxSettings) -> Result<Self, SandboxError> {
+        Ok(Self {
+            inner: OpenSandboxProvider::new(settings)?,
+        })
+    }
+
+    /// The provider's own API (create with every gate, run, sweep).
+    pub fn inner(&self) -> &OpenSandboxProvider {
+        &self.inner
+    }
+}
+
+fn call_error(what: &str, e: &opensandbox_api::Error) -> CallError {
+    let failure = match e {
+        _ if e.is_redirect() => CallFailure::Redirect,
+        _ if e.status().is_some() => CallFailure::Status(e.status().map_or(0, |s| s.as_u16())),
+        _ => match e.kind() {
+            ApiKind::Transport => CallFailure::Transport,
+            ApiKind::Timeout | ApiKind::Idle | ApiKind::Wait => CallFailure::Timeout,
+            ApiKind::TooLarge => CallFailure::TooLarge,
+            ApiKind::Config => CallFailure::Config,
+            _ => CallFailure::Protocol,
+        },
+    };
+    let mut err = CallError::new(
+        failure,
+        format!(
+            "OpenSandbox: {what}: {}",
+            outside_text::snippet(&e.to_string(), 600)
+        ),
+    );
+    err.retry_after = e.as_api().and_then(|a| a.retry_after);
+    err
+}
+
+fn refused(e: &SandboxError) -> CallError {
+    CallError::new(CallFailure::Config, e.message().to_owned())
+}
+
+fn status_of(state: &SandboxState) -> GuestStatus {
+    match state {
+        SandboxState::Pending => GuestStatus::Creating,
+        SandboxState::Running => GuestStatus::Running,
+        SandboxState::Pausing => GuestStatus::Pausing,
+        SandboxState::Paused => GuestStatus::Paused,
+        SandboxState::Resuming => GuestStatus::Resuming,
+        SandboxState::Stopping => GuestStatus::Destroying,
+        SandboxState::Terminated => GuestStatus::Destroyed,
+        SandboxState::Failed => GuestStatus::Failed,
+        other => GuestStatus::Other(other.to_string()),
+    }
+}
+
+fn info_of(sb: &SandboxInfo) -> GuestInfo {
+    GuestInfo {
+        id: sb.id.clone(),
+        name: sb.metadata.get(META_NAME).cloned(),
+        status: status_of(sb.state()),
+        egress: None,
+        envs: None,
+        auto_pause_after_seconds: None,
+    }
+}
+
+/// The `networkPolicy` for sandbox-core's decision: none for allow-all, deny-all as itself;
+/// address rules are refused (OpenSandbox allowlists hold domain names only).
+fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxError> {
+    match policy {
+        EgressPolicy::AllowAll => gates::policy_for(&Egress::Unrestricted),
+        EgressPolicy::DenyAll => gates::policy_for(&Egress::DenyAll),
+        EgressPolicy::Rules(rules) => Err(SandboxError::refused(format!(
+            "the OpenSandbox provider refuses address rules ({} given): its egress sidecar \
+             allowlists domain names; use a domain allowlist, or deny all egress",
+            rules.len()
+        ))),
+    }
+}
+
+fn boxed<T: Send + 'static>(
+    f: impl Future<Output = Result<T, CallError>> + Send + 'static,
+) -> BoxFuture<'static, Result<T, CallError>> {
+    Box::pin(f)
+}
+
+/// Turns execd events into seam frames: one line per `stdout`/`stderr` event gets its line end
+/// back; an `error` with a numeric value is the exit code, `execution_complete` without one is
+/// exit 0; pings are heartbeats.
+fn frames_of(stream: opensandbox_api::CommandStream) -> ExecStream {
+    stream
+        .map_err(|e| call_error("the command's stream", &e))
+        .scan(false, |exited, ev| {
+            let frame = match ev {
+                Ok(ExecEvent::Stdout { text, .. }) => Some(Ok(ExecFrame::Stdout(line(text)))),
+                Ok(ExecEvent::Stderr { text, .. }) => Some(Ok(ExecFrame::Stderr(line(text)))),
+                Ok(ExecEvent::Ping) => Some(Ok(ExecFrame::Heartbeat)),
+                Ok(ExecEvent::Error(e)) if !*exited => {
+                    *exited = true;
+                    Some(Ok(match e.value.trim().parse::<i64>() {
+                        Ok(code) => ExecFrame::Exit(code),
+                        Err(_) => ExecFrame::Error(format!(
+                            "{}: {}",
+                            outside_text::snippet(&e.name, 80),
+                            outside_text::snippet(&e.value, 400)
+                        )),
+                    }))
+                }
+                Ok(ExecEvent::Complete { .. }) if !*exited => {
+                    *exited = true;
+                    Some(Ok(ExecFrame::Exit(0)))
+                }
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(Some(frame))
+        })
+        .filter_map(futures::future::ready)
+        .boxed()
+}
+
+fn line(mut text: String) -> String {
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+impl Provider for OpenSandbox {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::OpenSandbox
+    }
+
+    fn isolation(&self) -> Isolation {
+        match self.inner.settings().attestation {
+            Attestation::HardwareVirtualized => Isolation::HardwareVirtualized,
+            Attestation::None => Isolation::Container,
+        }
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
+        let client = self.inner.client().clone();
+        boxed(async move {
+            let filter =
+                opensandbox_api::SandboxFilter::metadata(Labels::CREATED_BY, Labels::CREATED_BY_US);
+            client
+                .list_sandboxes(&filter, 1)
+                .await
+                .map_err(|e| call_error("listing sandboxes", &e))?;
+            Ok(format!("opensandbox at {}", client.base_url()))
+        })
+    }
+
+    fn sizes(&self) -> BoxFuture<'_, Result<Vec<Size>, CallError>> {
+        let cpu = self.inner.settings().cpu.clone();
+        let vcpu = cpu
+            .strip_suffix('m')
+            .and_then(|m| m.parse::<u32>().ok())
+            .map_or_else(|| cpu.parse::<u32>().unwrap_or(1), |m| m.div_ceil(1000))
+            .max(1);
+        let sizes = SIZES_MIB
+            .iter()
+            .map(|&mem_mib| Size {
+                id: format!("{mem_mib}Mi"),
+                vcpu,
+                mem_mib,
+            })
+            .collect();
+        boxed(async move { Ok(sizes) })
+    }
+
+    fn create(&self, spec: GuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let policy = policy_of(&spec.egress).map_err(|e| refused(&e))?;
+            let s = p.settings();
+            let image = if spec.image.is_empty() {
+                s.image.clone()
+            } else {
+                spec.image.clone()
+            };
+            let lifetime = s
+                .sandbox_timeout
+                .max(spec.lifetime.budget + spec.lifetime.idle_backstop);
+            let mut request = CreateSandbox::from_image(image, s.entrypoint.clone())
+                .lifetime(Lifetime::After(lifetime))
+                .resource("cpu", s.cpu.clone())
+                .resource("memory", format!("{}Mi", spec.size.mem_mib))
+                .metadata(META_NAME, spec.name.clone())
+                .metadata(META_NONCE, spec.name.clone());
+            for (k, v) in &spec.labels.0 {
+                request = request.metadata(k.clone(), v.clone());
+            }
+            for (k, v) in &spec.envs {
+                request = request.secret_env(k.clone(), v.clone());
+            }
+            if let Some(policy) = policy {
+                request = request.network_policy(policy);
+            }
+            let sb = p
+                .client()
+                .create_sandbox(&request)
+                .await
+                .map_err(|e| call_error("creating a sandbox", &e))?;
+            let mut info = info_of(&sb);
+            info.name = Some(spec.name);
+            info.envs = Some(spec.envs.keys().cloned().collect());
+            Ok(info)
+        })
+    }
+
+    fn find(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
+        let client = self.inner.client().clone();
+        boxed(async move {
+            let found = client
+                .find_by_metadata(META_NAME, &name)
+                .await
+                .map_err(|e| call_error("finding a sandbox by name", &e))?;
+            let mut infos: Vec<GuestInfo> = found.iter().map(info_of).collect();
+            infos.sort_by_key(GuestInfo::is_terminal);
+            Ok(infos.into_iter().next())
+        })
+    }
+
+    fn get(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        let client = self.inner.client().clone();
+        boxed(async move {
+            client
+                .get_sandbox(&id)
+                .await
+                .map(|sb| info_of(&sb))
+                .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))
+        })
+    }
+
+    fn wait_ready(
+        &self,
+        id: String,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let budget = left(deadline).max(Duration::from_secs(1));
+            let checked = async {
+                p.wait_running_and_execd(&id, budget).await?;
+                p.check_guest(&id).await
+            };
+            match checked.await {
+                Ok(_) => {}
+                Err(e) if e.kind() == crate::error::ErrorKind::Refused => return Err(refused(&e)),
+                Err(e) => {
+                    return Err(CallError::new(CallFailure::Timeout, e.message().to_owned()));
+                }
+            }
+            p.client()
+                .get_sandbox(&id)
+                .await
+                .map(|sb| info_of(&sb))
+                .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))
+        })
+    }
+
+    fn verify_egress(
+        &self,
+        id: String,
+        policy: EgressPolicy,
+    ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let sent = match policy_of(&policy) {
+                Ok(Some(sent)) => sent,
+                Ok(None) => return Ok(EgressCheck::Matches),
+                Err(e) => return Ok(EgressCheck::Differs(e.message().to_owned())),
+            };
+            match p.check_egress(&id, &sent).await {
+                Ok(()) => Ok(EgressCheck::Matches),
+                Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+                    Ok(EgressCheck::Differs(e.message().to_owned()))
+                }
+                Err(e) => Err(CallError::new(
+                    CallFailure::Transport,
+                    e.message().to_owned(),
+                )),
+            }
+        })
+    }
+
+    fn exec_stream(
+        &self,
+        id: String,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let execd = p.client().execd(&id);
+            let mut argv = vec![req.cmd.clone()];
+            argv.extend(req.args.iter().cloned());
+            if !req.stdin.is_empty() {
+                // execd has no stdin: the input goes to a file the command reads.
+                let path = format!("/tmp/lf-stdin-{}", super::lifecycle::nonce());
+                execd
+                    .upload(&[
+                        UploadFile::new(path.clone(), req.stdin.clone().into_bytes()).mode(0o600),
+                    ])
+                    .await
+                    .map_err(|e| call_error("uploading the command's input", &e))?;
+                let mut wrapped = vec![
+                    "sh".to_owned(),
+                    "-c".to_owned(),
+                    "f=\"$1\"; shift; exec \"$@\" < \"$f\"".to_owned(),
+                    "sh".to_owned(),
+                    path,
+                ];
+                wrapped.extend(argv);
+                argv = wrapped;
+            }
+            let mut cmd = RunCommand::argv(argv).timeout(req.timeout);
+            for (k, v) in &req.env {
+                cmd = cmd.secret_env(k.clone(), v.clone());
+            }
+            let stream = execd
+                .run(
+                    &cmd,
+                    StreamOptions {
+                        idle_timeout: p.settings().idle,
+                        deadline: Some(req.timeout),
+                        ..StreamOptions::default()
+                    },
+                )
+                .await
+                .map_err(|e| call_error("starting a command", &e))?;
+            Ok(frames_of(stream))
+        })
+    }
+
+    fn upload(
+        &self,
+        id: String,
+        path: String,
+        data: Bytes,
+    ) -> BoxFuture<'_, Result<(), CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let execd = p.client().execd(&id);
+            if let Some((parent, _)) = path.rsplit_once('/').filter(|(d, _)| !d.is_empty()) {
+                execd
+                    .make_dirs(&[NewDirectory::new(parent, 0o755)])
+                    .await
+                    .map_err(|e| call_error("creating a directory", &e))?;
+            }
+            execd
+                .upload(&[UploadFile::new(path, data).mode(0o644)])
+                .await
+                .map_err(|e| call_error("uploading a file", &e))
+        })
+    }
+
+    fn download(
+        &self,
+        id: String,
+        path: String,
+        max_bytes: Option<u64>,
+    ) -> BoxFuture<'_, Result<Download, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let d = p
+                .client()
+                .execd(&id)
+                .download(
+                    &path,
+                    DownloadOptions::capped(max_bytes.unwrap_or(u64::MAX)),
+                )
+                .await
+                .map_err(|e| call_error("downloading a file", &e))?;
+            let content_length = d.content_length();
+            Ok(Download {
+                content_length,
+                body: d.map_err(|e| call_error("downloading a file", &e)).boxed(),
+            })
+        })
+    }
+
+    fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            p.destroy(&id)
+                .await
+                .map(|_| ())
+                .map_err(|e| CallError::new(CallFailure::Transport, e.message().to_owned()))
+        })
+    }
+
+    fn list_ours(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        let client = self.inner.client().clone();
+        boxed(async move {
+            let found = client
+                .find_by_metadata(Labels::CREATED_BY, Labels::CREATED_BY_US)
+                .await
+                .map_err(|e| call_error("listing our sandboxes", &e))?;
+            Ok(found
+                .iter()
+                .filter(|sb| {
+                    sb.metadata
+                        .get(META_NAME)
+                        .is_some_and(|n| n.starts_with(&prefix))
+                })
+                .map(|sb| AgedGuest {
+                    info: info_of(sb),
+                    created_at: sb.created_at.as_deref().and_then(parse_rfc3339),
+                })
+                .collect())
+        })
+    }
+
+    fn keep_alive(
+        &self,
+        id: String,
+        idle: Duration,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            p.renew(&id, idle.max(opensandbox_api::MIN_TIMEOUT))
+                .await
+                .map_err(|e| CallError::new(CallFailure::Transport, e.message().to_owned()))?;
+            p.client()
+                .get_sandbox(&id)
+                .await
+                .map(|sb| info_of(&sb))
+                .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))
+        })
+    }
+}
