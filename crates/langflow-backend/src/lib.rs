@@ -25,6 +25,7 @@ use sandbox_core::withheld::Withheld;
 
 mod doctor;
 pub mod lifecycle;
+pub mod opensandbox;
 mod orphans;
 
 pub use doctor::{

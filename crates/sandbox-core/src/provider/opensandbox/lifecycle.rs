@@ -52,8 +52,10 @@ pub struct RunOutcome {
     pub stderr: String,
     /// The exit code; -1 for a timeout.
     pub exit_code: i32,
-    /// Whether either stream was cut.
-    pub truncated: bool,
+    /// Whether standard output was cut to the cap (its tail kept, after a marker).
+    pub stdout_truncated: bool,
+    /// Whether standard error was cut.
+    pub stderr_truncated: bool,
     /// Wall time of the command.
     pub elapsed: Duration,
 }
@@ -498,7 +500,8 @@ impl Sandbox {
         };
         let (o, e) = (out.finish(), err.finish());
         Ok(RunOutcome {
-            truncated: o.truncated || e.truncated,
+            stdout_truncated: o.truncated,
+            stderr_truncated: e.truncated,
             stdout: o.text.to_string(),
             stderr: e.text.to_string(),
             exit_code,
