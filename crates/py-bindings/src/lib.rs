@@ -34,6 +34,7 @@ mod events;
 mod executor;
 mod gateway;
 mod logbridge;
+mod opensandbox;
 mod payload;
 mod perprocess;
 mod results;
@@ -52,6 +53,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LOGGER_NAME", logbridge::LOGGER_NAME)?;
     m.add("OUTPUT_PIECE_BYTES", results::STEP_BYTES)?;
     m.add_class::<backend::NativeBackend>()?;
+    m.add_class::<opensandbox::NativeOpenSandboxBackend>()?;
+    m.add_function(wrap_pyfunction!(opensandbox::opensandbox_capabilities, m)?)?;
     m.add_class::<results::NativeCapabilities>()?;
     m.add_class::<results::RunResult>()?;
     m.add_class::<results::Output>()?;

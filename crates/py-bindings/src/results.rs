@@ -39,16 +39,21 @@ fn py_bool(value: bool) -> &'static str {
     if value { "True" } else { "False" }
 }
 
+impl From<langflow_backend::Capabilities> for NativeCapabilities {
+    fn from(caps: langflow_backend::Capabilities) -> Self {
+        NativeCapabilities {
+            isolation: caps.isolation.to_owned(),
+            supports_deny_all_egress: caps.supports_deny_all_egress,
+            supports_domain_allowlist: caps.supports_domain_allowlist,
+            max_timeout_seconds: caps.max_timeout_seconds,
+        }
+    }
+}
+
 /// Returns the backend's capabilities. No I/O, no thread.
 #[pyfunction]
 pub fn capabilities() -> NativeCapabilities {
-    let caps = langflow_backend::capabilities();
-    NativeCapabilities {
-        isolation: caps.isolation.to_owned(),
-        supports_deny_all_egress: caps.supports_deny_all_egress,
-        supports_domain_allowlist: caps.supports_domain_allowlist,
-        max_timeout_seconds: caps.max_timeout_seconds,
-    }
+    NativeCapabilities::from(langflow_backend::capabilities())
 }
 
 /// Where the time of one run went, in milliseconds.

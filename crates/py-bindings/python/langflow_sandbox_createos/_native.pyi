@@ -151,6 +151,28 @@ class NativeBackend:
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
 
+class NativeOpenSandboxBackend:
+    """The OpenSandbox backend of one process; builds its runtime and client on first use."""
+
+    def __init__(self) -> None: ...
+    def run(
+        self,
+        code: str,
+        env: dict[str, str] | None,
+        settings: _SandboxSettings,
+    ) -> RunResult:
+        """Run ``code`` in a fresh OpenSandbox sandbox; blocks with the GIL released.
+
+        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        """
+    def shutdown(self) -> None:
+        """Forget the backend. Idempotent."""
+    def reset_after_fork(self) -> None:
+        """Drop state inherited from a parent process."""
+
+def opensandbox_capabilities() -> NativeCapabilities:
+    """The OpenSandbox backend's capabilities under the environment. No I/O."""
+
 def counters() -> list[tuple[str, dict[str, str], float]]:
     """This process's native totals: ``(family, labels, value)`` for every ``createos_*``
     figure (guests created, destroyed and live by surface; runs by outcome; control-plane

@@ -1,0 +1,103 @@
+//! The OpenSandbox sandbox backend's native half (`NativeOpenSandboxBackend`) and its
+//! capabilities: `LANGFLOW_SANDBOX_BACKEND=opensandbox`.
+//!
+//! Same rules as [`crate::backend`]: the GIL is released while a run blocks, Ctrl-C interrupts
+//! it (the run's sandbox is deleted when its future is dropped), refusals raise
+//! `CreateOSUnavailableError` (lfx's `SandboxUnavailableError`) and infrastructure failures
+//! `CreateOSExecutionError`. A forked child builds its own backend and runtime.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use langflow_backend::opensandbox::{self, OpenSandboxBackend};
+use pyo3::prelude::*;
+
+use crate::backend::policy_from;
+use crate::errors;
+use crate::perprocess::{PerProcess, State};
+use crate::results::{NativeCapabilities, RunResult};
+use crate::wait::{Waited, drive};
+use crate::{logbridge, runtime};
+
+/// What the OpenSandbox backend declares to lfx: `hardware-virtualized` only when
+/// `OPEN_SANDBOX_ATTEST_ISOLATION` says so. Reads the environment; no I/O, no thread.
+#[pyfunction]
+pub fn opensandbox_capabilities() -> NativeCapabilities {
+    NativeCapabilities::from(opensandbox::capabilities_with(|k| std::env::var(k).ok()))
+}
+
+/// The OpenSandbox backend's native half: one `OpenSandboxBackend` per process, built on
+/// first use.
+#[pyclass(frozen, module = "langflow_sandbox_createos._native")]
+pub struct NativeOpenSandboxBackend {
+    held: PerProcess<Arc<OpenSandboxBackend>>,
+}
+
+#[pymethods]
+impl NativeOpenSandboxBackend {
+    #[new]
+    fn new() -> Self {
+        Self {
+            held: PerProcess::new(),
+        }
+    }
+
+    /// Runs `code` in a fresh OpenSandbox sandbox and deletes it. Blocks with the GIL
+    /// released; `settings` is lfx's `_SandboxSettings`.
+    #[pyo3(signature = (code, env, settings))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        code: String,
+        env: Option<BTreeMap<String, String>>,
+        settings: &Bound<'_, PyAny>,
+    ) -> PyResult<RunResult> {
+        logbridge::install();
+        logbridge::sync_level(py);
+        let policy = policy_from(settings).map_err(|message| errors::unavailable(py, message))?;
+        let rt = runtime::get().map_err(|err| {
+            errors::execution(py, format!("cannot start the async runtime: {err}"))
+        })?;
+        let backend = self
+            .held
+            .get_or_init(|| Arc::new(OpenSandboxBackend::new()));
+        let outcome = drive(py, rt, move || async move {
+            backend.run(&code, env, &policy).await
+        });
+        let result = match outcome {
+            Waited::Finished(Ok(out)) => RunResult::new(py, out),
+            Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
+            Waited::Panicked => Err(errors::execution(
+                py,
+                "the OpenSandbox run failed with an internal error (panic); its sandbox is \
+                 deleted in the background or by the server-side timeout",
+            )),
+            Waited::Interrupted(interrupt) => Err(interrupt),
+        };
+        logbridge::drain(py);
+        result
+    }
+
+    /// Forgets the backend (each run deletes its own sandbox). Idempotent.
+    fn shutdown(&self) {
+        drop(self.held.take());
+    }
+
+    /// Drops state inherited from a parent process.
+    fn reset_after_fork(&self) {
+        self.held.forget_inherited();
+        runtime::forget_inherited();
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.held.state() {
+            State::Idle => "idle",
+            State::Active => "active",
+            State::Inherited => "inherited",
+        };
+        format!(
+            "<NativeOpenSandboxBackend pid={} state={state}>",
+            std::process::id()
+        )
+    }
+}

@@ -1,0 +1,155 @@
+"""``LANGFLOW_SANDBOX_BACKEND=opensandbox`` through lfx's seam against the OpenSandbox fake.
+
+The fake (``cargo build -p opensandbox-fake``) runs as a Kubernetes server with a Kata
+runtime; the backend is selected and trusted with lfx's own variables, and the operator's
+attestation is ``OPEN_SANDBOX_ATTEST_ISOLATION``. ``OPENSANDBOX_FAKE_BIN`` overrides the
+binary's path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from conftest import Fake, backend_env, built_binary, lfx_run
+
+OS_KEY = "os-e2e-key-2f81"
+
+
+@dataclass
+class OsFake:
+    """A running ``opensandbox-fake`` process."""
+
+    proc: subprocess.Popen[str]
+    url: str
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return json.loads(response.read() or b"null")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: created, deleted, live, requests per route."""
+        return self._call("GET", "/_fake/stats")
+
+    def configure(self, **modes: Any) -> None:
+        """Change the server's modes (``egress_mode``, ``network_mode`` ...)."""
+        self._call("POST", "/_fake/config", json.dumps(modes).encode())
+
+    def reset(self) -> None:
+        """Drop every sandbox and restore the start-up modes."""
+        self._call("POST", "/_fake/reset")
+
+    def wait_settled(self, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait until no sandbox is live."""
+        deadline = time.monotonic() + timeout
+        stats = self.stats()
+        while stats["live"] != 0:
+            if time.monotonic() > deadline:
+                pytest.fail(f"sandboxes left: {stats}")
+            time.sleep(0.05)
+            stats = self.stats()
+        return stats
+
+
+@pytest.fixture(scope="module")
+def osfake_server() -> Iterator[OsFake]:
+    binary = built_binary("OPENSANDBOX_FAKE_BIN", "debug/opensandbox-fake", "cargo build -p opensandbox-fake")
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "--port=0",
+            f"--api-key={OS_KEY}",
+            "--runtime=kubernetes",
+            "--secure-runtime=kata",
+            "--pending-ms=200",
+            "--ping-ms=500",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    assert first.startswith("listening on "), first
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        yield OsFake(proc=proc, url=first.split("listening on ", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def osfake(osfake_server: OsFake) -> OsFake:
+    osfake_server.reset()
+    return osfake_server
+
+
+def os_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
+    """What an operator sets for the OpenSandbox backend, pointed at the fake."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_", "OPEN_SANDBOX_"))}
+    env.update(
+        {
+            "LANGFLOW_SANDBOX_BACKEND_PLUGINS": "opensandbox",
+            "LANGFLOW_SANDBOX_BACKEND": "opensandbox",
+            "OPEN_SANDBOX_DOMAIN": osfake.url,
+            "OPEN_SANDBOX_API_KEY": OS_KEY,
+            "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
+            "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def test_the_same_flow_gives_the_same_answer_as_createos_and_leaves_no_sandbox(osfake: OsFake, clean_fake: Fake) -> None:
+    code = "print(math.factorial(5) + 6*7)"
+    on_createos = lfx_run(backend_env(clean_fake), code)
+    on_opensandbox = lfx_run(os_env(osfake), code)
+    assert on_opensandbox.returncode == 0, on_opensandbox.stderr[-3000:]
+    assert on_opensandbox.json["success"] is True
+    assert on_opensandbox.result == on_createos.result == {"result": "162"}
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1
+    # The program ran in the sandbox: the probe's command and the program's.
+    assert stats["commands"] >= 2
+
+
+def test_a_failing_program_is_a_result(osfake: OsFake) -> None:
+    run = lfx_run(os_env(osfake), "import sys\nsys.stderr.write('guest says no')\nsys.exit(3)")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.result == {"error": "guest says no"}
+    osfake.wait_settled()
+
+
+def test_lfx_refuses_without_the_attestation(osfake: OsFake) -> None:
+    run = lfx_run(os_env(osfake, OPEN_SANDBOX_ATTEST_ISOLATION=None), "print(1)")
+    assert run.returncode != 0
+    assert run.json["success"] is False
+    assert "hardware-virtualized" in run.json["exception_message"] or "isolation" in run.json["exception_message"]
+    assert osfake.stats()["created"] == 0
+
+
+def test_dns_only_egress_is_refused_and_the_sandbox_deleted(osfake: OsFake) -> None:
+    osfake.configure(egress_mode="dns")
+    run = lfx_run(os_env(osfake), "print(1)")
+    assert run.returncode != 0
+    assert 'mode = \\"dns+nft\\"' in run.stdout or 'mode = "dns+nft"' in run.stdout, run.stdout[-2000:]
+    assert OS_KEY not in run.stdout + run.stderr
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1
