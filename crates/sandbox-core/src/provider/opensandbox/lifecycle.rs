@@ -20,11 +20,11 @@ use crate::output::TailBuffer;
 use crate::withheld;
 
 /// The metadata key every sandbox of this plugin carries (value: the `created-by` setting).
-pub const META_CREATED_BY: &str = "created-by";
+pub const META_CREATED_BY: &str = crate::provider::Labels::CREATED_BY;
 /// The metadata key of the create nonce.
 pub const META_NONCE: &str = "lf-nonce";
 /// The metadata key of the surface that made the sandbox.
-pub const META_SURFACE: &str = "lf-surface";
+pub const META_SURFACE: &str = crate::provider::Labels::SURFACE;
 /// How long a first delete that failed waits before its one more try.
 const DELETE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Where the program is uploaded.

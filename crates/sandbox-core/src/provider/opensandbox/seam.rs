@@ -234,6 +234,9 @@ impl Provider for OpenSandbox {
             for (k, v) in &spec.labels.0 {
                 request = request.metadata(k.clone(), v.clone());
             }
+            // The deployment's own marker (`OPEN_SANDBOX_CREATED_BY`) wins: the sweep looks
+            // for it.
+            request = request.metadata(Labels::CREATED_BY, s.created_by.clone());
             for (k, v) in &spec.envs {
                 request = request.secret_env(k.clone(), v.clone());
             }
@@ -435,9 +438,10 @@ impl Provider for OpenSandbox {
 
     fn list_ours(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
         let client = self.inner.client().clone();
+        let created_by = self.inner.settings().created_by.clone();
         boxed(async move {
             let found = client
-                .find_by_metadata(Labels::CREATED_BY, Labels::CREATED_BY_US)
+                .find_by_metadata(Labels::CREATED_BY, &created_by)
                 .await
                 .map_err(|e| call_error("listing our sandboxes", &e))?;
             Ok(found

@@ -56,8 +56,9 @@ pub const ENV_CREATED_BY: &str = "OPEN_SANDBOX_CREATED_BY";
 pub const DEFAULT_IMAGE: &str = "python:3.12-slim";
 /// The default entry process.
 pub const DEFAULT_ENTRYPOINT: &str = "tail -f /dev/null";
-/// The default `created-by` value.
-pub const DEFAULT_CREATED_BY: &str = "langflow-sandbox";
+/// The default `created-by` value: the one every provider's guests carry
+/// ([`crate::provider::Labels::CREATED_BY_US`]).
+pub const DEFAULT_CREATED_BY: &str = crate::provider::Labels::CREATED_BY_US;
 /// The default server-side lifetime (15 minutes).
 pub const DEFAULT_SANDBOX_TIMEOUT: Duration = Duration::from_secs(900);
 /// The default renewal bound (1 hour, the server's own default maximum lifetime).
