@@ -334,6 +334,11 @@ async fn a_stalled_stream_destroys_the_sandbox() {
     assert!(e.message().contains("OPEN_SANDBOX_IDLE_SECONDS"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(fake.stats().live, 0);
+    let e = sb
+        .run_python("print(1)", &BTreeMap::new(), Duration::from_secs(5), 4096)
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("destroyed"), "{e}");
     sb.destroy().await;
     fake.shutdown().await;
 }

@@ -187,16 +187,12 @@ impl OpenSandboxProvider {
             }
             Err(e) => return Err(Self::create_refusal(&e, policy.is_some())),
         };
-        let mut sandbox = Sandbox {
+        let sandbox = Sandbox {
             id: info.id.clone(),
             provider: Some(self.clone()),
-            probed: false,
         };
         match self.check_new(&sandbox, policy.as_ref()).await {
-            Ok(()) => {
-                sandbox.probed = true;
-                Ok(sandbox)
-            }
+            Ok(()) => Ok(sandbox),
             Err(e) => {
                 sandbox.destroy().await;
                 Err(e)
@@ -388,7 +384,6 @@ impl OpenSandboxProvider {
 pub struct Sandbox {
     id: String,
     provider: Option<OpenSandboxProvider>,
-    probed: bool,
 }
 
 impl Sandbox {
@@ -397,10 +392,17 @@ impl Sandbox {
         &self.id
     }
 
-    fn provider(&self) -> &OpenSandboxProvider {
-        self.provider
-            .as_ref()
-            .expect("a live sandbox has its provider")
+    fn provider(&self) -> Result<&OpenSandboxProvider, SandboxError> {
+        self.provider.as_ref().ok_or_else(|| {
+            SandboxError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "OpenSandbox: sandbox {} was destroyed after an earlier failure; a new \
+                     run needs a new sandbox",
+                    self.id
+                ),
+            )
+        })
     }
 
     /// Runs the Python program `code` under the budget `timeout`, with `env` (a withheld
@@ -414,14 +416,13 @@ impl Sandbox {
         timeout: Duration,
         cap: usize,
     ) -> Result<RunOutcome, SandboxError> {
-        debug_assert!(self.probed);
         for name in env.keys() {
             if withheld::is_withheld_name(name) {
                 return Err(withheld::refuse_name("the run's environment", name));
             }
         }
         let id = self.id.clone();
-        let p = self.provider().clone();
+        let p = self.provider()?.clone();
         let execd = p.client.execd(&id);
         // A paused sandbox never answers: bound the upload by the idle deadline (plus time
         // for the bytes), then destroy.
