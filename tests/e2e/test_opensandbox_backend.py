@@ -153,3 +153,65 @@ def test_dns_only_egress_is_refused_and_the_sandbox_deleted(osfake: OsFake) -> N
     assert OS_KEY not in run.stdout + run.stderr
     stats = osfake.wait_settled()
     assert stats["created"] == 1
+
+
+def test_reap_deletes_only_this_deployments_old_sandboxes(osfake: OsFake, monkeypatch: pytest.MonkeyPatch) -> None:
+    from langflow_sandbox_createos import _native
+
+    def create(created_by: str) -> str:
+        body = json.dumps(
+            {
+                "image": {"uri": "python:3.12-slim"},
+                "entrypoint": ["tail", "-f", "/dev/null"],
+                "resourceLimits": {"cpu": "1", "memory": "256Mi"},
+                "timeout": 600,
+                "metadata": {"created-by": created_by},
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{osfake.url}/v1/sandboxes",
+            data=body,
+            method="POST",
+            headers={"OPEN-SANDBOX-API-KEY": OS_KEY, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return json.loads(response.read())["id"]
+
+    ours = create("langflow")
+    theirs = create("someone-else")
+    for name, value in os_env(osfake).items():
+        if name.startswith("OPEN_SANDBOX_"):
+            monkeypatch.setenv(name, value)
+    assert _native.opensandbox_reap(older_than_seconds=3600) == []
+    assert _native.opensandbox_reap(older_than_seconds=0, dry_run=True) == [ours]
+    assert osfake.stats()["live"] == 2
+    assert _native.opensandbox_reap(older_than_seconds=0) == [ours]
+    stats = osfake.stats()
+    assert stats["live"] == 1
+    assert theirs
+
+
+def test_reap_command_for_opensandbox(osfake: OsFake) -> None:
+    import sys
+
+    env = os_env(osfake)
+    dry = subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos", "reap", "--provider", "opensandbox", "--older-than", "0s", "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "0 OpenSandbox sandbox(es) older than 0s would be deleted (dry run)" in dry.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos", "reap", "--provider", "opensandbox", "--older-than", "soon"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "--older-than" in bad.stderr

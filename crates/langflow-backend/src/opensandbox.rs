@@ -173,10 +173,18 @@ impl OpenSandboxBackend {
         })
     }
 
-    /// Deletes this deployment's sandboxes (by `created-by`) older than `older_than`: the
-    /// orphan sweep a dead process's sandboxes need before the server-side timeout.
-    pub async fn sweep(&self, older_than: Duration) -> Result<Vec<String>, SurfaceError> {
+    /// Deletes (or with `dry_run` only lists) this deployment's sandboxes (by `created-by`)
+    /// older than `older_than`: the orphan sweep for what a dead process left before the
+    /// server-side timeout removes it. Settings from the process environment.
+    pub async fn sweep(
+        &self,
+        older_than: Duration,
+        dry_run: bool,
+    ) -> Result<Vec<String>, SurfaceError> {
         let provider = self.provider(|k| std::env::var(k).ok())?;
-        provider.sweep(older_than).await.map_err(SurfaceError::from)
+        provider
+            .sweep(older_than, dry_run)
+            .await
+            .map_err(SurfaceError::from)
     }
 }

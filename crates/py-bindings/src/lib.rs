@@ -55,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<backend::NativeBackend>()?;
     m.add_class::<opensandbox::NativeOpenSandboxBackend>()?;
     m.add_function(wrap_pyfunction!(opensandbox::opensandbox_capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(opensandbox::opensandbox_reap, m)?)?;
     m.add_class::<results::NativeCapabilities>()?;
     m.add_class::<results::RunResult>()?;
     m.add_class::<results::Output>()?;

@@ -26,6 +26,43 @@ pub fn opensandbox_capabilities() -> NativeCapabilities {
     NativeCapabilities::from(opensandbox::capabilities_with(|k| std::env::var(k).ok()))
 }
 
+/// Deletes this deployment's OpenSandbox sandboxes (metadata `created-by`, the
+/// `OPEN_SANDBOX_CREATED_BY` value) older than `older_than_seconds`, or with `dry_run` only
+/// lists them; returns their ids. Reads the `OPEN_SANDBOX_*` settings; blocks with the GIL
+/// released. A missing key or unusable domain raises `CreateOSUnavailableError`, a failed
+/// listing `CreateOSExecutionError`.
+#[pyfunction]
+#[pyo3(signature = (older_than_seconds = 1800.0, dry_run = false))]
+pub fn opensandbox_reap(
+    py: Python<'_>,
+    older_than_seconds: f64,
+    dry_run: bool,
+) -> PyResult<Vec<String>> {
+    if !(0.0..=31_536_000.0).contains(&older_than_seconds) {
+        return Err(errors::unavailable(
+            py,
+            "older_than_seconds must be between 0 and one year",
+        ));
+    }
+    logbridge::install();
+    let rt = runtime::get()
+        .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))?;
+    let older_than = std::time::Duration::from_secs_f64(older_than_seconds);
+    let result = match drive(py, rt, move || async move {
+        OpenSandboxBackend::new().sweep(older_than, dry_run).await
+    }) {
+        Waited::Finished(Ok(ids)) => Ok(ids),
+        Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
+        Waited::Panicked => Err(errors::execution(
+            py,
+            "the OpenSandbox orphan sweep failed with an internal error",
+        )),
+        Waited::Interrupted(interrupt) => Err(interrupt),
+    };
+    logbridge::drain(py);
+    result
+}
+
 /// The OpenSandbox backend's native half: one `OpenSandboxBackend` per process, built on
 /// first use.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]

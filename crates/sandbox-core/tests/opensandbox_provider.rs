@@ -388,9 +388,18 @@ async fn renew_is_clamped_and_the_sweep_deletes_only_old_sandboxes_of_ours() {
     // Someone else's sandbox (other created-by) is never touched by the sweep.
     let other = provider(&fake, &[("OPEN_SANDBOX_CREATED_BY", "someone-else")]);
     let theirs = other.create(&spec(Egress::DenyAll)).await.unwrap();
-    assert!(p.sweep(Duration::from_secs(3600)).await.unwrap().is_empty());
+    assert!(
+        p.sweep(Duration::from_secs(3600), false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        p.sweep(Duration::ZERO, true).await.unwrap(),
+        vec![sb.id().to_owned()]
+    );
     assert_eq!(fake.stats().live, 2);
-    let swept = p.sweep(Duration::ZERO).await.unwrap();
+    let swept = p.sweep(Duration::ZERO, false).await.unwrap();
     assert_eq!(swept, vec![sb.id().to_owned()]);
     assert_eq!(fake.stats().live, 1);
     theirs.destroy().await;

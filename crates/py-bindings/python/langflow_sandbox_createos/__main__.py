@@ -1,6 +1,6 @@
 """Operator commands, ``python -m langflow_sandbox_createos COMMAND`` or the
 ``langflow-sandbox-createos`` console script: ``doctor [--surface S] [--json]``,
-``reap [--older-than AGE] [--dry-run]``, ``template build FLOW.json [--name N] [--dry-run]`` and
+``reap [--older-than AGE] [--dry-run] [--provider createos|opensandbox]``, ``template build FLOW.json [--name N] [--dry-run]`` and
 ``gateway --listen ADDR:PORT [...]``."""
 
 from __future__ import annotations
@@ -65,6 +65,38 @@ def _reap_reused(older_than: str, dry_run: bool) -> int:
         f"{len(report.kept)} kept, {len(report.failed)} failed"
     )
     return 1 if report.failed else 0
+
+
+def _age_seconds(text: str) -> float:
+    """``90s``, ``30m``, ``1h``, ``2d`` (or bare seconds) as seconds; ``ValueError`` otherwise."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    if text and text[-1] in units:
+        return float(text[:-1]) * units[text[-1]]
+    return float(text)
+
+
+def _reap_opensandbox(older_than: str | None, dry_run: bool) -> int:
+    """Delete this deployment's OpenSandbox sandboxes (``created-by`` metadata) older than the
+    limit (default 30m); reads the ``OPEN_SANDBOX_*`` settings."""
+    from . import _native
+
+    limit = older_than or "30m"
+    try:
+        seconds = _age_seconds(limit)
+    except ValueError:
+        print(f"reap: --older-than {limit!r} is not an age such as 90s, 30m, 1h or 2d", file=sys.stderr)
+        return 2
+    try:
+        ids = _native.opensandbox_reap(seconds, dry_run)
+    except RuntimeError as exc:
+        print(f"reap failed: {exc}", file=sys.stderr)
+        return 1
+    verb = "would delete" if dry_run else "deleted"
+    for sandbox_id in ids:
+        print(f"{verb} OpenSandbox sandbox {sandbox_id}")
+    print(f"{len(ids)} OpenSandbox sandbox(es) older than {limit} {'would be deleted (dry run)' if dry_run else 'deleted'}")
+    return 0
 
 
 def _reap(dry_run: bool) -> int:
@@ -199,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also delete the CreateOS Sandbox component's reused guests (lf-c-) created at least "
         "AGE ago (90s, 30m, 1h, 2d); younger ones are kept and listed",
     )
+    reap.add_argument(
+        "--provider",
+        choices=("createos", "opensandbox"),
+        default="createos",
+        help="opensandbox: delete this deployment's sandboxes on the OPEN_SANDBOX_DOMAIN server "
+        "(created-by metadata) older than --older-than (default 30m)",
+    )
     template = commands.add_parser("template", help="bake a guest image for the whole-flow executor")
     template_commands = template.add_subparsers(dest="template_command", required=True)
     build = template_commands.add_parser(
@@ -226,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         asked = [name for names in repeated for name in names]
         return _doctor(asked, args.json)
     if args.command == "reap":
+        if args.provider == "opensandbox":
+            return _reap_opensandbox(args.older_than, args.dry_run)
         rc = _reap(args.dry_run)
         if args.older_than is not None:
             rc = max(rc, _reap_reused(args.older_than, args.dry_run))

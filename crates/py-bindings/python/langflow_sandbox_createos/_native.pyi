@@ -12,12 +12,15 @@ __all__ = [
     "LOGGER_NAME",
     "OUTPUT_PIECE_BYTES",
     "NativeBackend",
+    "NativeOpenSandboxBackend",
     "NativeCapabilities",
     "RunResult",
     "Output",
     "Timings",
     "ReapReport",
     "capabilities",
+    "opensandbox_capabilities",
+    "opensandbox_reap",
     "counters",
     "forked",
     "enable_events",
@@ -151,6 +154,7 @@ class NativeBackend:
 def capabilities() -> NativeCapabilities:
     """The backend's capabilities. No I/O."""
 
+@final
 class NativeOpenSandboxBackend:
     """The OpenSandbox backend of one process; builds its runtime and client on first use."""
 
@@ -172,6 +176,13 @@ class NativeOpenSandboxBackend:
 
 def opensandbox_capabilities() -> NativeCapabilities:
     """The OpenSandbox backend's capabilities under the environment. No I/O."""
+
+def opensandbox_reap(older_than_seconds: float = 1800.0, dry_run: bool = False) -> list[str]:
+    """Delete (or with ``dry_run`` list) this deployment's OpenSandbox sandboxes older than
+    ``older_than_seconds``; returns their ids. Blocks with the GIL released.
+
+    Raises ``CreateOSUnavailableError`` (settings) or ``CreateOSExecutionError`` (listing).
+    """
 
 def counters() -> list[tuple[str, dict[str, str], float]]:
     """This process's native totals: ``(family, labels, value)`` for every ``createos_*``
@@ -271,14 +282,14 @@ def _emit_log_records(count: int, message: str) -> None:
 def _hold_log_queue(seconds: float) -> None:
     """Diagnostic: hold the log queue for ``seconds`` (at most 60) on this thread, GIL released.
 
+    The fork-safety test forks meanwhile, so that the child inherits the queue locked.
+    """
+
 def outside_line(text: str, limit: int) -> str:
     """Outside text (a guest's names and messages, a store's reply) as the host shows it: at most
     ``limit`` bytes, on one line, with every control, line-break (LF, CR, NEL, U+2028, U+2029) and
     bidirectional character written as a visible escape."""
     ...
-
-    The fork-safety test forks meanwhile, so that the child inherits the queue locked.
-    """
 
 @final
 class ComponentRun:

@@ -355,26 +355,40 @@ impl OpenSandboxProvider {
         Ok(probe)
     }
 
-    /// The orphan sweep: deletes this deployment's sandboxes (by `created-by` metadata) older
-    /// than `older_than`. Returns the ids deleted.
-    pub async fn sweep(&self, older_than: Duration) -> Result<Vec<String>, SandboxError> {
+    /// The orphan sweep: this deployment's sandboxes (by `created-by` metadata) older than
+    /// `older_than`, deleted unless `dry_run`. Returns the ids found (deleted, or that would
+    /// be); a delete that fails is left out and logged.
+    pub async fn sweep(
+        &self,
+        older_than: Duration,
+        dry_run: bool,
+    ) -> Result<Vec<String>, SandboxError> {
         let found = self
             .client
             .find_by_metadata(META_CREATED_BY, &self.settings.created_by)
             .await
             .map_err(|e| api_error("listing sandboxes for the orphan sweep", &e))?;
         let now = opensandbox_api::OffsetDateTime::now_utc();
-        let mut deleted = Vec::new();
+        let limit = i128::try_from(older_than.as_millis()).unwrap_or(i128::MAX);
+        let mut swept = Vec::new();
         for sb in found {
-            let old = sb.created().is_none_or(|c| {
-                (now - c).whole_milliseconds()
-                    >= i128::try_from(older_than.as_millis()).unwrap_or(i128::MAX)
-            });
-            if old && self.destroy(&sb.id).await.is_ok() {
-                deleted.push(sb.id);
+            // A sandbox without a readable creation time counts as old: it is ours.
+            let old = sb
+                .created()
+                .is_none_or(|c| (now - c).whole_milliseconds() >= limit);
+            if !old {
+                continue;
+            }
+            if dry_run {
+                swept.push(sb.id);
+                continue;
+            }
+            match self.destroy(&sb.id).await {
+                Ok(_) => swept.push(sb.id),
+                Err(e) => tracing::warn!(target: crate::LOG_TARGET, "{}", e.message()),
             }
         }
-        Ok(deleted)
+        Ok(swept)
     }
 }
 
