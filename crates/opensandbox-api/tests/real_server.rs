@@ -4,9 +4,10 @@
 //!
 //! One sandbox at a time: create, execd readiness, the identity canary, exec (streamed output,
 //! exit codes, the server-side timeout, the client's deadline, the idle clock fed by pings),
-//! upload, download (whole and ranged), renew, list by metadata, delete; then the orphan sweep
-//! (by metadata and age) on a second sandbox and the server's TTL expiry on a third. Each step
-//! prints its time; the last lines are a table of them.
+//! pause (an exec gets no answer: the idle clock ends it) and resume, upload, download (whole
+//! and ranged), renew, list by metadata, delete; then the orphan sweep (by metadata and age) on
+//! a second sandbox and the server's TTL expiry on a third. Each step prints its time; the last
+//! lines are a table of them.
 //!
 //! Settings: `OPENSANDBOX_HARNESS_URL` (the server, e.g. `http://127.0.0.1:8080`),
 //! `OPENSANDBOX_HARNESS_API_KEY`, `OPENSANDBOX_HARNESS_IMAGE` (an image already on the Docker
@@ -395,6 +396,60 @@ async fn steps(h: &mut Harness) {
     assert_eq!(text, "awake");
     assert!(pings >= 2, "{pings} pings in 7 s");
     h.took("exec: 7 s silent, 5 s idle limit, pings", start);
+
+    // Paused (Docker's freezer): an exec gets no answer at all, so the idle clock ends it;
+    // after resume the sandbox works again. Whether the command sent while paused ran after
+    // the resume is reported, not asserted (a provider destroys such a sandbox instead).
+    let start = Instant::now();
+    h.client.pause_sandbox(&id).await.unwrap();
+    let paused = Instant::now();
+    loop {
+        let info = h.client.get_sandbox(&id).await.unwrap();
+        if info.state() == &SandboxState::Paused {
+            break;
+        }
+        assert!(paused.elapsed() < Duration::from_secs(10), "{info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = collect(
+        h,
+        &id,
+        RunCommand::shell("touch /tmp/sent-while-paused"),
+        StreamOptions {
+            idle_timeout: Duration::from_secs(2),
+            ..StreamOptions::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Idle, "{err}");
+    h.took("pause; exec on it ends by the 2 s idle clock", start);
+    let start = Instant::now();
+    h.client.resume_sandbox(&id).await.unwrap();
+    h.client
+        .wait_until_running(&id, Duration::from_secs(10), Duration::from_millis(100))
+        .await
+        .unwrap();
+    execd
+        .wait_until_ready(Duration::from_secs(10), Duration::from_millis(100))
+        .await
+        .unwrap();
+    h.took("resume; execd answers again", start);
+    let out = collect(
+        h,
+        &id,
+        RunCommand::shell(
+            "sleep 1; if [ -e /tmp/sent-while-paused ]; then echo ran; else echo 'did not run'; fi",
+        ),
+        StreamOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.exit, ExitStatus::Code(0));
+    eprintln!(
+        "harness:   the command sent while paused {} after the resume",
+        out.stdout
+    );
 
     // Upload, then read it back three ways: through a command, whole, and ranged.
     let mut data: Vec<u8> = (0..=255u8).cycle().take(64 * 1024).collect();
