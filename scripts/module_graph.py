@@ -2,6 +2,12 @@
 
     python scripts/module_graph.py crates/sandbox-core           # edges, then any circle; exit 1 on one
     python scripts/module_graph.py crates/py-bindings --dot      # the graph in Graphviz's dot
+    python scripts/module_graph.py --all                         # every crate under crates/ and tests/
+
+With ``--all`` (what CI runs) it finds every Rust crate under ``crates/`` and ``tests/`` of the
+repository (a ``Cargo.toml`` with a ``[package]`` and a ``src/``; build output and hidden
+directories skipped), prints one line per crate, the edges of any crate with a circle, and exits
+1 when any crate has one.
 
 A module is a top-level module of the crate (``src/guest.rs`` or ``src/guest/``, whatever its
 submodules); module A depends on module B when any file of A names ``crate::B`` (in a ``use``
@@ -113,11 +119,58 @@ def layers(edges: dict[str, set[str]]) -> list[list[str]]:
     return [sorted(out[d]) for d in sorted(out)]
 
 
+def all_crates(root: Path) -> list[Path]:
+    """Every Rust crate under ``root``'s ``crates/`` and ``tests/``, sorted."""
+    found = []
+    for top in ("crates", "tests"):
+        for manifest in sorted((root / top).rglob("Cargo.toml")):
+            rel = manifest.relative_to(root).parts
+            if any(p == "target" or p.startswith(".") for p in rel):
+                continue
+            text = manifest.read_text(encoding="utf-8")
+            if re.search(r"^\[package\]", text, re.M) and (manifest.parent / "src").is_dir():
+                found.append(manifest.parent)
+    return found
+
+
+def check_all(root: Path) -> int:
+    """One line per crate; the edges and circles of a crate that has any; 1 on any circle."""
+    crates = all_crates(root)
+    if not crates:
+        print(f"{root}: no Rust crate under crates/ or tests/", file=sys.stderr)
+        return 1
+    bad = 0
+    for crate in crates:
+        edges = graph(crate)
+        found = circles(edges)
+        shown = crate.relative_to(root)
+        if not found:
+            print(f"{shown}: no circle among {len(edges)} modules")
+            continue
+        bad += 1
+        for m in sorted(edges):
+            print(f"  {m} -> {', '.join(sorted(edges[m])) or '(nothing)'}")
+        for c in found:
+            print(f"  circle: {' <-> '.join(c)}")
+        print(f"{shown}: {len(found)} circle(s) among {len(edges)} modules")
+    print(f"{len(crates)} crates, {bad} with a circle")
+    return 1 if bad else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("crate", type=Path)
+    parser.add_argument("crate", type=Path, nargs="?")
     parser.add_argument("--dot", action="store_true", help="print the graph in dot and exit")
+    parser.add_argument(
+        "--all", action="store_true", help="check every crate under crates/ and tests/"
+    )
     args = parser.parse_args()
+    if args.all:
+        if args.crate is not None or args.dot:
+            parser.error("--all takes no crate and no --dot")
+        return check_all(Path(__file__).resolve().parent.parent)
+    if args.crate is None:
+        parser.error("name a crate directory, or pass --all")
     edges = graph(args.crate)
     if args.dot:
         print("digraph modules {")

@@ -25,12 +25,12 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
+use crate::control::Shape;
 use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecRequest,
     ExecStream, GuestInfo, ProcessSpec, TemplateInfo, TemplateLogStream,
 };
 use crate::kind::SurfaceKind;
-use crate::shapes::Shape;
 
 /// Why a guest was destroyed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -224,7 +224,7 @@ pub struct GuestUsage {
     pub reason: DestroyReason,
     /// The process that held it when it was destroyed (its pid).
     pub worker: u32,
-    /// The host of that process ([`crate::lease::host_name`]: `CREATEOS_HOST_ID` or the
+    /// The host of that process ([`crate::vars::host_name`]: `CREATEOS_HOST_ID` or the
     /// machine's name).
     pub host: String,
 }
@@ -840,7 +840,7 @@ impl Tracked {
                 bytes_returned: 0,
                 reason: DestroyReason::Reaper,
                 worker: std::process::id(),
-                host: crate::lease::host_name(),
+                host: crate::vars::host_name(),
             },
             created: tokio::time::Instant::now(),
             reason: None,
@@ -1022,7 +1022,7 @@ mod tests {
         Tracked::created(obs, SurfaceKind::Backend, "lf-w", "s", "r", "none").finish();
         let got = seen.lock().unwrap();
         assert_eq!(got[0].worker, std::process::id());
-        assert_eq!(got[0].host, crate::lease::host_name());
+        assert_eq!(got[0].host, crate::vars::host_name());
         assert!(!got[0].host.is_empty());
     }
 

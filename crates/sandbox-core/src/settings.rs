@@ -14,19 +14,18 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::error::SandboxError;
-pub use crate::vars::{SettingNames, non_blank, parse_bool, read_flag};
+pub use crate::provider::createos::{DEFAULT_BASE_URL, ENV_BASE_URL, ENV_SHAPE};
+pub use crate::vars::{
+    ENV_MAX_LIVE_GUESTS, SettingNames, non_blank, parse_bool, parse_cap, read_flag,
+};
 
 /// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling; the order is
 /// [`createos_api::api_key_from`]'s, shared with the client).
 pub const ENV_API_KEY: &str = createos_api::ENV_SANDBOX_API_KEY;
 /// `CREATEOS_API_KEY`: the credential's fallback spelling (the SDK's).
 pub const ENV_API_KEY_FALLBACK: &str = createos_api::ENV_API_KEY;
-/// `CREATEOS_SANDBOX_BASE_URL`: control-plane endpoint.
-pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
 /// `CREATEOS_SANDBOX_ROOTFS`: guest image.
 pub const ENV_ROOTFS: &str = "CREATEOS_SANDBOX_ROOTFS";
-/// `CREATEOS_SANDBOX_SHAPE`: pin an exact shape (`auto` or unset = choose by memory).
-pub const ENV_SHAPE: &str = "CREATEOS_SANDBOX_SHAPE";
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
 pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
@@ -35,9 +34,6 @@ pub const ENV_WARM_POOL: &str = "CREATEOS_SANDBOX_WARM_POOL";
 /// The largest warm pool [`ENV_WARM_POOL`] may ask for.
 pub const MAX_WARM_POOL: usize = 64;
 
-/// `CREATEOS_MAX_LIVE_GUESTS`: the most guests a process keeps live at once, all surfaces and
-/// warm pools included (unset: unlimited). See [`crate::admission`].
-pub const ENV_MAX_LIVE_GUESTS: &str = "CREATEOS_MAX_LIVE_GUESTS";
 /// `CREATEOS_MAX_LIVE_GUESTS_PER_FLOW`: the most runs of one flow (by flow id) holding a guest
 /// at once, for the component and the executor (unset: unlimited).
 pub const ENV_MAX_LIVE_GUESTS_PER_FLOW: &str = "CREATEOS_MAX_LIVE_GUESTS_PER_FLOW";
@@ -56,12 +52,9 @@ pub const ENV_METRICS: &str = "CREATEOS_METRICS";
 /// The shortest and longest control-plane retry budget accepted, in seconds.
 const MIN_CONTROL_PLANE_RETRY_SECONDS: f64 = 1.0;
 const MAX_CONTROL_PLANE_RETRY_SECONDS: f64 = 3600.0;
-/// The largest cap and the longest wait accepted.
-const MAX_CAP: usize = 100_000;
+/// The longest wait accepted.
 const MAX_ADMISSION_WAIT_SECONDS: f64 = 3600.0;
 
-/// The public control plane.
-pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
 /// The default guest image (has `python3`, `bash` and GNU `timeout`).
 pub const DEFAULT_ROOTFS: &str = "devbox:1";
 /// Default per-stream output cap: 1 MiB of stdout and 1 MiB of stderr.
@@ -233,18 +226,6 @@ pub fn parse_pool_size(var: &str, raw: &str, max: usize) -> Result<usize, Sandbo
         _ => Err(SandboxError::refused(format!(
             "{var}={raw:?} is not a pool size from 0 to {max}; set it to the number of guests \
              to keep ready (e.g. 4), or to 0 or unset it to turn the warm pool off"
-        ))),
-    }
-}
-
-/// Parses the cap `raw` of the setting `var`: a whole number from 1 to 100000 (unset, not 0,
-/// means unlimited); the refusal names `var`.
-pub fn parse_cap(var: &str, raw: &str) -> Result<usize, SandboxError> {
-    match raw.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX_CAP).contains(&n) => Ok(n),
-        _ => Err(SandboxError::refused(format!(
-            "{var}={raw:?} is not a number of guests from 1 to {MAX_CAP}; set it to the most \
-             this process may keep live at once (e.g. 16), or unset it for no cap"
         ))),
     }
 }

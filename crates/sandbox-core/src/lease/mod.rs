@@ -71,9 +71,7 @@ pub const ENV_ADMISSION_LEASE: &str = "CREATEOS_ADMISSION_LEASE_SECONDS";
 /// `CREATEOS_ADMISSION_NAMESPACE`: the prefix of this deployment's keys in the store (default
 /// `createos`), so two deployments can share one Redis or one database.
 pub const ENV_ADMISSION_NAMESPACE: &str = "CREATEOS_ADMISSION_NAMESPACE";
-/// `CREATEOS_HOST_ID`: the host name this process reports in its leases and usage records
-/// (default: the machine's host name).
-pub const ENV_HOST_ID: &str = "CREATEOS_HOST_ID";
+pub use crate::vars::{ENV_HOST_ID, host_name};
 /// `LANGFLOW_REDIS_URL`: Langflow's Redis, used when [`ENV_ADMISSION_STORE`] is
 /// `langflow-redis`.
 pub const ENV_LANGFLOW_REDIS_URL: &str = "LANGFLOW_REDIS_URL";
@@ -505,34 +503,6 @@ impl Holder {
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.host, self.pid)
-    }
-}
-
-/// This host's name: [`ENV_HOST_ID`] when set, else the kernel's host name, else `unknown`.
-/// Only letters, digits and `-_.` are kept. Read once per process.
-pub fn host_name() -> String {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(read_host_name).clone()
-}
-
-fn read_host_name() -> String {
-    let raw = std::env::var(ENV_HOST_ID)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_default();
-    let clean: String = raw
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-        .take(64)
-        .collect();
-    if clean.is_empty() {
-        "unknown".to_owned()
-    } else {
-        clean
     }
 }
 
@@ -1284,7 +1254,7 @@ pub struct StoreAnswer {
     pub transport: Option<tls::Transport>,
     /// The deployment's live guests (unexpired leases under the guests' key).
     pub live: u64,
-    /// [`crate::settings::ENV_MAX_LIVE_GUESTS`] as set (`None`: unset, or a value that the
+    /// [`crate::vars::ENV_MAX_LIVE_GUESTS`] as set (`None`: unset, or a value that the
     /// shared settings refuse).
     pub cap: Option<usize>,
 }
@@ -1352,7 +1322,7 @@ impl StoreCheck {
                     "admission store: reachable{over}, answered in {:.1} ms",
                     a.latency.as_secs_f64() * 1000.0
                 )));
-                let max = crate::settings::ENV_MAX_LIVE_GUESTS;
+                let max = crate::vars::ENV_MAX_LIVE_GUESTS;
                 lines.push(Ok(match a.cap {
                     Some(cap) => format!(
                         "deployment: {} guest(s) live of the deployment-wide cap {max}={cap}",
@@ -1405,8 +1375,8 @@ pub async fn check_store(lookup: &dyn Fn(&str) -> Option<String>) -> StoreCheck 
             latency: t0.elapsed(),
             transport: dep.transport(),
             live,
-            cap: non_blank(lookup, crate::settings::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
-                crate::settings::parse_cap(crate::settings::ENV_MAX_LIVE_GUESTS, &raw).ok()
+            cap: non_blank(lookup, crate::vars::ENV_MAX_LIVE_GUESTS).and_then(|raw| {
+                crate::vars::parse_cap(crate::vars::ENV_MAX_LIVE_GUESTS, &raw).ok()
             }),
         }),
         Err(e) => Err(e.0),
