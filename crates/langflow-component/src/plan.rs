@@ -7,10 +7,11 @@
 use std::time::Duration;
 
 use sandbox_core::SandboxError;
-use sandbox_core::egress::{EgressPolicy, LINK_LOCAL_HOLE};
+use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::ExecLimits;
 use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk};
+use sandbox_core::provider::createos::LINK_LOCAL_HOLE;
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
 use sandbox_core::withheld::Withheld;

@@ -444,9 +444,12 @@ impl Stream for CommandStream {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CommandOutput {
-    /// Standard output kept.
+    /// Standard output kept. execd sends a frame per line without its line end; frames are
+    /// joined with `\n` where neither side carries a line break, as the official SDK joins
+    /// them (so `echo a; echo b` collects as `"a\nb"`; a frame with its own line ends is kept
+    /// as sent).
     pub stdout: String,
-    /// Standard error kept.
+    /// Standard error kept, joined the same way.
     pub stderr: String,
     /// Whether output past the cap was dropped.
     pub truncated: bool,
@@ -476,6 +479,21 @@ impl Default for CommandOutput {
 
 impl CommandOutput {
     fn keep(&mut self, text: &str, cap: usize, stdout: bool) {
+        let line_break = |c: char| c == '\n' || c == '\r';
+        let sink = if stdout { &self.stdout } else { &self.stderr };
+        // execd sends a frame per line without its line end: two frames that do not carry a
+        // line break between them are two lines (the SDK joins them the same way).
+        let joined = !sink.is_empty()
+            && !sink.ends_with(line_break)
+            && !text.is_empty()
+            && !text.starts_with(line_break);
+        let owned;
+        let text = if joined {
+            owned = format!("\n{text}");
+            owned.as_str()
+        } else {
+            text
+        };
         let room = cap.saturating_sub(self.stdout.len() + self.stderr.len());
         let mut cut = text.len().min(room);
         while !text.is_char_boundary(cut) {

@@ -192,6 +192,51 @@ data: {\"type\":\"execution_complete\",\"execution_time\":7}\r\n\r\n";
 }
 
 #[tokio::test]
+async fn collected_lines_keep_their_line_breaks() {
+    // execd's log tailer sends a frame per line without its line end (the real server's
+    // proxy passes them as they are); chunks that carry their own line ends are kept as sent.
+    let frames = [
+        ("stdout", "out1"),
+        ("stderr", "err1"),
+        ("stdout", "out2"),
+        ("stdout", "chunk\n"),
+        ("stdout", "tail"),
+        ("stderr", "err2"),
+    ];
+    let mut body = String::from("{\"type\":\"init\",\"text\":\"c\"}\n\n");
+    for (kind, text) in frames {
+        body.push_str(&json!({"type": kind, "text": text}).to_string());
+        body.push_str("\n\n");
+    }
+    body.push_str("{\"type\":\"execution_complete\"}\n\n");
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path(proxied("/command"));
+            then.status(200).body(body);
+        })
+        .await;
+    let run = || async {
+        client(&server)
+            .execd(SB)
+            .run(&RunCommand::shell("x"), StreamOptions::default())
+            .await
+            .unwrap()
+    };
+    let out = run().await.collect_output(1024).await.unwrap();
+    assert_eq!(out.stdout, "out1\nout2\nchunk\ntail");
+    assert_eq!(out.stderr, "err1\nerr2");
+    assert!(!out.truncated);
+    // The separator counts against the cap (both streams together) like any other byte.
+    let out = run().await.collect_output(10).await.unwrap();
+    assert_eq!(
+        (out.stdout.as_str(), out.stderr.as_str()),
+        ("out1\no", "err1")
+    );
+    assert!(out.truncated);
+}
+
+#[tokio::test]
 async fn a_stream_that_ends_early_has_no_exit_code_and_exec_is_never_repeated() {
     let server = MockServer::start_async().await;
     let run = server

@@ -1,6 +1,6 @@
 //! The control-plane operations the lifecycle needs, as a small object-safe trait.
 //!
-//! [`crate::createos::CreateOsControlPlane`] implements it over `createos-api`; tests can
+//! [`crate::provider::createos::CreateOsControlPlane`] implements it over `createos-api`; tests can
 //! implement it in memory. Keeping the lifecycle behind this seam also keeps it
 //! provider-neutral where that costs nothing.
 

@@ -1,13 +1,12 @@
-//! Egress policy, independent of the surface: deny-all, unrestricted, or a list of validated
-//! address rules, each with a stable fingerprint; the link-local opt-in in front of every
-//! restricted policy; the read-back comparison; and strict validation of address rules.
+//! Egress policy, independent of the surface and of the provider: deny-all, unrestricted, or a
+//! list of validated address rules, each with a stable fingerprint; the opt-in to a provider's
+//! permanent holes ([`EgressException`], [`EgressPolicy::restricted_with`]) in front of every
+//! restricted policy; and strict validation of address rules.
 //!
-//! CreateOS egress is an allowlist with no deny-all token: `null`, `[]` and `["*"]` all mean
-//! allow-all. Deny-all is spelled as one unroutable reserved range, [`DENY_ALL_RULE`]. Hostname
-//! rules are accepted and echoed but never enforced, and `169.254.0.0/16` (the metadata
-//! service) stays reachable under any policy. Rules are sent only in forms with live evidence
-//! of enforcement, `IP:port` and CIDR: a single address goes out as `/32` (`/128`), never bare
-//! (see [`AddressRule`]).
+//! How a provider *spells* a policy and compares what it reads back is that provider's own:
+//! CreateOS's spelling ([`EgressPolicy::rules`], [`EgressPolicy::matches`], the `Display` of a
+//! policy, its link-local hole and [`EgressPolicy::restricted`]) lives in
+//! [`crate::provider::createos::egress`], as methods of this type.
 //!
 //! Refusals name the settings of the *calling surface* ([`SettingNames`]): the backend's user
 //! reads `LANGFLOW_SANDBOX_ALLOW_NETWORK`, another surface's user reads its own.
@@ -19,12 +18,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::error::SandboxError;
 use crate::vars::SettingNames;
 
-/// The rule that spells deny-all: IANA-reserved and unroutable, so only the final DROP applies.
-pub const DENY_ALL_RULE: &str = "240.0.0.0/4";
-/// The rule that spells allow-all.
+/// The rule that spells allow-all, in settings and on CreateOS alike (never an address rule).
 pub const ALLOW_ALL_RULE: &str = "*";
-/// The range every guest can reach whatever the policy says.
-pub const LINK_LOCAL_HOLE: &str = "169.254.0.0/16";
+
+/// An address range a provider's guests can always reach whatever the policy says (CreateOS:
+/// the link-local metadata service): sandbox-core refuses a restricted policy unless the
+/// operator accepted every such exception of the provider in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EgressException {
+    /// The provider whose guests have it, as a refusal names it (`CreateOS`).
+    pub provider: &'static str,
+    /// The range, e.g. `169.254.0.0/16`.
+    pub range: &'static str,
+    /// What is there, for the refusal (`the VM metadata service`).
+    pub what: &'static str,
+}
 
 /// The egress a guest gets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,10 +49,11 @@ pub enum EgressPolicy {
 impl EgressPolicy {
     /// A restricted policy: deny-all when `rules` is empty, else exactly those address rules
     /// (each validated by [`validate_address_rule`]). Refused unless the operator accepted
-    /// that a CreateOS guest always reaches [`LINK_LOCAL_HOLE`]; the refusal names the
-    /// surface's settings.
-    pub fn restricted(
+    /// (`accept_exceptions`) every one of `exceptions`, the holes of the provider in use; the
+    /// refusal names the surface's settings.
+    pub fn restricted_with(
         rules: &[String],
+        exceptions: &[EgressException],
         accept_exceptions: bool,
         names: &SettingNames,
     ) -> Result<Self, SandboxError> {
@@ -52,27 +61,22 @@ impl EgressPolicy {
         for r in rules {
             parsed.insert(validate_address_rule(r)?);
         }
-        if !accept_exceptions {
+        if !accept_exceptions && let Some(hole) = exceptions.first() {
             return Err(SandboxError::refused(format!(
-                "{} asks for restricted egress, but a CreateOS guest can always reach \
-                 {LINK_LOCAL_HOLE} (the VM metadata service). Set {}=true to run with \
-                 everything else blocked, or {} for unrestricted egress",
-                names.restrict_egress, names.accept_egress_exceptions, names.allow_egress
+                "{} asks for restricted egress, but a {} guest can always reach {} ({}). Set \
+                 {}=true to run with everything else blocked, or {} for unrestricted egress",
+                names.restrict_egress,
+                hole.provider,
+                hole.range,
+                hole.what,
+                names.accept_egress_exceptions,
+                names.allow_egress
             )));
         }
         if parsed.is_empty() {
             Ok(EgressPolicy::DenyAll)
         } else {
             Ok(EgressPolicy::Rules(parsed.into_iter().collect()))
-        }
-    }
-
-    /// The rules sent at create.
-    pub fn rules(&self) -> Vec<String> {
-        match self {
-            EgressPolicy::AllowAll => vec![ALLOW_ALL_RULE.to_owned()],
-            EgressPolicy::DenyAll => vec![DENY_ALL_RULE.to_owned()],
-            EgressPolicy::Rules(rules) => rules.iter().map(ToString::to_string).collect(),
         }
     }
 
@@ -85,44 +89,10 @@ impl EgressPolicy {
         match self {
             EgressPolicy::AllowAll => "allow-all".to_owned(),
             EgressPolicy::DenyAll => "deny-all".to_owned(),
-            EgressPolicy::Rules(_) => format!("rules:{}", self.rules().join(",")),
-        }
-    }
-
-    /// Whether the egress a guest reports is the one this policy asked for. Order and
-    /// duplicates are ignored; an absent or empty list, or `*`, means allow-all; address rules
-    /// compare in canonical form.
-    pub fn matches(&self, reported: Option<&[String]>) -> bool {
-        let got: BTreeSet<&str> = reported
-            .unwrap_or_default()
-            .iter()
-            .map(|s| s.trim())
-            .collect();
-        match self {
-            EgressPolicy::AllowAll => got.is_empty() || got == BTreeSet::from([ALLOW_ALL_RULE]),
-            EgressPolicy::DenyAll => got == BTreeSet::from([DENY_ALL_RULE]),
-            EgressPolicy::Rules(want) => {
-                let parsed: Result<BTreeSet<AddressRule>, _> =
-                    got.iter().map(|r| validate_address_rule(r)).collect();
-                parsed.is_ok_and(|p| p.into_iter().eq(want.iter().copied()))
+            EgressPolicy::Rules(rules) => {
+                let sent: Vec<String> = rules.iter().map(ToString::to_string).collect();
+                format!("rules:{}", sent.join(","))
             }
-        }
-    }
-}
-
-impl fmt::Display for EgressPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EgressPolicy::AllowAll => write!(f, "unrestricted ([\"{ALLOW_ALL_RULE}\"])"),
-            EgressPolicy::DenyAll => write!(
-                f,
-                "deny-all ([\"{DENY_ALL_RULE}\"]; {LINK_LOCAL_HOLE} stays reachable)"
-            ),
-            EgressPolicy::Rules(_) => write!(
-                f,
-                "only {:?} ({LINK_LOCAL_HOLE} stays reachable)",
-                self.rules()
-            ),
         }
     }
 }

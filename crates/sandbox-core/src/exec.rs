@@ -37,12 +37,18 @@ impl ExecLimits {
         self.budget + self.kill_after + self.host_grace
     }
 
-    /// The idle auto-pause backstop: `max(60, budget + 120)` seconds. The control plane
-    /// touches a guest's activity clock only when exec is accepted, so a shorter window could
-    /// pause a quiet, healthy run.
+    /// How long a guest may sit without use before the control plane stops paying for it:
+    /// `budget + 120` seconds. The control plane touches a guest's activity clock only when
+    /// exec is accepted, so a shorter window could pause a quiet, healthy run.
+    pub fn idle_backstop(&self) -> Duration {
+        self.budget.saturating_add(Duration::from_secs(120))
+    }
+
+    /// [`ExecLimits::idle_backstop`] as CreateOS's auto-pause, in seconds:
+    /// `max(60, budget + 120)`, at most 86400 (see
+    /// [`crate::provider::createos::auto_pause_secs`]).
     pub fn auto_pause_seconds(&self) -> u32 {
-        let secs = self.budget.as_secs().saturating_add(120);
-        u32::try_from(secs.max(60)).unwrap_or(86_400).min(86_400)
+        crate::provider::createos::auto_pause_secs(self.idle_backstop())
     }
 }
 

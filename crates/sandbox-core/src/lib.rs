@@ -31,12 +31,12 @@
 //! - [`provider`]: the provider seam, what a sandbox provider must offer the surfaces in
 //!   provider-neutral terms; [`provider::createos`] is CreateOS behind it, [`provider::opensandbox`]
 //!   the self-hosted OpenSandbox server (issue 41).
-//! - [`control`]: the control-plane seam; [`createos`] implements it over `createos-api`.
+//! - [`control`]: CreateOS's control-plane operations as an object-safe trait (test doubles
+//!   implement it); [`createos`] (= [`provider::createos`]) implements it over `createos-api`.
 
 pub mod admission;
 pub mod classify;
 pub mod control;
-pub mod createos;
 pub mod egress;
 pub mod error;
 pub mod exec;
@@ -62,6 +62,9 @@ pub mod vars;
 pub mod withheld;
 
 pub use error::{ErrorKind, Redactor, SandboxError};
+/// The CreateOS provider under its first name: the `createos-api` control plane
+/// ([`createos::CreateOsControlPlane`]) and everything else that is CreateOS's.
+pub use provider::createos;
 
 /// The `tracing` target of every event this crate and its surfaces emit.
 pub const LOG_TARGET: &str = "langflow_sandbox_createos";

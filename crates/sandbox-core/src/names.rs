@@ -17,8 +17,8 @@
 use rand::Rng;
 use sha2::{Digest, Sha256};
 
-/// Longest sandbox name CreateOS accepts.
-pub const NAME_MAX: usize = 22;
+/// Longest sandbox name CreateOS accepts (CreateOS's rule: [`crate::provider::createos`]).
+pub use crate::provider::createos::NAME_MAX;
 /// Prefix of every one-shot guest name (all three surfaces).
 pub const ONE_SHOT_PREFIX: &str = "lf-";
 /// [`ONE_SHOT_PREFIX`] under its first name (the backend was the first surface to mint one).

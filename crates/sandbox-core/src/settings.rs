@@ -14,6 +14,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::error::SandboxError;
+pub use crate::provider::createos::{DEFAULT_BASE_URL, ENV_BASE_URL, ENV_SHAPE};
 pub use crate::vars::{
     ENV_MAX_LIVE_GUESTS, SettingNames, non_blank, parse_bool, parse_cap, read_flag,
 };
@@ -23,12 +24,8 @@ pub use crate::vars::{
 pub const ENV_API_KEY: &str = createos_api::ENV_SANDBOX_API_KEY;
 /// `CREATEOS_API_KEY`: the credential's fallback spelling (the SDK's).
 pub const ENV_API_KEY_FALLBACK: &str = createos_api::ENV_API_KEY;
-/// `CREATEOS_SANDBOX_BASE_URL`: control-plane endpoint.
-pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
 /// `CREATEOS_SANDBOX_ROOTFS`: guest image.
 pub const ENV_ROOTFS: &str = "CREATEOS_SANDBOX_ROOTFS";
-/// `CREATEOS_SANDBOX_SHAPE`: pin an exact shape (`auto` or unset = choose by memory).
-pub const ENV_SHAPE: &str = "CREATEOS_SANDBOX_SHAPE";
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
 pub const ENV_MAX_OUTPUT_BYTES: &str = "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES";
 
@@ -58,8 +55,6 @@ const MAX_CONTROL_PLANE_RETRY_SECONDS: f64 = 3600.0;
 /// The longest wait accepted.
 const MAX_ADMISSION_WAIT_SECONDS: f64 = 3600.0;
 
-/// The public control plane.
-pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
 /// The default guest image (has `python3`, `bash` and GNU `timeout`).
 pub const DEFAULT_ROOTFS: &str = "devbox:1";
 /// Default per-stream output cap: 1 MiB of stdout and 1 MiB of stderr.

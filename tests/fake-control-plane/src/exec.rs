@@ -7,6 +7,9 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
+use axum::http::{StatusCode, header};
+use axum::response::Response;
 use bytes::Bytes;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -14,8 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use crate::state::{App, signal_groups};
-use crate::util::map_guest_text;
+use crate::state::App;
+use crate::util::{map_guest_text, signal_groups};
 
 /// Host environment variables passed through to guest commands.
 const PASS_THROUGH: &[&str] = &[
@@ -335,6 +338,26 @@ pub(crate) fn heartbeat(sse: bool, v: &Value) -> Bytes {
     } else {
         frame(false, v)
     }
+}
+
+/// A streamed NDJSON (or SSE) response fed by `rx`.
+pub(crate) fn stream_response(sse: bool, rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            header::CONTENT_TYPE,
+            if sse {
+                "text/event-stream"
+            } else {
+                "application/x-ndjson"
+            },
+        )
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default()
 }
 
 /// Streams a running command's output as frames into `tx`, with heartbeats and a final exit frame.

@@ -1,4 +1,4 @@
-//! Access tokens, templates, networks and disks (computer use is in `desktop`).
+//! Access tokens, templates, networks and disks (computer use is in `computer`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,11 +7,12 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use crate::exec::frame;
-use crate::handlers::{opt_str, paging, require_running, stream_response, with_sandbox};
+use crate::computer;
+use crate::exec::{frame, stream_response};
+use crate::guest::{require_running, with_sandbox};
 use crate::jsend::{ApiError, ApiResult, ok, page};
-use crate::server::Req;
-use crate::state::{App, Disk, Mount, Network, Status, Template, Token};
+use crate::request::{Req, opt_str, paging};
+use crate::state::{App, Disk, Inner, Mount, Network, Status, Template, Token};
 use crate::util::{map_guest_file, now_rfc3339, random_id};
 
 /// Routes for tokens, templates, networks, disks and (through `desktop`) computer use.
@@ -271,7 +272,7 @@ pub(crate) async fn dispatch(app: &Arc<App>, req: &mut Req) -> ApiResult {
             }
             ok(json!({"detached": true}))
         }
-        "computer" => crate::desktop::dispatch(app, req).await,
+        "computer" => computer::dispatch(app, req).await,
         _ => Err(ApiError::not_found("no such route")),
     }
 }
@@ -338,7 +339,7 @@ fn find_disk<'a>(ds: &'a [Disk], key: &str) -> Result<&'a Disk, ApiError> {
         .ok_or_else(|| ApiError::not_found("disk not found"))
 }
 
-fn network_json(inner: &crate::state::Inner, n: &Network, members: bool) -> Value {
+fn network_json(inner: &Inner, n: &Network, members: bool) -> Value {
     let rows: Vec<Value> = inner
         .sandboxes
         .iter()

@@ -10,13 +10,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
 use nix::sys::signal::Signal;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::exec::{self, Spec};
+use crate::exec::{self, Spec, stream_response};
+use crate::guest::{merge_env, require_running, with_sandbox, with_sandbox_mut};
 use crate::jsend::{ApiError, ApiResult, ok, page};
-use crate::server::Req;
+use crate::request::{Req, opt_bool, opt_str, opt_str_list, opt_str_map, opt_u64, paging};
 use crate::state::{App, Inner, Mount, Sandbox, Status, pause_now};
 use crate::util::{map_guest_file, now_rfc3339, random_id};
 use crate::{extra, procs};
@@ -82,59 +83,6 @@ pub(crate) async fn dispatch(app: &Arc<App>, mut req: Req) -> ApiResult {
         n if n.starts_with("process_") => procs::dispatch(app, &mut req).await,
         _ => extra::dispatch(app, &mut req).await,
     }
-}
-
-/// Runs `f` on the sandbox or answers 404.
-pub(crate) fn with_sandbox(
-    app: &App,
-    id: &str,
-    f: impl FnOnce(&Sandbox) -> ApiResult,
-) -> ApiResult {
-    let inner = app.lock();
-    let sb = inner
-        .sandbox(id)
-        .ok_or_else(|| ApiError::not_found("sandbox not found"))?;
-    f(sb)
-}
-
-/// Runs `f` on the sandbox mutably or answers 404.
-pub(crate) fn with_sandbox_mut<T>(
-    app: &App,
-    id: &str,
-    f: impl FnOnce(&mut Sandbox) -> Result<T, ApiError>,
-) -> Result<T, ApiError> {
-    let mut inner = app.lock();
-    let sb = inner
-        .sandbox_mut(id)
-        .ok_or_else(|| ApiError::not_found("sandbox not found"))?;
-    f(sb)
-}
-
-/// The guest's directory, if it can be operated on (running); 409 otherwise.
-pub(crate) fn require_running(sb: &Sandbox) -> Result<(), ApiError> {
-    match sb.status {
-        Status::Running => Ok(()),
-        // A pausing guest is as good as paused: the remedy is the same (resume it).
-        Status::Paused | Status::Pausing => Err(ApiError::paused()),
-        other => Err(ApiError::conflict(format!(
-            "sandbox is {}; it must be running",
-            other.as_str()
-        ))),
-    }
-}
-
-/// `limit`/`offset` from the query (limit defaults to 100, capped at 500).
-pub(crate) fn paging(req: &Req) -> Result<(usize, usize), ApiError> {
-    let num = |k: &str, default: usize| -> Result<usize, ApiError> {
-        match req.q(k) {
-            None | Some("") => Ok(default),
-            Some(v) => v
-                .parse::<usize>()
-                .map_err(|_| ApiError::bad_request(k, "must be a non-negative integer")),
-        }
-    };
-    let limit = num("limit", 100)?.clamp(1, 500);
-    Ok((limit, num("offset", 0)?))
 }
 
 fn whoami(app: &App) -> ApiResult {
@@ -214,73 +162,6 @@ fn list(app: &App, req: &Req) -> ApiResult {
         .map(Sandbox::to_json)
         .collect();
     page(rows, limit, offset)
-}
-
-// ---- field helpers -------------------------------------------------------------------------
-
-pub(crate) fn opt_str(body: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::bad_request(key, "must be a string")),
-    }
-}
-
-pub(crate) fn opt_bool(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::bad_request(key, "must be a boolean")),
-    }
-}
-
-pub(crate) fn opt_u64(body: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(key, "must be a non-negative integer")),
-    }
-}
-
-pub(crate) fn opt_str_list(
-    body: &Map<String, Value>,
-    key: &str,
-) -> Result<Option<Vec<String>>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(key, "must be a list of strings")),
-        Some(_) => Err(ApiError::bad_request(key, "must be a list of strings")),
-    }
-}
-
-pub(crate) fn opt_str_map(
-    body: &Map<String, Value>,
-    key: &str,
-) -> Result<Option<BTreeMap<String, String>>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => {
-            let mut out = BTreeMap::new();
-            for (k, v) in m {
-                let Some(v) = v.as_str() else {
-                    return Err(ApiError::bad_request(
-                        key,
-                        format!("value of {k:?} must be a string"),
-                    ));
-                };
-                out.insert(k.clone(), v.to_owned());
-            }
-            Ok(Some(out))
-        }
-        Some(_) => Err(ApiError::bad_request(key, "must be an object of strings")),
-    }
 }
 
 fn valid_env_name(k: &str) -> bool {
@@ -995,28 +876,6 @@ async fn recharge(app: &Arc<App>, req: &mut Req) -> ApiResult {
 
 // ---- exec ------------------------------------------------------------------------------------
 
-/// Checks an exec/process `env` against the sandbox's declared keys; returns the merged env.
-pub(crate) fn merge_env(
-    sb: &Sandbox,
-    env: Option<BTreeMap<String, String>>,
-) -> Result<BTreeMap<String, String>, ApiError> {
-    let mut merged = sb.envs.clone();
-    if let Some(env) = env {
-        for (k, v) in env {
-            if !sb.envs.contains_key(&k) {
-                return Err(ApiError::bad_request(
-                    "env",
-                    format!(
-                        "environment variable {k:?} was not declared when the sandbox was created"
-                    ),
-                ));
-            }
-            merged.insert(k, v);
-        }
-    }
-    Ok(merged)
-}
-
 async fn exec_route(app: &Arc<App>, req: &mut Req) -> ApiResult {
     let streaming = req.name == "exec_stream";
     let body = req.json().await?;
@@ -1078,26 +937,6 @@ async fn exec_route(app: &Arc<App>, req: &mut Req) -> ApiResult {
     };
     drop(count);
     ok(json!({"result": result, "exec_ms": u64::try_from(ms).unwrap_or(u64::MAX)}))
-}
-
-/// A streamed NDJSON (or SSE) response fed by `rx`.
-pub(crate) fn stream_response(sse: bool, rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(
-            header::CONTENT_TYPE,
-            if sse {
-                "text/event-stream"
-            } else {
-                "application/x-ndjson"
-            },
-        )
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_default()
 }
 
 // ---- files -------------------------------------------------------------------------------

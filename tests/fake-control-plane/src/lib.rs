@@ -15,15 +15,19 @@
 //! # Ok(()) }
 //! ```
 
+mod computer;
 mod desktop;
 mod egress;
 mod exec;
 mod extra;
 mod faults;
+mod guest;
 mod handlers;
 mod jsend;
+mod managed_proc;
 pub mod netns;
 mod procs;
+mod request;
 mod server;
 mod state;
 mod util;

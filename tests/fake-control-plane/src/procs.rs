@@ -1,152 +1,29 @@
-//! Managed processes: long-lived guest processes with retained, sequenced output.
+//! Managed processes: the `/v1/sandboxes/{id}/processes...` routes, which start long-lived guest
+//! processes (on pipes or a PTY), supervise them and follow their retained, sequenced output.
+//! Each one's record ([`ManagedProc`]) is in `managed_proc`.
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::AtomicI32;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::exec::{self, Out, Spec, exit_code, frame};
-use crate::handlers::{
-    merge_env, opt_str, opt_str_list, opt_str_map, opt_u64, require_running, stream_response,
-    with_sandbox, with_sandbox_mut,
-};
+use crate::exec::{self, Out, Spec, exit_code, frame, stream_response};
+use crate::guest::{merge_env, require_running, with_sandbox, with_sandbox_mut};
 use crate::jsend::{ApiError, ApiResult, ok};
-use crate::server::Req;
-use crate::state::{App, signal_groups};
+use crate::managed_proc::{ManagedProc, ProcState, Writer};
+use crate::request::{Req, opt_str, opt_str_list, opt_str_map, opt_u64};
+use crate::state::App;
 use crate::util::{map_guest_text, now_rfc3339, random_id};
-
-/// Output retained per process for replay (older chunks are dropped).
-pub(crate) const RETAIN_BYTES: usize = 1024 * 1024;
-
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// Mutable process state.
-#[derive(Debug)]
-#[allow(clippy::struct_excessive_bools)]
-struct ProcState {
-    state: &'static str,
-    exit_code: Option<i32>,
-    signal: Option<String>,
-    finished_at: Option<String>,
-    leader_exited: bool,
-    tree_exited: bool,
-    output_done: bool,
-    chunks: VecDeque<(u64, &'static str, Vec<u8>)>,
-    bytes: usize,
-    newest_seq: u64,
-    dropped: bool,
-    input_seq: u64,
-    rows: u64,
-    cols: u64,
-}
-
-/// A managed process.
-pub(crate) struct ManagedProc {
-    id: String,
-    pty: bool,
-    pid: i32,
-    pgid: AtomicI32,
-    cmd: String,
-    args: Vec<String>,
-    cwd: String,
-    created_at: String,
-    st: Mutex<ProcState>,
-    changed: watch::Sender<u64>,
-    stdin: tokio::sync::Mutex<Option<Writer>>,
-}
-
-impl std::fmt::Debug for ManagedProc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedProc")
-            .field("id", &self.id)
-            .field("pid", &self.pid)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ManagedProc {
-    /// Sends `sig` to the process's group.
-    pub(crate) fn signal_group(&self, sig: Signal) {
-        signal_groups(&[self.pgid.load(Ordering::SeqCst)], sig);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, ProcState> {
-        self.st
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn bump(&self) {
-        self.changed.send_modify(|v| *v += 1);
-    }
-
-    fn to_json(&self) -> Value {
-        let st = self.lock();
-        let oldest = st.chunks.front().map_or(st.newest_seq + 1, |c| c.0);
-        let mut v = json!({
-            "process_id": self.id,
-            "kind": if self.pty { "pty" } else { "process" },
-            "pid": self.pid,
-            "state": st.state,
-            "leader_exited": st.leader_exited,
-            "tree_exited": st.tree_exited,
-            "created_at": self.created_at,
-            "cmd": self.cmd,
-            "args": self.args,
-            "cwd": self.cwd,
-            "output": {"oldest_seq": oldest, "newest_seq": st.newest_seq, "bytes": st.bytes},
-        });
-        let o = v.as_object_mut().expect("object");
-        if let Some(c) = st.exit_code {
-            o.insert("exit_code".into(), json!(c));
-        }
-        if let Some(s) = &st.signal {
-            o.insert("signal".into(), json!(s));
-        }
-        if let Some(f) = &st.finished_at {
-            o.insert("finished_at".into(), json!(f));
-        }
-        if self.pty {
-            o.insert(
-                "foreground".into(),
-                json!({"pid": self.pid, "cmd": self.cmd, "args": self.args}),
-            );
-        }
-        v
-    }
-
-    fn push_output(&self, stream: &'static str, data: Vec<u8>) {
-        let mut st = self.lock();
-        st.newest_seq += 1;
-        let seq = st.newest_seq;
-        st.bytes += data.len();
-        st.chunks.push_back((seq, stream, data));
-        while st.bytes > RETAIN_BYTES && st.chunks.len() > 1 {
-            if let Some((_, _, d)) = st.chunks.pop_front() {
-                st.bytes -= d.len();
-                st.dropped = true;
-            }
-        }
-        drop(st);
-        self.bump();
-    }
-
-    fn group_alive(&self) -> bool {
-        let g = self.pgid.load(Ordering::SeqCst);
-        g > 1 && killpg(Pid::from_raw(g), None).is_ok()
-    }
-}
 
 /// Routes for `/v1/sandboxes/{id}/processes...`.
 pub(crate) async fn dispatch(app: &Arc<App>, req: &mut Req) -> ApiResult {

@@ -16,10 +16,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::faults::{Action, Fault, Faults, RetryAfter};
-use crate::handlers;
 use crate::jsend::{ApiError, ApiResult, ok};
+use crate::request::{MAX_JSON, Req};
 use crate::state::App;
 use crate::util::{parse_query, percent_decode};
+use crate::{computer, handlers};
 
 /// Serves connections until `app.shutdown` is cancelled.
 pub(crate) async fn accept_loop(app: Arc<App>, listener: TcpListener) {
@@ -50,80 +51,6 @@ pub(crate) async fn accept_loop(app: Arc<App>, listener: TcpListener) {
                 () = app.shutdown.cancelled() => {},
             }
         });
-    }
-}
-
-/// Everything a handler needs from the request.
-#[derive(Debug)]
-pub(crate) struct Req {
-    pub name: &'static str,
-    /// The HTTP method (the computer routes share one route name and dispatch on it).
-    pub method: Method,
-    pub sid: Option<String>,
-    pub sub: Option<String>,
-    pub query: Vec<(String, String)>,
-    pub body: Option<Body>,
-    pub pre_body: Option<Bytes>,
-    pub stall_mid: bool,
-}
-
-/// Maximum JSON request body.
-const MAX_JSON: usize = 16 * 1024 * 1024;
-
-impl Req {
-    /// A query parameter.
-    pub(crate) fn q(&self, key: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The sandbox id of the path.
-    pub(crate) fn sid(&self) -> &str {
-        self.sid.as_deref().unwrap_or_default()
-    }
-
-    /// The second id of the path (process, template, network, disk, ip).
-    pub(crate) fn sub(&self) -> &str {
-        self.sub.as_deref().unwrap_or_default()
-    }
-
-    /// The raw body bytes.
-    pub(crate) async fn bytes(&mut self) -> Result<Bytes, ApiError> {
-        if let Some(b) = self.pre_body.take() {
-            return Ok(b);
-        }
-        let Some(body) = self.body.take() else {
-            return Ok(Bytes::new());
-        };
-        axum::body::to_bytes(body, MAX_JSON)
-            .await
-            .map_err(|_| ApiError::bad_request("body", "could not read the request body"))
-    }
-
-    /// The JSON body as an object; an empty body is `{}`; anything else is a 400.
-    pub(crate) async fn json(&mut self) -> Result<serde_json::Map<String, Value>, ApiError> {
-        let bytes = self.bytes().await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(serde_json::Map::new());
-        }
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(m)) => Ok(m),
-            Ok(_) => Err(ApiError::bad_request("body", "expected a JSON object")),
-            Err(e) => Err(ApiError::bad_request(
-                "body",
-                format!("malformed JSON: {e}"),
-            )),
-        }
-    }
-
-    /// Takes the streaming body (uploads).
-    pub(crate) fn take_body(&mut self) -> Body {
-        if let Some(b) = self.pre_body.take() {
-            return Body::from(b);
-        }
-        self.body.take().unwrap_or_else(Body::empty)
     }
 }
 
@@ -594,7 +521,7 @@ async fn control(
             ok(json!({"advanced_seconds": secs}))
         }
         ("GET", p) if p.starts_with("desktop/") => {
-            crate::desktop::inspect(app, &percent_decode(&p["desktop/".len()..]))
+            computer::inspect(app, &percent_decode(&p["desktop/".len()..]))
         }
         _ => Err(ApiError::not_found("no such control route")),
     }

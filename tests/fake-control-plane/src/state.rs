@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::desktop::Desktop;
+use crate::egress::{Enforcer, GuestNet};
 use crate::faults::Faults;
-use crate::procs::ManagedProc;
-use crate::util::now_rfc3339;
+use crate::managed_proc::ManagedProc;
+use crate::util::{now_rfc3339, signal_groups};
 
 /// Sandbox status values (exactly the contract's enum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,11 +127,11 @@ pub(crate) struct Sandbox {
     pub token: Option<Token>,
     pub processes: BTreeMap<String, Arc<ManagedProc>>,
     /// The simulated desktop (`desktop:1` guests only), started on the first computer call.
-    pub desktop: Option<crate::desktop::Desktop>,
+    pub desktop: Option<Desktop>,
     /// Bumped on every state change so delayed transitions can tell they are stale.
     pub epoch: u64,
     /// The guest's network namespace and firewall (enforcing mode only); deleted with it.
-    pub net: Option<crate::egress::GuestNet>,
+    pub net: Option<GuestNet>,
 }
 
 impl Sandbox {
@@ -195,15 +196,6 @@ impl Sandbox {
         signal_groups(&self.pgids, sig);
         for p in self.processes.values() {
             p.signal_group(sig);
-        }
-    }
-}
-
-/// Sends `sig` to each process group, ignoring groups that are gone.
-pub(crate) fn signal_groups(pgids: &[i32], sig: Signal) {
-    for &g in pgids {
-        if g > 1 {
-            let _ = killpg(Pid::from_raw(g), sig);
         }
     }
 }
@@ -354,7 +346,7 @@ pub(crate) struct App {
     pub max_live: AtomicU64,
     pub shutdown: CancellationToken,
     /// The enforcing mode (`--enforce-egress`): guest networks and their firewalls.
-    pub enforcer: Option<crate::egress::Enforcer>,
+    pub enforcer: Option<Enforcer>,
     /// `--request-log`: every API request is appended here as a JSON line.
     pub request_log: Option<Mutex<std::fs::File>>,
 }

@@ -1,8 +1,10 @@
-//! Small helpers: guest path mapping, timestamps, percent-decoding, ids.
+//! Small helpers: guest path mapping, timestamps, percent-decoding, ids, process-group signals.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use rand::Rng;
 
 /// The guest directories that are mapped into a guest's host directory.
@@ -172,6 +174,15 @@ pub(crate) fn random_id(len: usize) -> String {
     (0..len)
         .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
         .collect()
+}
+
+/// Sends `sig` to each process group, ignoring groups that are gone.
+pub(crate) fn signal_groups(pgids: &[i32], sig: Signal) {
+    for &g in pgids {
+        if g > 1 {
+            let _ = killpg(Pid::from_raw(g), sig);
+        }
+    }
 }
 
 #[cfg(test)]

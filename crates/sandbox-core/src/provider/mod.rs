@@ -60,6 +60,7 @@ pub use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, Download, ExecFrame, ExecRequest, ExecStream,
     GuestInfo, GuestStatus, ProcessSpec, Shape,
 };
+pub use crate::egress::EgressException;
 use crate::egress::EgressPolicy;
 
 /// The providers a user can choose (`LANGFLOW_SANDBOX_BACKEND`, `LANGFLOW_EXECUTOR_KIND`, the
@@ -242,17 +243,6 @@ pub enum EgressCheck {
     /// must be destroyed and the run refused. The text says what was found, already bounded
     /// and escaped, for the refusal.
     Differs(String),
-}
-
-/// An address range a provider's guests can always reach whatever the policy says (CreateOS:
-/// the link-local metadata service), and the setting-level opt-in it needs: sandbox-core refuses
-/// a restricted policy unless the operator accepted every such exception.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EgressException {
-    /// The range, e.g. `169.254.0.0/16`.
-    pub range: &'static str,
-    /// What is there, for the refusal (`the VM metadata service`).
-    pub what: &'static str,
 }
 
 fn unsupported<T: Send + 'static>(what: &str) -> BoxFuture<'static, Result<T, CallError>> {

@@ -1,11 +1,28 @@
 //! CreateOS behind the provider seam: [`CreateOs`] implements [`Provider`] over a
-//! [`ControlPlane`] (in production [`crate::createos::CreateOsControlPlane`], the
-//! `createos-api` client; in tests an in-memory double).
+//! [`ControlPlane`] (in production [`CreateOsControlPlane`], the `createos-api` client in
+//! [`client`]; in tests an in-memory double).
 //!
-//! What is CreateOS's and nobody else's lives here: the `240.0.0.0/4` deny-all spelling and
-//! the read-back comparison of its allowlist, the link-local hole and its opt-in
-//! ([`LINK_LOCAL`]), the shape catalog as the sizes on offer, 22-character unique names as the
-//! guest key, and the auto-pause backstop as the idle lifetime.
+//! What is CreateOS's and nobody else's lives here:
+//!
+//! - [`egress`]: the `240.0.0.0/4` deny-all spelling and the read-back comparison of its
+//!   allowlist, the link-local hole and its opt-in ([`egress::LINK_LOCAL`]);
+//! - [`shapes`]: the shape catalog and its floor (the sizes on offer);
+//! - [`NAME_MAX`]: 22-character unique names, the guest key ([`crate::names`] mints them);
+//! - auto-pause as the idle backstop ([`auto_pause_secs`], [`AUTO_PAUSE_MIN_SECS`]);
+//! - [`client`]: every `createos-api` call, and the settings that point at the control plane
+//!   ([`ENV_BASE_URL`], [`DEFAULT_BASE_URL`], [`ENV_SHAPE`]).
+//!
+//! `sandbox_core::createos` is this module under its old name.
+
+pub mod client;
+pub mod egress;
+pub mod shapes;
+
+pub use client::{
+    CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT, FIND_BY_NAME_TIMEOUT_FACTOR, MAX_RETRY_AFTER,
+    map_error, proxy_for, shown_url,
+};
+pub use egress::{DENY_ALL_RULE, LINK_LOCAL, LINK_LOCAL_HOLE};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,13 +38,18 @@ use super::{
     ProviderKind, Size, left,
 };
 use crate::control::CreateGuest;
-use crate::egress::{EgressPolicy, LINK_LOCAL_HOLE};
+use crate::egress::EgressPolicy;
 
-/// The hole every CreateOS guest has whatever its egress: the VM metadata service.
-pub const LINK_LOCAL: EgressException = EgressException {
-    range: LINK_LOCAL_HOLE,
-    what: "the VM metadata service",
-};
+/// `CREATEOS_SANDBOX_BASE_URL`: control-plane endpoint.
+pub const ENV_BASE_URL: &str = "CREATEOS_SANDBOX_BASE_URL";
+/// The public control plane.
+pub const DEFAULT_BASE_URL: &str = "https://api.sb.createos.sh";
+/// `CREATEOS_SANDBOX_SHAPE`: pin an exact shape (`auto` or unset = choose by memory).
+pub const ENV_SHAPE: &str = "CREATEOS_SANDBOX_SHAPE";
+
+/// Longest sandbox name CreateOS accepts; a name is unique per account, which makes it the key
+/// that finds a guest whose create response was lost.
+pub const NAME_MAX: usize = 22;
 
 /// Shortest auto-pause backstop CreateOS accepts, in seconds.
 pub const AUTO_PAUSE_MIN_SECS: u32 = 60;
@@ -102,7 +124,7 @@ impl Provider for CreateOs {
     }
 
     fn egress_exceptions(&self) -> &'static [EgressException] {
-        std::slice::from_ref(&LINK_LOCAL)
+        egress::EXCEPTIONS
     }
 
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {

@@ -1,4 +1,4 @@
-//! [`ControlPlane`] over the `createos-api` client.
+//! [`ControlPlane`] over the `createos-api` client: every call this package makes to CreateOS.
 //!
 //! The client is built with its own retries switched off: the lifecycle decides what may be
 //! repeated (only what happens before the program is dispatched) and under which deadline.
@@ -16,14 +16,15 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::control::Shape;
 use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
     ExecStream, GuestInfo, GuestStatus, ProcessSpec, TemplateInfo, TemplateLogLine,
     TemplateLogStream, TemplateStatus, parse_rfc3339,
 };
 use crate::error::{Redactor, SandboxError};
-use crate::settings::{DEFAULT_BASE_URL, ENV_BASE_URL};
-use crate::shapes::Shape;
+
+use super::{DEFAULT_BASE_URL, ENV_BASE_URL};
 
 /// Default timeout of one control call (not exec, which gets the host deadline).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
