@@ -134,7 +134,7 @@ impl OpenSandboxBackend {
         let out = ran.map_err(SurfaceError::from)?;
         let outcome = match out.exit_code {
             0 => RunOutcome::Ok,
-            sandbox_core::exec::EXIT_TIMED_OUT => RunOutcome::TimedOut,
+            sandbox_core::provider::opensandbox::lifecycle::EXIT_TIMED_OUT => RunOutcome::TimedOut,
             _ => RunOutcome::ProgramFailed,
         };
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);

@@ -15,7 +15,6 @@ use opensandbox_api::{
 use super::gates::{self, Egress, Probe};
 use super::settings::{Attestation, OpenSandboxSettings};
 use crate::error::{ErrorKind, SandboxError};
-use crate::exec::{Command, ExecLimits, classify_exit};
 use crate::output::TailBuffer;
 use crate::withheld;
 
@@ -29,6 +28,22 @@ pub const META_SURFACE: &str = crate::provider::Labels::SURFACE;
 const DELETE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Where the program is uploaded.
 const PROGRAM_PATH: &str = "/tmp/lf-run/main.py";
+/// After `timeout(1)`'s TERM, how long before its KILL.
+const KILL_AFTER: Duration = Duration::from_secs(2);
+/// How much longer the host waits for the stream before it gives up and destroys.
+const HOST_GRACE: Duration = Duration::from_secs(5);
+/// The exit code lfx reads as "timed out".
+pub const EXIT_TIMED_OUT: i32 = -1;
+
+/// A guest exit as lfx reads it: `timeout(1)`'s 124 (TERM) and 137 (KILL) are a timeout only
+/// when the run reached its budget; earlier, a 137 is an out-of-memory kill and a program's
+/// own 124 stays its code.
+fn classify_exit(code: i32, elapsed: Duration, budget: Duration) -> i32 {
+    match code {
+        124 | 137 if elapsed >= budget => EXIT_TIMED_OUT,
+        other => other,
+    }
+}
 
 /// What one sandbox is created for.
 #[derive(Debug, Clone)]
@@ -456,14 +471,19 @@ impl Sandbox {
                 ));
             }
         }
-        let limits = ExecLimits {
-            budget: timeout,
-            kill_after: Duration::from_secs(2),
-            host_grace: Duration::from_secs(5),
-        };
-        let (program, rest) = Command::python(PROGRAM_PATH).under_timeout(&limits);
-        let mut cmd = RunCommand::argv(std::iter::once(program).chain(rest))
-            .timeout(limits.budget + limits.kill_after + Duration::from_secs(1));
+        // Two clocks, as on every provider: `timeout(1)` in the guest (TERM, then KILL after
+        // KILL_AFTER), and execd's own kill and the host deadline just past it.
+        let budget_arg = format!("{}.{:03}s", timeout.as_secs(), timeout.subsec_millis());
+        let mut cmd = RunCommand::argv([
+            "timeout",
+            "--signal=TERM",
+            "--kill-after=2s",
+            budget_arg.as_str(),
+            "python3",
+            "-u",
+            PROGRAM_PATH,
+        ])
+        .timeout(timeout + KILL_AFTER + Duration::from_secs(1));
         for (k, v) in env {
             cmd = cmd.env(k.clone(), v.clone());
         }
@@ -472,7 +492,7 @@ impl Sandbox {
         let mut err = TailBuffer::new(cap);
         let opts = StreamOptions {
             idle_timeout: p.settings.idle,
-            deadline: Some(limits.host_deadline()),
+            deadline: Some(timeout + KILL_AFTER + HOST_GRACE),
             ..StreamOptions::default()
         };
         let mut stream = match execd.run(&cmd, opts).await {
@@ -497,7 +517,7 @@ impl Sandbox {
         drop(stream);
         let exit_code = if host_timeout {
             self.end(&p).await;
-            crate::exec::EXIT_TIMED_OUT
+            EXIT_TIMED_OUT
         } else {
             match status {
                 ExitStatus::Code(c) => classify_exit(c, elapsed, timeout),
@@ -579,5 +599,29 @@ impl Drop for Sandbox {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_exits_count_only_at_the_budget() {
+        let budget = Duration::from_secs(5);
+        assert_eq!(classify_exit(124, Duration::from_secs(5), budget), -1);
+        assert_eq!(classify_exit(137, Duration::from_secs(6), budget), -1);
+        assert_eq!(classify_exit(137, Duration::from_secs(1), budget), 137);
+        assert_eq!(classify_exit(124, Duration::from_secs(1), budget), 124);
+        assert_eq!(classify_exit(3, Duration::from_secs(9), budget), 3);
+    }
+
+    #[test]
+    fn execd_lines_get_their_line_end_back() {
+        let mut b = TailBuffer::new(1024);
+        for frame in ["a", "\n", "b\n", "c"] {
+            push_line(&mut b, frame);
+        }
+        assert_eq!(b.finish().text.to_string(), "a\n\nb\nc\n");
     }
 }
