@@ -22,9 +22,9 @@ use tokio::time::Instant;
 use crate::error::ExecutorError;
 use crate::frames::{Bound, FrameLimits, Line, LogLines, Payload, RunnerFrame, parse_line};
 use crate::job::{FlowRequest, Mode};
+use crate::prepared::{Job, Plan};
 use crate::runner::{EXIT_NO_RUNNER, EXIT_RUNNER_LOST};
 use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT};
-use crate::start::{Executor, Job, Plan};
 use crate::timings::{self, Timings};
 
 /// The outcome of a run whose caller stopped reading before its end ([`FlowRun::outcome`]).
@@ -47,15 +47,16 @@ pub enum Event {
     Complete(Payload),
 }
 
-impl Executor {
-    /// The stream of a run whose runner's exec `exec` the guest accepted (`preloaded`: through
-    /// a pooled guest's hand-off).
-    pub(crate) fn flow_run(
-        &self,
+impl FlowRun {
+    /// The stream of a run whose runner's exec `exec` the guest accepted, read within `bounds`
+    /// (`preloaded`: through a pooled guest's hand-off). Its guest's lease is set by the start
+    /// once the kit hands it over.
+    pub(crate) fn new(
         exec: ExecRun,
         plan: &Plan,
         request: &FlowRequest,
         job: &Job<'_>,
+        bounds: FrameLimits,
         preloaded: bool,
     ) -> FlowRun {
         let (host_lfx_version, started) = (job.host_lfx, job.began);
@@ -68,8 +69,8 @@ impl Executor {
         FlowRun {
             lease: None,
             exec: Some(exec),
-            framer: LineFramer::new(self.opts.limits.frame_bytes),
-            bounds: self.opts.limits,
+            framer: LineFramer::new(bounds.frame_bytes),
+            bounds,
             run_bytes: 0,
             run_values: 0,
             host_deadline,
