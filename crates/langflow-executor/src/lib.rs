@@ -16,6 +16,7 @@
 //! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
 //! what a flow's guest image needs and bakes it as a CreateOS template.
 
+pub mod chunks;
 mod error;
 mod flow_run;
 pub mod frames;
