@@ -191,6 +191,16 @@ def test_lfx_run_of_a_5_mb_answer_prints_the_in_process_text(clean_fake: Fake) -
     assert stats["created"] == 1 and stats["live"] == 0, stats
 
 
+def test_graph_arun_of_a_5_mb_answer_gives_the_in_process_result(clean_fake: Fake) -> None:
+    # The legacy path: the outputs come in the terminal frame too (20 MB of it, in pieces).
+    local = arun(in_process_env(clean_fake), BIG, str(BIG_ANSWER))
+    remote = arun(executor_env(clean_fake), BIG, str(BIG_ANSWER))
+    assert remote == local
+    assert [(row["type"], len(row["text"])) for row in remote["rows"]] == [("Message", BIG_ANSWER)]
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1 and stats["live"] == 0, stats
+
+
 def test_an_answer_over_the_result_bound_is_refused_naming_the_setting(clean_fake: Fake) -> None:
     env = executor_env(clean_fake, CREATEOS_EXECUTOR_MAX_RESULT_BYTES="4194304")
     proc = subprocess.run(

@@ -19,8 +19,6 @@ use sandbox_core::surface::{End, Lease};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
-use bytes::Bytes as Text;
-
 use crate::chunks::{Broken, Reassembly};
 use crate::error::ExecutorError;
 use crate::frames::{Bound, FrameLimits, Line, LogLines, Payload, RunnerFrame, parse_line};
@@ -413,7 +411,7 @@ impl FlowRun {
         index: u64,
         total: u64,
         data: &[u8],
-    ) -> Result<Option<Text>, ExecutorError> {
+    ) -> Result<Option<Bytes>, ExecutorError> {
         let room = self.bounds.run_bytes.saturating_sub(self.run_bytes);
         match self.chunks.push(index, total, data, room) {
             Ok(whole) => {
@@ -428,7 +426,7 @@ impl FlowRun {
 
     /// Reads a reassembled frame as any frame line (its length was bounded piece by piece);
     /// what is not a frame of the protocol stops the run: only the runner chunks frames.
-    async fn whole(&mut self, text: &Text) -> Result<(), ExecutorError> {
+    async fn whole(&mut self, text: &Bytes) -> Result<(), ExecutorError> {
         let limits = FrameLimits {
             frame_bytes: usize::MAX,
             ..self.bounds
