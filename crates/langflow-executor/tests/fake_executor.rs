@@ -1930,3 +1930,26 @@ async fn a_chunked_frame_that_never_finishes_ends_the_run_saying_so() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_runs_long_result_arrives_whole_in_pieces_too() {
+    let (_lfx, rig) = warm_rig(&[], "").await;
+    // The first run finds the pool empty and warms it for the runs after.
+    run_to_end(&rig.executor, &nodes_request(&json!([{"id": "a"}])))
+        .await
+        .unwrap();
+    until_ready(&rig.executor, 1).await;
+    let answer = 18_000_000;
+    let request = nodes_request(&json!([{"id": "big", "answer": answer}]));
+    let (vertices, _) = run_to_end(&rig.executor, &request).await.unwrap();
+    assert_eq!(
+        rig.executor.pool_stats().hits,
+        1,
+        "{:?}",
+        rig.executor.pool_stats()
+    );
+    let text = vertices[0]["result"]["results"]["text"].as_str().unwrap();
+    assert_eq!(text.len(), answer);
+    rig.executor.shutdown().await;
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
