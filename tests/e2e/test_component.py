@@ -66,7 +66,7 @@ def flow_with(tmp_path: Path, flow: str, **values: Any) -> Path:
 
 def run_flow(env: dict[str, str], flow: Path, message: str) -> LfxRun:
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(flow), message],
+        [venv_bin("lfx"), "run", str(flow), message],
         capture_output=True,
         text=True,
         env=env,
