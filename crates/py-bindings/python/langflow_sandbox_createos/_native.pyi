@@ -250,14 +250,14 @@ def _emit_log_records(count: int, message: str) -> None:
 def _hold_log_queue(seconds: float) -> None:
     """Diagnostic: hold the log queue for ``seconds`` (at most 60) on this thread, GIL released.
 
+    The fork-safety test forks meanwhile, so that the child inherits the queue locked.
+    """
+
 def outside_line(text: str, limit: int) -> str:
     """Outside text (a guest's names and messages, a store's reply) as the host shows it: at most
     ``limit`` bytes, on one line, with every control, line-break (LF, CR, NEL, U+2028, U+2029) and
     bidirectional character written as a visible escape."""
     ...
-
-    The fork-safety test forks meanwhile, so that the child inherits the queue locked.
-    """
 
 @final
 class ComponentRun:
