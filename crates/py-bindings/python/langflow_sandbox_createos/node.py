@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import atexit
 import sys
-from typing import Any
+from typing import Any, cast
 
 from . import _native, metrics
 
@@ -43,7 +43,7 @@ def status_text(results: dict[str, Any], *, allow_network: bool, session_mode: s
     guest = str(results.get("sandbox_name") or "?")
     kept = "kept for the next run" if results.get("kept_guest") else "destroyed"
     timings = results.get("timings")
-    total = timings.get("total_ms") if isinstance(timings, dict) else None
+    total = cast("dict[str, Any]", timings).get("total_ms") if isinstance(timings, dict) else None
     took = f" in {total} ms" if isinstance(total, int) else ""
     head = f"Ran in guest {guest} ({kept}), exit code {results.get('exit_code')}{took}."
     return f"{head}\n{describe(allow_network, session_mode, accept_egress_exceptions)}"
