@@ -78,7 +78,7 @@ def arun(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
 
 def lfx_run_json(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(flow), text],
+        [venv_bin("lfx"), "run", str(flow), text],
         capture_output=True,
         text=True,
         env=env,
@@ -377,7 +377,7 @@ def test_template_build_bakes_a_rootfs_that_runs_the_flow(clean_fake: Fake) -> N
 def test_sigterm_to_lfx_run_mid_flow_destroys_the_guest(clean_fake: Fake) -> None:
     """`docker stop` / Ctrl-C of `lfx run` while the flow runs in its guest: the guest goes too."""
     proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(SLOW), "stop me"],
+        [venv_bin("lfx"), "run", str(SLOW), "stop me"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -16,6 +16,7 @@ use sandbox_core::exec::{EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit}
 use sandbox_core::guest::{ExecRun, ExecStep};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::surface::{End, Lease};
+use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
@@ -330,6 +331,21 @@ impl FlowRun {
                 vertices = self.vertices,
                 timings = %self.timings.summary(),
                 "flow run finished; guest destroyed"
+            );
+            let destroy_ms = ended.destroy_time.map(timings::ms);
+            let end = match destroy_ms {
+                Some(ms) if ended.destroy_error.is_none() => GuestEnd::Destroyed(ms),
+                _ => GuestEnd::Failed,
+            };
+            let acquire = self.timings.acquire_ms;
+            let run = self
+                .timings
+                .total_ms
+                .map(|total| total.saturating_sub(acquire.unwrap_or(0) + destroy_ms.unwrap_or(0)));
+            tracing::info!(
+                target: LOG_TARGET,
+                "{}",
+                run_line("executor", &ended.name, &ended.id, acquire, run, end)
             );
         }
     }
