@@ -204,7 +204,7 @@ def test_graph_arun_of_a_5_mb_answer_gives_the_in_process_result(clean_fake: Fak
 def test_an_answer_over_the_result_bound_is_refused_naming_the_setting(clean_fake: Fake) -> None:
     env = executor_env(clean_fake, CREATEOS_EXECUTOR_MAX_RESULT_BYTES="4194304")
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(BIG), str(BIG_ANSWER)],
+        [venv_bin("lfx"), "run", str(BIG), str(BIG_ANSWER)],
         capture_output=True, text=True, env=env, timeout=180, cwd=E2E, check=False,
     )
     out = proc.stdout + proc.stderr
