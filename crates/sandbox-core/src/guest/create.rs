@@ -13,6 +13,7 @@ use crate::control::{CallFailure, GuestInfo, GuestStatus};
 use crate::error::{ErrorKind, SandboxError};
 use crate::names::mint_name;
 use crate::observe::{Tracked, egress_kind};
+use crate::provider::EgressCheck;
 use crate::retry::{attempt_floor, clipped, worth_retrying};
 use crate::settings::ENV_ADMISSION_WAIT;
 
@@ -88,9 +89,9 @@ impl Guest {
                 }
             }
             let name = mint_name(prefix);
-            let Some(mut guard) = cx
-                .reaper
-                .register(cx.cp.clone(), &name, cx.redactor.clone())
+            let Some(mut guard) =
+                cx.reaper
+                    .register_with(cx.provider.clone(), &name, cx.redactor.clone())
             else {
                 if attempt > 0 {
                     // This run was already under way when shutdown began.
@@ -103,7 +104,8 @@ impl Guest {
             }
             cx.count();
             let sent = Instant::now();
-            match clipped(until, "create", cx.cp.create(spec.create_request(&name))).await {
+            let request = spec.for_provider(&name, cx.labels());
+            match clipped(until, "create", cx.provider.create(request)).await {
                 Ok(info) => {
                     guard.set_id(&info.id);
                     if let Some((obs, surface)) = &cx.observed {
@@ -191,22 +193,28 @@ impl Guest {
             let _ = self.destroy().await;
             return Err(classify::shut_down(Stage::BeforeDispatch));
         }
-        if let Some(eg) = &info.egress
-            && !spec.egress.matches(Some(eg))
-        {
+        let shown = cx.provider.egress_in_answer(&info, &spec.egress);
+        if let Some(EgressCheck::Differs(eg)) = &shown {
             let msg = format!(
-                "guest {} was created with egress {eg:?}, but {} was requested; it was \
+                "guest {} was created with egress {eg}, but {} was requested; it was \
                  destroyed and the run refused",
-                self.name, spec.egress
+                self.name,
+                cx.provider.describe_egress(&spec.egress)
             );
             let _ = self.destroy().await;
             return Err(SandboxError::refused(msg).redacted(&cx.redactor));
         }
         if info.status == GuestStatus::Running {
-            if info.egress.is_some() {
+            if shown.is_some() {
                 self.confirmed_egress = Some(spec.egress.clone());
             }
-            return Ok(self);
+            return match self.until_ready(deadline).await {
+                Ok(()) => Ok(self),
+                Err(e) => {
+                    let _ = self.destroy().await;
+                    Err(e)
+                }
+            };
         }
         // Not running yet (`creating`, or anything else): the answer is not the stored record
         // of a running guest, so its egress proves nothing. Wait until it runs; the caller then
@@ -218,7 +226,13 @@ impl Guest {
             "create answered before the guest runs; waiting for it, then reading its egress back"
         );
         match self.until_running(info, deadline).await {
-            Ok(Some(_)) => Ok(self),
+            Ok(Some(_)) => match self.until_ready(deadline).await {
+                Ok(()) => Ok(self),
+                Err(e) => {
+                    let _ = self.destroy().await;
+                    Err(e)
+                }
+            },
             Ok(None) => {
                 let name = self.name.clone();
                 let _ = self.destroy().await;
