@@ -63,8 +63,8 @@ pub fn http_connector() -> Connector {
 pub struct Account {
     cp: Arc<dyn ControlPlane>,
     provider: Arc<dyn Provider>,
-    /// The control plane's URL as logs and errors show it ([`createos_api::redact_url`]).
-    endpoint: String,
+    /// Where the account's calls go, as logs and errors show it.
+    endpoint: Place,
     credential: OnceCell<String>,
     shapes: OnceCell<Vec<Shape>>,
     orphan_sweep: AtomicBool,
@@ -204,9 +204,40 @@ impl Account {
 /// ([`say_retrying_once`]); a child after `fork()` says it again, once.
 static SAID_RETRYING: AtomicU32 = AtomicU32::new(0);
 
-/// Logs, once per process, that a run's first calls to the control plane at `endpoint` fail
+/// Where an account's calls go, as logs and errors name it.
+#[derive(Debug, Clone)]
+struct Place {
+    /// The URL ([`createos_api::redact_url`]) or the provider's name.
+    endpoint: String,
+    /// The place in a sentence, with the setting that decides it: `control plane at URL
+    /// (CREATEOS_SANDBOX_BASE_URL)`.
+    described: String,
+    /// Who runs it, before [`Place::described`] in the log line (`CreateOS `, or nothing).
+    owner: &'static str,
+}
+
+impl Place {
+    fn createos(base_url: &str) -> Self {
+        let endpoint = createos_api::redact_url(base_url);
+        Place {
+            described: format!("control plane at {endpoint} ({ENV_BASE_URL})"),
+            endpoint,
+            owner: "CreateOS ",
+        }
+    }
+
+    fn provider(kind: ProviderKind) -> Self {
+        Place {
+            endpoint: kind.as_str().to_owned(),
+            described: format!("{kind} server (set by the {kind} provider's settings)"),
+            owner: "",
+        }
+    }
+}
+
+/// Logs, once per process, that a run's first calls to the control plane at `place` fail
 /// and are being retried: where, for how long, and which settings decide both.
-fn say_retrying_once(endpoint: &str, what: &str, budget: Duration, e: &CallError) {
+fn say_retrying_once(place: &Place, what: &str, budget: Duration, e: &CallError) {
     let pid = std::process::id();
     if SAID_RETRYING.swap(pid, Ordering::SeqCst) == pid {
         return;
@@ -218,11 +249,13 @@ fn say_retrying_once(endpoint: &str, what: &str, budget: Duration, e: &CallError
     };
     tracing::warn!(
         target: LOG_TARGET,
-        endpoint,
+        endpoint = %place.endpoint,
         operation = what,
         error = %e,
-        "the CreateOS control plane at {endpoint} ({ENV_BASE_URL}) {how} the {what}; retrying \
-         for up to {} s ({ENV_CONTROL_PLANE_RETRY}) before the run fails (said once per process)",
+        "the {}{} {how} the {what}; retrying for up to {} s ({ENV_CONTROL_PLANE_RETRY}) before \
+         the run fails (said once per process)",
+        place.owner,
+        place.described,
         budget.as_secs_f64()
     );
 }
@@ -236,7 +269,7 @@ fn unanswered(e: &CallError) -> bool {
 async fn cached<T: Clone>(
     cell: &OnceCell<T>,
     what: &str,
-    (backoff, endpoint): (&Backoff, &str),
+    (backoff, place): (&Backoff, &Place),
     redactor: &Redactor,
     op: impl Fn() -> BoxFuture<'static, Result<T, CallError>>,
 ) -> Result<T, SandboxError> {
@@ -249,7 +282,7 @@ async fn cached<T: Clone>(
                 if let Err(e) = &res
                     && e.is_transient()
                 {
-                    say_retrying_once(endpoint, what, backoff.budget, e);
+                    say_retrying_once(place, what, backoff.budget, e);
                 }
                 res
             }
@@ -264,10 +297,11 @@ async fn cached<T: Clone>(
             SandboxError::new(
                 err.kind(),
                 format!(
-                    "{} The control plane at {endpoint} ({ENV_BASE_URL}) did not answer within \
-                     {} s of retries ({ENV_CONTROL_PLANE_RETRY}); check the URL and this \
-                     host's network and proxy.",
+                    "{} The {} did not answer within {} s of retries \
+                     ({ENV_CONTROL_PLANE_RETRY}); check the URL and this host's network and \
+                     proxy.",
                     err.message(),
+                    place.described,
                     backoff.budget.as_secs_f64()
                 ),
             )
@@ -380,23 +414,24 @@ impl Session {
             return Ok(a.clone());
         }
         let timeout = self.inner.request_timeout;
-        let (cp, provider) = match &self.inner.connector {
+        let (cp, provider, endpoint) = match &self.inner.connector {
             Connect::ControlPlane(connect) => {
                 let cp =
                     Observed::wrap(connect(settings, timeout)?, self.inner.observation.clone());
                 let provider: Arc<dyn Provider> = Arc::new(CreateOs::new(cp.clone()));
-                (cp, provider)
+                (cp, provider, Place::createos(&settings.base_url))
             }
             Connect::Provider(connect) => {
                 let provider = connect(settings, timeout)?;
                 let cp: Arc<dyn ControlPlane> = Arc::new(NotCreateOs(provider.kind()));
-                (cp, provider)
+                let place = Place::provider(provider.kind());
+                (cp, provider, place)
             }
         };
         let a = Arc::new(Account {
             cp,
             provider,
-            endpoint: createos_api::redact_url(&settings.base_url),
+            endpoint,
             obs: self.inner.observation.clone(),
             credential: OnceCell::new(),
             shapes: OnceCell::new(),

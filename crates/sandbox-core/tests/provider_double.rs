@@ -5,6 +5,7 @@
 //! age and the session's provider connector all go through the seam alone.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -49,6 +50,8 @@ struct Double {
     seen: Mutex<Seen>,
     next: Mutex<u32>,
     egress_says: EgressCheck,
+    /// `check` answers nothing (a server that is down).
+    down: AtomicBool,
 }
 
 impl Double {
@@ -58,6 +61,7 @@ impl Double {
             seen: Mutex::new(Seen::default()),
             next: Mutex::new(0),
             egress_says,
+            down: AtomicBool::new(false),
         })
     }
 
@@ -113,6 +117,12 @@ impl Provider for Double {
 
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
         self.note("check");
+        if self.down.load(Ordering::SeqCst) {
+            return now(Err(CallError::new(
+                CallFailure::Transport,
+                "connection refused",
+            )));
+        }
         now(Ok("double".to_owned()))
     }
 
@@ -493,4 +503,28 @@ async fn a_session_on_a_provider_connector_needs_no_createos_key() {
     assert!(e.message.contains("opensandbox"), "{e}");
     // The same account again.
     assert!(Arc::ptr_eq(&account, &session.account(&settings).unwrap()));
+}
+
+#[tokio::test]
+async fn a_provider_that_does_not_answer_is_named_as_itself_not_as_createos() {
+    let double = Double::new(EgressCheck::Matches);
+    double.down.store(true, Ordering::SeqCst);
+    let handed = double.clone();
+    let connector: ProviderConnector =
+        Arc::new(move |_: &Settings, _| Ok(handed.clone() as Arc<dyn Provider>));
+    let session = Session::with_provider_connector(connector, Duration::from_secs(1));
+    let account = session
+        .account(&Settings::from_lookup(&|_| None).unwrap())
+        .unwrap();
+    let backoff = Backoff {
+        budget: Duration::from_millis(50),
+        ..quick()
+    };
+    let e = account
+        .credential(&backoff, &Redactor::default())
+        .await
+        .unwrap_err();
+    let m = e.message();
+    assert!(m.contains("The opensandbox server"), "{m}");
+    assert!(!m.contains("CREATEOS_SANDBOX_BASE_URL"), "{m}");
 }

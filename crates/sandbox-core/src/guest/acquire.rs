@@ -63,7 +63,7 @@ impl Guest {
         let started = Instant::now();
         loop {
             if cx.closed() {
-                return Err(no_new_guests());
+                return Err(no_new_guests(cx));
             }
             let found = cx
                 .retried("guest lookup", deadline, || {
@@ -165,7 +165,7 @@ impl Guest {
                             if cx.closed() || !worth_retrying(delay, started, deadline) {
                                 let err = cx.before_dispatch("create", &e);
                                 if quota_until.is_some() && !cx.closed() {
-                                    return Err(quota_exhausted(&err, started.elapsed()));
+                                    return Err(quota_exhausted(cx, &err, started.elapsed()));
                                 }
                                 return Err(err);
                             }

@@ -13,7 +13,7 @@ use crate::control::{CallFailure, GuestInfo, GuestStatus};
 use crate::error::{ErrorKind, SandboxError};
 use crate::names::mint_name;
 use crate::observe::{Tracked, egress_kind};
-use crate::provider::EgressCheck;
+use crate::provider::{EgressCheck, ProviderKind};
 use crate::retry::{attempt_floor, clipped, worth_retrying};
 use crate::settings::ENV_ADMISSION_WAIT;
 
@@ -97,7 +97,7 @@ impl Guest {
                     // This run was already under way when shutdown began.
                     return Err(classify::shut_down(Stage::BeforeDispatch));
                 }
-                return Err(no_new_guests());
+                return Err(no_new_guests(cx));
             };
             if let Some(s) = slot.take() {
                 guard.hold_slot(s);
@@ -157,7 +157,7 @@ impl Guest {
                     {
                         let err = cx.before_dispatch("create", &e);
                         if quota && quota_until.is_some() && !cx.closed() {
-                            return Err(quota_exhausted(&err, started.elapsed()));
+                            return Err(quota_exhausted(cx, &err, started.elapsed()));
                         }
                         return Err(err);
                     }
@@ -254,23 +254,40 @@ impl Guest {
 
 /// The refusal of a create the control plane kept declining with 429 (the account's quota of
 /// live sandboxes, or its rate limit) for the whole of the run's admission wait.
-pub(super) fn quota_exhausted(err: &SandboxError, waited: Duration) -> SandboxError {
+pub(super) fn quota_exhausted(
+    cx: &GuestContext,
+    err: &SandboxError,
+    waited: Duration,
+) -> SandboxError {
     SandboxError::new(
         ErrorKind::AtCapacity,
         format!(
-            "{} The CreateOS account had no room for another guest (429, its quota or rate \
-             limit) for {:.1}s, the run's admission wait ({ENV_ADMISSION_WAIT}, cut to the \
-             run's own budget); nothing ran",
+            "{} The {} had no room for another guest (429, its quota or rate limit) for \
+             {:.1}s, the run's admission wait ({ENV_ADMISSION_WAIT}, cut to the run's own \
+             budget); nothing ran",
             err.message(),
+            account_of(cx),
             waited.as_secs_f64()
         ),
     )
 }
 
+/// How messages name where guests are made: CreateOS's account, or another provider's server.
+fn account_of(cx: &GuestContext) -> String {
+    match cx.provider.kind() {
+        ProviderKind::CreateOs => "CreateOS account".to_owned(),
+        other => format!("{other} server"),
+    }
+}
+
 /// The refusal once shutdown began.
-pub(super) fn no_new_guests() -> SandboxError {
+pub(super) fn no_new_guests(cx: &GuestContext) -> SandboxError {
+    let name = match cx.provider.kind() {
+        ProviderKind::CreateOs => "CreateOS",
+        other => other.as_str(),
+    };
     SandboxError::new(
         ErrorKind::Refused,
-        "the CreateOS sandbox backend has been shut down; no new guests are created",
+        format!("the {name} sandbox backend has been shut down; no new guests are created"),
     )
 }
