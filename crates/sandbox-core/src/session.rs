@@ -22,7 +22,7 @@ use crate::admission::Admission;
 use crate::classify;
 use crate::control::{CallError, CallFailure, ControlPlane};
 use crate::error::{Redactor, SandboxError};
-use crate::observe::{Event, Observation, Observed};
+use crate::observe::{Event, Observation, Observed, ObservedProvider};
 use crate::orphans::{SweepConfig, sweep_provider};
 use crate::provider::createos::{CreateOs, CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
 use crate::provider::{Provider, ProviderKind};
@@ -423,6 +423,7 @@ impl Session {
             }
             Connect::Provider(connect) => {
                 let provider = connect(settings, timeout)?;
+                let provider = ObservedProvider::wrap(provider, self.inner.observation.clone());
                 let cp: Arc<dyn ControlPlane> = Arc::new(NotCreateOs(provider.kind()));
                 let place = Place::provider(provider.kind());
                 (cp, provider, place)

@@ -497,6 +497,20 @@ async fn a_session_on_a_provider_connector_needs_no_createos_key() {
     let (cred, shapes) = account.preflight(&quick(), &Redactor::default()).await;
     assert_eq!(cred.unwrap(), "double");
     assert_eq!(shapes.unwrap()[0].id, "small");
+    // Its calls are counted like CreateOS's.
+    let counted: Vec<String> = session
+        .observation()
+        .counters()
+        .snapshot()
+        .into_iter()
+        .filter(|s| s.name == "createos_control_requests_total")
+        .flat_map(|s| s.labels.into_iter().filter(|(k, _)| *k == "route"))
+        .map(|(_, v)| v)
+        .collect();
+    assert!(
+        counted.iter().any(|r| r == "whoami") && counted.iter().any(|r| r == "shapes"),
+        "{counted:?}"
+    );
     // CreateOS's own calls are refused on it, naming the provider.
     let e = account.control_plane().list_shapes().await.unwrap_err();
     assert_eq!(e.failure, CallFailure::Config);
