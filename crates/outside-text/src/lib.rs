@@ -3,10 +3,10 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// What [`block`] puts before every line after the first.
+/// What [`block()`] puts before every line after the first.
 pub const CONTINUATION: &str = "  | ";
 
-/// Whether `c` is written as an escape in [`line`]: every control character (C0 including tab,
+/// Whether `c` is written as an escape in [`line()`]: every control character (C0 including tab,
 /// newline and carriage return, DEL, C1 including NEL), the line and paragraph separators, and
 /// the bidirectional formatting characters.
 pub fn is_unsafe(c: char) -> bool {
@@ -30,7 +30,7 @@ pub fn line(text: &str) -> Cow<'_, str> {
 }
 
 /// `text` as a readable multi-line message that cannot start a line of a log: its newlines stay,
-/// every other unsafe character is escaped as in [`line`], and every line after the first starts
+/// every other unsafe character is escaped as in [`line()`], and every line after the first starts
 /// with [`CONTINUATION`]. Trailing newlines are dropped.
 pub fn block(text: &str) -> Cow<'_, str> {
     let text = text.trim_end_matches('\n');
@@ -65,7 +65,7 @@ pub fn cap(text: &str, max_bytes: usize) -> Cow<'_, str> {
     ))
 }
 
-/// [`line`] of at most `max_bytes` bytes of `text` (cut first, so the escapes of a long text
+/// [`line()`] of at most `max_bytes` bytes of `text` (cut first, so the escapes of a long text
 /// are never built): what an error quotes of a server's reply.
 pub fn snippet(text: &str, max_bytes: usize) -> String {
     line(&cap(text, max_bytes)).into_owned()
