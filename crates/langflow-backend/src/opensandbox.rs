@@ -32,7 +32,147 @@ use sandbox_core::settings::DEFAULT_MAX_OUTPUT_BYTES;
 use sandbox_core::surface::{PoolUse, SurfaceKind};
 use sandbox_core::timings::Timings;
 
-use crate::{Capabilities, LfxPolicy, RunOutput};
+use crate::{Capabilities, DoctorLevel, DoctorLine, LfxPolicy, RunOutput};
+
+/// The backend's name in lfx's `lfx.sandbox_backends` entry points, its trust list
+/// (`LANGFLOW_SANDBOX_BACKEND_PLUGINS`) and its selection (`LANGFLOW_SANDBOX_BACKEND`).
+pub const ENTRY_POINT: &str = "opensandbox";
+
+/// How long `doctor` waits for the OpenSandbox server (one listing, retries included).
+pub const SERVER_CHECK: Duration = Duration::from_secs(5);
+
+/// `doctor`'s findings about the OpenSandbox settings that read (`settings`): the server and
+/// the key (present or not, never its value). No I/O.
+pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    let mut lines = Vec::new();
+    lines.push(match &settings.domain {
+        Some(d) => DoctorLine::about(
+            DoctorLevel::Info,
+            ENV_DOMAIN,
+            format!("server: {ENV_DOMAIN}={}", outside_text::snippet(d, 120)),
+        ),
+        None => DoctorLine::about(
+            DoctorLevel::Warn,
+            ENV_DOMAIN,
+            format!(
+                "{ENV_DOMAIN} is unset: the SDK's default {} is used; set it to the server's \
+                 host[:port] or URL",
+                opensandbox_api::DEFAULT_DOMAIN
+            ),
+        ),
+    });
+    lines.push(if settings.api_key.is_some() {
+        DoctorLine::about(
+            DoctorLevel::Ok,
+            ENV_API_KEY,
+            format!("{ENV_API_KEY} is set"),
+        )
+    } else {
+        DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_API_KEY,
+            format!("{ENV_API_KEY} is not set; set it to the server's [server] api_key"),
+        )
+    });
+    lines
+}
+
+/// `doctor`'s findings about the isolation lfx will see, and what `doctor` cannot know without
+/// creating a sandbox. No I/O.
+pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS};
+    let mut lines = Vec::new();
+    lines.push(match settings.attestation {
+        sandbox_core::provider::opensandbox::settings::Attestation::HardwareVirtualized => {
+            DoctorLine::about(
+                DoctorLevel::Ok,
+                ENV_ATTEST_ISOLATION,
+                format!(
+                    "isolation: hardware-virtualized, attested by \
+                     {ENV_ATTEST_ISOLATION}; {}, and every sandbox runs the in-guest probe \
+                     (gVisor and a named host kernel are refused) before any code",
+                    settings.runtime_class.as_deref().map_or_else(
+                        || format!("no {ENV_RUNTIME_CLASS} to cross-check (Kubernetes only)"),
+                        |rc| format!("every sandbox's RuntimeClass must be {rc}")
+                    )
+                ),
+            )
+        }
+        sandbox_core::provider::opensandbox::settings::Attestation::None => DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_ATTEST_ISOLATION,
+            format!(
+                "isolation: not attested, so the backend declares container and lfx's \
+                 dispatcher refuses it (no code runs); set \
+                 {ENV_ATTEST_ISOLATION}=hardware-virtualized only if the server's [secure_runtime] is Kata or \
+                 Firecracker"
+            ),
+        ),
+    });
+    lines.push(DoctorLine::new(
+        DoctorLevel::Info,
+        "not known without creating a sandbox (doctor creates none): the server's runtime \
+         (runc, gVisor, Kata, Firecracker), its egress sidecar's mode (dns+nft is required) \
+         and its Docker network mode (host is refused); every run checks them on its own \
+         sandbox before any code and refuses, naming the server setting",
+    ));
+    lines
+}
+
+/// `doctor`'s check of the server: one listing of this deployment's sandboxes (by
+/// `created-by`), bounded by [`SERVER_CHECK`]: reachable, the key accepted, and how many
+/// are live. A problem names `OPEN_SANDBOX_DOMAIN` or `OPEN_SANDBOX_API_KEY`.
+pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use opensandbox_api::{ErrorKind as ApiKind, SandboxFilter};
+    use sandbox_core::provider::opensandbox::lifecycle::META_CREATED_BY;
+    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    let client = match settings.client() {
+        Ok(c) => c,
+        Err(e) => return vec![DoctorLine::new(DoctorLevel::Refused, e.message())],
+    };
+    let shown = outside_text::snippet(client.base_url(), 120);
+    let filter = SandboxFilter::metadata(META_CREATED_BY, &settings.created_by);
+    match tokio::time::timeout(SERVER_CHECK, client.list_sandboxes(&filter, 1)).await {
+        Ok(Ok(page)) => vec![DoctorLine::about(
+            DoctorLevel::Ok,
+            ENV_API_KEY,
+            format!(
+                "server: {shown} answered and accepted {ENV_API_KEY}; {} sandbox(es) of this \
+                 deployment (created-by={}) on the first page",
+                page.items.len(),
+                settings.created_by
+            ),
+        )],
+        Ok(Err(e)) if e.kind() == ApiKind::Auth => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_API_KEY,
+            format!(
+                "server: {shown} refused {ENV_API_KEY} ({}); set it to the server's [server] \
+                 api_key",
+                outside_text::snippet(&e.to_string(), 200)
+            ),
+        )],
+        Ok(Err(e)) => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_DOMAIN,
+            format!(
+                "server: {shown} cannot be used ({}); check {ENV_DOMAIN} and that the server \
+                 runs",
+                outside_text::snippet(&e.to_string(), 200)
+            ),
+        )],
+        Err(_) => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_DOMAIN,
+            format!(
+                "server: {shown} did not answer within {} s; check {ENV_DOMAIN} and that the \
+                 server runs",
+                SERVER_CHECK.as_secs()
+            ),
+        )],
+    }
+}
 
 /// The smallest memory limit a sandbox gets, in MiB (lfx's floor of 128 is too little for
 /// `python3` plus the image's own processes).

@@ -211,7 +211,7 @@ def doctor(
 
     ``lfx`` is lfx's ``_SandboxSettings``, or ``None`` when lfx could not build its settings
     service, and ``lfx_problems`` then says why as ``(setting, message)`` pairs. ``surfaces``
-    names the surfaces to check (``backend``, ``component``, ``executor``; empty: the enabled
+    names the surfaces to check (``backend``, ``component``, ``executor``, ``opensandbox``; empty: the enabled
     ones). ``paths`` and ``exports`` are ``(level, text)`` findings (which Langflow paths reach
     the executor; metrics and usage records). Progress goes to stderr; every wait is bounded
     and the GIL is released. Raises ``ValueError`` for an unknown surface and
