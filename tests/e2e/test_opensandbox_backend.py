@@ -215,3 +215,18 @@ def test_reap_command_for_opensandbox(osfake: OsFake) -> None:
     )
     assert bad.returncode == 2
     assert "--older-than" in bad.stderr
+
+
+def test_an_opensandbox_run_writes_a_usage_record_naming_its_provider(osfake: OsFake, tmp_path: Any) -> None:
+    usage = tmp_path / "usage.jsonl"
+    ran = lfx_run(os_env(osfake, CREATEOS_USAGE_LOG=str(usage)), "print(6*7)")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.result == {"result": "42"}
+    osfake.wait_settled()
+    records = [json.loads(line) for line in usage.read_text().splitlines()]
+    assert len(records) == 1, records
+    r = records[0]
+    assert r["provider"] == "opensandbox"
+    assert (r["surface"], r["egress"], r["runs"], r["outcome"], r["reason"]) == ("backend", "none", 1, "ok", "run-end")
+    assert r["worker"] > 0 and r["host"]
+    assert OS_KEY not in usage.read_text()
