@@ -251,7 +251,7 @@ class LfxRun:
 def lfx_run(env: dict[str, str], code: str, *, timeout: float = 240) -> LfxRun:
     """Run the Python Interpreter flow with ``lfx run`` (bounded)."""
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(FLOW), code],
+        [venv_bin("lfx"), "run", str(FLOW), code],
         capture_output=True,
         text=True,
         env=env,

@@ -66,7 +66,7 @@ def flow_with(tmp_path: Path, flow: str, **values: Any) -> Path:
 
 def run_flow(env: dict[str, str], flow: Path, message: str) -> LfxRun:
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(flow), message],
+        [venv_bin("lfx"), "run", str(flow), message],
         capture_output=True,
         text=True,
         env=env,
@@ -357,13 +357,63 @@ def test_reuse_off_destroys_the_guest_also_on_failure(clean_fake: Fake, tmp_path
 FAKE_KEY_PIECE = "test-key"
 
 
-def test_refused_without_the_link_local_opt_in(clean_fake: Fake, tmp_path: Path) -> None:
-    flow = flow_with(tmp_path, "component_flow.json")
-    run = run_flow(component_env(clean_fake, LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None), flow, COUNTER)
+def test_a_default_nodes_refusal_is_resolved_on_the_node(clean_fake: Fake, tmp_path: Path) -> None:
+    """A default node, with no operator opt-in, is refused naming the node's own input first;
+    turning that input on runs it, with no variable set."""
+    env = component_env(clean_fake, LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None)
+    run = run_flow(env, flow_with(tmp_path, "component_flow.json"), COUNTER)
     assert run.json["success"] is False
     message = run.json["exception_message"]
     assert "Allow Network" in message and "169.254.0.0/16" in message
+    assert "Set Accept Link-Local Egress (accept_egress_exceptions) on the node" in message, message
     assert clean_fake.stats()["created"] == 0
+    accepted = flow_with(tmp_path, "component_flow.json", accept_egress_exceptions=True)
+    out = results(run_flow(env, accepted, "print('accepted on the node')"))
+    assert out["result"] == "accepted on the node" and out["exit_code"] == 0, out
+    # The operator's explicit "false" is a setting too, but the node's acceptance still counts:
+    # it grants less than Allow Network on, which any node may set.
+    strict = component_env(clean_fake, LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS="false")
+    assert results(run_flow(strict, accepted, "print(7)"))["result"] == "7"
+    assert clean_fake.wait_settled()["created"] == 2
+
+
+def test_output_text_is_the_programs_stdout(clean_fake: Fake) -> None:
+    run = run_flow(component_env(clean_fake), FLOWS / "component_text_flow.json", "print('plain'); print('text')")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.json["success"], run.json
+    # The reply is the text itself, not a JSON blob of the Results.
+    assert run.json["result"] == "plain\ntext", run.json
+
+
+STATUS_SCRIPT = """
+import json, sys
+from langflow_sandbox_createos.components.createos.createos_sandbox import CreateOSSandboxComponent
+
+node = CreateOSSandboxComponent(_id="status_node")
+node.set(python_code="print('hi')", accept_egress_exceptions=sys.argv[1] == "accept")
+node._pre_run_setup()
+text = node.output_text()
+print(json.dumps({"text": text.text, "status": node.status, "description": CreateOSSandboxComponent.description}))
+"""
+
+
+def test_the_description_is_static_and_the_status_shows_the_runs_policy(clean_fake: Fake) -> None:
+    def report(env: dict[str, str], mode: str) -> dict[str, Any]:
+        proc = run_script(env, STATUS_SCRIPT.replace("sys.argv[1]", repr(mode)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    operator = report(component_env(clean_fake), "none")
+    node_only = report(component_env(clean_fake, LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None), "accept")
+    # The canvas text claims no policy: the same whatever the settings and the inputs.
+    assert operator["description"] == node_only["description"], (operator, node_only)
+    assert "Network: off" not in operator["description"] and "status" in operator["description"]
+    for r in (operator, node_only):
+        assert r["text"] == "hi", r
+        status = r["status"]
+        assert status.startswith("Ran in guest ") and "exit code 0" in status and "destroyed" in status, status
+        assert "Network: off, deny-all egress; only 169.254.0.0/16" in status, status
+        assert "Guest reuse: off" in status, status
 
 
 def test_a_command_no_argument_can_carry_is_refused_before_any_guest(clean_fake: Fake, tmp_path: Path) -> None:
@@ -478,13 +528,20 @@ def test_the_nodes_identifiers_and_stored_values_stay_those_of_0_2_0() -> None:
         "session_mode",
         "collect_artifacts",
         "allow_network",
+        # Added since 0.2.0; a flow saved without it runs as if it were off.
+        "accept_egress_exceptions",
         "allowed_domains",
         "timeout_seconds",
         "shape",
     ]
     assert inputs["session_mode"].options == ["off", "flow", "session"]
     assert inputs["session_mode"].value == "off"
-    assert [o.name for o in CreateOSSandboxComponent.outputs] == ["results", "files"]
+    assert inputs["accept_egress_exceptions"].value is False
+    outputs = {o.name: o for o in CreateOSSandboxComponent.outputs}
+    # Output Text is new; 0.2.0's two keep their names and methods, and stay the only tools.
+    assert list(outputs) == ["results", "output_text", "files"]
+    assert (outputs["results"].method, outputs["files"].method) == ("run_sandbox", "collected_files")
+    assert [name for name, o in outputs.items() if o.tool_mode] == ["results", "files"]
     assert CreateOSSandboxComponent.name == "CreateOSSandbox"
 
 

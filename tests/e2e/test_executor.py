@@ -78,7 +78,7 @@ def arun(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
 
 def lfx_run_json(env: dict[str, str], flow: Path, text: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(flow), text],
+        [venv_bin("lfx"), "run", str(flow), text],
         capture_output=True,
         text=True,
         env=env,
@@ -172,6 +172,51 @@ def test_lfx_run_prints_the_in_process_result(clean_fake: Fake) -> None:
         assert remote[key] == local[key], (key, remote, local)
     stats = clean_fake.wait_settled()
     assert stats["created"] == 1
+
+
+BIG = E2E / "flows" / "big_flow.json"
+#: The answer of the large-answer tests: its Chat Output's vertex frame is 20 MB, past the host's
+#: 16 MiB frame line, so the runner sends it in pieces.
+BIG_ANSWER = 5_000_000
+
+
+def test_lfx_run_of_a_5_mb_answer_prints_the_in_process_text(clean_fake: Fake) -> None:
+    local = lfx_run_json(in_process_env(clean_fake), BIG, str(BIG_ANSWER))
+    assert local["result"] == "x" * BIG_ANSWER, {k: v for k, v in local.items() if k != "result"}
+    remote = lfx_run_json(executor_env(clean_fake), BIG, str(BIG_ANSWER))
+    assert remote.get("success") is True, {k: v for k, v in remote.items() if k != "result"}
+    for key in ("result", "type", "component", "component_id", "success"):
+        assert remote[key] == local[key], key
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1 and stats["live"] == 0, stats
+
+
+def test_graph_arun_of_a_5_mb_answer_gives_the_in_process_result(clean_fake: Fake) -> None:
+    # The legacy path: the outputs come in the terminal frame too (20 MB of it, in pieces).
+    local = arun(in_process_env(clean_fake), BIG, str(BIG_ANSWER))
+    remote = arun(executor_env(clean_fake), BIG, str(BIG_ANSWER))
+    assert remote == local
+    assert [(row["type"], len(row["text"])) for row in remote["rows"]] == [("Message", BIG_ANSWER)]
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1 and stats["live"] == 0, stats
+
+
+def test_an_answer_over_the_result_bound_is_refused_naming_the_setting(clean_fake: Fake) -> None:
+    env = executor_env(clean_fake, CREATEOS_EXECUTOR_MAX_RESULT_BYTES="4194304")
+    proc = subprocess.run(
+        [venv_bin("lfx"), "run", str(BIG), str(BIG_ANSWER)],
+        capture_output=True, text=True, env=env, timeout=180, cwd=E2E, check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert "KeyError" not in out, out[-3000:]
+    reply = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.strip().startswith("{")))
+    assert reply["success"] is False, reply
+    text = json.dumps(reply)
+    for part in ("CreateOSExecutionError", "CREATEOS_EXECUTOR_MAX_RESULT_BYTES=4194304",
+                 "Raise CREATEOS_EXECUTOR_MAX_RESULT_BYTES", "guest destroyed"):
+        assert part in text, (part, reply)
+    stats = clean_fake.wait_settled()
+    assert stats["created"] == 1 and stats["live"] == 0, stats
 
 
 def _http(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
@@ -332,7 +377,7 @@ def test_template_build_bakes_a_rootfs_that_runs_the_flow(clean_fake: Fake) -> N
 def test_sigterm_to_lfx_run_mid_flow_destroys_the_guest(clean_fake: Fake) -> None:
     """`docker stop` / Ctrl-C of `lfx run` while the flow runs in its guest: the guest goes too."""
     proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(SLOW), "stop me"],
+        [venv_bin("lfx"), "run", str(SLOW), "stop me"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -418,6 +463,8 @@ def measure(fake: Fake, mode: str) -> dict[str, Any]:
         ("string:17000000", "MAX_FRAME_BYTES"),
         # 20,000 records that share no column: a 400-million-cell table if it were rebuilt.
         ("diagonal:20000", "MAX_DATAFRAME_CELLS"),
+        # A chunked frame claiming a terabyte: refused at its first piece, nothing buffered.
+        ("claim:1000000000000", "CREATEOS_EXECUTOR_MAX_RESULT_BYTES=67108864"),
     ],
 )
 def test_a_hostile_frame_fails_the_run_and_the_host_stays_bounded(clean_fake: Fake, mode: str, bound: str) -> None:

@@ -226,7 +226,18 @@ def test_the_server_lists_the_component(plain_server: Server) -> None:
         assert field in template, field
     # A saved flow's stored Guest Reuse value stays one of the options.
     assert {"off", "flow"} <= set(template["session_mode"]["options"]), template["session_mode"]
-    assert {o["name"] for o in entry["outputs"]} == {"results", "files"}
+    assert {o["name"] for o in entry["outputs"]} == {"results", "output_text", "files"}
+    assert "accept_egress_exceptions" in template
+    # The canvas text is static: it states no policy a run might not get.
+    assert "After a run, the node's status shows the policy" in entry["description"], entry["description"]
+    assert "Network: off" not in entry["description"]
+
+
+def test_output_text_reaches_the_chat_as_plain_text(plain_server: Server, slow_fake: Fake) -> None:
+    slow_fake.reset()
+    flow_id = upload_flow(plain_server, E2E / "flows" / "component_text_flow.json", "slow: component text")
+    texts = run_flow(plain_server, flow_id, "print('plain text, not JSON')")
+    assert "plain text, not JSON" in texts, texts
 
 
 def test_a_flow_using_the_component_runs_through_api_v1_run(plain_server: Server, slow_fake: Fake) -> None:

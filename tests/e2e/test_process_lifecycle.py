@@ -90,7 +90,7 @@ def _exec_started(stats: dict) -> bool:
 def test_sigterm_to_lfx_run_destroys_the_guest(clean_fake: Fake) -> None:
     env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
     proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(FLOW), SLEEPING_CODE],
+        [venv_bin("lfx"), "run", str(FLOW), SLEEPING_CODE],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

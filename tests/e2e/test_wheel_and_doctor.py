@@ -231,3 +231,21 @@ def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, mon
     # A file that cannot be read as source is not known either, never covered, and no crash.
     unreadable = playground(b"async def _generate_flow_events(graph):\n    '\xff'\n")
     assert unreadable.reaches is None and "could not be" in unreadable.evidence, unreadable
+
+
+# The flows of the demo and the README's surfaces: one per surface.
+PLAIN_RUN_FLOWS = ("pyrepl_flow.json", "component_flow.json", "shout_flow.json")
+
+
+def test_plain_lfx_run_passes_lfx_s_dependency_preflight() -> None:
+    """`lfx run` without --no-check-dependencies: lfx's preflight finds nothing missing for any
+    surface's flow once the wheel is installed (the Python Interpreter's code imports
+    langchain-experimental, which the wheel depends on for that reason)."""
+    import json
+
+    from lfx.utils.flow_requirements import find_missing_dependencies
+
+    assert any(req.replace(" ", "").startswith("langchain-experimental") for req in distribution(DIST).requires or ())
+    for name in PLAIN_RUN_FLOWS:
+        flow = json.loads((Path(__file__).parent / "flows" / name).read_text())
+        assert find_missing_dependencies({"data": flow["data"]}) == [], name

@@ -153,7 +153,7 @@ def test_the_component_refuses_code_carrying_the_key(clean_fake: Fake) -> None:
     env = backend_env(clean_fake, LANGFLOW_SANDBOX_BACKEND=None, LANGFLOW_SANDBOX_BACKEND_PLUGINS=None)
     code = f"print('{clean_fake.key}')"
     proc = subprocess.run(
-        [venv_bin("lfx"), "run", "--no-check-dependencies", str(COMPONENT_FLOW), code],
+        [venv_bin("lfx"), "run", str(COMPONENT_FLOW), code],
         capture_output=True,
         text=True,
         env=env,

@@ -18,6 +18,7 @@ use sandbox_core::exec::{ExecLimits, is_valid_env_name};
 use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk, SurfaceError};
 use sandbox_core::provider::createos::LINK_LOCAL_HOLE;
+use sandbox_core::provider::{Isolation, Provider};
 use sandbox_core::session::Account;
 use sandbox_core::settings::{SettingNames, Settings, non_blank, parse_bool, read_flag};
 use sandbox_core::shapes::{ShapeChoice, select_shape};
@@ -55,7 +56,8 @@ pub use sandbox_core::surface::{EnvLookup, SurfaceOptions};
 /// What this backend declares to lfx's policy gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Always `"hardware-virtualized"` (a Firecracker microVM per run).
+    /// The isolation the provider vouches for ([`Provider::isolation`]): on CreateOS always
+    /// `"hardware-virtualized"` (a Firecracker microVM per run).
     pub isolation: &'static str,
     /// Deny-all egress is supported (with the link-local opt-in).
     pub supports_deny_all_egress: bool,
@@ -71,10 +73,26 @@ pub fn capabilities() -> Capabilities {
     capabilities_with(&|k| std::env::var(k).ok())
 }
 
-/// The backend's capabilities under the settings `lookup` reads. No I/O.
+/// The backend's capabilities on CreateOS under the settings `lookup` reads. No I/O.
 pub fn capabilities_with(lookup: &dyn Fn(&str) -> Option<String>) -> Capabilities {
+    capabilities_isolated(sandbox_core::createos::ISOLATION, lookup)
+}
+
+/// The backend's capabilities on `provider` under the settings `lookup` reads: the isolation
+/// is the provider's own ([`Provider::isolation`]). No I/O.
+pub fn capabilities_for(
+    provider: &dyn Provider,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Capabilities {
+    capabilities_isolated(provider.isolation(), lookup)
+}
+
+fn capabilities_isolated(
+    isolation: Isolation,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Capabilities {
     Capabilities {
-        isolation: "hardware-virtualized",
+        isolation: isolation.as_str(),
         supports_deny_all_egress: true,
         supports_domain_allowlist: GatewaySetting::from_lookup(lookup).is_ready(),
         max_timeout_seconds: None,

@@ -26,6 +26,7 @@ use sandbox_core::surface::{
     Acquire, Begin, End, Origin, PoolUse, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
 pub use sandbox_core::timings::Timings;
+use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
@@ -287,6 +288,23 @@ pub(crate) async fn run_on(
         pool_hits = stats.hits,
         pool_misses = stats.misses,
         "sandbox run finished"
+    );
+    let end = match (&ended.destroy_error, report.timings.destroy_ms) {
+        (Some(_), _) => GuestEnd::Failed,
+        (None, Some(ms)) => GuestEnd::Destroyed(ms),
+        (None, None) => GuestEnd::Background,
+    };
+    tracing::info!(
+        target: LOG_TARGET,
+        "{}",
+        run_line(
+            "backend",
+            &report.guest,
+            &report.guest_id,
+            Some(create_ms),
+            Some(report.execution_time_ms),
+            end
+        )
     );
     Ok(report)
 }

@@ -8,8 +8,6 @@ use std::fmt;
 use sandbox_core::SandboxError;
 use sandbox_core::settings::SettingNames;
 
-use crate::ENV_ACCEPT_EGRESS_EXCEPTIONS;
-
 /// The default of Timeout (seconds).
 pub const DEFAULT_TIMEOUT_SECONDS: u32 = 60;
 /// The largest Timeout (seconds) accepted.
@@ -38,14 +36,21 @@ pub mod input {
     pub const TIMEOUT: &str = "Timeout (seconds) (timeout_seconds)";
     /// Shape.
     pub const SHAPE: &str = "Shape (shape)";
+    /// Accept Link-Local Egress.
+    pub const ACCEPT_EGRESS: &str = "Accept Link-Local Egress (accept_egress_exceptions)";
 }
 
-/// The settings this surface's refusals name: the node's own inputs, and the operator's
-/// link-local opt-in.
+/// How this node's refusals name the link-local opt-in: the node's own input first (a flow
+/// author can resolve the refusal on the node), then the operator's setting.
+const ACCEPT_ON_NODE_OR_OPERATOR: &str = "Accept Link-Local Egress (accept_egress_exceptions) \
+     on the node, or LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS";
+
+/// The settings this surface's refusals name: the node's own inputs, and the link-local opt-in
+/// (the node's input or the operator's setting).
 pub const SETTING_NAMES: SettingNames = SettingNames {
     restrict_egress: "Allow Network off (allow_network=false)",
     allow_egress: "Allow Network on (allow_network=true)",
-    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    accept_egress_exceptions: ACCEPT_ON_NODE_OR_OPERATOR,
     memory: input::SHAPE,
 };
 
@@ -53,7 +58,7 @@ pub const SETTING_NAMES: SettingNames = SettingNames {
 pub const DOMAIN_SETTING_NAMES: SettingNames = SettingNames {
     restrict_egress: input::ALLOWED_DOMAINS,
     allow_egress: "an empty Allowed Domains (with Allow Network on)",
-    accept_egress_exceptions: ENV_ACCEPT_EGRESS_EXCEPTIONS,
+    accept_egress_exceptions: ACCEPT_ON_NODE_OR_OPERATOR,
     memory: input::SHAPE,
 };
 
@@ -131,6 +136,11 @@ pub struct ComponentInputs {
     pub return_files: bool,
     /// Allow Network: unrestricted egress; off is deny-all (with the link-local opt-in).
     pub allow_network: bool,
+    /// Accept Link-Local Egress: the node's own acceptance that deny-all egress still reaches
+    /// `169.254.0.0/16` on CreateOS (the operator's
+    /// [`ENV_ACCEPT_EGRESS_EXCEPTIONS`](crate::ENV_ACCEPT_EGRESS_EXCEPTIONS) accepts it for every
+    /// node). It grants less than Allow Network on, which every node may set.
+    pub accept_egress_exceptions: bool,
     /// Allowed Domains: with Allow Network on, a comma-separated list of names (`pypi.org`,
     /// `*.pythonhosted.org`) that are then the only ones reachable, through the operator's
     /// egress gateway; blank keeps Allow Network's meaning. Part of a kept guest's identity.
@@ -155,6 +165,7 @@ impl fmt::Debug for ComponentInputs {
             .field("reuse", &self.reuse)
             .field("return_files", &self.return_files)
             .field("allow_network", &self.allow_network)
+            .field("accept_egress_exceptions", &self.accept_egress_exceptions)
             .field("allowed_domains", &self.allowed_domains)
             .field("timeout_seconds", &self.timeout_seconds)
             .field("shape", &self.shape)

@@ -34,7 +34,7 @@ pub use inputs::{
     MAX_TIMEOUT_SECONDS, Reuse, SETTING_NAMES, input,
 };
 pub use kept::{ReapReport, ReusedGuest, parse_age};
-pub use plan::{describe, strip_fence};
+pub use plan::{DESCRIPTION, describe, strip_fence};
 
 /// Where the program writes the files it returns: with Return Files on, a link to this run's
 /// own directory while no other run shares the guest ([`ARTIFACTS_ENV`] always names it).

@@ -56,8 +56,18 @@ pub fn strip_fence(code: &str) -> &str {
     }
 }
 
+/// The node's static description on the canvas: what it does, never a policy (Langflow 1.13
+/// does not refresh a node's description when its inputs change). The policy a run got is
+/// [`describe`]'s text, which the node shows as its status after the run.
+pub const DESCRIPTION: &str = "Runs Python code (or a shell command) in a disposable CreateOS \
+     Firecracker microVM, optionally kept between runs (Guest Reuse), and hands back the files \
+     it wrote. With Allow Network off the guest gets deny-all egress except 169.254.0.0/16, which \
+     Accept Link-Local Egress (or the operator) must accept. After a run, the node's status \
+     shows the policy that run got.";
+
 /// The node's description for a user or an agent: the effective network policy and the
-/// reuse mode, as a run with these inputs would get them under `env`'s settings.
+/// reuse mode, as a run with these inputs would get them under `env`'s settings (the node's
+/// Accept Link-Local Egress counts as the operator's setting).
 pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
     let network = if allow_network {
         if GatewaySetting::from_lookup(env).is_ready() {
@@ -82,8 +92,8 @@ pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<
         } else {
             format!(
                 "Network: off, deny-all egress, which CreateOS cannot make complete \
-                 ({LINK_LOCAL_HOLE} stays reachable), so runs are refused until the operator \
-                 sets {ENV_ACCEPT_EGRESS_EXCEPTIONS}=true."
+                 ({LINK_LOCAL_HOLE} stays reachable), so runs are refused until {}=true.",
+                SETTING_NAMES.accept_egress_exceptions
             )
         }
     };
@@ -111,8 +121,10 @@ impl SandboxComponent {
     /// The refusals that need no I/O, in the order a user would fix them.
     pub(crate) fn plan(&self, inputs: &ComponentInputs) -> Result<Plan, SandboxError> {
         let settings = self.surface.settings()?;
+        // The operator's setting is read (and a bad value refused) whatever the node says.
         let accept_exceptions =
-            read_flag(&|k| self.surface.lookup(k), ENV_ACCEPT_EGRESS_EXCEPTIONS)?;
+            read_flag(&|k| self.surface.lookup(k), ENV_ACCEPT_EGRESS_EXCEPTIONS)?
+                || inputs.accept_egress_exceptions;
         if !(1..=MAX_TIMEOUT_SECONDS).contains(&inputs.timeout_seconds) {
             return Err(SandboxError::refused(format!(
                 "{} is {}; set it between 1 and {MAX_TIMEOUT_SECONDS}",

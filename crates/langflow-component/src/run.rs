@@ -16,6 +16,7 @@ use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
 use sandbox_core::names::{REUSED_PREFIX, derived_name};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::surface::{Acquire, End, StartError, Want};
+use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
@@ -214,6 +215,25 @@ impl SandboxComponent {
             timings = %timings.summary(),
             pool = pool_use,
             "sandbox component run finished"
+        );
+        let end = if kept {
+            GuestEnd::Kept
+        } else if destroyed.is_err() {
+            GuestEnd::Failed
+        } else {
+            GuestEnd::Destroyed(destroy_ms)
+        };
+        tracing::info!(
+            target: LOG_TARGET,
+            "{}",
+            run_line(
+                "component",
+                &sandbox_name,
+                &sandbox_id,
+                Some(acquire_ms),
+                Some(out.exec_ms),
+                end
+            )
         );
         Ok(ComponentOutput {
             result: stdout.trim().to_owned(),

@@ -476,6 +476,30 @@ async fn refusals_name_the_nodes_inputs_and_create_nothing() {
     let e = strict.run(&inputs(COUNTER, Reuse::Off)).await.unwrap_err();
     assert!(e.message().contains("Allow Network"), "{e}");
     assert!(e.message().contains("169.254.0.0/16"), "{e}");
+    // The refusal can be resolved on the node itself, and says so first.
+    assert!(
+        e.message()
+            .contains("Set Accept Link-Local Egress (accept_egress_exceptions) on the node"),
+        "{e}"
+    );
+    assert!(
+        e.message()
+            .contains("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true"),
+        "{e}"
+    );
+    assert_eq!(fake.stats().created, 0);
+    let accepted = run(
+        &strict,
+        &ComponentInputs {
+            accept_egress_exceptions: true,
+            ..inputs("print('accepted on the node')", Reuse::Off)
+        },
+    )
+    .await;
+    assert_eq!(accepted.result, "accepted on the node");
+    assert_eq!(fake.stats().created, 1);
+    strict.shutdown().await;
+    fake.reset();
     let c = component(&fake);
     let cases: Vec<(ComponentInputs, &str)> = vec![
         (

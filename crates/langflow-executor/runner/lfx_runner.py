@@ -21,6 +21,12 @@ order:
 - ``{"frame": "error", "kind": ..., "message": ...}`` instead of ``complete`` when the run
   cannot finish (``missing_lfx``: lfx is not installed; ``flow``: the flow raised).
 
+A frame whose line would be longer than ``CHUNK_BYTES`` (a vertex that answers with megabytes
+of text carries them several times) is sent as consecutive ``{"frame": "chunk", "index": i,
+"total": <bytes of the frame's JSON text>, "data": <the next piece of that text>}`` frames, which
+the host puts back together within its bound on a run's results
+(``CREATEOS_EXECUTOR_MAX_RESULT_BYTES``), so no line is longer than the host takes in one line.
+
 What the host resolved in its own process travels in the job, and the runner puts it where lfx
 reads it in-process (``_install_host_context``): the values of fields that load from global
 variables, the run's chat session, the session's history (served, with the messages the run
@@ -46,13 +52,16 @@ import traceback
 import uuid
 from typing import Any
 
-PROTOCOL = 1
-# A vertex result larger than this (serialized), or of more JSON values than this (counted as
-# the host counts them), is replaced by a note, so a flow's own vertex frames stay well inside
-# the host's bounds on a frame (16 MiB, 250,000 values), which refuse the whole run; the
-# terminal frame is never cut. The host enforces its bounds itself: these are a courtesy.
-MAX_VERTEX_RESULT_BYTES = 4 * 1024 * 1024
+PROTOCOL = 2
+# The result of a vertex that is not one of the flow's outputs, of more JSON values than this
+# (counted as the host counts them), is replaced by a note, so it stays well inside the host's
+# bound on a frame's values (250,000), which refuses the whole run. An output vertex's result and
+# the terminal frame are never cut: their callers read them. The host enforces its bounds itself:
+# this is a courtesy. Bytes are not cut: a long frame is sent in chunks (``CHUNK_BYTES``).
 MAX_VERTEX_RESULT_VALUES = 200_000
+# The longest frame line written whole; a longer frame goes in pieces of this many bytes of its
+# JSON text (at most twice that once escaped: well inside the host's 16 MiB line).
+CHUNK_BYTES = 1024 * 1024
 # What the host counts for an object tagged ``__lfx__`` on top of its own value.
 TAGGED_VALUE_WEIGHT = 32
 
@@ -70,9 +79,16 @@ def _take_stdout() -> None:
 
 
 def emit(frame: dict[str, Any]) -> None:
+    # ASCII (``ensure_ascii``): its length in characters is its length in bytes.
     line = json.dumps(frame, default=_fallback, separators=(",", ":"))
     with _emit_lock:  # flow code may store messages from worker threads
-        _frames.write(line + "\n")
+        if len(line) <= CHUNK_BYTES:
+            _frames.write(line + "\n")
+        else:
+            # One piece after another, nothing between them (the lock is held throughout).
+            for index, start in enumerate(range(0, len(line), CHUNK_BYTES)):
+                piece = {"frame": "chunk", "index": index, "total": len(line), "data": line[start : start + CHUNK_BYTES]}
+                _frames.write(json.dumps(piece, separators=(",", ":")) + "\n")
         _frames.flush()
 
 
@@ -148,8 +164,9 @@ def _values(value: Any, limit: int) -> int:
 def _vertex_frame(vertex: Any, result_dict: Any, valid: bool, seq: int) -> dict[str, Any]:
     component = getattr(vertex, "custom_component", None)
     encoded = encode_result_data(result_dict)
-    size = len(json.dumps(encoded, default=_fallback))
-    truncated = size > MAX_VERTEX_RESULT_BYTES or _values(encoded, MAX_VERTEX_RESULT_VALUES) > MAX_VERTEX_RESULT_VALUES
+    is_output = bool(getattr(vertex, "is_output", False))
+    truncated = not is_output and _values(encoded, MAX_VERTEX_RESULT_VALUES) > MAX_VERTEX_RESULT_VALUES
+    size = len(json.dumps(encoded, default=_fallback)) if truncated else None
     if truncated:
         encoded = None
     return {
@@ -158,10 +175,10 @@ def _vertex_frame(vertex: Any, result_dict: Any, valid: bool, seq: int) -> dict[
         "id": vertex.id,
         "display_name": getattr(vertex, "display_name", None),
         "component_display_name": getattr(component, "display_name", None) if component else None,
-        "is_output": bool(getattr(vertex, "is_output", False)),
+        "is_output": is_output,
         "valid": bool(valid),
         "result": encoded,
-        "result_truncated_bytes": size if truncated else None,
+        "result_truncated_bytes": size,
         # Wall-clock time the vertex finished, so a consumer can measure delivery lag.
         "finished_at": time.time(),
     }

@@ -16,15 +16,19 @@ use sandbox_core::exec::{EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit}
 use sandbox_core::guest::{ExecRun, ExecStep};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::surface::{End, Lease};
+use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
 use tokio::time::Instant;
 
+use crate::chunks::{Broken, Reassembly};
 use crate::error::ExecutorError;
 use crate::frames::{Bound, FrameLimits, Line, LogLines, Payload, RunnerFrame, parse_line};
 use crate::job::{FlowRequest, Mode};
+use crate::prepared::{Job, Plan};
 use crate::runner::{EXIT_NO_RUNNER, EXIT_RUNNER_LOST};
-use crate::settings::{ENV_INSTALL_LFX, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT};
-use crate::start::{Executor, Job, Plan};
+use crate::settings::{
+    ENV_INSTALL_LFX, ENV_MAX_RESULT_BYTES, ENV_ROOTFS, ENV_SHAPE, ENV_TIMEOUT, MAX_MAX_RESULT_BYTES,
+};
 use crate::timings::{self, Timings};
 
 /// The outcome of a run whose caller stopped reading before its end ([`FlowRun::outcome`]).
@@ -47,18 +51,24 @@ pub enum Event {
     Complete(Payload),
 }
 
-impl Executor {
-    /// The stream of a run whose runner's exec `exec` the guest accepted (`preloaded`: through
-    /// a pooled guest's hand-off).
-    pub(crate) fn flow_run(
-        &self,
+impl FlowRun {
+    /// The stream of a run whose runner's exec `exec` the guest accepted, read within `bounds`
+    /// (their bytes for the whole run are the plan's `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`;
+    /// `preloaded`: through a pooled guest's hand-off). Its guest's lease is set by the start
+    /// once the kit hands it over.
+    pub(crate) fn new(
         exec: ExecRun,
         plan: &Plan,
         request: &FlowRequest,
         job: &Job<'_>,
+        bounds: FrameLimits,
         preloaded: bool,
     ) -> FlowRun {
         let (host_lfx_version, started) = (job.host_lfx, job.began);
+        let bounds = FrameLimits {
+            run_bytes: plan.executor.max_result_bytes,
+            ..bounds
+        };
         let host_deadline = Instant::now() + exec.host_budget().saturating_sub(exec.elapsed());
         // The values of the flow's variables are masked like the key in what the guest prints.
         let mut redactor = plan.settings.redactor();
@@ -68,10 +78,11 @@ impl Executor {
         FlowRun {
             lease: None,
             exec: Some(exec),
-            framer: LineFramer::new(self.opts.limits.frame_bytes),
-            bounds: self.opts.limits,
+            framer: LineFramer::new(bounds.frame_bytes),
+            bounds,
             run_bytes: 0,
             run_values: 0,
+            chunks: Reassembly::default(),
             host_deadline,
             logs: LogLines::default(),
             tail: VecDeque::new(),
@@ -114,6 +125,8 @@ pub struct FlowRun {
     bounds: FrameLimits,
     run_bytes: u64,
     run_values: u64,
+    /// The frame being put back together from its pieces, if one is.
+    chunks: Reassembly,
     /// When the host stops waiting for the exec, whatever the guest does.
     host_deadline: Instant,
     logs: LogLines,
@@ -319,6 +332,21 @@ impl FlowRun {
                 timings = %self.timings.summary(),
                 "flow run finished; guest destroyed"
             );
+            let destroy_ms = ended.destroy_time.map(timings::ms);
+            let end = match destroy_ms {
+                Some(ms) if ended.destroy_error.is_none() => GuestEnd::Destroyed(ms),
+                _ => GuestEnd::Failed,
+            };
+            let acquire = self.timings.acquire_ms;
+            let run = self
+                .timings
+                .total_ms
+                .map(|total| total.saturating_sub(acquire.unwrap_or(0) + destroy_ms.unwrap_or(0)));
+            tracing::info!(
+                target: LOG_TARGET,
+                "{}",
+                run_line("executor", &ended.name, &ended.id, acquire, run, end)
+            );
         }
     }
 
@@ -360,6 +388,12 @@ impl FlowRun {
                 Err(LineTooLong { .. }) => return Err(self.refuse(Bound::FrameBytes).await),
             };
             let parsed = parse_line(&line, &self.bounds);
+            if let Line::Frame(RunnerFrame::Chunk { index, total, data }, _) = parsed {
+                if let Some(text) = self.piece(index, total, data.as_bytes()).await? {
+                    self.whole(&text).await?;
+                }
+                continue;
+            }
             if !matches!(parsed, Line::Log(_)) {
                 self.run_bytes = self
                     .run_bytes
@@ -380,25 +414,121 @@ impl FlowRun {
                         "the guest runner wrote a malformed frame line ({why}); it was skipped"
                     );
                 }
-                Line::Frame(frame, values) => {
-                    self.run_values = self.run_values.saturating_add(values);
-                    if self.run_values > self.bounds.run_values {
-                        return Err(self.refuse(Bound::RunValues).await);
-                    }
-                    self.frame(frame).await?;
-                }
+                Line::Frame(frame, values) => self.admit(frame, values).await?,
             }
         }
     }
 
+    /// Takes a piece of a chunked frame: the whole frame's text once its last piece arrived.
+    /// Its data counts toward the run's bytes (the frame's own length, whatever its pieces'
+    /// lines add), and the whole frame must fit in what the run has left.
+    async fn piece(
+        &mut self,
+        index: u64,
+        total: u64,
+        data: &[u8],
+    ) -> Result<Option<Bytes>, ExecutorError> {
+        let room = self.bounds.run_bytes.saturating_sub(self.run_bytes);
+        match self.chunks.push(index, total, data, room) {
+            Ok(whole) => {
+                self.run_bytes = self
+                    .run_bytes
+                    .saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
+                Ok(whole)
+            }
+            Err(broken) => Err(self.broken(broken).await),
+        }
+    }
+
+    /// Reads a reassembled frame as any frame line (its length was bounded piece by piece);
+    /// what is not a frame of the protocol stops the run: only the runner chunks frames.
+    async fn whole(&mut self, text: &Bytes) -> Result<(), ExecutorError> {
+        let limits = FrameLimits {
+            frame_bytes: usize::MAX,
+            ..self.bounds
+        };
+        match parse_line(text, &limits) {
+            Line::Frame(RunnerFrame::Chunk { .. }, _) => Err(self
+                .unreadable("a chunked frame whose text is itself a chunk frame")
+                .await),
+            Line::Frame(frame, values) => self.admit(frame, values).await,
+            Line::Refused(bound) => Err(self.refuse(bound).await),
+            Line::Malformed(why) => {
+                let why = self.redactor.apply(&why);
+                Err(self
+                    .unreadable(&format!("a chunked frame that is not a frame ({why})"))
+                    .await)
+            }
+            Line::Log(_) => Err(self
+                .unreadable("a chunked frame whose text is not a JSON object")
+                .await),
+        }
+    }
+
+    /// Takes a frame (read whole from one line or reassembled): within the run's bound on
+    /// values, and never in the middle of a chunked frame.
+    async fn admit(&mut self, frame: RunnerFrame, values: u64) -> Result<(), ExecutorError> {
+        if let Err(broken) = self.chunks.between_frames() {
+            return Err(self.broken(broken).await);
+        }
+        self.run_values = self.run_values.saturating_add(values);
+        if self.run_values > self.bounds.run_values {
+            return Err(self.refuse(Bound::RunValues).await);
+        }
+        self.frame(frame).await
+    }
+
     /// Stops the run because the guest sent more than `bound` allows.
     async fn refuse(&mut self, bound: Bound) -> ExecutorError {
+        if bound == Bound::RunBytes {
+            let what = format!("frames of more than {} bytes in all", self.bounds.run_bytes);
+            return self.over_result_bytes(&what).await;
+        }
         let msg = format!(
             "the guest sent {}, over the host's bound {} on what a guest may send; the run was \
              stopped and the guest destroyed. The host bounds everything a flow returns, \
              whatever the guest runner does: make the flow return less",
             bound.describe(&self.bounds),
             bound.name()
+        );
+        tracing::warn!(target: LOG_TARGET, vertices = self.vertices, "{msg}");
+        self.fail(ExecutorError::Execution(msg)).await
+    }
+
+    /// Stops the run because its results passed `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`: `what`
+    /// the guest sent.
+    async fn over_result_bytes(&mut self, what: &str) -> ExecutorError {
+        let cap = self.bounds.run_bytes;
+        let msg = format!(
+            "the flow's results are larger than this host takes from a guest: the guest sent \
+             {what}, over {ENV_MAX_RESULT_BYTES}={cap} (the bytes of one run's results: every \
+             vertex's result, the chat messages it stores and the run's outputs, where a \
+             vertex's result carries its output up to four times). The run was stopped and the \
+             guest destroyed. Raise {ENV_MAX_RESULT_BYTES} (at most {MAX_MAX_RESULT_BYTES}) to \
+             take larger results, or make the flow return less"
+        );
+        tracing::warn!(target: LOG_TARGET, vertices = self.vertices, "{msg}");
+        self.fail(ExecutorError::Execution(msg)).await
+    }
+
+    /// Stops the run because a chunked frame could not be put back together.
+    async fn broken(&mut self, broken: Broken) -> ExecutorError {
+        if let Broken::OverBound { total, .. } = broken {
+            let what = format!(
+                "a result frame of {total} bytes after {} bytes of results",
+                self.run_bytes
+            );
+            return self.over_result_bytes(&what).await;
+        }
+        self.unreadable(&broken.to_string()).await
+    }
+
+    /// Stops the run because the guest broke the chunking protocol (`what` it sent).
+    async fn unreadable(&mut self, what: &str) -> ExecutorError {
+        let msg = format!(
+            "the guest sent {what}; the run was stopped and the guest destroyed. Only the guest \
+             runner splits a frame into pieces, and it sends them in order: flow code wrote to \
+             the runner's frame stream"
         );
         tracing::warn!(target: LOG_TARGET, vertices = self.vertices, "{msg}");
         self.fail(ExecutorError::Execution(msg)).await
@@ -444,6 +574,12 @@ impl FlowRun {
                     return Err(self.refuse(Bound::RunMessages).await);
                 }
                 self.pending.push_back(Event::Message(m));
+            }
+            RunnerFrame::Chunk { .. } => {
+                // Pieces are taken as lines arrive (`piece`); a piece never reaches here.
+                return Err(self
+                    .unreadable("a piece of a chunked frame out of place")
+                    .await);
             }
             RunnerFrame::Complete(outputs) => {
                 self.pending.push_back(Event::Complete(outputs));
@@ -502,10 +638,23 @@ impl FlowRun {
     fn timeout_message(&self) -> String {
         format!(
             "the flow did not finish within {ENV_TIMEOUT}={}s (enforced in the guest); it was \
-             stopped and the guest destroyed after {} vertices",
+             stopped and the guest destroyed after {} vertices{}",
             self.limits.budget.as_secs(),
-            self.vertices
+            self.vertices,
+            self.unfinished()
         )
+    }
+
+    /// What the output stopped in the middle of, for a message: a chunked frame not finished.
+    fn unfinished(&self) -> String {
+        self.chunks
+            .progress()
+            .map_or_else(String::new, |(received, total)| {
+                format!(
+                    ", in the middle of a chunked frame ({received} of its {total} bytes had \
+                     arrived)"
+                )
+            })
     }
 
     /// The output ended (exit status or end of stream) before a terminal frame was read.
@@ -535,6 +684,7 @@ impl FlowRun {
         } else {
             String::new()
         };
+        let malformed = format!("{}{malformed}", self.unfinished());
         let err = match self.exit {
             Some(c) if (0..=255).contains(&c) => {
                 let code = i32::try_from(c).unwrap_or(i32::MAX);

@@ -2,8 +2,8 @@
 //! log lines.
 //!
 //! Everything the guest writes is hostile: flow code can write raw lines to the runner's frame
-//! stream, so the runner's own caps (a vertex result cut at 4 MiB or 200,000 values) are a
-//! courtesy. The host bounds what it parses itself ([`FrameLimits`]): a frame line longer than
+//! stream, so the runner's own care (a result of 200,000 values cut unless its vertex is an
+//! output, a line of 1 MiB at most) is a courtesy. The host bounds what it parses itself ([`FrameLimits`]): a frame line longer than
 //! its bound stops the run before more of it is buffered (the [`createos_api::LineFramer`]
 //! refuses it), and every other frame is checked by [`census`], a pass over its bytes that
 //! builds nothing, before any of it is materialised: its nesting depth and its count of JSON
@@ -12,6 +12,10 @@
 //! bounded by the caller ([`FrameLimits::run_bytes`], [`FrameLimits::run_values`],
 //! [`FrameLimits::run_messages`]). An admitted vertex, message or terminal frame is handed on as
 //! its raw bytes ([`Payload`]), not as a parsed tree.
+//!
+//! A frame longer than one line is sent in pieces, each a [`RunnerFrame::Chunk`] of its JSON
+//! text, which the caller reassembles within the run's bound on bytes (`chunks`) and reads
+//! with [`parse_line`] like any other frame.
 //!
 //! A malformed line is reported and skipped, a log line longer than [`MAX_LOG_LINE`] is cut,
 //! and guest text that goes into a log record or an error message is escaped first with the
@@ -41,8 +45,9 @@ pub const MAX_FRAME_VALUES: u64 = 250_000;
 /// What an object tagged `__lfx__` (a `Message`, `Data` or `DataFrame` the host rebuilds as an
 /// lfx object, about 1 to 3.5 KB each in Python) counts on top of its own value.
 pub const TAGGED_VALUE_WEIGHT: u64 = 32;
-/// The most frame bytes accepted in one run, all frames together.
-pub const MAX_RUN_BYTES: u64 = 64 * 1024 * 1024;
+/// The most frame bytes accepted in one run by default, all frames together: each run takes its
+/// bound from `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`, whose default this is.
+pub const MAX_RUN_BYTES: u64 = crate::settings::DEFAULT_MAX_RESULT_BYTES;
 /// The most JSON values accepted in one run, all frames together (counted as for
 /// [`MAX_FRAME_VALUES`]).
 pub const MAX_RUN_VALUES: u64 = 1_000_000;
@@ -65,7 +70,8 @@ pub struct FrameLimits {
     pub frame_depth: usize,
     /// [`MAX_FRAME_VALUES`]: the most JSON values in a frame.
     pub frame_values: u64,
-    /// [`MAX_RUN_BYTES`]: the most frame bytes in a run.
+    /// [`MAX_RUN_BYTES`]: the most frame bytes in a run (a run's executor sets it from
+    /// `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`).
     pub run_bytes: u64,
     /// [`MAX_RUN_VALUES`]: the most JSON values in a run.
     pub run_values: u64,
@@ -95,7 +101,7 @@ pub enum Bound {
     FrameDepth,
     /// [`MAX_FRAME_VALUES`].
     FrameValues,
-    /// [`MAX_RUN_BYTES`].
+    /// [`MAX_RUN_BYTES`], set by `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`.
     RunBytes,
     /// [`MAX_RUN_VALUES`].
     RunValues,
@@ -104,13 +110,14 @@ pub enum Bound {
 }
 
 impl Bound {
-    /// The bound's name, as the constant that sets it.
+    /// The bound's name, as the constant (or, for [`Bound::RunBytes`], the setting) that sets
+    /// it.
     pub fn name(self) -> &'static str {
         match self {
             Bound::FrameBytes => "MAX_FRAME_BYTES",
             Bound::FrameDepth => "MAX_FRAME_DEPTH",
             Bound::FrameValues => "MAX_FRAME_VALUES",
-            Bound::RunBytes => "MAX_RUN_BYTES",
+            Bound::RunBytes => crate::settings::ENV_MAX_RESULT_BYTES,
             Bound::RunValues => "MAX_RUN_VALUES",
             Bound::RunMessages => "MAX_RUN_MESSAGES",
         }
@@ -215,6 +222,16 @@ pub enum RunnerFrame {
     Message(Payload),
     /// The run finished: the serialized `RunOutputs` (empty in stream mode).
     Complete(Payload),
+    /// One piece of a frame too long for one line: the next `data` of its JSON text, which is
+    /// `total` bytes long, in order from `index` 0.
+    Chunk {
+        /// The piece's place, from 0.
+        index: u64,
+        /// The length of the whole frame's JSON text, in bytes, as the guest claims it.
+        total: u64,
+        /// The piece of that text (at most a frame line's length).
+        data: String,
+    },
     /// The run could not finish.
     Error {
         /// `missing_lfx`, `flow` or `protocol` (cut and escaped).
@@ -425,6 +442,12 @@ struct Head<'a> {
     wait_ms: Option<&'a RawValue>,
     #[serde(borrow)]
     rebuild_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    index: Option<&'a RawValue>,
+    #[serde(borrow)]
+    total: Option<&'a RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
 }
 
 /// What a message frame asks of the host's message store.
@@ -447,6 +470,11 @@ fn text<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
 fn millis(raw: Option<&RawValue>) -> Option<u64> {
     let value: Value = serde_json::from_str(raw?.get()).ok()?;
     crate::timings::reported(&value)
+}
+
+/// A whole number field, if it is one.
+fn count(raw: Option<&RawValue>) -> Option<u64> {
+    serde_json::from_str(raw?.get()).ok()
 }
 
 /// A short field: cut to [`MAX_FIELD_BYTES`] and escaped.
@@ -503,6 +531,14 @@ pub fn parse_line(line: &Bytes, limits: &FrameLimits) -> Line {
                 json: trimmed.slice_ref(outputs.get().as_bytes()),
             }),
             _ => return malformed("a complete frame without an outputs list"),
+        },
+        "chunk" => match (count(head.index), count(head.total), text(head.data)) {
+            (Some(index), Some(total), Some(data)) => RunnerFrame::Chunk {
+                index,
+                total,
+                data: data.into_owned(),
+            },
+            _ => return malformed("a chunk frame without an index, a total and its data"),
         },
         "error" => RunnerFrame::Error {
             kind: field(head.kind).unwrap_or_else(|| "flow".to_owned()),
@@ -663,6 +699,34 @@ mod tests {
             br#"{"frame":"vertex","id":"#,
             br#"{"frame":"vertex","id":"a"} trailing"#,
             br#"{"frame":"vertex","frame":"vertex","id":"a"}"#,
+        ] {
+            assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn chunk_frames_carry_a_piece_of_a_frame_text() {
+        let Line::Frame(frame, 5) =
+            parse(br#"{"frame":"chunk","index":2,"total":30,"data":"{\"frame\":\"v"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            frame,
+            RunnerFrame::Chunk {
+                index: 2,
+                total: 30,
+                data: r#"{"frame":"v"#.to_owned()
+            }
+        );
+        for bad in [
+            &br#"{"frame":"chunk","total":3,"data":"abc"}"#[..],
+            br#"{"frame":"chunk","index":0,"data":"abc"}"#,
+            br#"{"frame":"chunk","index":0,"total":3}"#,
+            br#"{"frame":"chunk","index":-1,"total":3,"data":"abc"}"#,
+            br#"{"frame":"chunk","index":0,"total":3.5,"data":"abc"}"#,
+            br#"{"frame":"chunk","index":0,"total":"3","data":"abc"}"#,
+            br#"{"frame":"chunk","index":0,"total":3,"data":["abc"]}"#,
         ] {
             assert!(matches!(parse(bad), Line::Malformed(_)), "{bad:?}");
         }

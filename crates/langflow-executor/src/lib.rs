@@ -16,10 +16,12 @@
 //! Settings are the executor's own `CREATEOS_EXECUTOR_*` ([`settings`]); [`template`] works out
 //! what a flow's guest image needs and bakes it as a CreateOS template.
 
+pub mod chunks;
 mod error;
 mod flow_run;
 pub mod frames;
 pub mod job;
+mod prepared;
 pub mod runner;
 pub mod settings;
 mod start;
@@ -32,5 +34,6 @@ pub use error::ExecutorError;
 pub use flow_run::{Event, FlowRun};
 pub use frames::{Bound, FrameLimits, Payload};
 pub use job::{FlowRequest, Mode, RunHead};
-pub use start::{DEFAULT_MAX_FRAME_BYTES, EnvLookup, Executor, ExecutorOptions, Plan};
+pub use prepared::Plan;
+pub use start::{DEFAULT_MAX_FRAME_BYTES, EnvLookup, Executor, ExecutorOptions};
 pub use timings::Timings;

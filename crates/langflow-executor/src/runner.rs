@@ -5,7 +5,7 @@
 pub const SOURCE: &str = include_str!("../runner/lfx_runner.py");
 
 /// The frame protocol the host and the runner speak (the runner refuses another).
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// Where the runner is written in the guest.
 pub const RUNNER_PATH: &str = "/workspace/lfx_runner.py";
@@ -43,7 +43,7 @@ mod tests {
     }
 
     #[test]
-    fn the_runner_cuts_vertex_results_well_inside_the_host_bounds() {
+    fn the_runner_cuts_vertex_results_and_chunks_frames_well_inside_the_host_bounds() {
         use crate::frames::{MAX_FRAME_BYTES, MAX_FRAME_VALUES, TAGGED_VALUE_WEIGHT};
         let constant = |name: &str| -> u64 {
             let line = SOURCE
@@ -58,7 +58,13 @@ mod tests {
         assert_eq!(constant("TAGGED_VALUE_WEIGHT"), TAGGED_VALUE_WEIGHT);
         // A vertex frame carries its cut result plus a few fields of its own.
         assert!(constant("MAX_VERTEX_RESULT_VALUES") + 1000 < MAX_FRAME_VALUES);
-        assert!(constant("MAX_VERTEX_RESULT_BYTES") * 2 <= MAX_FRAME_BYTES as u64);
+        // A piece's line: its data escaped (at most twice as long: the text is ASCII JSON,
+        // whose `"` and `\` gain a backslash) and a short envelope.
+        assert!(constant("CHUNK_BYTES") * 2 + 1024 <= MAX_FRAME_BYTES as u64);
+        assert!(
+            constant("CHUNK_BYTES") >= 64 * 1024,
+            "pieces large enough to be few"
+        );
     }
 
     #[test]

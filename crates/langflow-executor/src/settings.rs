@@ -36,6 +36,21 @@ pub const ENV_WARM_POOL: &str = "CREATEOS_EXECUTOR_WARM_POOL";
 /// The largest executor pool accepted: its guests are large (the default shape has 8 GiB).
 pub const MAX_WARM_POOL: usize = 16;
 
+/// `CREATEOS_EXECUTOR_MAX_RESULT_BYTES`: the most bytes of results one flow run may send back
+/// from its guest, all its frames together (every vertex's result, the chat messages it stores,
+/// the run's outputs). A frame longer than one frame line comes in chunks, reassembled on the
+/// host within this bound.
+pub const ENV_MAX_RESULT_BYTES: &str = "CREATEOS_EXECUTOR_MAX_RESULT_BYTES";
+/// Its default (64 MiB): a run's results are held whole by `lfx run` and `lfx serve` until the
+/// run ends, so this is host memory per concurrent run. A 5 MB answer through Chat Input, one
+/// component and Chat Output takes about 35 MB of it (a vertex's result carries its text up to
+/// four times: results, outputs, artifacts, messages).
+pub const DEFAULT_MAX_RESULT_BYTES: u64 = 64 * 1024 * 1024;
+/// The least accepted (1 MiB): below it, ordinary flows' results would be refused.
+pub const MIN_MAX_RESULT_BYTES: u64 = 1024 * 1024;
+/// The most accepted (1 GiB).
+pub const MAX_MAX_RESULT_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// The default shape: flows import heavy libraries.
 pub const DEFAULT_SHAPE: &str = "s-4vcpu-8gb";
 /// The default wall clock of one flow run, in seconds.
@@ -79,6 +94,8 @@ pub struct ExecutorSettings {
     pub pip_extras: Vec<String>,
     /// Warm pool size (0 = off, at most [`MAX_WARM_POOL`]).
     pub warm_pool: usize,
+    /// The most bytes of results a run may send back ([`ENV_MAX_RESULT_BYTES`]).
+    pub max_result_bytes: u64,
 }
 
 fn valid_token(s: &str, extra: &[char]) -> bool {
@@ -100,7 +117,8 @@ pub(crate) fn valid_requirement(s: &str) -> bool {
 
 impl ExecutorSettings {
     /// The effective settings, one line each, for `doctor`: rootfs, shape, timeout, egress and
-    /// domains, the per-run install, and the warm pool. Never a secret (none is read here).
+    /// domains, the per-run install, the warm pool, and the bound on a run's results. Never a
+    /// secret (none is read here).
     #[must_use]
     pub fn summary(&self) -> Vec<String> {
         let rootfs = match &self.rootfs {
@@ -139,6 +157,10 @@ impl ExecutorSettings {
                 self.warm_pool
             )
         };
+        let results = format!(
+            "results: at most {} bytes per flow run ({ENV_MAX_RESULT_BYTES})",
+            self.max_result_bytes
+        );
         vec![
             rootfs,
             format!("shape: {} ({ENV_SHAPE})", self.shape),
@@ -150,6 +172,7 @@ impl ExecutorSettings {
             domains,
             install,
             pool,
+            results,
         ]
     }
 
@@ -241,6 +264,19 @@ impl ExecutorSettings {
                  {ENV_ROOTFS}) and unset {ENV_INSTALL_LFX}, or set {ENV_WARM_POOL}=0"
             )));
         }
+        let max_result_bytes = match non_blank(lookup, ENV_MAX_RESULT_BYTES) {
+            None => DEFAULT_MAX_RESULT_BYTES,
+            Some(raw) => match raw.replace('_', "").parse::<u64>() {
+                Ok(n) if (MIN_MAX_RESULT_BYTES..=MAX_MAX_RESULT_BYTES).contains(&n) => n,
+                _ => {
+                    return Err(SandboxError::refused(format!(
+                        "{ENV_MAX_RESULT_BYTES}={raw:?} is not a byte count between \
+                         {MIN_MAX_RESULT_BYTES} and {MAX_MAX_RESULT_BYTES}; set it to e.g. \
+                         {DEFAULT_MAX_RESULT_BYTES} (the default) or unset it"
+                    )));
+                }
+            },
+        };
         Ok(Self {
             rootfs,
             shape,
@@ -250,6 +286,7 @@ impl ExecutorSettings {
             install_lfx,
             pip_extras,
             warm_pool,
+            max_result_bytes,
         })
     }
 }
@@ -350,8 +387,17 @@ mod tests {
         assert!(!s.install_lfx);
         assert!(s.pip_extras.is_empty());
         assert_eq!(s.warm_pool, 0);
+        assert_eq!(s.max_result_bytes, 67_108_864);
         let s = ExecutorSettings::from_lookup(&env(&[(ENV_WARM_POOL, " 3 ")])).unwrap();
         assert_eq!(s.warm_pool, 3);
+        for (raw, bytes) in [
+            ("1048576", 1_048_576),
+            (" 268_435_456 ", 268_435_456),
+            ("1073741824", 1_073_741_824),
+        ] {
+            let s = ExecutorSettings::from_lookup(&env(&[(ENV_MAX_RESULT_BYTES, raw)])).unwrap();
+            assert_eq!(s.max_result_bytes, bytes, "{raw}");
+        }
     }
 
     #[test]
@@ -369,6 +415,7 @@ mod tests {
             "timeout: 90 s",
             "warm pool: 2 guest(s)",
             "per-run install: off",
+            "results: at most 67108864 bytes per flow run (CREATEOS_EXECUTOR_MAX_RESULT_BYTES)",
         ] {
             assert!(text.contains(part), "{part:?} not in {text}");
         }
@@ -457,6 +504,13 @@ mod tests {
             (&[(ENV_WARM_POOL, "17")], ENV_WARM_POOL),
             (&[(ENV_WARM_POOL, "-1")], ENV_WARM_POOL),
             (&[(ENV_WARM_POOL, "two")], ENV_WARM_POOL),
+            (&[(ENV_MAX_RESULT_BYTES, "1048575")], ENV_MAX_RESULT_BYTES),
+            (
+                &[(ENV_MAX_RESULT_BYTES, "1073741825")],
+                ENV_MAX_RESULT_BYTES,
+            ),
+            (&[(ENV_MAX_RESULT_BYTES, "64MiB")], ENV_MAX_RESULT_BYTES),
+            (&[(ENV_MAX_RESULT_BYTES, "-1")], ENV_MAX_RESULT_BYTES),
             (
                 &[(ENV_WARM_POOL, "2"), (ENV_INSTALL_LFX, "true")],
                 ENV_INSTALL_LFX,

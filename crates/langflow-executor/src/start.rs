@@ -1,11 +1,12 @@
-//! The [`Executor`], its options and its [`Plan`], and a flow run's start.
+//! The [`Executor`] and its options, and a flow run's start.
 //!
 //! One flow run in one guest: create (reaper-guarded) → upload the runner and the job ∥ read
 //! the egress back → streaming exec of the runner → each frame yielded as it arrives → the
 //! guest destroyed at the end, on an error, and when the consumer stops early. This module
-//! holds the start up to the runner's exec: the refusals that need no I/O, the guest's
-//! acquisition, and the cold start of a guest created for the run (a pooled guest's start is
-//! in `warm`); what follows the exec is the [`FlowRun`]'s.
+//! holds the start up to the runner's exec: the refusals that need no I/O (the run's
+//! [`Plan`]), the guest's acquisition, and the cold start of a guest created for the run (a
+//! pooled guest's start is in `warm`); what the two starts share is in `prepared`, and what
+//! follows the exec is the [`FlowRun`]'s.
 
 use std::fmt;
 use std::future::Future;
@@ -14,30 +15,30 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt as _;
-use futures::future::{BoxFuture, Shared};
+use sandbox_core::LOG_TARGET;
 use sandbox_core::admission::Caps;
-use sandbox_core::exec::{Command, ExecLimits};
+use sandbox_core::exec::Command;
 use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
-use sandbox_core::settings::{DEFAULT_ROOTFS, Settings};
+use sandbox_core::settings::Settings;
 use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
     Acquire, End, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
 use sandbox_core::withheld::Withheld;
-use sandbox_core::{LOG_TARGET, SandboxError};
 use tokio::time::Instant;
 
 use crate::error::ExecutorError;
 use crate::flow_run::FlowRun;
 use crate::frames::{FrameLimits, MAX_FRAME_BYTES};
 use crate::job::{FlowRequest, RunHead};
+use crate::prepared::{Body, Job, Plan, job_for, upload_files};
 use crate::runner::{JOB_PATH, RUNNER_PATH, SOURCE};
 use crate::settings::{ENV_ALLOWED_DOMAINS, ENV_SHAPE, ExecutorSettings};
 use crate::timings::{self, Timings};
-use crate::warm::preloader;
+use crate::warm::{preloader, start_warm};
 use crate::withhold;
 
 /// The longest frame line accepted by default (16 MiB): the terminal frame carries the run's
@@ -82,32 +83,10 @@ impl Default for ExecutorOptions {
     }
 }
 
-/// Everything a run decides before any I/O.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    /// The package's shared settings (key, endpoint).
-    pub settings: Settings,
-    /// The executor's own.
-    pub executor: ExecutorSettings,
-    /// The clocks.
-    pub limits: ExecLimits,
-    /// The domain grant (`CREATEOS_EXECUTOR_ALLOWED_DOMAINS`): the guest's proxy variables.
-    pub grant: Option<Grant>,
-    /// The values of this process's secret settings, never sent to a guest.
-    pub withheld: Withheld,
-}
-
-impl Plan {
-    /// The rootfs the guest gets.
-    pub fn rootfs(&self) -> &str {
-        self.executor.rootfs.as_deref().unwrap_or(DEFAULT_ROOTFS)
-    }
-}
-
 /// The whole-flow executor: cheap to build (no I/O), `Send + Sync`, shared by every concurrent
 /// run of a process. Build a fresh one in a child after `fork()`.
 pub struct Executor {
-    pub(crate) opts: ExecutorOptions,
+    opts: ExecutorOptions,
     surface: Surface,
 }
 
@@ -287,7 +266,7 @@ impl Executor {
         // Boxed: the guest's start holds the exec stream and the uploads' futures.
         let acquired = Box::pin(self.surface.acquire(&req, |guest, begin| async move {
             let run = if begin.origin == Origin::Pooled {
-                self.start_warm(&guest, plan, job).await
+                start_warm(&guest, plan, job, self.opts.limits).await
             } else {
                 self.start_cold(&guest, plan, spec, head, job, begin.deadline)
                     .await
@@ -388,7 +367,7 @@ impl Executor {
         let exec = exec.map_err(|e| StartError::Failed(e.into()))?;
         let request = request.map_err(StartError::Failed)?;
         t.host_context_ms = request.host_context_ms;
-        let mut run = self.flow_run(exec, plan, &request, job, false);
+        let mut run = FlowRun::new(exec, plan, &request, job, self.opts.limits, false);
         run.timings = t;
         run.dispatched = dispatched;
         Ok(run)
@@ -401,76 +380,7 @@ impl Executor {
     }
 }
 
-/// The rest of a run's request, as the glue completes it (shared: a pool guest that cannot
-/// take the run hands it to a fresh guest, which awaits the same body).
-type Body = Shared<BoxFuture<'static, Result<Arc<FlowRequest>, ExecutorError>>>;
-
-/// What every guest a run tries needs from the run's start.
-pub(crate) struct Job<'a> {
-    body: &'a Body,
-    /// The pip requirements of the per-run install (empty: none).
-    pub(crate) install: &'a [String],
-    /// The uploaded files, read before any guest existed.
-    pub(crate) files: &'a [(String, Bytes)],
-    pub(crate) host_lfx: Option<&'a str>,
-    /// When the run started, and when it asked for its guest.
-    pub(crate) began: Instant,
-    pub(crate) acquire_began: Instant,
-    /// The phases measured before the guest.
-    pub(crate) timings: Timings,
-}
-
-impl Job<'_> {
-    /// The rest of the request, waited for no longer than the run's own host deadline.
-    pub(crate) async fn body_within(&self, plan: &Plan) -> Result<Arc<FlowRequest>, ExecutorError> {
-        let within = plan.limits.host_deadline();
-        tokio::time::timeout(within, self.body.clone())
-            .await
-            .unwrap_or_else(|_| {
-                Err(ExecutorError::Execution(format!(
-                    "the host did not complete the flow's request within {}s (resolving its \
-                     variables, history and files); nothing of the flow ran and the guest was \
-                     destroyed",
-                    within.as_secs()
-                )))
-            })
-    }
-}
-
 /// The cold runner's exec: it imports lfx at once and waits for the job (`--wait`).
 fn cold_runner() -> Command {
     Command::shell(format!("exec python3 -u {RUNNER_PATH} --wait {JOB_PATH}"))
-}
-
-/// The job document for a run in `guest`: with a domain grant, it carries the proxy
-/// variables with a token minted for that guest (the runner sets them before anything of the
-/// run opens a connection; the job file is removed before the flow runs).
-pub(crate) fn job_for(
-    job: &serde_json::Value,
-    grant: Option<&Grant>,
-    guest: &str,
-) -> Result<Bytes, ExecutorError> {
-    let mut job = job.clone();
-    if let (Some(grant), Some(doc)) = (grant, job.as_object_mut()) {
-        let env = grant.env_for(guest)?;
-        doc.insert("env".to_owned(), serde_json::json!(env));
-    }
-    serde_json::to_vec(&job)
-        .map(Bytes::from)
-        .map_err(|e| ExecutorError::Execution(format!("the flow could not be serialized: {e}")))
-}
-
-/// Writes the run's uploaded files in the guest (at their guest paths), all at once.
-pub(crate) async fn upload_files(
-    guest: &Guest,
-    files: &[(String, Bytes)],
-    deadline: Instant,
-) -> Result<(), SandboxError> {
-    futures::future::try_join_all(
-        files
-            .iter()
-            .map(|(path, data)| guest.upload(path, data.clone(), deadline)),
-    )
-    .await
-    .map(drop)
 }

@@ -25,74 +25,72 @@ use tokio::time::Instant;
 
 use crate::error::ExecutorError;
 use crate::flow_run::FlowRun;
-use crate::frames::cut;
+use crate::frames::{FrameLimits, cut};
+use crate::prepared::{Job, Plan, job_for, upload_files};
 use crate::runner::{HANDOFF_PATH, HANDOFF_SOURCE, JOB_PATH, RUNNER_PATH, SOURCE, socket_name};
 use crate::settings::ENV_ROOTFS;
-use crate::start::{Executor, Job, Plan, job_for, upload_files};
 use crate::timings;
 
-impl Executor {
-    /// Hands the flow to a pooled guest's preloaded runner: wait for the body, upload the job,
-    /// exec the hand-off, wait for the runner's hello. Anything that fails before the hello
-    /// (nothing of the flow ran) is [`StartError::NotStarted`]: the kit destroys the guest and
-    /// the run goes to a fresh one.
-    pub(crate) async fn start_warm(
-        &self,
-        guest: &Guest,
-        plan: &Plan,
-        job: &Job<'_>,
-    ) -> Result<FlowRun, StartError<ExecutorError>> {
-        let taken = Instant::now();
-        let mut t = job.timings;
-        t.acquire_ms = Some(timings::ms(taken - job.acquire_began));
-        let request = job.body_within(plan).await.map_err(StartError::Failed)?;
-        let job_bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())
-            .map_err(StartError::NotStarted)?;
-        let deadline = Instant::now() + guest.context().backoff.budget;
-        let (uploaded, uploads) = tokio::join!(
-            guest.upload(JOB_PATH, job_bytes, deadline),
-            upload_files(guest, job.files, deadline),
-        );
-        if let Err(e) = uploaded.and(uploads) {
+/// Hands the flow to a pooled guest's preloaded runner: wait for the body, upload the job,
+/// exec the hand-off, wait for the runner's hello; the run's frames are then read within
+/// `bounds`. Anything that fails before the hello (nothing of the flow ran) is
+/// [`StartError::NotStarted`]: the kit destroys the guest and the run goes to a fresh one.
+pub(crate) async fn start_warm(
+    guest: &Guest,
+    plan: &Plan,
+    job: &Job<'_>,
+    bounds: FrameLimits,
+) -> Result<FlowRun, StartError<ExecutorError>> {
+    let taken = Instant::now();
+    let mut t = job.timings;
+    t.acquire_ms = Some(timings::ms(taken - job.acquire_began));
+    let request = job.body_within(plan).await.map_err(StartError::Failed)?;
+    let job_bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())
+        .map_err(StartError::NotStarted)?;
+    let deadline = Instant::now() + guest.context().backoff.budget;
+    let (uploaded, uploads) = tokio::join!(
+        guest.upload(JOB_PATH, job_bytes, deadline),
+        upload_files(guest, job.files, deadline),
+    );
+    if let Err(e) = uploaded.and(uploads) {
+        return Err(StartError::NotStarted(ExecutorError::Execution(format!(
+            "the job upload failed: {}",
+            e.message()
+        ))));
+    }
+    t.job_ms = Some(timings::since(taken));
+    let command = Command::shell(format!(
+        "exec python3 -S {HANDOFF_PATH} job {} {JOB_PATH}",
+        socket_name(guest.name())
+    ));
+    let exec = match guest
+        .exec(&command, &plan.limits, &ExecInput::default(), deadline)
+        .await
+    {
+        Ok(exec) => exec,
+        Err(e) if e.kind() == ErrorKind::OutcomeUnknown => {
+            return Err(StartError::Failed(e.into()));
+        }
+        Err(e) => {
             return Err(StartError::NotStarted(ExecutorError::Execution(format!(
-                "the job upload failed: {}",
+                "the exec was refused: {}",
                 e.message()
             ))));
         }
-        t.job_ms = Some(timings::since(taken));
-        let command = Command::shell(format!(
-            "exec python3 -S {HANDOFF_PATH} job {} {JOB_PATH}",
-            socket_name(guest.name())
-        ));
-        let exec = match guest
-            .exec(&command, &plan.limits, &ExecInput::default(), deadline)
-            .await
-        {
-            Ok(exec) => exec,
-            Err(e) if e.kind() == ErrorKind::OutcomeUnknown => {
-                return Err(StartError::Failed(e.into()));
-            }
-            Err(e) => {
-                return Err(StartError::NotStarted(ExecutorError::Execution(format!(
-                    "the exec was refused: {}",
-                    e.message()
-                ))));
-            }
-        };
-        t.dispatch_ms = Some(timings::since(taken));
-        t.host_context_ms = request.host_context_ms;
-        let mut run = self.flow_run(exec, plan, &request, job, true);
-        run.timings = t;
-        match run.until_hello().await {
-            Ok(true) => Ok(run),
-            Ok(false) => {
-                run.close().await;
-                Err(StartError::NotStarted(ExecutorError::Execution(
-                    "its preloaded runner was gone".to_owned(),
-                )))
-            }
-            Err(e) => Err(StartError::Failed(e)),
+    };
+    t.dispatch_ms = Some(timings::since(taken));
+    t.host_context_ms = request.host_context_ms;
+    let mut run = FlowRun::new(exec, plan, &request, job, bounds, true);
+    run.timings = t;
+    match run.until_hello().await {
+        Ok(true) => Ok(run),
+        Ok(false) => {
+            run.close().await;
+            Err(StartError::NotStarted(ExecutorError::Execution(
+                "its preloaded runner was gone".to_owned(),
+            )))
         }
+        Err(e) => Err(StartError::Failed(e)),
     }
 }
 

@@ -153,7 +153,7 @@ const RUNNER_CHECK: &str = r#"case "$2 $3" in */lfx_runner.py\ --wait) ;; *) ech
 grep -q Graph.from_payload "$2" || { echo "not the runner" >&2; exit 9; }
 n=0; while [ ! -s "$(dirname "$2")/lfx_job.json" ] && [ $n -lt 500 ]; do sleep 0.01; n=$((n+1)); done
 sleep 0.05
-grep -q '"protocol":1' "$(dirname "$2")/lfx_job.json" || { echo "no job" >&2; exit 9; }"#;
+grep -q '"protocol":2' "$(dirname "$2")/lfx_job.json" || { echo "no job" >&2; exit 9; }"#;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn frames_arrive_in_order_and_live() {
@@ -615,7 +615,8 @@ fn system_python() -> &'static str {
 
 /// A stand-in for lfx, just enough for the real runner: it records when it was imported, and
 /// each vertex it builds says so in its display name, so a test can tell whether the flow ran
-/// in a process that imported lfx before the run started. A node may ask to `sleep` first.
+/// in a process that imported lfx before the run started. A node may ask to `sleep` first, and
+/// to `answer` with a text of that many bytes.
 const FAKE_LFX: &[(&str, &str)] = &[
     (
         "lfx/__init__.py",
@@ -633,10 +634,20 @@ class _Vertex:
         self.display_name = f"imported_at={lfx.IMPORTED_AT:.6f}"
 
 
+class _Result:
+    """A result whose text is `answer` x's (what the runner encodes of a ResultData)."""
+
+    def __init__(self, answer):
+        self.results = {"text": "x" * answer}
+
+    def model_dump_json(self, exclude=None):
+        return '{"outputs": {}}'
+
+
 class _Built:
-    def __init__(self, vertex):
+    def __init__(self, vertex, answer):
         self.vertex = vertex
-        self.result_dict = None
+        self.result_dict = _Result(answer) if answer else None
         self.valid = True
 
 
@@ -649,7 +660,8 @@ class Graph:
         return cls(payload.get("data", payload).get("nodes", []))
 
     async def build_vertex(self, vid):
-        return _Built(_Vertex(vid))
+        answer = next((n.get("answer", 0) for n in self.nodes if n["id"] == vid), 0)
+        return _Built(_Vertex(vid), answer)
 
     async def _arun_legacy(self, inputs, **_):
         for node in self.nodes:
@@ -966,6 +978,14 @@ fn frame_file(name: &str, lines: &[String]) -> (tempfile::TempDir, String) {
 /// A run whose guest writes hello, then the frames in `lines`, then (after a pause, so the
 /// host must stop it rather than wait) a terminal frame.
 async fn hostile_run(lines: &[String]) -> (tempfile::TempDir, Rig, Vec<Event>, ExecutorError) {
+    hostile_run_with(lines, &[]).await
+}
+
+/// [`hostile_run`] with `env` set for the executor.
+async fn hostile_run_with(
+    lines: &[String],
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Rig, Vec<Event>, ExecutorError) {
     let (dir, path) = frame_file("frames.jsonl", lines);
     let script = format!(
         r#"echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
@@ -973,7 +993,7 @@ cat '{path}'
 sleep 15
 echo '{{"frame":"complete","outputs":[]}}'"#
     );
-    let rig = start_rig(&script, &[], "").await;
+    let rig = start_rig(&script, env, "").await;
     let mut run = rig.executor.start(&request(false), None).await.unwrap();
     let mut events = Vec::new();
     let t0 = Instant::now();
@@ -1066,7 +1086,35 @@ async fn frames_summing_past_the_run_bounds_are_refused_naming_them() {
     let lines: Vec<String> = ["a", "b", "c", "d", "e"].iter().map(|id| big(id)).collect();
     let (_dir, rig, events, err) = hostile_run(&lines).await;
     assert_eq!(events.len(), 4, "the first four fit in 64 MiB");
-    assert_refused(&rig, &err, "MAX_RUN_BYTES", "67108864 bytes").await;
+    assert_refused(
+        &rig,
+        &err,
+        "CREATEOS_EXECUTOR_MAX_RESULT_BYTES=67108864",
+        "more than 67108864 bytes in all",
+    )
+    .await;
+    assert!(
+        err.to_string()
+            .contains("Raise CREATEOS_EXECUTOR_MAX_RESULT_BYTES"),
+        "{err}"
+    );
+    // The setting moves the bound: the same five fit in 80 MiB.
+    let (dir, path) = frame_file("frames.jsonl", &lines);
+    let script = format!(
+        r#"echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+cat '{path}'
+echo '{{"frame":"complete","outputs":[]}}'
+sleep 5"#
+    );
+    let rig = start_rig(
+        &script,
+        &[("CREATEOS_EXECUTOR_MAX_RESULT_BYTES", "83886080")],
+        "",
+    )
+    .await;
+    let (vertices, _) = run_to_end(&rig.executor, &request(false)).await.unwrap();
+    assert_eq!(vertices.len(), 5);
+    drop(dir);
     // Five frames of 240,000 values each: 1.2 million together.
     let many = |id: &str| vertex_with(id, &format!("[{}]", repeated("0", 240_000)));
     let lines: Vec<String> = ["a", "b", "c", "d", "e"]
@@ -1647,4 +1695,261 @@ async fn an_uploaded_file_holding_the_key_is_refused_before_any_guest() {
     );
     assert_no_key(msg);
     assert_eq!(rig.fake.stats().created, 0);
+}
+
+// --- Results longer than a frame line: chunked frames ----------------------------------------
+
+/// A guest `python3` that runs the real runner over the fake lfx, and a request whose one
+/// vertex answers with `answer` bytes of text.
+fn answering(answer: usize) -> ((tempfile::TempDir, String), FlowRequest) {
+    (
+        fake_lfx(),
+        nodes_request(&json!([{"id": "small"}, {"id": "big", "answer": answer}])),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_longer_than_a_frame_line_arrives_whole_in_pieces() {
+    // 20 MB of text: one vertex frame longer than the host takes in a line (16 MiB); the real
+    // runner sends it in pieces and the host puts it back together.
+    let answer = 20_000_000;
+    let ((_lfx, python), request) = answering(answer);
+    let rig = start_rig(&python, &[], "").await;
+    let (vertices, outputs) = run_to_end(&rig.executor, &request).await.unwrap();
+    assert_eq!(outputs, json!([]));
+    assert_eq!(
+        vertices.len(),
+        2,
+        "{:?}",
+        vertices.iter().map(|v| &v["id"]).collect::<Vec<_>>()
+    );
+    assert_eq!(vertices[0]["id"], "small");
+    assert_eq!(vertices[1]["id"], "big");
+    let text = vertices[1]["result"]["results"]["text"].as_str().unwrap();
+    assert_eq!(text.len(), answer);
+    assert!(text.bytes().all(|b| b == b'x'));
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(rig.executor.registered_guests(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_over_the_setting_is_refused_at_its_first_piece_naming_it() {
+    let ((_lfx, python), request) = answering(5_000_000);
+    let rig = start_rig(
+        &python,
+        &[("CREATEOS_EXECUTOR_MAX_RESULT_BYTES", "4194304")],
+        "",
+    )
+    .await;
+    let err = run_to_end(&rig.executor, &request).await.unwrap_err();
+    let ExecutorError::Execution(msg) = &err else {
+        panic!("{err:?}")
+    };
+    // The frame's claimed length (5 MB and its envelope) against the setting, which is named
+    // with its value and the fix.
+    assert!(msg.contains("a result frame of 5000"), "{msg}");
+    assert!(
+        msg.contains("CREATEOS_EXECUTOR_MAX_RESULT_BYTES=4194304"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Raise CREATEOS_EXECUTOR_MAX_RESULT_BYTES (at most 1073741824)"),
+        "{msg}"
+    );
+    assert!(msg.contains("guest destroyed"), "{msg}");
+    assert_no_key(msg);
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(rig.executor.registered_guests(), 0);
+}
+
+/// `text` as the runner sends a long frame: pieces of `size` bytes, each a chunk frame line.
+fn pieces(text: &str, size: usize) -> Vec<String> {
+    text.as_bytes()
+        .chunks(size)
+        .enumerate()
+        .map(|(index, piece)| {
+            json!({"frame": "chunk", "index": index, "total": text.len(),
+                   "data": std::str::from_utf8(piece).unwrap()})
+            .to_string()
+        })
+        .collect()
+}
+
+fn chunk(index: u64, total: u64, data: &str) -> String {
+    json!({"frame": "chunk", "index": index, "total": total, "data": data}).to_string()
+}
+
+/// The failure says the guest broke the chunking (`what`) and is gone, and nothing is left.
+async fn assert_broken(rig: &Rig, err: &ExecutorError, what: &str) {
+    let ExecutorError::Execution(msg) = err else {
+        panic!("{err:?}")
+    };
+    assert!(msg.contains(what), "{what:?} not in {msg}");
+    assert!(msg.contains("guest destroyed"), "{msg}");
+    assert!(msg.len() < 1000, "{msg}");
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(rig.executor.registered_guests(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pieces_from_a_hostile_guest_are_checked_before_they_cost_the_host() {
+    let frame = vertex_with("v", &format!("\"{}\"", "z".repeat(3000)));
+    let good = pieces(&frame, 1000);
+    let before = vertex_with("before", "1");
+    // A claimed total past the run's bound: refused at the first piece, naming the setting.
+    let (_d, rig, events, err) = hostile_run(&[before.clone(), chunk(0, u64::MAX, "{")]).await;
+    assert_eq!(events.len(), 1);
+    assert_broken(&rig, &err, "a result frame of 18446744073709551615 bytes").await;
+    assert!(
+        err.to_string()
+            .contains("CREATEOS_EXECUTOR_MAX_RESULT_BYTES=67108864"),
+        "{err}"
+    );
+    // Out of order: a piece skipped, a piece sent twice, a frame that starts mid-way.
+    for (lines, what) in [
+        (
+            vec![good[0].clone(), good[2].clone()],
+            "piece 2 where piece 1 was due",
+        ),
+        (
+            vec![good[0].clone(), good[0].clone()],
+            "piece 0 where piece 1 was due",
+        ),
+        (vec![good[1].clone()], "piece 1 where piece 0 was due"),
+    ] {
+        let (_d, rig, events, err) = hostile_run(&lines).await;
+        assert!(events.is_empty(), "{events:?}");
+        assert_broken(&rig, &err, what).await;
+    }
+    // Pieces that disagree about the total, or overrun it.
+    let total = frame.len() as u64;
+    let (_d, rig, _, err) =
+        hostile_run(&[good[0].clone(), chunk(1, total + 1, &frame[1000..2000])]).await;
+    assert_broken(
+        &rig,
+        &err,
+        &format!("of {total} bytes that claims {}", total + 1),
+    )
+    .await;
+    let (_d, rig, _, err) = hostile_run(&[
+        good[0].clone(),
+        good[1].clone(),
+        chunk(2, total, &format!("{}{}", &frame[2000..], "extra")),
+    ])
+    .await;
+    assert_broken(&rig, &err, "add up to").await;
+    // Another frame in the middle of a chunked one, and an empty piece.
+    let (_d, rig, _, err) = hostile_run(&[good[0].clone(), before.clone()]).await;
+    assert_broken(
+        &rig,
+        &err,
+        "another frame in the middle of a chunked frame (1000 of its",
+    )
+    .await;
+    let (_d, rig, _, err) = hostile_run(&[good[0].clone(), chunk(1, total, "")]).await;
+    assert_broken(&rig, &err, "an empty piece").await;
+    // Whole, but not a frame of the protocol.
+    let (_d, rig, _, err) = hostile_run(&pieces("[1,2,3]", 2)).await;
+    assert_broken(&rig, &err, "not a JSON object").await;
+    let nested = chunk(0, 7, "{\"a\":1}");
+    let (_d, rig, _, err) = hostile_run(&pieces(&nested, 10)).await;
+    assert_broken(&rig, &err, "itself a chunk frame").await;
+    let (_d, rig, _, err) = hostile_run(&pieces(r#"{"frame":"vertex","id":"#, 5)).await;
+    assert_broken(&rig, &err, "not a frame").await;
+    // The host's other bounds hold for a reassembled frame: 300,000 values.
+    let many = vertex_with("many", &format!("[{}]", repeated("0", 300_000)));
+    let (_d, rig, _, err) = hostile_run(&pieces(&many, 100_000)).await;
+    assert_refused(
+        &rig,
+        &err,
+        "MAX_FRAME_VALUES",
+        "more than 250000 JSON values",
+    )
+    .await;
+    // And a well-formed one arrives whole, in its place among the others.
+    let mut lines = vec![before.clone()];
+    lines.extend(good.iter().cloned());
+    lines.push(before);
+    let (_d, path) = frame_file("frames.jsonl", &lines);
+    let script = format!(
+        r#"echo '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}'
+cat '{path}'
+echo '{{"frame":"complete","outputs":[]}}'
+sleep 5"#
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let (vertices, _) = run_to_end(&rig.executor, &request(false)).await.unwrap();
+    let ids: Vec<&serde_json::Value> = vertices.iter().map(|v| &v["id"]).collect();
+    assert_eq!(ids, ["before", "v", "before"]);
+    assert_eq!(
+        vertices[1],
+        serde_json::from_str::<serde_json::Value>(&frame).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_frame_that_never_finishes_ends_the_run_saying_so() {
+    let first = chunk(0, 100_000, "{\"frame\":\"vertex\"");
+    // The runner exits after its first piece.
+    let script = format!(
+        "echo '{{\"frame\":\"hello\",\"lfx\":\"1.13.0\",\"python\":\"3.11\"}}'\necho '{first}'\nexit 0"
+    );
+    let rig = start_rig(&script, &[], "").await;
+    let err = run_to_end(&rig.executor, &request(false))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "exited with status 0 without reporting a result, in the middle of a chunked frame \
+             (17 of its 100000 bytes had arrived)"
+        ),
+        "{text}"
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(rig.executor.registered_guests(), 0);
+    // The runner stalls after its first piece: the guest clock ends it.
+    let script = format!(
+        "echo '{{\"frame\":\"hello\",\"lfx\":\"1.13.0\",\"python\":\"3.11\"}}'\necho '{first}'\nsleep 30"
+    );
+    let rig = start_rig(&script, &[("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "2")], "").await;
+    let t0 = Instant::now();
+    let err = run_to_end(&rig.executor, &request(false))
+        .await
+        .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert_broken(
+        &rig,
+        &err,
+        "in the middle of a chunked frame (17 of its 100000 bytes",
+    )
+    .await;
+    assert!(
+        err.to_string()
+            .contains("CREATEOS_EXECUTOR_TIMEOUT_SECONDS=2s"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_runs_long_result_arrives_whole_in_pieces_too() {
+    let (_lfx, rig) = warm_rig(&[], "").await;
+    // The first run finds the pool empty and warms it for the runs after.
+    run_to_end(&rig.executor, &nodes_request(&json!([{"id": "a"}])))
+        .await
+        .unwrap();
+    until_ready(&rig.executor, 1).await;
+    let answer = 18_000_000;
+    let request = nodes_request(&json!([{"id": "big", "answer": answer}]));
+    let (vertices, _) = run_to_end(&rig.executor, &request).await.unwrap();
+    assert_eq!(
+        rig.executor.pool_stats().hits,
+        1,
+        "{:?}",
+        rig.executor.pool_stats()
+    );
+    let text = vertices[0]["result"]["results"]["text"].as_str().unwrap();
+    assert_eq!(text.len(), answer);
+    rig.executor.shutdown().await;
+    assert_eq!(settled(&rig.fake).await.live, 0);
 }

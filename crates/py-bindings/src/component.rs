@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use langflow_component::{
-    ComponentError, ComponentInputs, ComponentOptions, ComponentOutput, ReapReport, Reuse,
-    SandboxComponent, SurfaceOptions, describe, parse_age,
+    ComponentError, ComponentInputs, ComponentOptions, ComponentOutput,
+    ENV_ACCEPT_EGRESS_EXCEPTIONS, ReapReport, Reuse, SandboxComponent, SurfaceOptions, describe,
+    parse_age,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -193,7 +194,7 @@ impl NativeComponent {
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
         allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new(),
-        invocation = Vec::new()
+        invocation = Vec::new(), accept_egress_exceptions = false
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -211,6 +212,7 @@ impl NativeComponent {
         session_id: Option<String>,
         allowed_domains: String,
         invocation: Vec<String>,
+        accept_egress_exceptions: bool,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
@@ -225,6 +227,7 @@ impl NativeComponent {
             reuse,
             return_files: collect_artifacts,
             allow_network,
+            accept_egress_exceptions,
             allowed_domains,
             // Out of range reads as 0, which the component refuses naming the input.
             timeout_seconds: u32::try_from(timeout_seconds).unwrap_or(0),
@@ -296,13 +299,25 @@ impl NativeComponent {
     }
 }
 
-/// The node's description for these inputs: the effective network policy (under this
-/// process's `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`) and the reuse mode. An
-/// unknown reuse mode is described as off (a run refuses it).
+/// The policy a run with these inputs gets: the effective network policy (under the node's
+/// Accept Link-Local Egress or this process's
+/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`) and the reuse mode. An unknown reuse
+/// mode is described as off (a run refuses it).
 #[pyfunction]
-pub fn describe_component(allow_network: bool, session_mode: &str) -> String {
+#[pyo3(signature = (allow_network, session_mode, accept_egress_exceptions = false))]
+pub fn describe_component(
+    allow_network: bool,
+    session_mode: &str,
+    accept_egress_exceptions: bool,
+) -> String {
     let reuse = Reuse::parse(session_mode).unwrap_or_default();
-    describe(allow_network, reuse, &|k| std::env::var(k).ok())
+    describe(allow_network, reuse, &|k| {
+        if accept_egress_exceptions && k == ENV_ACCEPT_EGRESS_EXCEPTIONS {
+            Some("true".to_owned())
+        } else {
+            std::env::var(k).ok()
+        }
+    })
 }
 
 /// What `reap_reused()` did: reused guests deleted (or that would be) and kept.

@@ -81,6 +81,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<component::ComponentRun>()?;
     m.add_class::<component::ReusedReapReport>()?;
     m.add_function(wrap_pyfunction!(component::describe_component, m)?)?;
+    m.add("COMPONENT_DESCRIPTION", langflow_component::DESCRIPTION)?;
     m.add_function(wrap_pyfunction!(component::reap_reused, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::gateway_main, m)?)?;
     Ok(())

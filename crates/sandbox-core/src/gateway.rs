@@ -23,7 +23,7 @@ use egress_credential::allowlist::Pattern;
 pub use egress_credential::token::Secret;
 use egress_credential::token::{MAX_ENTRIES, MAX_TTL, MIN_SECRET_BYTES, TokenError};
 
-use crate::egress::{EgressPolicy, validate_address_rule};
+use crate::egress::{EgressException, EgressPolicy, validate_address_rule};
 use crate::error::SandboxError;
 use crate::vars::{SettingNames, non_blank};
 
@@ -300,11 +300,24 @@ impl Gateway {
         self.addr.to_string()
     }
 
-    /// The egress of a domains run: the gateway's `IP:port` and the surface's `extra` address
-    /// rules, under the link-local opt-in like every restricted policy.
+    /// The egress of a domains run on CreateOS: [`Gateway::egress_with`] under CreateOS's
+    /// link-local opt-in.
     pub fn egress(
         &self,
         extra: &[String],
+        accept_exceptions: bool,
+        names: &SettingNames,
+    ) -> Result<EgressPolicy, SandboxError> {
+        let exceptions = crate::provider::createos::egress::EXCEPTIONS;
+        self.egress_with(extra, exceptions, accept_exceptions, names)
+    }
+
+    /// The egress of a domains run: the gateway's `IP:port` and the surface's `extra` address
+    /// rules, under the opt-in to the provider's `exceptions` like every restricted policy.
+    pub fn egress_with(
+        &self,
+        extra: &[String],
+        exceptions: &[EgressException],
         accept_exceptions: bool,
         names: &SettingNames,
     ) -> Result<EgressPolicy, SandboxError> {
@@ -312,7 +325,7 @@ impl Gateway {
         rules.extend(extra.iter().cloned());
         // The address is an IP literal with a port, so this never refuses the rule itself.
         debug_assert!(validate_address_rule(&rules[0]).is_ok());
-        EgressPolicy::restricted(&rules, accept_exceptions, names)
+        EgressPolicy::restricted_with(&rules, exceptions, accept_exceptions, names)
     }
 
     /// How long a token for a run of `budget` lives.

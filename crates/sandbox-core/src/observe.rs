@@ -37,8 +37,11 @@ use crate::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecRequest,
     ExecStream, GuestInfo, ProcessSpec, TemplateInfo, TemplateLogStream,
 };
+use crate::egress::{EgressException, EgressPolicy};
 use crate::kind::SurfaceKind;
-use crate::provider::ProviderKind;
+use crate::provider::{
+    EgressCheck, GuestSpec as ProviderGuestSpec, Isolation, Provider, ProviderKind, Size,
+};
 
 /// Why a guest was destroyed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -828,6 +831,138 @@ impl ControlPlane for Observed {
         max_bytes: Option<u64>,
     ) -> BoxFuture<'_, Result<Download, CallError>> {
         self.call("download", self.inner.download(id, path, max_bytes))
+    }
+}
+
+/// A provider whose every call is counted (route and status class) in an [`Observation`],
+/// under the same routes as [`Observed`]; the session wraps the provider of an account that is
+/// not CreateOS's in one (CreateOS's control plane is counted by [`Observed`] underneath).
+pub struct ObservedProvider {
+    inner: Arc<dyn Provider>,
+    obs: Observation,
+}
+
+impl ObservedProvider {
+    /// `inner`, counted in `obs`.
+    pub fn wrap(inner: Arc<dyn Provider>, obs: Observation) -> Arc<dyn Provider> {
+        Arc::new(Self { inner, obs })
+    }
+
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        route: &'static str,
+        fut: BoxFuture<'a, Result<T, CallError>>,
+    ) -> BoxFuture<'a, Result<T, CallError>> {
+        Box::pin(async move {
+            let r = fut.await;
+            self.obs.emit(&Event::ControlRequest {
+                route,
+                status: StatusClass::of(&r),
+            });
+            r
+        })
+    }
+}
+
+impl Provider for ObservedProvider {
+    fn kind(&self) -> ProviderKind {
+        self.inner.kind()
+    }
+    fn isolation(&self) -> Isolation {
+        self.inner.isolation()
+    }
+    fn egress_exceptions(&self) -> &'static [EgressException] {
+        self.inner.egress_exceptions()
+    }
+    fn identity(&self) -> usize {
+        self.inner.identity()
+    }
+    fn describe_egress(&self, policy: &EgressPolicy) -> String {
+        self.inner.describe_egress(policy)
+    }
+    fn egress_in_answer(&self, info: &GuestInfo, policy: &EgressPolicy) -> Option<EgressCheck> {
+        self.inner.egress_in_answer(info, policy)
+    }
+    fn running_is_ready(&self) -> bool {
+        self.inner.running_is_ready()
+    }
+    fn pauses_idle_guests(&self) -> bool {
+        self.inner.pauses_idle_guests()
+    }
+    fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
+        self.call("whoami", self.inner.check())
+    }
+    fn sizes(&self) -> BoxFuture<'_, Result<Vec<Size>, CallError>> {
+        self.call("shapes", self.inner.sizes())
+    }
+    fn create(&self, spec: ProviderGuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.call("create", self.inner.create(spec))
+    }
+    fn find(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
+        self.call("list", self.inner.find(name))
+    }
+    fn get(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.call("get", self.inner.get(id))
+    }
+    fn wait_ready(
+        &self,
+        id: String,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.call("ready", self.inner.wait_ready(id, deadline))
+    }
+    fn verify_egress(
+        &self,
+        id: String,
+        policy: EgressPolicy,
+    ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
+        self.call("egress_get", self.inner.verify_egress(id, policy))
+    }
+    fn exec_stream(
+        &self,
+        id: String,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
+        self.call("exec_stream", self.inner.exec_stream(id, req))
+    }
+    fn upload(
+        &self,
+        id: String,
+        path: String,
+        data: Bytes,
+    ) -> BoxFuture<'_, Result<(), CallError>> {
+        self.call("upload", self.inner.upload(id, path, data))
+    }
+    fn download(
+        &self,
+        id: String,
+        path: String,
+        max_bytes: Option<u64>,
+    ) -> BoxFuture<'_, Result<Download, CallError>> {
+        self.call("download", self.inner.download(id, path, max_bytes))
+    }
+    fn destroy(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
+        self.call("delete", self.inner.destroy(id))
+    }
+    fn list_ours(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        self.call("list", self.inner.list_ours(prefix))
+    }
+    fn keep_alive(
+        &self,
+        id: String,
+        idle: std::time::Duration,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.call("patch", self.inner.keep_alive(id, idle))
+    }
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.call("resume", self.inner.resume(id))
+    }
+    fn spawn_process(
+        &self,
+        id: String,
+        spec: ProcessSpec,
+    ) -> BoxFuture<'_, Result<String, CallError>> {
+        self.call("process", self.inner.spawn_process(id, spec))
     }
 }
 

@@ -9,25 +9,82 @@
 //! them), names with another shape (reused guests will be named `lf-c-…`, and a one-shot name
 //! has no second `-`), and guests nobody here named.
 //!
-//! [`sweep`] lists the account's guests, picks the paused one-shot ones and deletes them
-//! (or, in a dry run, only reports them), with bounded retries and a deadline.
+//! A provider whose control plane never pauses an idle guest
+//! ([`Provider::pauses_idle_guests`] is false: OpenSandbox) gives no such sign; there a
+//! one-shot guest that is still alive [`SweepConfig::orphan_age`] after its create (longer
+//! than any run may take) is the orphan ([`is_orphan_by_age`]), and one whose age the provider
+//! does not report is left alone.
+//!
+//! [`sweep`] (CreateOS's control plane) and [`sweep_provider`] (any provider) list the
+//! account's guests through [`Provider::list_ours`], pick the orphans and delete them (or, in a
+//! dry run, only report them), with bounded retries and a deadline.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::LOG_TARGET;
-use crate::control::{CallError, CallFailure, ControlPlane, GuestInfo, GuestStatus};
+use crate::control::{AgedGuest, CallError, CallFailure, ControlPlane, GuestInfo, GuestStatus};
 use crate::names::ONE_SHOT_PREFIX;
 /// What a one-shot guest name is (re-exported from [`crate::names`], where every name format
 /// lives).
 pub use crate::names::{ONE_SHOT_RANDOM_LEN, is_one_shot_name};
+use crate::provider::Provider;
 use crate::retry::{Backoff, retry_until};
 
-/// Whether `guest` is an orphan: a one-shot guest in status `paused`.
+/// Whether `guest` is an orphan on a control plane that pauses idle guests: a one-shot guest
+/// in status `paused`.
 pub fn is_orphan(guest: &GuestInfo) -> bool {
     guest.status == GuestStatus::Paused && guest.name.as_deref().is_some_and(is_one_shot_name)
+}
+
+/// Whether `guest` is an orphan on a control plane that never pauses idle guests: a one-shot
+/// guest, not terminal, created at least `older_than` before `now`. A guest of unknown age is
+/// not.
+pub fn is_orphan_by_age(guest: &AgedGuest, older_than: Duration, now: SystemTime) -> bool {
+    let info = &guest.info;
+    !info.is_terminal()
+        && info.name.as_deref().is_some_and(is_one_shot_name)
+        && guest
+            .created_at
+            .is_some_and(|t| now.duration_since(t).unwrap_or_default() >= older_than)
+}
+
+/// What a sweep needs of whatever it sweeps: CreateOS's control plane or a provider.
+trait Sweepable: Sync {
+    /// Guests whose name starts with `prefix`, with their ages when known.
+    fn listing(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>>;
+    /// Destroys one guest (idempotent).
+    fn remove(&self, id: String) -> BoxFuture<'_, Result<(), CallError>>;
+    /// Whether idle guests get paused (the orphan rule: paused, or by age).
+    fn pauses(&self) -> bool;
+}
+
+impl Sweepable for dyn ControlPlane + '_ {
+    fn listing(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        self.list_guests_aged(prefix)
+    }
+    fn remove(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
+        self.destroy(id)
+    }
+    fn pauses(&self) -> bool {
+        // CreateOS's auto-pause.
+        true
+    }
+}
+
+impl Sweepable for dyn Provider + '_ {
+    fn listing(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
+        self.list_ours(prefix)
+    }
+    fn remove(&self, id: String) -> BoxFuture<'_, Result<(), CallError>> {
+        self.destroy(id)
+    }
+    fn pauses(&self) -> bool {
+        self.pauses_idle_guests()
+    }
 }
 
 /// One orphaned guest.
@@ -61,6 +118,10 @@ pub struct SweepConfig {
     pub deadline: Duration,
     /// Deletes in flight at once.
     pub concurrency: usize,
+    /// On a provider that never pauses idle guests, how long after its create a one-shot
+    /// guest that is still alive counts as an orphan ([`is_orphan_by_age`]): longer than any
+    /// run may take. Unused where idle guests are paused (CreateOS).
+    pub orphan_age: Duration,
 }
 
 impl Default for SweepConfig {
@@ -73,12 +134,18 @@ impl Default for SweepConfig {
             },
             deadline: Duration::from_secs(120),
             concurrency: 4,
+            orphan_age: ORPHAN_AGE,
         }
     }
 }
 
-/// Lists the account's `lf-` guests and deletes the paused one-shot ones (see the module
-/// docs), or in a `dry_run` only reports them.
+/// The default [`SweepConfig::orphan_age`]: 24 hours, CreateOS's longest idle backstop and
+/// longer than any run's budget.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(86_400);
+
+/// Lists the `lf-` guests of CreateOS's control plane `cp` and deletes the paused one-shot
+/// ones (see the module docs), or in a `dry_run` only reports them. See [`sweep_provider`]
+/// for any provider.
 ///
 /// Fails only when the listing fails (after retries, or past the deadline); a delete that
 /// fails is reported in [`SweepReport::failed`]. Every deletion is logged.
@@ -87,17 +154,40 @@ pub async fn sweep(
     dry_run: bool,
     config: &SweepConfig,
 ) -> Result<SweepReport, CallError> {
+    sweep_any(cp, dry_run, config).await
+}
+
+/// [`sweep`] through `provider`: its one-shot guests that are paused, or, when it never pauses
+/// idle guests, that are older than [`SweepConfig::orphan_age`].
+pub async fn sweep_provider(
+    provider: &dyn Provider,
+    dry_run: bool,
+    config: &SweepConfig,
+) -> Result<SweepReport, CallError> {
+    sweep_any(provider, dry_run, config).await
+}
+
+async fn sweep_any<S: Sweepable + ?Sized>(
+    cp: &S,
+    dry_run: bool,
+    config: &SweepConfig,
+) -> Result<SweepReport, CallError> {
     let deadline = Instant::now() + config.deadline;
-    let guests = listed(config, deadline, || {
-        cp.list_guests(ONE_SHOT_PREFIX.to_owned())
-    })
-    .await?;
+    let guests = listed(config, deadline, || cp.listing(ONE_SHOT_PREFIX.to_owned())).await?;
+    let now = SystemTime::now();
+    let pauses = cp.pauses();
     let orphans: Vec<Orphan> = guests
         .iter()
-        .filter(|g| is_orphan(g))
+        .filter(|g| {
+            if pauses {
+                is_orphan(&g.info)
+            } else {
+                is_orphan_by_age(g, config.orphan_age, now)
+            }
+        })
         .map(|g| Orphan {
-            id: g.id.clone(),
-            name: g.name.clone().unwrap_or_default(),
+            id: g.info.id.clone(),
+            name: g.info.name.clone().unwrap_or_default(),
         })
         .collect();
     let mut report = SweepReport {
@@ -206,16 +296,40 @@ pub struct ReusedSweep {
 /// A reused guest outlives flow runs by design (auto-pause bounds its cost, nothing deletes
 /// it); this is the operator's way to bound how long. A run that uses a deleted guest next
 /// simply creates it again (its installed packages and files are gone).
+///
+/// `cp` is CreateOS's control plane; see [`sweep_reused_provider`] for any provider.
 pub async fn sweep_reused(
     cp: &dyn ControlPlane,
     prefix: &str,
     older_than: Duration,
     dry_run: bool,
     config: &SweepConfig,
-    now: std::time::SystemTime,
+    now: SystemTime,
+) -> Result<ReusedSweep, CallError> {
+    sweep_reused_any(cp, prefix, (older_than, now), dry_run, config).await
+}
+
+/// [`sweep_reused`] through `provider`.
+pub async fn sweep_reused_provider(
+    provider: &dyn Provider,
+    prefix: &str,
+    older_than: Duration,
+    dry_run: bool,
+    config: &SweepConfig,
+    now: SystemTime,
+) -> Result<ReusedSweep, CallError> {
+    sweep_reused_any(provider, prefix, (older_than, now), dry_run, config).await
+}
+
+async fn sweep_reused_any<S: Sweepable + ?Sized>(
+    cp: &S,
+    prefix: &str,
+    (older_than, now): (Duration, SystemTime),
+    dry_run: bool,
+    config: &SweepConfig,
 ) -> Result<ReusedSweep, CallError> {
     let deadline = Instant::now() + config.deadline;
-    let guests = listed(config, deadline, || cp.list_guests_aged(prefix.to_owned())).await?;
+    let guests = listed(config, deadline, || cp.listing(prefix.to_owned())).await?;
     let mut report = ReusedSweep {
         dry_run,
         older_than,
@@ -268,8 +382,8 @@ pub async fn sweep_reused(
 }
 
 /// Deletes every item's guest, a few at a time, each with [`delete`]'s retries.
-async fn delete_each<T>(
-    cp: &dyn ControlPlane,
+async fn delete_each<T, S: Sweepable + ?Sized>(
+    cp: &S,
     items: Vec<T>,
     orphan_of: impl Fn(&T) -> Orphan,
     config: &SweepConfig,
@@ -288,8 +402,8 @@ async fn delete_each<T>(
 
 /// Deletes one orphan, retrying transient failures inside the backoff budget and the
 /// sweep's deadline.
-async fn delete(
-    cp: &dyn ControlPlane,
+async fn delete<S: Sweepable + ?Sized>(
+    cp: &S,
     orphan: &Orphan,
     config: &SweepConfig,
     deadline: Instant,
@@ -300,7 +414,7 @@ async fn delete(
         attempt_deadline,
         "delete orphaned guest",
         CallError::is_transient,
-        |_| cp.destroy(orphan.id.clone()),
+        |_| cp.remove(orphan.id.clone()),
     );
     match tokio::time::timeout_at(deadline, attempts).await {
         Ok((res, _)) => res,
@@ -442,6 +556,7 @@ mod tests {
             },
             deadline: Duration::from_secs(10),
             concurrency: 2,
+            orphan_age: ORPHAN_AGE,
         }
     }
 

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::egress::EgressPolicy;
+use crate::egress::{EgressException, EgressPolicy};
 use crate::error::SandboxError;
 use crate::gateway::{Domains, Gateway, GatewaySetting, Grant};
 use crate::vars::SettingNames;
@@ -75,17 +75,30 @@ impl Network {
     }
 }
 
-/// Decides the network of a run: without domains, `ask.base` as it is (restricted policies under
-/// the link-local opt-in); with domains, exactly the gateway's `IP:port` (plus any address rules
-/// of `ask.base`), refused when no usable gateway is configured (naming `ask.domains_setting`) or
-/// when the base is deny-all.
+/// Decides the network of a run on CreateOS: [`network_on`] with CreateOS's egress exceptions
+/// (its link-local hole, [`crate::provider::createos::egress::EXCEPTIONS`]).
 pub fn network(gateway: &GatewaySetting, ask: &NetworkAsk<'_>) -> Result<Network, SandboxError> {
+    network_on(gateway, ask, crate::provider::createos::egress::EXCEPTIONS)
+}
+
+/// Decides the network of a run on a provider whose guests can always reach `exceptions`
+/// ([`crate::provider::Provider::egress_exceptions`]): without domains, `ask.base` as it is
+/// (restricted policies only under the operator's opt-in to those exceptions, when there are
+/// any); with domains, exactly the gateway's `IP:port` (plus any address rules of `ask.base`),
+/// refused when no usable gateway is configured (naming `ask.domains_setting`) or when the base
+/// is deny-all.
+pub fn network_on(
+    gateway: &GatewaySetting,
+    ask: &NetworkAsk<'_>,
+    exceptions: &[EgressException],
+) -> Result<Network, SandboxError> {
+    let accept = ask.accept_exceptions;
     if ask.domains.is_empty() {
         let egress = match &ask.base {
             Base::Open => EgressPolicy::AllowAll,
-            Base::Off => EgressPolicy::restricted(&[], ask.accept_exceptions, ask.names)?,
+            Base::Off => EgressPolicy::restricted_with(&[], exceptions, accept, ask.names)?,
             Base::Rules(rules) => {
-                EgressPolicy::restricted(rules, ask.accept_exceptions, ask.names)?
+                EgressPolicy::restricted_with(rules, exceptions, accept, ask.names)?
             }
         };
         return Ok(Network { egress, via: None });
@@ -105,7 +118,7 @@ pub fn network(gateway: &GatewaySetting, ask: &NetworkAsk<'_>) -> Result<Network
         }
     };
     let gateway = gateway.require(ask.domains_setting)?;
-    let egress = gateway.egress(extra, ask.accept_exceptions, ask.domain_names)?;
+    let egress = gateway.egress_with(extra, exceptions, accept, ask.domain_names)?;
     Ok(Network {
         egress,
         via: Some((gateway.clone(), ask.domains.clone())),
@@ -225,6 +238,28 @@ mod tests {
         // The link-local opt-in still applies to a domains run.
         let e = network(&gateway(), &ask(Base::Open, &domains, false)).unwrap_err();
         assert!(e.to_string().contains("ACCEPT"), "{e}");
+    }
+
+    #[test]
+    fn a_provider_without_exceptions_needs_no_opt_in_and_one_with_them_does() {
+        let none = Domains::default();
+        let domains = Domains::parse_list("DOMAINS", "pypi.org").unwrap();
+        let off = GatewaySetting::Off;
+        // No hole to accept: restricted policies run without the opt-in.
+        let n = network_on(&off, &ask(Base::Off, &none, false), &[]).unwrap();
+        assert_eq!(n.egress, EgressPolicy::DenyAll);
+        let n = network_on(&gateway(), &ask(Base::Open, &domains, false), &[]).unwrap();
+        assert!(matches!(n.egress, EgressPolicy::Rules(_)), "{:?}", n.egress);
+        // A provider's own hole is named in its refusal.
+        let hole = [EgressException {
+            provider: "Elsewhere",
+            range: "192.0.2.0/24",
+            what: "its agent",
+        }];
+        let e = network_on(&off, &ask(Base::Off, &none, false), &hole).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("Elsewhere") && m.contains("192.0.2.0/24"), "{m}");
+        assert!(!m.contains("169.254"), "{m}");
     }
 
     #[test]

@@ -49,6 +49,7 @@ use crate::control::ControlPlane;
 use crate::egress::EgressPolicy;
 use crate::guest::{Guest, GuestContext, GuestSpec};
 use crate::observe::DestroyReason;
+use crate::provider::Provider;
 use crate::retry::Backoff;
 
 pub use crate::settings::MAX_WARM_POOL;
@@ -61,7 +62,7 @@ pub const IDLE_MARGIN: Duration = Duration::from_secs(30);
 /// keys, never its values.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PoolKey {
-    /// Identity of the account's control plane (one per account per session).
+    /// Identity of the account's provider (one per account per session).
     account: usize,
     shape: String,
     rootfs: String,
@@ -86,8 +87,20 @@ impl std::fmt::Debug for PoolKey {
 }
 
 impl PoolKey {
-    /// The key of a guest created through `cp` with `spec` under `prefix`.
+    /// The key of a guest created through CreateOS's control plane `cp` with `spec` under
+    /// `prefix` (keyed by `cp`'s identity). See [`PoolKey::for_provider`] for any provider.
     pub fn new(cp: &Arc<dyn ControlPlane>, spec: &GuestSpec, prefix: &str) -> Self {
+        Self::keyed(Arc::as_ptr(cp).cast::<()>() as usize, spec, prefix)
+    }
+
+    /// The key of a guest created through `provider` with `spec` under `prefix` (keyed by
+    /// [`Provider::identity`]: the same as [`PoolKey::new`] of the control plane a
+    /// [`crate::provider::createos::CreateOs`] wraps).
+    pub fn for_provider(provider: &Arc<dyn Provider>, spec: &GuestSpec, prefix: &str) -> Self {
+        Self::keyed(provider.identity(), spec, prefix)
+    }
+
+    fn keyed(account: usize, spec: &GuestSpec, prefix: &str) -> Self {
         let mut digest = Sha256::new();
         for (k, v) in &spec.envs {
             // Length-prefixed, so no two maps share a digest by concatenation.
@@ -97,7 +110,7 @@ impl PoolKey {
             digest.update(v.as_bytes());
         }
         Self {
-            account: Arc::as_ptr(cp).cast::<()>() as usize,
+            account,
             shape: spec.shape.clone(),
             rootfs: spec.rootfs.clone(),
             egress: spec.egress.clone(),
@@ -360,7 +373,7 @@ impl WarmPool {
     /// pool on, the pool warms for this policy from now on, and a refill starts in the
     /// background; it never waits for anything.
     pub fn take(&self, cx: &GuestContext, spec: &GuestSpec, prefix: &str) -> Option<Guest> {
-        let key = PoolKey::new(&cx.cp, spec, prefix);
+        let key = PoolKey::for_provider(&cx.provider, spec, prefix);
         let now = Instant::now();
         let mut drop_these = Vec::new();
         let got = {
@@ -406,8 +419,8 @@ impl WarmPool {
                     // Its guests are counted where the run's are (no admission ticket: a
                     // refill only tries for a slot).
                     cx: {
-                        let own = GuestContext::new(
-                            cx.cp.clone(),
+                        let own = GuestContext::with_provider(
+                            cx.provider.clone(),
                             cx.reaper.clone(),
                             cx.redactor.clone(),
                             cx.backoff,

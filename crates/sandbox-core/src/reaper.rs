@@ -28,6 +28,8 @@ use crate::admission::GuestSlot;
 use crate::control::{CallError, ControlPlane};
 use crate::error::Redactor;
 use crate::observe::{DestroyReason, Tracked};
+use crate::provider::Provider;
+use crate::provider::createos::CreateOs;
 use crate::retry::{Backoff, clipped};
 
 /// How hard the reaper tries.
@@ -78,7 +80,7 @@ impl Target {
 }
 
 struct Entry {
-    cp: Arc<dyn ControlPlane>,
+    provider: Arc<dyn Provider>,
     target: Target,
     redactor: Redactor,
     /// When the owning run let go of it (`None` while the run still owns it).
@@ -151,7 +153,7 @@ enum Claim {
 struct Held {
     reaper: Reaper,
     slot: u64,
-    cp: Arc<dyn ControlPlane>,
+    provider: Arc<dyn Provider>,
     redactor: Redactor,
 }
 
@@ -212,10 +214,24 @@ impl Reaper {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers a guest about to be created under `name`. Returns `None` after shutdown.
+    /// Registers a guest about to be created under `name` on CreateOS's control plane `cp`
+    /// (wrapped in [`CreateOs`]). Returns `None` after shutdown. See [`Reaper::register_with`]
+    /// for any provider.
     pub fn register(
         &self,
         cp: Arc<dyn ControlPlane>,
+        name: &str,
+        redactor: Redactor,
+    ) -> Option<GuestGuard> {
+        self.register_with(Arc::new(CreateOs::new(cp)), name, redactor)
+    }
+
+    /// Registers a guest about to be created under `name` by `provider`, which finds it by
+    /// that name ([`Provider::find`]) when its create response is lost, and destroys it.
+    /// Returns `None` after shutdown.
+    pub fn register_with(
+        &self,
+        provider: Arc<dyn Provider>,
         name: &str,
         redactor: Redactor,
     ) -> Option<GuestGuard> {
@@ -226,7 +242,7 @@ impl Reaper {
         self.lock().insert(
             slot,
             Entry {
-                cp,
+                provider,
                 target: Target::Name(name.to_owned()),
                 redactor,
                 abandoned_at: None,
@@ -276,7 +292,7 @@ impl Reaper {
                 Claim::Got(Held {
                     reaper: self.clone(),
                     slot,
-                    cp: e.cp.clone(),
+                    provider: e.provider.clone(),
                     redactor: e.redactor.clone(),
                 })
             }
@@ -333,7 +349,7 @@ impl Reaper {
     async fn destroy_slot(
         &self,
         slot: u64,
-        cp: &Arc<dyn ControlPlane>,
+        provider: &Arc<dyn Provider>,
         until: Instant,
     ) -> Result<(), CallError> {
         let mut poll = LOOKUP_POLL_MIN;
@@ -346,14 +362,16 @@ impl Reaper {
                 return Ok(());
             };
             let name = match target {
-                Target::Id { id, .. } => return clipped(until, "destroy", cp.destroy(id)).await,
+                Target::Id { id, .. } => {
+                    return clipped(until, "destroy", provider.destroy(id)).await;
+                }
                 Target::Name(name) => name,
             };
-            match clipped(until, "lookup by name", cp.find_by_name(name.clone())).await? {
+            match clipped(until, "lookup by name", provider.find(name.clone())).await? {
                 Some(g) if g.is_terminal() => return Ok(()),
                 Some(g) => {
                     self.set_id(slot, &g.id);
-                    return clipped(until, "destroy", cp.destroy(g.id)).await;
+                    return clipped(until, "destroy", provider.destroy(g.id)).await;
                 }
                 None => {
                     let give_up = abandoned_at.map_or(until, |t| {
@@ -393,7 +411,7 @@ impl Reaper {
             };
             let name = self.name_of(slot);
             let t0 = Instant::now();
-            match self.destroy_slot(slot, &held.cp, until).await {
+            match self.destroy_slot(slot, &held.provider, until).await {
                 Ok(()) => {
                     self.destroyed(slot, &name, t0.elapsed(), "guest destroyed");
                     return;
@@ -487,9 +505,11 @@ impl Reaper {
             };
             let name = self.name_of(slot);
             let t0 = Instant::now();
-            let res =
-                tokio::time::timeout_at(deadline, self.destroy_slot(slot, &held.cp, deadline))
-                    .await;
+            let res = tokio::time::timeout_at(
+                deadline,
+                self.destroy_slot(slot, &held.provider, deadline),
+            )
+            .await;
             match res {
                 Ok(Ok(())) => {
                     self.destroyed(slot, &name, t0.elapsed(), "guest destroyed at shutdown");
@@ -637,7 +657,11 @@ impl GuestGuard {
                 }
                 Claim::Got(held) => held,
             };
-            match self.reaper.destroy_slot(self.slot, &held.cp, until).await {
+            match self
+                .reaper
+                .destroy_slot(self.slot, &held.provider, until)
+                .await
+            {
                 Ok(()) => {
                     self.armed = false;
                     self.reaper.forget(self.slot);

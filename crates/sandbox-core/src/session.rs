@@ -22,9 +22,10 @@ use crate::admission::Admission;
 use crate::classify;
 use crate::control::{CallError, CallFailure, ControlPlane};
 use crate::error::{Redactor, SandboxError};
-use crate::observe::{Event, Observation, Observed};
-use crate::orphans::{SweepConfig, sweep};
-use crate::provider::createos::{CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use crate::observe::{Event, Observation, Observed, ObservedProvider};
+use crate::orphans::{SweepConfig, sweep_provider};
+use crate::provider::createos::{CreateOs, CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use crate::provider::{Provider, ProviderKind};
 use crate::retry::{Backoff, retry_until};
 use crate::settings::{ENV_BASE_URL, ENV_CONTROL_PLANE_RETRY, Settings};
 use crate::shapes::Shape;
@@ -33,6 +34,21 @@ use crate::shapes::Shape;
 /// CreateOS); the duration is the timeout of each control call.
 pub type Connector =
     Arc<dyn Fn(&Settings, Duration) -> Result<Arc<dyn ControlPlane>, SandboxError> + Send + Sync>;
+
+/// Builds any provider from settings (e.g. an OpenSandbox server's, which reads its own
+/// settings); the duration is the timeout of each control call. See
+/// [`Session::with_provider_connector`].
+pub type ProviderConnector =
+    Arc<dyn Fn(&Settings, Duration) -> Result<Arc<dyn Provider>, SandboxError> + Send + Sync>;
+
+/// How a session builds its accounts.
+#[derive(Clone)]
+enum Connect {
+    /// CreateOS's control plane, wrapped in [`CreateOs`] (and counted).
+    ControlPlane(Connector),
+    /// Any provider.
+    Provider(ProviderConnector),
+}
 
 /// The connector that talks HTTP to the CreateOS control plane of the settings.
 pub fn http_connector() -> Connector {
@@ -46,8 +62,9 @@ pub fn http_connector() -> Connector {
 /// One account's shared state.
 pub struct Account {
     cp: Arc<dyn ControlPlane>,
-    /// The control plane's URL as logs and errors show it ([`createos_api::redact_url`]).
-    endpoint: String,
+    provider: Arc<dyn Provider>,
+    /// Where the account's calls go, as logs and errors show it.
+    endpoint: Place,
     credential: OnceCell<String>,
     shapes: OnceCell<Vec<Shape>>,
     orphan_sweep: AtomicBool,
@@ -64,9 +81,16 @@ impl std::fmt::Debug for Account {
 }
 
 impl Account {
-    /// The account's control plane.
+    /// The account's CreateOS control plane (templates, `doctor`'s CreateOS checks). On an
+    /// account of another provider every call of it fails with a [`CallFailure::Config`] error
+    /// that names the provider; use [`Account::provider`].
     pub fn control_plane(&self) -> &Arc<dyn ControlPlane> {
         &self.cp
+    }
+
+    /// The account's provider: every guest lifecycle goes through it.
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.provider
     }
 
     /// The credential check (`whoami`), once per account per process: the account label.
@@ -77,15 +101,15 @@ impl Account {
         backoff: &Backoff,
         redactor: &Redactor,
     ) -> Result<String, SandboxError> {
-        let cp = self.cp.clone();
+        let provider = self.provider.clone();
         cached(
             &self.credential,
             "credential check",
             (backoff, &self.endpoint),
             redactor,
             move || {
-                let cp = cp.clone();
-                Box::pin(async move { cp.check_credential().await })
+                let provider = provider.clone();
+                Box::pin(async move { provider.check().await })
             },
         )
         .await
@@ -98,15 +122,25 @@ impl Account {
         backoff: &Backoff,
         redactor: &Redactor,
     ) -> Result<Vec<Shape>, SandboxError> {
-        let cp = self.cp.clone();
+        let provider = self.provider.clone();
         cached(
             &self.shapes,
             "shape catalog",
             (backoff, &self.endpoint),
             redactor,
             move || {
-                let cp = cp.clone();
-                Box::pin(async move { cp.list_shapes().await })
+                let provider = provider.clone();
+                Box::pin(async move {
+                    let sizes = provider.sizes().await?;
+                    Ok(sizes
+                        .into_iter()
+                        .map(|z| Shape {
+                            id: z.id,
+                            vcpu: z.vcpu,
+                            mem_mib: z.mem_mib,
+                        })
+                        .collect())
+                })
             },
         )
         .await
@@ -138,10 +172,10 @@ impl Account {
             tracing::debug!(target: LOG_TARGET, "no async runtime: orphan sweep skipped");
             return;
         };
-        let cp = Arc::clone(&self.cp);
+        let provider = Arc::clone(&self.provider);
         let obs = self.obs.clone();
         runtime.spawn(async move {
-            match sweep(cp.as_ref(), false, &config).await {
+            match sweep_provider(provider.as_ref(), false, &config).await {
                 Ok(report) => {
                     obs.emit(&Event::OrphansReaped {
                         count: report.deleted.len() as u64,
@@ -170,9 +204,40 @@ impl Account {
 /// ([`say_retrying_once`]); a child after `fork()` says it again, once.
 static SAID_RETRYING: AtomicU32 = AtomicU32::new(0);
 
-/// Logs, once per process, that a run's first calls to the control plane at `endpoint` fail
+/// Where an account's calls go, as logs and errors name it.
+#[derive(Debug, Clone)]
+struct Place {
+    /// The URL ([`createos_api::redact_url`]) or the provider's name.
+    endpoint: String,
+    /// The place in a sentence, with the setting that decides it: `control plane at URL
+    /// (CREATEOS_SANDBOX_BASE_URL)`.
+    described: String,
+    /// Who runs it, before [`Place::described`] in the log line (`CreateOS `, or nothing).
+    owner: &'static str,
+}
+
+impl Place {
+    fn createos(base_url: &str) -> Self {
+        let endpoint = createos_api::redact_url(base_url);
+        Place {
+            described: format!("control plane at {endpoint} ({ENV_BASE_URL})"),
+            endpoint,
+            owner: "CreateOS ",
+        }
+    }
+
+    fn provider(kind: ProviderKind) -> Self {
+        Place {
+            endpoint: kind.as_str().to_owned(),
+            described: format!("{kind} server (set by the {kind} provider's settings)"),
+            owner: "",
+        }
+    }
+}
+
+/// Logs, once per process, that a run's first calls to the control plane at `place` fail
 /// and are being retried: where, for how long, and which settings decide both.
-fn say_retrying_once(endpoint: &str, what: &str, budget: Duration, e: &CallError) {
+fn say_retrying_once(place: &Place, what: &str, budget: Duration, e: &CallError) {
     let pid = std::process::id();
     if SAID_RETRYING.swap(pid, Ordering::SeqCst) == pid {
         return;
@@ -184,11 +249,13 @@ fn say_retrying_once(endpoint: &str, what: &str, budget: Duration, e: &CallError
     };
     tracing::warn!(
         target: LOG_TARGET,
-        endpoint,
+        endpoint = %place.endpoint,
         operation = what,
         error = %e,
-        "the CreateOS control plane at {endpoint} ({ENV_BASE_URL}) {how} the {what}; retrying \
-         for up to {} s ({ENV_CONTROL_PLANE_RETRY}) before the run fails (said once per process)",
+        "the {}{} {how} the {what}; retrying for up to {} s ({ENV_CONTROL_PLANE_RETRY}) before \
+         the run fails (said once per process)",
+        place.owner,
+        place.described,
         budget.as_secs_f64()
     );
 }
@@ -202,7 +269,7 @@ fn unanswered(e: &CallError) -> bool {
 async fn cached<T: Clone>(
     cell: &OnceCell<T>,
     what: &str,
-    (backoff, endpoint): (&Backoff, &str),
+    (backoff, place): (&Backoff, &Place),
     redactor: &Redactor,
     op: impl Fn() -> BoxFuture<'static, Result<T, CallError>>,
 ) -> Result<T, SandboxError> {
@@ -215,7 +282,7 @@ async fn cached<T: Clone>(
                 if let Err(e) = &res
                     && e.is_transient()
                 {
-                    say_retrying_once(endpoint, what, backoff.budget, e);
+                    say_retrying_once(place, what, backoff.budget, e);
                 }
                 res
             }
@@ -230,10 +297,11 @@ async fn cached<T: Clone>(
             SandboxError::new(
                 err.kind(),
                 format!(
-                    "{} The control plane at {endpoint} ({ENV_BASE_URL}) did not answer within \
-                     {} s of retries ({ENV_CONTROL_PLANE_RETRY}); check the URL and this \
-                     host's network and proxy.",
+                    "{} The {} did not answer within {} s of retries \
+                     ({ENV_CONTROL_PLANE_RETRY}); check the URL and this host's network and \
+                     proxy.",
                     err.message(),
+                    place.described,
                     backoff.budget.as_secs_f64()
                 ),
             )
@@ -254,7 +322,7 @@ pub struct Session {
 type Accounts = HashMap<(Vec<u8>, String), Arc<Account>>;
 
 struct Inner {
-    connector: Connector,
+    connector: Connect,
     request_timeout: Duration,
     accounts: Mutex<Accounts>,
     admission: Admission,
@@ -281,6 +349,21 @@ impl Session {
     /// A session whose accounts are built by `connector`, each control call bounded by
     /// `request_timeout`.
     pub fn new(connector: Connector, request_timeout: Duration) -> Self {
+        Self::connecting(Connect::ControlPlane(connector), request_timeout)
+    }
+
+    /// A session whose accounts run on the providers `connector` builds (any provider, e.g.
+    /// an OpenSandbox server), each control call bounded by `request_timeout`. Unlike
+    /// [`Session::new`], an account does not need a CreateOS key: the connector reads and
+    /// checks its provider's own settings.
+    pub fn with_provider_connector(
+        connector: ProviderConnector,
+        request_timeout: Duration,
+    ) -> Self {
+        Self::connecting(Connect::Provider(connector), request_timeout)
+    }
+
+    fn connecting(connector: Connect, request_timeout: Duration) -> Self {
         let admission = Admission::new();
         let observation = Observation::new();
         admission.observe_with(&observation);
@@ -315,20 +398,41 @@ impl Session {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The account of `settings`' key and base URL, built on first use. Refused without a key.
+    /// The account of `settings`' key and base URL, built on first use. On CreateOS
+    /// ([`Session::new`]) refused without a key.
     pub fn account(&self, settings: &Settings) -> Result<Arc<Account>, SandboxError> {
-        let key = settings.require_key()?;
-        let digest = Sha256::digest(key.expose_secret().as_bytes()).to_vec();
+        let key = match &self.inner.connector {
+            Connect::ControlPlane(_) => Some(settings.require_key()?),
+            Connect::Provider(_) => settings.require_key().ok(),
+        };
+        let digest = key.map_or_else(Vec::new, |k| {
+            Sha256::digest(k.expose_secret().as_bytes()).to_vec()
+        });
         let id = (digest, settings.base_url.clone());
         let mut map = self.lock();
         if let Some(a) = map.get(&id) {
             return Ok(a.clone());
         }
-        let cp = (self.inner.connector)(settings, self.inner.request_timeout)?;
-        let cp = Observed::wrap(cp, self.inner.observation.clone());
+        let timeout = self.inner.request_timeout;
+        let (cp, provider, endpoint) = match &self.inner.connector {
+            Connect::ControlPlane(connect) => {
+                let cp =
+                    Observed::wrap(connect(settings, timeout)?, self.inner.observation.clone());
+                let provider: Arc<dyn Provider> = Arc::new(CreateOs::new(cp.clone()));
+                (cp, provider, Place::createos(&settings.base_url))
+            }
+            Connect::Provider(connect) => {
+                let provider = connect(settings, timeout)?;
+                let provider = ObservedProvider::wrap(provider, self.inner.observation.clone());
+                let cp: Arc<dyn ControlPlane> = Arc::new(NotCreateOs(provider.kind()));
+                let place = Place::provider(provider.kind());
+                (cp, provider, place)
+            }
+        };
         let a = Arc::new(Account {
             cp,
-            endpoint: createos_api::redact_url(&settings.base_url),
+            provider,
+            endpoint,
             obs: self.inner.observation.clone(),
             credential: OnceCell::new(),
             shapes: OnceCell::new(),
@@ -336,6 +440,65 @@ impl Session {
         });
         map.insert(id, a.clone());
         Ok(a)
+    }
+}
+
+/// The control plane of an account whose provider is not CreateOS: every call fails, naming
+/// the provider ([`Account::control_plane`]).
+struct NotCreateOs(ProviderKind);
+
+impl NotCreateOs {
+    fn refuse<T: Send + 'static>(&self, what: &str) -> BoxFuture<'static, Result<T, CallError>> {
+        let e = CallError::new(
+            CallFailure::Config,
+            format!(
+                "{what} is CreateOS's, but this account runs on the {} provider",
+                self.0
+            ),
+        );
+        Box::pin(futures::future::ready(Err(e)))
+    }
+}
+
+impl ControlPlane for NotCreateOs {
+    fn check_credential(&self) -> BoxFuture<'_, Result<String, CallError>> {
+        self.refuse("the CreateOS credential check")
+    }
+    fn list_shapes(&self) -> BoxFuture<'_, Result<Vec<Shape>, CallError>> {
+        self.refuse("the shape catalog")
+    }
+    fn create(
+        &self,
+        req: crate::control::CreateGuest,
+    ) -> BoxFuture<'_, Result<crate::control::GuestInfo, CallError>> {
+        self.refuse(&format!("a CreateOS create ({})", req.name))
+    }
+    fn find_by_name(
+        &self,
+        _: String,
+    ) -> BoxFuture<'_, Result<Option<crate::control::GuestInfo>, CallError>> {
+        self.refuse("a CreateOS lookup")
+    }
+    fn egress(&self, _: String) -> BoxFuture<'_, Result<Option<Vec<String>>, CallError>> {
+        self.refuse("a CreateOS egress read")
+    }
+    fn upload(
+        &self,
+        _: String,
+        _: String,
+        _: bytes::Bytes,
+    ) -> BoxFuture<'_, Result<(), CallError>> {
+        self.refuse("a CreateOS upload")
+    }
+    fn exec_stream(
+        &self,
+        _: String,
+        _: crate::control::ExecRequest,
+    ) -> BoxFuture<'_, Result<crate::control::ExecStream, CallError>> {
+        self.refuse("a CreateOS exec")
+    }
+    fn destroy(&self, _: String) -> BoxFuture<'_, Result<(), CallError>> {
+        self.refuse("a CreateOS destroy")
     }
 }
 

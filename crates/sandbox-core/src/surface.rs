@@ -622,8 +622,8 @@ impl Surface {
     /// A run's context on `opened`'s account: this surface's reaper, the run's backoff
     /// ([`Opened::backoff`]), a fresh request count.
     pub fn context(&self, opened: &Opened) -> GuestContext {
-        GuestContext::new(
-            opened.account.control_plane().clone(),
+        GuestContext::with_provider(
+            opened.account.provider().clone(),
             self.reaper.clone(),
             opened.redactor.clone(),
             opened.backoff,

@@ -103,6 +103,47 @@ impl Timings {
     }
 }
 
+/// How a run's guest ended, for [`run_line`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEnd {
+    /// Destroyed before the run returned, in this many milliseconds.
+    Destroyed(u64),
+    /// Handed to the reaper, which destroys it off the run's critical path.
+    Background,
+    /// Kept for the next run (the component's Guest Reuse).
+    Kept,
+    /// The destroy failed; the reaper keeps trying.
+    Failed,
+}
+
+/// The one INFO line every surface logs per run: which surface ran it (`backend`, `component`
+/// or `executor`), in which guest (name and id), and where the time went (`create_ms`: getting
+/// the guest; `run_ms`: the program or flow; `destroy_ms`). Guest names and ids come from the
+/// control plane, so the line is escaped ([`outside_text::line`]) and cannot forge another.
+pub fn run_line(
+    surface: &str,
+    guest: &str,
+    guest_id: &str,
+    create_ms: Option<u64>,
+    run_ms: Option<u64>,
+    end: GuestEnd,
+) -> String {
+    let shown = |v: Option<u64>| v.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+    let destroy = match end {
+        GuestEnd::Destroyed(ms) => ms.to_string(),
+        GuestEnd::Background => "background".to_owned(),
+        GuestEnd::Kept => "kept".to_owned(),
+        GuestEnd::Failed => "failed".to_owned(),
+    };
+    outside_text::line(&format!(
+        "createos {surface} run in guest {guest} (id {guest_id}): create_ms={} run_ms={} \
+         destroy_ms={destroy}",
+        shown(create_ms),
+        shown(run_ms)
+    ))
+    .into_owned()
+}
+
 /// Milliseconds of `d`, saturating.
 pub fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -116,6 +157,33 @@ pub fn since(since: Instant) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_line_names_the_surface_and_guest_and_cannot_be_forged() {
+        let line = run_line(
+            "component",
+            "lf-c-1",
+            "sb_9",
+            Some(120),
+            None,
+            GuestEnd::Kept,
+        );
+        assert_eq!(
+            line,
+            "createos component run in guest lf-c-1 (id sb_9): create_ms=120 run_ms=unknown \
+             destroy_ms=kept"
+        );
+        let forged = run_line(
+            "backend",
+            "x\nINFO fake",
+            "i",
+            Some(1),
+            Some(2),
+            GuestEnd::Background,
+        );
+        assert!(!forged.contains('\n'), "{forged}");
+        assert!(forged.ends_with("destroy_ms=background"), "{forged}");
+    }
 
     #[test]
     fn the_summary_shows_what_was_measured_in_run_order() {

@@ -7,6 +7,8 @@
   sandbox by itself).
 - ``component_both_flow.json``: Results and Files each to a Chat Output (one build resolves
   both outputs of the node; they must come from one run).
+- ``component_text_flow.json``: the node's Output Text (the program's standard output as a
+  message) straight to a Chat Output.
 
 Each is written as Langflow's export writes a flow: the graph under ``data``, with the flow's
 ``id``, ``name`` and ``description`` around it (a fixed id per file, so the files do not change
@@ -44,6 +46,8 @@ def build(output: str) -> Graph:
     chat_out = ChatOutput(_id=f"chat_out_{output}")
     if output == "results":
         chat_out.set(input_value=sandbox.run_sandbox)
+    elif output == "text":
+        chat_out.set(input_value=sandbox.output_text)
     else:
         # The table, one line per row (Chat Output would render it with `tabulate`, which lfx
         # does not install).
@@ -77,6 +81,7 @@ FLOWS = {
     "component_flow.json": ("results",),
     "component_files_flow.json": ("files",),
     "component_both_flow.json": ("results", "files"),
+    "component_text_flow.json": ("text",),
 }
 
 

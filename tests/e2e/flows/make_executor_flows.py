@@ -15,6 +15,8 @@
   ``lfx.memory.aget_messages``) -> Chat Output.
 - ``file_flow.json``: File (lfx's File component; the test points its path at an upload) -> Chat
   Output.
+- ``big_flow.json``: Chat Input -> Big (answers with as many ``x`` as the input says) -> Chat
+  Output; a 5 MB answer is a 20 MB vertex frame, which the runner sends in pieces.
 
 The components live in ``components/``, one per module: a dumped node embeds its module's
 source, which is what the guest rebuilds.
@@ -32,6 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "components"))
 
+from big_component import BigComponent  # noqa: E402
 from bulk_component import BulkComponent  # noqa: E402
 from history_component import HistoryProbeComponent  # noqa: E402
 from hostile_component import HostileComponent  # noqa: E402
@@ -110,6 +113,10 @@ def file() -> Graph:
     return Graph(reader, chat_out)
 
 
+def big() -> Graph:
+    return chat_through(lambda: BigComponent(_id="big"), "size", "text")
+
+
 FLOWS = {
     "shout": shout,
     "slow": slow,
@@ -119,6 +126,7 @@ FLOWS = {
     "secret": secret,
     "history": history,
     "file": file,
+    "big": big,
 }
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ __all__ = [
     "ComponentRun",
     "ReusedReapReport",
     "describe_component",
+    "COMPONENT_DESCRIPTION",
     "reap_reused",
     "NativeExecutor",
     "FlowEvents",
@@ -331,19 +332,26 @@ class NativeComponent:
         session_id: str | None = None,
         allowed_domains: str = ...,
         invocation: Sequence[str] = ...,
+        accept_egress_exceptions: bool = False,
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 
         ``invocation`` is the process's command line (``sys.argv``): under ``lfx run`` of a flow
         exported from Langflow, Guest Reuse takes the flow's id from the file it names.
+        ``accept_egress_exceptions`` is the node's Accept Link-Local Egress: with Allow Network
+        off, the run accepts that 169.254.0.0/16 stays reachable (as the operator's
+        ``LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true`` does for every node).
 
         Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
         """
     def shutdown(self) -> None:
         """Destroy this process's fresh guests (reused guests are kept). Idempotent."""
 
-def describe_component(allow_network: bool, session_mode: str) -> str:
-    """The node's description: the effective network policy and the reuse mode."""
+def describe_component(allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False) -> str:
+    """The policy a run with these inputs gets: the effective network policy and the reuse mode."""
+
+#: The node's static description on the canvas (never a policy: the status shows the run's).
+COMPONENT_DESCRIPTION: str
 
 @final
 class ReusedReapReport:

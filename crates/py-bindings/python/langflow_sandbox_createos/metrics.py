@@ -56,7 +56,7 @@ import sys
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
-from . import _native
+from . import _native, logs
 
 __all__ = [
     "ENV_METRICS",
@@ -587,6 +587,8 @@ def run_scope(surface: str) -> Generator[RunSpan, None, None]:
     thread this starts (within :data:`PUMP_SECONDS`) and the exit do, each covering many
     runs for about the cost of one.
     """
+    # Each run's INFO line must reach `lfx run -v` (see logs.py).
+    logs.route_to_lfx()
     if not _state.installed:
         yield _NO_SPAN
         return

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import sys
-from typing import Any
+from typing import Any, cast
 
 from . import _native, metrics
 
-__all__ = ["describe", "run"]
+__all__ = ["DESCRIPTION", "describe", "run", "status_text"]
+
+#: The node's static description on the canvas: what it does, never a policy.
+DESCRIPTION: str = _native.COMPONENT_DESCRIPTION
 
 _NATIVE = _native.NativeComponent()
 # Before the shutdown below (exit handlers run last-registered first): the guests it destroys
@@ -26,9 +29,24 @@ metrics.install()
 atexit.register(_NATIVE.shutdown)
 
 
-def describe(allow_network: bool, session_mode: str) -> str:
-    """The node's description for these inputs: effective network policy and reuse mode."""
-    return _native.describe_component(allow_network, session_mode)
+def describe(allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False) -> str:
+    """The policy a run with these inputs gets: effective network policy and reuse mode.
+
+    Flows saved before the node had Accept Link-Local Egress embed a source that calls this
+    with two arguments.
+    """
+    return _native.describe_component(allow_network, session_mode, accept_egress_exceptions)
+
+
+def status_text(results: dict[str, Any], *, allow_network: bool, session_mode: str, accept_egress_exceptions: bool) -> str:
+    """The node's status after a run: its guest, exit code and time, then the policy it got."""
+    guest = str(results.get("sandbox_name") or "?")
+    kept = "kept for the next run" if results.get("kept_guest") else "destroyed"
+    timings = results.get("timings")
+    total = cast("dict[str, Any]", timings).get("total_ms") if isinstance(timings, dict) else None
+    took = f" in {total} ms" if isinstance(total, int) else ""
+    head = f"Ran in guest {guest} ({kept}), exit code {results.get('exit_code')}{took}."
+    return f"{head}\n{describe(allow_network, session_mode, accept_egress_exceptions)}"
 
 
 def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:

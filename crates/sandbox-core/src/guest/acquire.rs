@@ -16,6 +16,7 @@ use crate::control::{CallFailure, GuestInfo, GuestStatus};
 use crate::error::{ErrorKind, SandboxError};
 use crate::names::is_valid_name;
 use crate::observe::DestroyReason;
+use crate::provider::EgressCheck;
 use crate::retry::{attempt_floor, clipped, worth_retrying};
 
 /// Longest pause between two status reads while a guest resumes or starts.
@@ -62,11 +63,11 @@ impl Guest {
         let started = Instant::now();
         loop {
             if cx.closed() {
-                return Err(no_new_guests());
+                return Err(no_new_guests(cx));
             }
             let found = cx
                 .retried("guest lookup", deadline, || {
-                    cx.cp.find_by_name(name.to_owned())
+                    cx.provider.find(name.to_owned())
                 })
                 .await
                 .map_err(|e| cx.before_dispatch(&format!("lookup of guest {name}"), &e))?
@@ -94,21 +95,21 @@ impl Guest {
                 None => {
                     cx.count();
                     let sent = Instant::now();
-                    let created =
-                        clipped(deadline, "create", cx.cp.create(spec.create_request(name))).await;
+                    let request = spec.for_provider(name, cx.labels());
+                    let created = clipped(deadline, "create", cx.provider.create(request)).await;
                     match created {
                         Ok(info) => {
                             let hold = Hold::Kept(KeptTrack::new(cx, spec, name, true));
                             let guest = Self::handle(cx, name, &info.id, hold, true, sent);
-                            if let Some(eg) = &info.egress
-                                && !spec.egress.matches(Some(eg))
+                            if let Some(EgressCheck::Differs(eg)) =
+                                cx.provider.egress_in_answer(&info, &spec.egress)
                             {
                                 // Nobody can use a guest created under the wrong policy, and
                                 // it would hold the name: destroy it.
                                 let msg = format!(
-                                    "guest {name} was created with egress {eg:?}, but {} was \
+                                    "guest {name} was created with egress {eg}, but {} was \
                                      requested; it was destroyed and not used",
-                                    spec.egress
+                                    cx.provider.describe_egress(&spec.egress)
                                 );
                                 guest.set_destroy_reason(DestroyReason::Error);
                                 let _ = guest.destroy().await;
@@ -119,6 +120,13 @@ impl Guest {
                             {
                                 wait_reason = Some("it went away before it ran");
                             } else {
+                                if let Err(e) = guest.until_ready(deadline).await {
+                                    // Created by this call and never used: nobody else can
+                                    // use it either.
+                                    guest.set_destroy_reason(DestroyReason::Error);
+                                    let _ = guest.destroy().await;
+                                    return Err(e);
+                                }
                                 guest.verify_egress(&spec.egress, deadline).await?;
                                 return Ok(guest);
                             }
@@ -157,7 +165,7 @@ impl Guest {
                             if cx.closed() || !worth_retrying(delay, started, deadline) {
                                 let err = cx.before_dispatch("create", &e);
                                 if quota_until.is_some() && !cx.closed() {
-                                    return Err(quota_exhausted(&err, started.elapsed()));
+                                    return Err(quota_exhausted(cx, &err, started.elapsed()));
                                 }
                                 return Err(err);
                             }
@@ -202,6 +210,7 @@ impl Guest {
         let Some(info) = guest.until_running(info, deadline).await? else {
             return Ok(None);
         };
+        guest.until_ready(deadline).await?;
         let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
         let have: Option<BTreeSet<&str>> = info
             .envs
@@ -246,7 +255,8 @@ impl Guest {
         );
         let set = cx
             .retried(&op, deadline, || {
-                cx.cp.set_auto_pause(self.id.clone(), want)
+                let idle = Duration::from_secs(u64::from(want));
+                cx.provider.keep_alive(self.id.clone(), idle)
             })
             .await;
         match set {
@@ -269,6 +279,26 @@ impl Guest {
             },
             Err(e) if e.is_conflict() || e.is_not_found() => Ok(false),
             Err(e) => Err(cx.before_dispatch(&op, &e)),
+        }
+    }
+
+    /// Once the guest runs: waits until it serves exec and files, for a provider whose
+    /// `running` does not mean that yet ([`crate::provider::Provider::running_is_ready`]); its
+    /// checks inside the guest (identity, isolation) happen there, before any program. No
+    /// request for a provider whose running guest is ready (CreateOS). A failure runs nothing.
+    pub(super) async fn until_ready(&self, deadline: Instant) -> Result<(), SandboxError> {
+        let cx = &self.cx;
+        if cx.provider.running_is_ready() {
+            return Ok(());
+        }
+        if cx.closed() {
+            return Err(classify::shut_down(Stage::BeforeDispatch));
+        }
+        cx.count();
+        let ready = cx.provider.wait_ready(self.id.clone(), deadline);
+        match clipped(deadline, "readiness wait", ready).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(cx.before_dispatch(&format!("readiness of guest {}", self.name), &e)),
         }
     }
 
@@ -295,7 +325,7 @@ impl Guest {
                     tracing::info!(target: LOG_TARGET, guest = name, "resuming a paused guest");
                     cx.count();
                     let sent = Instant::now();
-                    match clipped(deadline, "resume", cx.cp.resume(id.clone())).await {
+                    match clipped(deadline, "resume", cx.provider.resume(id.clone())).await {
                         Ok(next) => {
                             self.accepted_at(sent);
                             info = next;
@@ -328,7 +358,7 @@ impl Guest {
             tokio::time::sleep(poll).await;
             poll = (poll * 2).min(STATUS_POLL_MAX);
             cx.count();
-            match clipped(deadline, "status read", cx.cp.get(id.clone())).await {
+            match clipped(deadline, "status read", cx.provider.get(id.clone())).await {
                 Ok(next) => info = next,
                 Err(e) if e.is_not_found() => return Ok(None),
                 Err(e) if e.is_transient() => {}

@@ -13,6 +13,7 @@ use crate::control::{CallFailure, GuestInfo, GuestStatus};
 use crate::error::{ErrorKind, SandboxError};
 use crate::names::mint_name;
 use crate::observe::{Tracked, egress_kind};
+use crate::provider::{EgressCheck, ProviderKind};
 use crate::retry::{attempt_floor, clipped, worth_retrying};
 use crate::settings::ENV_ADMISSION_WAIT;
 
@@ -88,22 +89,23 @@ impl Guest {
                 }
             }
             let name = mint_name(prefix);
-            let Some(mut guard) = cx
-                .reaper
-                .register(cx.cp.clone(), &name, cx.redactor.clone())
+            let Some(mut guard) =
+                cx.reaper
+                    .register_with(cx.provider.clone(), &name, cx.redactor.clone())
             else {
                 if attempt > 0 {
                     // This run was already under way when shutdown began.
                     return Err(classify::shut_down(Stage::BeforeDispatch));
                 }
-                return Err(no_new_guests());
+                return Err(no_new_guests(cx));
             };
             if let Some(s) = slot.take() {
                 guard.hold_slot(s);
             }
             cx.count();
             let sent = Instant::now();
-            match clipped(until, "create", cx.cp.create(spec.create_request(&name))).await {
+            let request = spec.for_provider(&name, cx.labels());
+            match clipped(until, "create", cx.provider.create(request)).await {
                 Ok(info) => {
                     guard.set_id(&info.id);
                     if let Some((obs, surface)) = &cx.observed {
@@ -155,7 +157,7 @@ impl Guest {
                     {
                         let err = cx.before_dispatch("create", &e);
                         if quota && quota_until.is_some() && !cx.closed() {
-                            return Err(quota_exhausted(&err, started.elapsed()));
+                            return Err(quota_exhausted(cx, &err, started.elapsed()));
                         }
                         return Err(err);
                     }
@@ -191,22 +193,28 @@ impl Guest {
             let _ = self.destroy().await;
             return Err(classify::shut_down(Stage::BeforeDispatch));
         }
-        if let Some(eg) = &info.egress
-            && !spec.egress.matches(Some(eg))
-        {
+        let shown = cx.provider.egress_in_answer(&info, &spec.egress);
+        if let Some(EgressCheck::Differs(eg)) = &shown {
             let msg = format!(
-                "guest {} was created with egress {eg:?}, but {} was requested; it was \
+                "guest {} was created with egress {eg}, but {} was requested; it was \
                  destroyed and the run refused",
-                self.name, spec.egress
+                self.name,
+                cx.provider.describe_egress(&spec.egress)
             );
             let _ = self.destroy().await;
             return Err(SandboxError::refused(msg).redacted(&cx.redactor));
         }
         if info.status == GuestStatus::Running {
-            if info.egress.is_some() {
+            if shown.is_some() {
                 self.confirmed_egress = Some(spec.egress.clone());
             }
-            return Ok(self);
+            return match self.until_ready(deadline).await {
+                Ok(()) => Ok(self),
+                Err(e) => {
+                    let _ = self.destroy().await;
+                    Err(e)
+                }
+            };
         }
         // Not running yet (`creating`, or anything else): the answer is not the stored record
         // of a running guest, so its egress proves nothing. Wait until it runs; the caller then
@@ -218,7 +226,13 @@ impl Guest {
             "create answered before the guest runs; waiting for it, then reading its egress back"
         );
         match self.until_running(info, deadline).await {
-            Ok(Some(_)) => Ok(self),
+            Ok(Some(_)) => match self.until_ready(deadline).await {
+                Ok(()) => Ok(self),
+                Err(e) => {
+                    let _ = self.destroy().await;
+                    Err(e)
+                }
+            },
             Ok(None) => {
                 let name = self.name.clone();
                 let _ = self.destroy().await;
@@ -240,23 +254,40 @@ impl Guest {
 
 /// The refusal of a create the control plane kept declining with 429 (the account's quota of
 /// live sandboxes, or its rate limit) for the whole of the run's admission wait.
-pub(super) fn quota_exhausted(err: &SandboxError, waited: Duration) -> SandboxError {
+pub(super) fn quota_exhausted(
+    cx: &GuestContext,
+    err: &SandboxError,
+    waited: Duration,
+) -> SandboxError {
     SandboxError::new(
         ErrorKind::AtCapacity,
         format!(
-            "{} The CreateOS account had no room for another guest (429, its quota or rate \
-             limit) for {:.1}s, the run's admission wait ({ENV_ADMISSION_WAIT}, cut to the \
-             run's own budget); nothing ran",
+            "{} The {} had no room for another guest (429, its quota or rate limit) for \
+             {:.1}s, the run's admission wait ({ENV_ADMISSION_WAIT}, cut to the run's own \
+             budget); nothing ran",
             err.message(),
+            account_of(cx),
             waited.as_secs_f64()
         ),
     )
 }
 
+/// How messages name where guests are made: CreateOS's account, or another provider's server.
+fn account_of(cx: &GuestContext) -> String {
+    match cx.provider.kind() {
+        ProviderKind::CreateOs => "CreateOS account".to_owned(),
+        other => format!("{other} server"),
+    }
+}
+
 /// The refusal once shutdown began.
-pub(super) fn no_new_guests() -> SandboxError {
+pub(super) fn no_new_guests(cx: &GuestContext) -> SandboxError {
+    let name = match cx.provider.kind() {
+        ProviderKind::CreateOs => "CreateOS",
+        other => other.as_str(),
+    };
     SandboxError::new(
         ErrorKind::Refused,
-        "the CreateOS sandbox backend has been shut down; no new guests are created",
+        format!("the {name} sandbox backend has been shut down; no new guests are created"),
     )
 }

@@ -180,7 +180,7 @@ impl Guest {
             |e| e.is_declined() && !cx.closed(),
             |_| {
                 cx.count();
-                cx.cp.spawn_process(self.id.clone(), spec.clone())
+                cx.provider.spawn_process(self.id.clone(), spec.clone())
             },
         )
         .await;
@@ -228,7 +228,7 @@ impl Guest {
             "exec",
             |e| e.is_declined() && !cx.closed(),
             |_| {
-                let (cp, id, req) = (cx.cp.clone(), self.id.clone(), req.clone());
+                let (cp, id, req) = (cx.provider.clone(), self.id.clone(), req.clone());
                 let closed = cx.closed();
                 if !closed {
                     cx.count();

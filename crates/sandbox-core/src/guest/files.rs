@@ -19,7 +19,8 @@ impl Guest {
     ) -> Result<(), SandboxError> {
         let cx = &self.cx;
         cx.retried("upload", deadline, || {
-            cx.cp.upload(self.id.clone(), path.to_owned(), data.clone())
+            cx.provider
+                .upload(self.id.clone(), path.to_owned(), data.clone())
         })
         .await
         .map_err(|e| cx.before_dispatch("upload", &e))
@@ -46,7 +47,7 @@ impl Guest {
         };
         let dl = cx
             .retried(&op, deadline, || {
-                cx.cp
+                cx.provider
                     .download(self.id.clone(), path.to_owned(), Some(max_bytes))
             })
             .await

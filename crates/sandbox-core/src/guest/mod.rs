@@ -33,26 +33,31 @@ use tokio::time::Instant;
 use crate::LOG_TARGET;
 use crate::admission::Ticket;
 use crate::classify;
-use crate::control::{CallError, ControlPlane, CreateGuest};
+use crate::control::{CallError, ControlPlane};
 use crate::egress::EgressPolicy;
 use crate::error::{Redactor, SandboxError};
 use crate::kind::SurfaceKind;
 use crate::observe::{DestroyReason, Observation, RunUsage, Tracked, egress_kind};
+use crate::provider::createos::CreateOs;
+use crate::provider::{self, EgressCheck, Labels, Lifetime, Provider, Size};
 use crate::reaper::{GuestGuard, Reaper};
 use crate::retry::{Backoff, retry_until};
 
-/// What a guest is created with. `Debug` shows the environment's names, never its values.
+/// What a surface asks a guest to be created with. `Debug` shows the environment's names,
+/// never its values. The lifecycle turns it into the provider's neutral
+/// [`provider::GuestSpec`] ([`GuestSpec::for_provider`]) for every create.
 #[derive(Clone, PartialEq, Eq)]
 pub struct GuestSpec {
-    /// Shape id.
+    /// The provider's size id (a CreateOS shape id).
     pub shape: String,
-    /// Rootfs name or template id.
+    /// The image (a CreateOS rootfs name or template id, an OpenSandbox container image).
     pub rootfs: String,
     /// Environment declared at create (an exec may only use declared keys).
     pub envs: BTreeMap<String, String>,
     /// Egress policy (sent, then read back).
     pub egress: EgressPolicy,
-    /// Idle auto-pause backstop, in seconds (60..=86400).
+    /// The idle backstop, in seconds ([`crate::exec::ExecLimits::auto_pause_seconds`]: the
+    /// run's budget and a grace; CreateOS: its auto-pause, 60..=86400).
     pub auto_pause_after_seconds: u32,
 }
 
@@ -70,25 +75,40 @@ impl std::fmt::Debug for GuestSpec {
 }
 
 impl GuestSpec {
-    fn create_request(&self, name: &str) -> CreateGuest {
-        CreateGuest {
+    /// The neutral spec a provider creates the guest `name` from, labelled `labels`.
+    ///
+    /// The idle backstop already covers the run's whole budget (it is that budget plus a
+    /// grace), so it is also the lifetime's `budget`: a provider that expires guests on its own
+    /// keeps one at least as long as any run on it may take. The size carries only its id
+    /// here; the surfaces chose it from the provider's sizes.
+    pub fn for_provider(&self, name: &str, labels: Labels) -> provider::GuestSpec {
+        let idle = Duration::from_secs(u64::from(self.auto_pause_after_seconds));
+        provider::GuestSpec {
             name: name.to_owned(),
-            shape: self.shape.clone(),
-            rootfs: self.rootfs.clone(),
+            image: self.rootfs.clone(),
+            size: Size {
+                id: self.shape.clone(),
+                vcpu: 0,
+                mem_mib: 0,
+            },
             envs: self.envs.clone(),
-            egress: self.egress.rules(),
-            auto_pause_after_seconds: self.auto_pause_after_seconds,
+            egress: self.egress.clone(),
+            lifetime: Lifetime {
+                budget: idle,
+                idle_backstop: idle,
+            },
+            labels,
         }
     }
 }
 
-/// What every call of a guest shares: the control plane, the process's reaper, the redactor,
-/// the backoff, and a count of the requests made (every attempt counts). Cheap to clone; clones
+/// What every call of a guest shares: the provider, the process's reaper, the redactor, the
+/// backoff, and a count of the requests made (every attempt counts). Cheap to clone; clones
 /// share the count.
 #[derive(Clone)]
 pub struct GuestContext {
-    /// The control plane.
-    pub cp: Arc<dyn ControlPlane>,
+    /// The provider every call goes to.
+    pub provider: Arc<dyn Provider>,
     /// The registry that guarantees one-shot guests are destroyed.
     pub reaper: Reaper,
     /// Removes the API key from every message.
@@ -113,15 +133,26 @@ impl std::fmt::Debug for GuestContext {
 }
 
 impl GuestContext {
-    /// A context with a fresh request count.
+    /// A context on CreateOS's control plane `cp` (wrapped in [`CreateOs`]), with a fresh
+    /// request count. See [`GuestContext::with_provider`] for any provider.
     pub fn new(
         cp: Arc<dyn ControlPlane>,
         reaper: Reaper,
         redactor: Redactor,
         backoff: Backoff,
     ) -> Self {
+        Self::with_provider(Arc::new(CreateOs::new(cp)), reaper, redactor, backoff)
+    }
+
+    /// A context on `provider`, with a fresh request count.
+    pub fn with_provider(
+        provider: Arc<dyn Provider>,
+        reaper: Reaper,
+        redactor: Redactor,
+        backoff: Backoff,
+    ) -> Self {
         Self {
-            cp,
+            provider,
             reaper,
             redactor,
             backoff,
@@ -142,6 +173,15 @@ impl GuestContext {
     /// Where its guests are counted, if anywhere.
     pub fn observation(&self) -> Option<&(Observation, SurfaceKind)> {
         self.observed.as_ref()
+    }
+
+    /// The labels its guests are created with: [`Labels::ours`], and the surface when the
+    /// context knows it.
+    fn labels(&self) -> Labels {
+        match &self.observed {
+            Some((_, surface)) => Labels::ours().with(Labels::SURFACE, surface.as_str()),
+            None => Labels::ours(),
+        }
     }
 
     /// The same context (sharing its request count) for a run admitted with `ticket`: a create
@@ -402,20 +442,21 @@ impl Guest {
             return Ok(());
         }
         let cx = &self.cx;
-        let reported = cx
+        let checked = cx
             .retried("egress read-back", deadline, || {
-                let (cp, id) = (cx.cp.clone(), self.id.clone());
-                async move { cp.egress(id).await }
+                let (provider, id) = (cx.provider.clone(), self.id.clone());
+                let policy = policy.clone();
+                async move { provider.verify_egress(id, policy).await }
             })
             .await
             .map_err(|e| cx.before_dispatch("egress read-back", &e))?;
-        if policy.matches(reported.as_deref()) {
+        let EgressCheck::Differs(got) = checked else {
             return Ok(());
-        }
-        let got = reported.map_or_else(|| "(none)".to_owned(), |r| format!("{r:?}"));
+        };
         let msg = format!(
-            "guest {} reports egress {got}, but {policy} was requested; {}",
+            "guest {} reports egress {got}, but {} was requested; {}",
             self.name,
+            cx.provider.describe_egress(policy),
             self.what_happens_on_refusal()
         );
         tracing::error!(target: LOG_TARGET, guest = %self.name, "{msg}");
@@ -439,7 +480,7 @@ impl Guest {
                     deadline,
                     "destroy",
                     CallError::is_transient,
-                    |_| cx.cp.destroy(id.clone()),
+                    |_| cx.provider.destroy(id.clone()),
                 )
                 .await;
                 res.map(|()| {

@@ -271,6 +271,49 @@ pub trait Provider: Send + Sync + 'static {
         &[]
     }
 
+    /// How a refusal names `policy` to the operator, in this provider's terms. The default
+    /// says it in neutral words (`deny-all`, `unrestricted`, `only [..]`).
+    fn describe_egress(&self, policy: &EgressPolicy) -> String {
+        match policy {
+            EgressPolicy::AllowAll => "unrestricted".to_owned(),
+            EgressPolicy::DenyAll => "deny-all".to_owned(),
+            EgressPolicy::Rules(rules) => {
+                let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
+                format!("only {shown:?}")
+            }
+        }
+    }
+
+    /// What a create or lookup answer (`info`) already proves about the guest's egress: `None`
+    /// when it proves nothing (the default), and the lifecycle then reads the egress back with
+    /// [`Provider::verify_egress`]. A provider whose answer is the control plane's stored
+    /// record of the guest (CreateOS) saves that read-back.
+    fn egress_in_answer(&self, info: &GuestInfo, policy: &EgressPolicy) -> Option<EgressCheck> {
+        let _ = (info, policy);
+        None
+    }
+
+    /// Whether a guest whose status is [`GuestStatus::Running`] already serves exec and files
+    /// (CreateOS). When not (the default), the lifecycle calls [`Provider::wait_ready`] once the
+    /// guest runs, before any program.
+    fn running_is_ready(&self) -> bool {
+        false
+    }
+
+    /// Whether the control plane pauses a guest nobody uses (CreateOS's auto-pause). Then a
+    /// paused one-shot guest can only be an orphan; without it (the default) the orphan sweep
+    /// goes by the guest's age instead.
+    fn pauses_idle_guests(&self) -> bool {
+        false
+    }
+
+    /// Which control plane this is, as a number that is the same for every handle on the same
+    /// one and differs between two that live at once (the warm pool keeps one account's
+    /// guests from another's runs). By default this value's address.
+    fn identity(&self) -> usize {
+        std::ptr::from_ref(self).cast::<()>() as usize
+    }
+
     /// Checks the credential and reachability (`doctor`, the session's first call); returns a
     /// short account label for logs, without any secret.
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>>;

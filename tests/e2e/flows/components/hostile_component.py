@@ -45,6 +45,9 @@ class HostileComponent(Component):
             # One astral character makes the whole string 4 bytes per character in Python.
             frame["result"] = {"results": {"r": "\U0001f600" + "x" * int(arg)}}
             line = json.dumps(frame, ensure_ascii=False)
+        elif mode == "claim":
+            # The first piece of a chunked frame that claims a total far past what a run may send.
+            line = json.dumps({"frame": "chunk", "index": 0, "total": int(arg), "data": "{"})
         elif mode == "name":
             frame["display_name"] = "\x1b]0;pwned\x07\x1b[2Jraw"
             line = json.dumps(frame)

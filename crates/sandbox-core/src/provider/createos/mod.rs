@@ -56,6 +56,10 @@ pub const AUTO_PAUSE_MIN_SECS: u32 = 60;
 /// Longest auto-pause backstop CreateOS accepts, in seconds (24 h).
 pub const AUTO_PAUSE_MAX_SECS: u32 = 86_400;
 
+/// The isolation CreateOS vouches for before any guest exists: every guest is its own
+/// Firecracker microVM.
+pub const ISOLATION: Isolation = Isolation::HardwareVirtualized;
+
 /// How often [`CreateOs::wait_ready`] reads a guest that is not running yet, at most.
 const READY_POLL_MAX: Duration = Duration::from_secs(2);
 
@@ -107,6 +111,18 @@ pub fn egress_matches(policy: &EgressPolicy, reported: Option<&[String]>) -> boo
     policy.matches(reported)
 }
 
+/// An allowlist CreateOS reported, as a refusal quotes it: `(none)` when absent (allow-all),
+/// else the list as `["…", …]`, escaped and bounded.
+pub fn shown_rules(reported: Option<&[String]>) -> String {
+    reported.map_or_else(
+        || "(none)".to_owned(),
+        |r| outside_text::snippet(&format!("{r:?}"), SHOWN_RULES_MAX),
+    )
+}
+
+/// The most of a reported allowlist a refusal quotes, in bytes.
+const SHOWN_RULES_MAX: usize = 512;
+
 /// `idle` as CreateOS's auto-pause backstop in seconds, clamped into what it accepts.
 pub fn auto_pause_secs(idle: Duration) -> u32 {
     u32::try_from(idle.as_secs())
@@ -120,11 +136,37 @@ impl Provider for CreateOs {
     }
 
     fn isolation(&self) -> Isolation {
-        Isolation::HardwareVirtualized
+        ISOLATION
     }
 
     fn egress_exceptions(&self) -> &'static [EgressException] {
         egress::EXCEPTIONS
+    }
+
+    fn describe_egress(&self, policy: &EgressPolicy) -> String {
+        policy.to_string()
+    }
+
+    fn egress_in_answer(&self, info: &GuestInfo, policy: &EgressPolicy) -> Option<EgressCheck> {
+        let eg = info.egress.as_ref()?;
+        Some(if egress_matches(policy, Some(eg)) {
+            EgressCheck::Matches
+        } else {
+            EgressCheck::Differs(shown_rules(Some(eg)))
+        })
+    }
+
+    fn identity(&self) -> usize {
+        // The control plane's, so that two wrappings of one control plane are one account.
+        Arc::as_ptr(&self.cp).cast::<()>() as usize
+    }
+
+    fn running_is_ready(&self) -> bool {
+        true
+    }
+
+    fn pauses_idle_guests(&self) -> bool {
+        true
     }
 
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
@@ -192,11 +234,7 @@ impl Provider for CreateOs {
             if egress_matches(&policy, got.as_deref()) {
                 Ok(EgressCheck::Matches)
             } else {
-                let shown = match &got {
-                    None => "none (allow-all)".to_owned(),
-                    Some(rules) => outside_text::snippet(&rules.join(","), 200),
-                };
-                Ok(EgressCheck::Differs(shown))
+                Ok(EgressCheck::Differs(shown_rules(got.as_deref())))
             }
         }
         .boxed()
@@ -374,13 +412,13 @@ mod tests {
             .verify_egress("sb-1".into(), EgressPolicy::DenyAll)
             .await
             .unwrap();
-        assert_eq!(got, EgressCheck::Differs("*".into()));
+        assert_eq!(got, EgressCheck::Differs(r#"["*"]"#.into()));
         let (p, _) = provider(None, GuestStatus::Running);
         let got = p
             .verify_egress("sb-1".into(), EgressPolicy::DenyAll)
             .await
             .unwrap();
-        assert!(matches!(got, EgressCheck::Differs(s) if s.contains("allow-all")));
+        assert_eq!(got, EgressCheck::Differs("(none)".into()));
         let (p, _) = provider(Some(vec!["240.0.0.0/4".into()]), GuestStatus::Running);
         let got = p
             .verify_egress("sb-1".into(), EgressPolicy::DenyAll)

@@ -1,9 +1,12 @@
 """The CreateOS Sandbox node: a CreateOS Firecracker microVM as a step of a flow.
 
 lfx runs the copy of this source embedded in each flow, so it imports the installed wheel's
-package by absolute name. The class only gathers the node's inputs and builds lfx's ``Data``
-and ``DataFrame`` from what the native extension returns; refusals, guest reuse, egress,
-timeouts and the safe reading of returned files are decided in Rust.
+package by absolute name. The class only gathers the node's inputs and builds lfx's ``Data``,
+``Message`` and ``DataFrame`` from what the native extension returns; refusals, guest reuse,
+egress, timeouts and the safe reading of returned files are decided in Rust.
+
+The description is static (Langflow 1.13 does not refresh it when an input changes, so it
+must never state a policy); the policy a run got is the node's status after that run.
 """
 
 # lfx's inputs and outputs are pydantic models assembled from mixins, whose fields pyright
@@ -20,6 +23,7 @@ from lfx.custom.custom_component.component import Component
 from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, StrInput
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
+from lfx.schema.message import Message
 
 from langflow_sandbox_createos import node
 
@@ -41,7 +45,7 @@ class CreateOSSandboxComponent(Component):
     """
 
     display_name = "CreateOS Sandbox"
-    description = node.describe(False, "off")
+    description = node.DESCRIPTION
     icon = "square-terminal"
     name = "CreateOSSandbox"
 
@@ -74,7 +78,6 @@ class CreateOSSandboxComponent(Component):
             "and node, kept between runs and shared by everyone who runs the flow. session: one "
             "per flow, node and Langflow session (chat). Kept ones carry packages and files over "
             "(reap old ones); both need a saved flow.",
-            real_time_refresh=True,
         ),
         BoolInput(
             name="collect_artifacts",
@@ -88,9 +91,17 @@ class CreateOSSandboxComponent(Component):
             name="allow_network",
             display_name="Allow Network",
             value=False,
-            info="On: unrestricted egress. Off: deny-all (169.254.0.0/16 stays reachable on "
-            "CreateOS, so the operator must accept that exception).",
-            real_time_refresh=True,
+            info="On: unrestricted egress. Off: deny-all, except 169.254.0.0/16 (the VM metadata "
+            "service), which CreateOS keeps reachable: accept that with Accept Link-Local Egress.",
+        ),
+        BoolInput(
+            name="accept_egress_exceptions",
+            display_name="Accept Link-Local Egress",
+            value=False,
+            info="With Allow Network off, run although the guest can still reach 169.254.0.0/16 "
+            "(the VM metadata service), which CreateOS never blocks; off, such a run is refused. "
+            "The operator accepts it for every node with "
+            "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true.",
         ),
         StrInput(
             name="allowed_domains",
@@ -121,6 +132,9 @@ class CreateOSSandboxComponent(Component):
 
     outputs = [
         Output(display_name="Results", name="results", method="run_sandbox"),
+        # The program's standard output as text, for a Chat Output or a prompt; not a tool of
+        # its own (an agent's tools stay the ones flows saved before it existed).
+        Output(display_name="Output Text", name="output_text", method="output_text", type_=Message, tool_mode=False),
         Output(display_name="Files", name="files", method="collected_files", type_=DataFrame),
     ]
 
@@ -142,6 +156,7 @@ class CreateOSSandboxComponent(Component):
             "session_mode": _text(self.session_mode) or "off",
             "collect_artifacts": bool(self.collect_artifacts),
             "allow_network": bool(self.allow_network),
+            "accept_egress_exceptions": bool(getattr(self, "accept_egress_exceptions", False)),
             "allowed_domains": _text(getattr(self, "allowed_domains", "")),
             "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
             "shape": _text(self.shape),
@@ -163,32 +178,42 @@ class CreateOSSandboxComponent(Component):
         self._createos_execution = (key, {output}, results, files)
         return results, files
 
+    def _show_status(self, results: dict[str, Any]) -> None:
+        """The node's status after a run: the guest, the exit code and the policy it ran under."""
+        self.status = node.status_text(
+            results,
+            allow_network=bool(self.allow_network),
+            session_mode=_text(self.session_mode) or "off",
+            accept_egress_exceptions=bool(getattr(self, "accept_egress_exceptions", False)),
+        )
+
     def run_sandbox(self) -> Data:
         """Results: stdout as ``result``, ``stderr``, ``exit_code``, the guest, the timings."""
         results, _ = self._execution("results")
-        data = Data(data=dict(results))
-        self.status = data
-        return data
+        self._show_status(results)
+        return Data(data=dict(results))
+
+    def output_text(self) -> Message:
+        """Output Text: the program's standard output (trimmed), as a message."""
+        results, _ = self._execution("output_text")
+        self._show_status(results)
+        return Message(text=str(results.get("result") or ""))
 
     def collected_files(self) -> DataFrame:
         """Files: one row per returned file (``path``, ``size``, ``text`` or ``base64``)."""
-        _, files = self._execution("files")
+        results, files = self._execution("files")
+        self._show_status(results)
         return DataFrame([dict(row) for row in files], columns=["path", "size", "text", "base64"])
 
     async def _get_tools(self) -> list[Any]:
         tools = await super()._get_tools()
         # An agent learns the network policy and the reuse mode from the tool, not from a
         # timeout.
-        description = node.describe(bool(self.allow_network), _text(self.session_mode) or "off")
+        description = node.describe(
+            bool(self.allow_network),
+            _text(self.session_mode) or "off",
+            bool(getattr(self, "accept_egress_exceptions", False)),
+        )
         for tool in tools:
             tool.description = description
         return tools
-
-    async def update_frontend_node(self, new_frontend_node: dict[str, Any], current_frontend_node: dict[str, Any]) -> Any:
-        frontend_node = await super().update_frontend_node(new_frontend_node, current_frontend_node)
-        template = frontend_node.get("template", {}) if isinstance(frontend_node, dict) else {}
-        allow = bool(template.get("allow_network", {}).get("value", False))
-        mode = str(template.get("session_mode", {}).get("value", "off") or "off")
-        if isinstance(frontend_node, dict):
-            frontend_node["description"] = node.describe(allow, mode)
-        return frontend_node
