@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import E2E, FAKE_KEY, Fake, backend_env, free_port, make_template
+from test_opensandbox_backend import OS_KEY, OsFake, osfake_server  # noqa: F401 - a fixture
 
 #: lfx's switches and the egress opt-in of the backend (conftest's backend_env sets them all).
 BACKEND = ("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "LANGFLOW_SANDBOX_BACKEND")
@@ -33,6 +34,7 @@ OURS = "lf-t-doctor-matrix"
 FOREIGN = "someone-elses-image"
 #: Placeholders a case's environment may hold, replaced when the matrix starts.
 UNREACHABLE = "{unreachable}"
+OSFAKE = "{osfake}"
 STORE = "{store}"
 
 
@@ -67,6 +69,25 @@ def executor_only(**extra: str | None) -> dict[str, str | None]:
 
 def nothing_enabled(**extra: str | None) -> dict[str, str | None]:
     base: dict[str, str | None] = {name: None for name in BACKEND}
+    base.update(extra)
+    return base
+
+
+def opensandbox_only(**extra: str | None) -> dict[str, str | None]:
+    """The OpenSandbox backend as its operator sets it up, pointed at the OpenSandbox fake: no
+    CreateOS setting at all."""
+    base: dict[str, str | None] = {
+        "LANGFLOW_EXECUTOR_KIND": None,
+        "CREATEOS_SANDBOX_API_KEY": None,
+        "CREATEOS_SANDBOX_BASE_URL": None,
+        ACCEPT: None,
+        "LANGFLOW_SANDBOX_BACKEND_PLUGINS": "opensandbox",
+        "LANGFLOW_SANDBOX_BACKEND": "opensandbox",
+        "OPEN_SANDBOX_DOMAIN": OSFAKE,
+        "OPEN_SANDBOX_API_KEY": OS_KEY,
+        "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
+        "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
+    }
     base.update(extra)
     return base
 
@@ -187,6 +208,48 @@ CASES = [
         named=("CREATEOS_SANDBOX_BASE_URL",),
         shows=(UNREACHABLE,),
     ),
+    # The OpenSandbox backend: its own surface, no CreateOS setting needed.
+    Case(
+        "opensandbox alone",
+        opensandbox_only(),
+        0,
+        ("opensandbox",),
+        shows=("accepted OPEN_SANDBOX_API_KEY", "hardware-virtualized", "kata-qemu", "not known without creating a sandbox"),
+        hides=("CREATEOS_SANDBOX_API_KEY", OS_KEY),
+        plain=True,
+    ),
+    Case(
+        "opensandbox server unreachable",
+        opensandbox_only(OPEN_SANDBOX_DOMAIN=UNREACHABLE),
+        1,
+        ("opensandbox",),
+        named=("OPEN_SANDBOX_DOMAIN",),
+        shows=(UNREACHABLE,),
+    ),
+    Case("opensandbox key refused", opensandbox_only(OPEN_SANDBOX_API_KEY="not-the-servers-key"), 1, ("opensandbox",), named=("OPEN_SANDBOX_API_KEY",), hides=("not-the-servers-key",)),
+    Case("opensandbox key unset", opensandbox_only(OPEN_SANDBOX_API_KEY=None), 1, ("opensandbox",), named=("OPEN_SANDBOX_API_KEY",)),
+    Case(
+        "opensandbox bad values, each named",
+        opensandbox_only(OPEN_SANDBOX_IDLE_SECONDS="soon", OPEN_SANDBOX_CREATED_BY="-bad-"),
+        1,
+        ("opensandbox",),
+        named=("OPEN_SANDBOX_IDLE_SECONDS", "OPEN_SANDBOX_CREATED_BY"),
+    ),
+    Case(
+        "opensandbox isolation not attested: lfx refuses container",
+        opensandbox_only(OPEN_SANDBOX_ATTEST_ISOLATION=None),
+        1,
+        ("opensandbox",),
+        named=("OPEN_SANDBOX_ATTEST_ISOLATION",),
+        shows=("container",),
+    ),
+    Case(
+        "opensandbox not trusted by lfx",
+        opensandbox_only(LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos"),
+        1,
+        ("opensandbox",),
+        named=("LANGFLOW_SANDBOX_BACKEND_PLUGINS",),
+    ),
     Case(
         "admission store does not answer",
         nothing_enabled(CREATEOS_ADMISSION_STORE=STORE, CREATEOS_MAX_LIVE_GUESTS="4"),
@@ -220,12 +283,17 @@ def _doctor(env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def matrix(fake: Fake) -> dict[str, Ran]:
-    """Every case's runs, all started at once; the fake's guest count checked afterwards."""
+def matrix(fake: Fake, osfake_server: OsFake) -> dict[str, Ran]:
+    """Every case's runs, all started at once; the fakes' guest counts checked afterwards."""
     fake.reset()
+    osfake_server.reset()
     make_template(fake, OURS)
     make_template(fake, FOREIGN)
-    values = {UNREACHABLE: f"http://127.0.0.1:{free_port()}", STORE: f"redis://127.0.0.1:{free_port()}/0"}
+    values = {
+        UNREACHABLE: f"http://127.0.0.1:{free_port()}",
+        STORE: f"redis://127.0.0.1:{free_port()}/0",
+        OSFAKE: osfake_server.url,
+    }
 
     def replace(text: str) -> str:
         for placeholder, value in values.items():
@@ -245,6 +313,7 @@ def matrix(fake: Fake) -> dict[str, Ran]:
         results = dict(zip([c.name for c in CASES], pool.map(run, CASES)))
     # Doctor never creates a guest, whatever it finds.
     assert fake.stats()["created"] == 0
+    assert osfake_server.stats()["created"] == 0
     return results
 
 
@@ -290,6 +359,7 @@ def test_doctor_matrix(case: Case, matrix: dict[str, Ran]) -> None:
     # Progress goes to stderr, never into the report; the key goes nowhere.
     assert "doctor: " in err and not any(line.startswith("doctor: ") for line in lines), context
     assert FAKE_KEY not in ran.data.stdout + err
+    assert OS_KEY not in ran.data.stdout + err
     # Bounded waits: an unreachable control plane or store fails within seconds, not after a
     # run's retry window (120 s in the unreachable case).
     assert ran.seconds < 60, ran.seconds

@@ -80,6 +80,7 @@ def usage_lines(path: Path) -> list[dict[str, Any]]:
 
 
 FIELDS = {
+    "provider",
     "surface",
     "guest",
     "flow_id",
@@ -536,7 +537,7 @@ native.run("print(1)", None, _sandbox_settings())  # queued, not drained
 r, w = os.pipe()
 pid = os.fork()
 def created(tallies):
-    return sum(n for kind, _, _, n in tallies if kind == "guest_created")
+    return sum(n for kind, _, _, n, _ in tallies if kind == "guest_created")
 if pid == 0:
     inherited = _native.drain_events()
     native.run("print(2)", None, _sandbox_settings())

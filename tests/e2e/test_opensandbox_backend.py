@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Fake, backend_env, built_binary, lfx_run
+from conftest import Fake, backend_env, built_binary, lfx_run, run_python
 
 OS_KEY = "os-e2e-key-2f81"
 
@@ -215,3 +215,45 @@ def test_reap_command_for_opensandbox(osfake: OsFake) -> None:
     )
     assert bad.returncode == 2
     assert "--older-than" in bad.stderr
+
+
+def test_an_opensandbox_run_writes_a_usage_record_naming_its_provider(osfake: OsFake, tmp_path: Any) -> None:
+    usage = tmp_path / "usage.jsonl"
+    ran = lfx_run(os_env(osfake, CREATEOS_USAGE_LOG=str(usage)), "print(6*7)")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.result == {"result": "42"}
+    osfake.wait_settled()
+    records = [json.loads(line) for line in usage.read_text().splitlines()]
+    assert len(records) == 1, records
+    r = records[0]
+    assert r["provider"] == "opensandbox"
+    assert (r["surface"], r["egress"], r["runs"], r["outcome"], r["reason"]) == ("backend", "none", 1, "ok", "run-end")
+    assert r["worker"] > 0 and r["host"]
+    assert OS_KEY not in usage.read_text()
+
+
+def test_an_opensandbox_run_is_counted_under_its_provider_and_createos_series_stay_as_they_are(osfake: OsFake) -> None:
+    pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (scripts/test installs it)")
+    script = """
+import json
+from prometheus_client import REGISTRY
+from langflow_sandbox_createos import metrics
+from langflow_sandbox_createos.opensandbox import create_backend
+b = create_backend()
+b.run("print(1)")
+metrics.drain()
+out = []
+for m in REGISTRY.collect():
+    for s in m.samples:
+        if s.name.startswith(("createos_runs_total", "langflow_sandbox_runs_total", "langflow_sandbox_guests_live", "createos_guests_live")) and s.value:
+            out.append([s.name, s.labels, s.value])
+print("SAMPLES " + json.dumps(out))
+"""
+    proc = run_python(script, os_env(osfake))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("SAMPLES "))
+    samples = json.loads(line.removeprefix("SAMPLES "))
+    runs = [s for s in samples if s[0] == "langflow_sandbox_runs_total"]
+    assert runs == [["langflow_sandbox_runs_total", {"provider": "opensandbox", "surface": "backend", "outcome": "ok"}, 1.0]], samples
+    assert not [s for s in samples if s[0].startswith("createos_")], samples
+    osfake.wait_settled()

@@ -108,7 +108,9 @@ pub fn named_setting(text: &str) -> Option<&str> {
     while at < bytes.len() {
         let starts_word = at == 0 || !(word(bytes[at - 1]) || bytes[at - 1].is_ascii_lowercase());
         if starts_word
-            && (bytes[at..].starts_with(b"CREATEOS_") || bytes[at..].starts_with(b"LANGFLOW_"))
+            && (bytes[at..].starts_with(b"CREATEOS_")
+                || bytes[at..].starts_with(b"LANGFLOW_")
+                || bytes[at..].starts_with(b"OPEN_SANDBOX_"))
         {
             let end = bytes[at..]
                 .iter()

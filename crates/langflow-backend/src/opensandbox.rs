@@ -6,21 +6,173 @@
 //! refuses. Every run then creates a sandbox that passes the provider's checks (egress
 //! read-back, RuntimeClass, host-network canary, isolation probe) before the program is sent,
 //! runs it under lfx's timeout with the per-stream output cap, and deletes it.
+//!
+//! Every run is admitted, counted, attributed and released where the CreateOS backend's are:
+//! the process's [`Session`] (its admission and its observation). It takes a slot under
+//! `CREATEOS_MAX_LIVE_GUESTS` (and the deployment's store, when one is set) before its
+//! create, waits in the same fair line and is refused at the cap by the same message; its
+//! sandbox is counted created and destroyed with a usage record (worker, host, and
+//! `provider: opensandbox`), and its run finished, all under the OpenSandbox provider's tag
+//! ([`Observation::for_provider`]), so CreateOS's own totals are unchanged. The slot is given
+//! back only once the sandbox is deleted, also when the run is cancelled.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sandbox_core::observe::RunOutcome;
+use sandbox_core::admission::{Caps, GuestSlot, Ticket};
+use sandbox_core::observe::{Event, Observation, RunOutcome, RunUsage, Tracked};
 use sandbox_core::plan::SurfaceError;
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::provider::opensandbox::{
-    Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec,
+    Egress, OpenSandboxProvider, OpenSandboxSettings, Sandbox, SandboxSpec,
 };
+use sandbox_core::session::Session;
 use sandbox_core::settings::DEFAULT_MAX_OUTPUT_BYTES;
-use sandbox_core::surface::PoolUse;
+use sandbox_core::surface::{PoolUse, SurfaceKind};
 use sandbox_core::timings::Timings;
 
-use crate::{Capabilities, LfxPolicy, RunOutput};
+use crate::{Capabilities, DoctorLevel, DoctorLine, LfxPolicy, RunOutput};
+
+/// The backend's name in lfx's `lfx.sandbox_backends` entry points, its trust list
+/// (`LANGFLOW_SANDBOX_BACKEND_PLUGINS`) and its selection (`LANGFLOW_SANDBOX_BACKEND`).
+pub const ENTRY_POINT: &str = "opensandbox";
+
+/// How long `doctor` waits for the OpenSandbox server (one listing, retries included).
+pub const SERVER_CHECK: Duration = Duration::from_secs(5);
+
+/// `doctor`'s findings about the OpenSandbox settings that read (`settings`): the server and
+/// the key (present or not, never its value). No I/O.
+pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    let mut lines = Vec::new();
+    lines.push(match &settings.domain {
+        Some(d) => DoctorLine::about(
+            DoctorLevel::Info,
+            ENV_DOMAIN,
+            format!("server: {ENV_DOMAIN}={}", outside_text::snippet(d, 120)),
+        ),
+        None => DoctorLine::about(
+            DoctorLevel::Warn,
+            ENV_DOMAIN,
+            format!(
+                "{ENV_DOMAIN} is unset: the SDK's default {} is used; set it to the server's \
+                 host[:port] or URL",
+                opensandbox_api::DEFAULT_DOMAIN
+            ),
+        ),
+    });
+    lines.push(if settings.api_key.is_some() {
+        DoctorLine::about(
+            DoctorLevel::Ok,
+            ENV_API_KEY,
+            format!("{ENV_API_KEY} is set"),
+        )
+    } else {
+        DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_API_KEY,
+            format!("{ENV_API_KEY} is not set; set it to the server's [server] api_key"),
+        )
+    });
+    lines
+}
+
+/// `doctor`'s findings about the isolation lfx will see, and what `doctor` cannot know without
+/// creating a sandbox. No I/O.
+pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS};
+    let mut lines = Vec::new();
+    lines.push(match settings.attestation {
+        sandbox_core::provider::opensandbox::settings::Attestation::HardwareVirtualized => {
+            DoctorLine::about(
+                DoctorLevel::Ok,
+                ENV_ATTEST_ISOLATION,
+                format!(
+                    "isolation: hardware-virtualized, attested by \
+                     {ENV_ATTEST_ISOLATION}; {}, and every sandbox runs the in-guest probe \
+                     (gVisor and a named host kernel are refused) before any code",
+                    settings.runtime_class.as_deref().map_or_else(
+                        || format!("no {ENV_RUNTIME_CLASS} to cross-check (Kubernetes only)"),
+                        |rc| format!("every sandbox's RuntimeClass must be {rc}")
+                    )
+                ),
+            )
+        }
+        sandbox_core::provider::opensandbox::settings::Attestation::None => DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_ATTEST_ISOLATION,
+            format!(
+                "isolation: not attested, so the backend declares container and lfx's \
+                 dispatcher refuses it (no code runs); set \
+                 {ENV_ATTEST_ISOLATION}=hardware-virtualized only if the server's [secure_runtime] is Kata or \
+                 Firecracker"
+            ),
+        ),
+    });
+    lines.push(DoctorLine::new(
+        DoctorLevel::Info,
+        "not known without creating a sandbox (doctor creates none): the server's runtime \
+         (runc, gVisor, Kata, Firecracker), its egress sidecar's mode (dns+nft is required) \
+         and its Docker network mode (host is refused); every run checks them on its own \
+         sandbox before any code and refuses, naming the server setting",
+    ));
+    lines
+}
+
+/// `doctor`'s check of the server: one listing of this deployment's sandboxes (by
+/// `created-by`), bounded by [`SERVER_CHECK`]: reachable, the key accepted, and how many
+/// are live. A problem names `OPEN_SANDBOX_DOMAIN` or `OPEN_SANDBOX_API_KEY`.
+pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use opensandbox_api::{ErrorKind as ApiKind, SandboxFilter};
+    use sandbox_core::provider::opensandbox::lifecycle::META_CREATED_BY;
+    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    let client = match settings.client() {
+        Ok(c) => c,
+        Err(e) => return vec![DoctorLine::new(DoctorLevel::Refused, e.message())],
+    };
+    let shown = outside_text::snippet(client.base_url(), 120);
+    let filter = SandboxFilter::metadata(META_CREATED_BY, &settings.created_by);
+    match tokio::time::timeout(SERVER_CHECK, client.list_sandboxes(&filter, 1)).await {
+        Ok(Ok(page)) => vec![DoctorLine::about(
+            DoctorLevel::Ok,
+            ENV_API_KEY,
+            format!(
+                "server: {shown} answered and accepted {ENV_API_KEY}; {} sandbox(es) of this \
+                 deployment (created-by={}) on the first page",
+                page.items.len(),
+                settings.created_by
+            ),
+        )],
+        Ok(Err(e)) if e.kind() == ApiKind::Auth => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_API_KEY,
+            format!(
+                "server: {shown} refused {ENV_API_KEY} ({}); set it to the server's [server] \
+                 api_key",
+                outside_text::snippet(&e.to_string(), 200)
+            ),
+        )],
+        Ok(Err(e)) => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_DOMAIN,
+            format!(
+                "server: {shown} cannot be used ({}); check {ENV_DOMAIN} and that the server \
+                 runs",
+                outside_text::snippet(&e.to_string(), 200)
+            ),
+        )],
+        Err(_) => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            ENV_DOMAIN,
+            format!(
+                "server: {shown} did not answer within {} s; check {ENV_DOMAIN} and that the \
+                 server runs",
+                SERVER_CHECK.as_secs()
+            ),
+        )],
+    }
+}
 
 /// The smallest memory limit a sandbox gets, in MiB (lfx's floor of 128 is too little for
 /// `python3` plus the image's own processes).
@@ -43,10 +195,62 @@ pub fn capabilities_with(
 }
 
 /// The OpenSandbox backend of one process: the provider, built on the first run from the
-/// process environment.
+/// process environment, and the session its runs are admitted and counted in.
 #[derive(Debug, Default)]
 pub struct OpenSandboxBackend {
     provider: Mutex<Option<OpenSandboxProvider>>,
+    session: Session,
+}
+
+/// The egress label of a usage record (`none`, `allowlist`, `open`), as CreateOS's.
+fn egress_label(e: &Egress) -> &'static str {
+    match e {
+        Egress::DenyAll => "none",
+        Egress::Domains(_) => "allowlist",
+        Egress::Unrestricted => "open",
+    }
+}
+
+/// A run's sandbox with its account and its slot: deleted, reported and given back together.
+/// Dropped undone (the run was cancelled), it deletes the sandbox in the background and only
+/// then gives the slot back and reports the sandbox destroyed.
+struct Held {
+    sandbox: Option<Sandbox>,
+    tracked: Option<Tracked>,
+    slot: Option<GuestSlot>,
+}
+
+impl Held {
+    async fn release(mut self) -> Duration {
+        let started = Instant::now();
+        if let Some(sb) = self.sandbox.take() {
+            sb.destroy().await;
+        }
+        if let Some(t) = self.tracked.take() {
+            t.finish();
+        }
+        drop(self.slot.take());
+        started.elapsed()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let (sandbox, tracked, slot) = (self.sandbox.take(), self.tracked.take(), self.slot.take());
+        if sandbox.is_none() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Some(sb) = sandbox {
+                    sb.destroy().await;
+                }
+                drop((tracked, slot));
+            });
+        }
+        // Without a runtime the sandbox's own drop cannot delete it either: the server-side
+        // timeout and the orphan sweep do; the slot and the record go now.
+    }
 }
 
 fn unavailable(e: &sandbox_core::SandboxError) -> SurfaceError {
@@ -64,9 +268,44 @@ pub fn egress_of(policy: &LfxPolicy) -> Egress {
 }
 
 impl OpenSandboxBackend {
-    /// A backend that reads nothing and builds nothing until its first run.
+    /// A backend that reads nothing and builds nothing until its first run, on a session of
+    /// its own.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A backend whose runs are admitted and counted in `session` (the process's: the one
+    /// every surface of the process shares, so the caps hold for all of them).
+    pub fn with_session(session: Session) -> Self {
+        Self {
+            provider: Mutex::new(None),
+            session,
+        }
+    }
+
+    /// The session its runs are admitted and counted in.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Where its events are counted: the session's observation, tagged as OpenSandbox's.
+    pub fn observation(&self) -> Observation {
+        self.session
+            .observation()
+            .for_provider(ProviderKind::OpenSandbox)
+    }
+
+    /// Counts a run that ended without a result and returns its error.
+    fn failed(obs: &Observation, e: SurfaceError, admitted: Instant) -> SurfaceError {
+        obs.emit(&Event::RunFinished {
+            surface: SurfaceKind::Backend,
+            outcome: match &e {
+                SurfaceError::Unavailable(_) => RunOutcome::Unavailable,
+                SurfaceError::Execution(_) => RunOutcome::MayHaveRun,
+            },
+            seconds: admitted.elapsed().as_secs_f64(),
+        });
+        e
     }
 
     fn provider(
@@ -106,8 +345,20 @@ impl OpenSandboxBackend {
         lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     ) -> Result<RunOutput, SurfaceError> {
         let started = Instant::now();
-        policy.validate().map_err(|e| unavailable(&e))?;
-        let provider = self.provider(lookup)?;
+        let obs = self.observation();
+        let refused = |e: &sandbox_core::SandboxError| {
+            obs.emit(&Event::RunFinished {
+                surface: SurfaceKind::Backend,
+                outcome: RunOutcome::of_error(e),
+                seconds: started.elapsed().as_secs_f64(),
+            });
+            unavailable(e)
+        };
+        policy.validate().map_err(|e| refused(&e))?;
+        let caps = Caps::from_lookup(&lookup).map_err(|e| refused(&e))?;
+        let provider = self
+            .provider(lookup)
+            .map_err(|e| Self::failed(&obs, e, started))?;
         let timeout = Duration::from_secs(u64::from(policy.timeout_seconds));
         let spec = SandboxSpec {
             egress: egress_of(policy),
@@ -115,10 +366,50 @@ impl OpenSandboxBackend {
             surface: "backend",
             run_budget: timeout + Duration::from_secs(30),
         };
-        let mut sandbox = provider.create(&spec).await.map_err(|e| unavailable(&e))?;
+        // Admission: the process's cap (and the deployment's), the same line as CreateOS's
+        // runs; the backend has no flow id. The wait never exceeds the run's own budget.
+        let ticket = Ticket::new(
+            self.session.admission().clone(),
+            caps,
+            tokio::time::Instant::now() + caps.wait.min(timeout),
+        );
+        let slot = match ticket.guest_slot(None).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                if e.kind() == sandbox_core::ErrorKind::AtCapacity {
+                    obs.emit(&Event::AdmissionRefused {
+                        surface: SurfaceKind::Backend,
+                    });
+                }
+                return Err(refused(&e));
+            }
+        };
+        if let Some(waited) = ticket.queued() {
+            obs.emit(&Event::AdmissionWait {
+                surface: SurfaceKind::Backend,
+                seconds: waited.as_secs_f64(),
+            });
+        }
+        let mut held = Held {
+            sandbox: None,
+            tracked: None,
+            slot: Some(slot),
+        };
+        let sandbox = provider.create(&spec).await.map_err(|e| refused(&e))?;
+        let guest_id = sandbox.id().to_owned();
+        held.tracked = Some(Tracked::created(
+            obs.clone(),
+            SurfaceKind::Backend,
+            &guest_id,
+            &format!("{}Mi", spec.memory_mb),
+            &provider.settings().image,
+            egress_label(&spec.egress),
+        ));
         let acquired = started.elapsed();
         let exec_started = Instant::now();
-        let ran = sandbox
+        let ran = held
+            .sandbox
+            .insert(sandbox)
             .run_python(
                 code,
                 &env.unwrap_or_default(),
@@ -127,16 +418,34 @@ impl OpenSandboxBackend {
             )
             .await;
         let exec = exec_started.elapsed();
-        let guest_id = sandbox.id().to_owned();
-        let destroy_started = Instant::now();
-        sandbox.destroy().await;
-        let destroyed = destroy_started.elapsed();
-        let out = ran.map_err(SurfaceError::from)?;
-        let outcome = match out.exit_code {
-            0 => RunOutcome::Ok,
-            sandbox_core::provider::opensandbox::lifecycle::EXIT_TIMED_OUT => RunOutcome::TimedOut,
-            _ => RunOutcome::ProgramFailed,
+        let outcome = match &ran {
+            Ok(out) => match out.exit_code {
+                0 => RunOutcome::Ok,
+                sandbox_core::provider::opensandbox::lifecycle::EXIT_TIMED_OUT => {
+                    RunOutcome::TimedOut
+                }
+                _ => RunOutcome::ProgramFailed,
+            },
+            Err(e) => RunOutcome::of_error(e),
         };
+        if let Some(t) = held.tracked.as_mut() {
+            let bytes = ran.as_ref().map_or(0, |o| o.stdout.len() + o.stderr.len());
+            t.served(&RunUsage {
+                outcome,
+                bytes_returned: u64::try_from(bytes).unwrap_or(u64::MAX),
+                flow_id: None,
+                node_id: None,
+                session_hash: None,
+            });
+            t.reason(outcome.destroy_reason());
+        }
+        obs.emit(&Event::RunFinished {
+            surface: SurfaceKind::Backend,
+            outcome,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        let destroyed = held.release().await;
+        let out = ran.map_err(SurfaceError::from)?;
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let timings = Timings {
             acquire_ms: Some(ms(acquired)),
@@ -182,9 +491,15 @@ impl OpenSandboxBackend {
         dry_run: bool,
     ) -> Result<Vec<String>, SurfaceError> {
         let provider = self.provider(|k| std::env::var(k).ok())?;
-        provider
+        let swept = provider
             .sweep(older_than, dry_run)
             .await
-            .map_err(SurfaceError::from)
+            .map_err(SurfaceError::from)?;
+        if !dry_run && !swept.is_empty() {
+            self.observation().emit(&Event::OrphansReaped {
+                count: swept.len() as u64,
+            });
+        }
+        Ok(swept)
     }
 }

@@ -86,3 +86,168 @@ async fn a_run_gets_its_own_sandbox_and_leaves_none() {
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+async fn plain_fake() -> FakeServer {
+    FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        config: Config {
+            ping_ms: 200,
+            ..Config::default()
+        },
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The OpenSandbox backend is admitted under the CreateOS backend's caps: at
+/// `CREATEOS_MAX_LIVE_GUESTS`, a second run waits its admission wait and is refused by name,
+/// nothing created; the slot comes back once the first run's sandbox is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_over_the_live_guest_cap_is_refused_naming_the_setting() {
+    use sandbox_core::observe::RunOutcome;
+    use sandbox_core::provider::ProviderKind;
+    let fake = plain_fake().await;
+    let backend = std::sync::Arc::new(OpenSandboxBackend::new());
+    let capped: &'static [(&str, &str)] = &[
+        ("CREATEOS_MAX_LIVE_GUESTS", "1"),
+        ("CREATEOS_ADMISSION_WAIT_SECONDS", "0.5"),
+    ];
+    let policy = LfxPolicy::default();
+    let (b, url, p) = (backend.clone(), fake.url(), policy.clone());
+    let first = tokio::spawn(async move {
+        b.run_with(
+            "import time\ntime.sleep(3)\nprint('slow')\n",
+            None,
+            &p,
+            lookup(url, capped),
+        )
+        .await
+    });
+    // Until the first run holds its slot.
+    let t0 = std::time::Instant::now();
+    while backend.session().admission().stats().live == 0 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the first run never took a slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let e = backend
+        .run_with("print(2)", None, &policy, lookup(fake.url(), capped))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, langflow_backend::BackendError::Unavailable(_)),
+        "{text}"
+    );
+    for want in ["at capacity", "CREATEOS_MAX_LIVE_GUESTS=1", "nothing ran"] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    assert!(!text.contains("CreateOS sandbox"), "{text}");
+    let out = first.await.unwrap().unwrap();
+    assert_eq!(out.stdout.to_string(), "slow\n");
+    assert_eq!(fake.stats().created, 1, "the refused run created nothing");
+    assert_eq!(backend.session().admission().stats().live, 0);
+    assert_eq!(fake.stats().live, 0);
+    let c = backend
+        .session()
+        .observation()
+        .counters_of(ProviderKind::OpenSandbox);
+    let b = ("surface", "backend");
+    assert_eq!(
+        c.value("createos_admission_refusals_total", &[b]),
+        Some(1.0)
+    );
+    assert_eq!(
+        c.value(
+            "createos_runs_total",
+            &[b, ("outcome", RunOutcome::Unavailable.as_str())]
+        ),
+        Some(1.0)
+    );
+    // A bad cap is refused by name before anything is created.
+    let e = backend
+        .run_with(
+            "print(3)",
+            None,
+            &policy,
+            lookup(fake.url(), &[("CREATEOS_MAX_LIVE_GUESTS", "many")]),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("CREATEOS_MAX_LIVE_GUESTS"), "{e}");
+    fake.shutdown().await;
+}
+
+/// An OpenSandbox run is counted (created, destroyed, live, runs) and recorded (a usage record
+/// with its worker, host and provider) under the OpenSandbox tag; CreateOS's totals stay 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_is_counted_and_recorded_as_opensandboxs() {
+    use std::sync::{Arc, Mutex};
+
+    use sandbox_core::observe::{Event, GuestUsage, Observer};
+    use sandbox_core::provider::ProviderKind;
+
+    #[derive(Default)]
+    struct Keep(Mutex<Vec<(ProviderKind, GuestUsage)>>);
+    impl Observer for Keep {
+        fn observe(&self, _: &Event<'_>) {}
+        fn observe_on(&self, provider: ProviderKind, event: &Event<'_>) {
+            if let Event::GuestDestroyed(u) = event {
+                self.0.lock().unwrap().push((provider, (*u).clone()));
+            }
+        }
+    }
+    let fake = plain_fake().await;
+    let backend = OpenSandboxBackend::new();
+    let keep = Arc::new(Keep::default());
+    backend
+        .session()
+        .observation()
+        .set_observer(Some(keep.clone()));
+    let out = backend
+        .run_with(
+            "print('hi')",
+            None,
+            &LfxPolicy::default(),
+            lookup(fake.url(), &[]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.to_string(), "hi\n");
+    let obs = backend.session().observation();
+    let b = ("surface", "backend");
+    let os = obs.counters_of(ProviderKind::OpenSandbox);
+    assert_eq!(os.value("createos_guests_created_total", &[b]), Some(1.0));
+    assert_eq!(
+        os.value(
+            "createos_guests_destroyed_total",
+            &[b, ("reason", "run-end")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(os.value("createos_guests_live", &[b]), Some(0.0));
+    assert_eq!(
+        os.value("createos_runs_total", &[b, ("outcome", "ok")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        obs.counters().value("createos_guests_created_total", &[b]),
+        Some(0.0),
+        "CreateOS's series are unchanged by an OpenSandbox run"
+    );
+    let seen = keep.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "one usage record");
+    let (provider, u) = &seen[0];
+    assert_eq!(*provider, ProviderKind::OpenSandbox);
+    assert_eq!(u.provider, ProviderKind::OpenSandbox);
+    assert_eq!(u.guest, out.guest_id);
+    assert_eq!(u.worker, std::process::id());
+    assert!(!u.host.is_empty());
+    assert_eq!((u.runs, u.egress, u.bytes_returned), (1, "none", 3));
+    assert_eq!(u.shape, "256Mi");
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}

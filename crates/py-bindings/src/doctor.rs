@@ -41,6 +41,7 @@ use sandbox_core::shapes::{Pin, Shape, in_catalog, select_shape};
 use serde_json::json;
 
 use crate::{backend, errors, logbridge, runtime, session, wait};
+use langflow_backend::opensandbox;
 
 /// How long `doctor` waits for the executor's template to be looked up.
 pub const TEMPLATE_LOOKUP: Duration = Duration::from_secs(5);
@@ -60,10 +61,18 @@ pub enum Surface {
     Component,
     /// The whole-flow executor.
     Executor,
+    /// The sandbox backend on a self-hosted OpenSandbox server
+    /// (`LANGFLOW_SANDBOX_BACKEND=opensandbox`).
+    OpenSandbox,
 }
 
 impl Surface {
-    const ALL: [Surface; 3] = [Surface::Backend, Surface::Component, Surface::Executor];
+    const ALL: [Surface; 4] = [
+        Surface::Backend,
+        Surface::Component,
+        Surface::Executor,
+        Surface::OpenSandbox,
+    ];
 
     /// Its name, as `--surface` and the JSON spell it.
     pub fn name(self) -> &'static str {
@@ -71,7 +80,14 @@ impl Surface {
             Surface::Backend => "backend",
             Surface::Component => "component",
             Surface::Executor => "executor",
+            Surface::OpenSandbox => "opensandbox",
         }
+    }
+
+    /// Whether it runs on CreateOS (and so is concerned by the `CREATEOS_*` settings and the
+    /// control plane; the caps and the admission store concern every surface).
+    fn on_createos(self) -> bool {
+        self != Surface::OpenSandbox
     }
 
     fn parse(name: &str) -> Option<Self> {
@@ -160,7 +176,18 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
             "{ENV_EXECUTOR_KIND} is unset: lfx runs flows in-process"
         )),
     };
-    let nothing_else = backend.is_err() && executor.is_err();
+    let opensandbox = match (selected_opensandbox(env), trusts_opensandbox(env)) {
+        (true, _) => Ok(format!("{ENV_LF_SELECTED}={}", opensandbox::ENTRY_POINT)),
+        (false, true) if langflow_backend::selected(env).is_none() => Ok(format!(
+            "{ENV_LF_PLUGINS} lists {}, though {ENV_LF_SELECTED} is unset",
+            opensandbox::ENTRY_POINT
+        )),
+        _ => Err(format!(
+            "{ENV_LF_SELECTED} does not select {} and {ENV_LF_PLUGINS} does not list it alone",
+            opensandbox::ENTRY_POINT
+        )),
+    };
+    let nothing_else = backend.is_err() && executor.is_err() && opensandbox.is_err();
     let component = if nothing_else {
         Ok(
             "nothing else is enabled; a flow uses it by its node, with no switch to read"
@@ -177,6 +204,7 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
         (Surface::Backend, backend),
         (Surface::Component, component),
         (Surface::Executor, executor),
+        (Surface::OpenSandbox, opensandbox),
     ]
     .into_iter()
     .map(|(surface, why)| Scope {
@@ -186,6 +214,116 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
     })
     .collect()
 }
+
+/// Whether lfx's selection is the OpenSandbox backend.
+fn selected_opensandbox(env: &dyn Fn(&str) -> Option<String>) -> bool {
+    langflow_backend::selected(env).as_deref() == Some(opensandbox::ENTRY_POINT)
+}
+
+/// Whether lfx's trust list names the OpenSandbox backend.
+fn trusts_opensandbox(env: &dyn Fn(&str) -> Option<String>) -> bool {
+    env(ENV_LF_PLUGINS)
+        .unwrap_or_default()
+        .split(',')
+        .any(|n| n.trim().eq_ignore_ascii_case(opensandbox::ENTRY_POINT))
+}
+
+/// The OpenSandbox surface: lfx's two switches, the `OPEN_SANDBOX_*` settings (each bad value
+/// named on its own), the server (one listing, [`opensandbox::SERVER_CHECK`]) and the
+/// isolation lfx will see. Creates no sandbox.
+async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    let name = opensandbox::ENTRY_POINT;
+    let mut lines = vec![
+        if trusts_opensandbox(env) {
+            DoctorLine::about(
+                DoctorLevel::Ok,
+                ENV_LF_PLUGINS,
+                format!("lfx trusts the backend ({ENV_LF_PLUGINS} lists {name})"),
+            )
+        } else {
+            DoctorLine::about(
+                DoctorLevel::Refused,
+                ENV_LF_PLUGINS,
+                format!(
+                    "{ENV_LF_PLUGINS} does not list {name}: lfx will not load this backend (and \
+                     refuses to start if {ENV_LF_SELECTED}={name}); add {name} to it"
+                ),
+            )
+        },
+        if selected_opensandbox(env) {
+            DoctorLine::about(
+                DoctorLevel::Ok,
+                ENV_LF_SELECTED,
+                format!("lfx selects this backend ({ENV_LF_SELECTED}={name})"),
+            )
+        } else {
+            DoctorLine::about(
+                DoctorLevel::Refused,
+                ENV_LF_SELECTED,
+                format!(
+                    "{ENV_LF_SELECTED} does not select {name}, so lfx runs the Python \
+                     Interpreter's code without it; set {ENV_LF_SELECTED}={name}"
+                ),
+            )
+        },
+    ];
+    // The provider reads its settings through an owned lookup: hand it the values now.
+    let read = |l: &dyn Fn(&str) -> Option<String>| {
+        let values: Vec<(String, String)> = OPEN_SANDBOX_SETTINGS
+            .iter()
+            .filter_map(|n| l(n).map(|v| ((*n).to_owned(), v)))
+            .collect();
+        OpenSandboxSettings::from_lookup(move |k| {
+            values.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    };
+    let (settings, refusals, left_out) = read_each(env, read);
+    lines.extend(refusals);
+    if let Some(settings) = settings {
+        lines.extend(opensandbox::settings_lines(&settings));
+        let asks = settings.api_key.is_some()
+            && !left_out
+                .iter()
+                .any(|v| OPEN_SANDBOX_CONNECTION.contains(&v.as_str()));
+        if asks {
+            progress(&format!(
+                "asking the OpenSandbox server (a listing; up to {} s)",
+                opensandbox::SERVER_CHECK.as_secs()
+            ));
+            lines.extend(opensandbox::server_lines(&settings).await);
+        }
+        lines.extend(opensandbox::isolation_lines(&settings));
+    }
+    without_left_out(lines, &left_out)
+}
+
+/// Every `OPEN_SANDBOX_*` setting the provider reads.
+const OPEN_SANDBOX_SETTINGS: &[&str] = &[
+    "OPEN_SANDBOX_DOMAIN",
+    "OPEN_SANDBOX_API_KEY",
+    "OPEN_SANDBOX_IMAGE",
+    "OPEN_SANDBOX_ENTRYPOINT",
+    "OPEN_SANDBOX_CPU",
+    "OPEN_SANDBOX_ATTEST_ISOLATION",
+    "OPEN_SANDBOX_RUNTIME_CLASS",
+    "OPEN_SANDBOX_HOST_KERNEL",
+    "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION",
+    "OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS",
+    "OPEN_SANDBOX_MAX_RENEW_SECONDS",
+    "OPEN_SANDBOX_READY_SECONDS",
+    "OPEN_SANDBOX_IDLE_SECONDS",
+    "OPEN_SANDBOX_CREATED_BY",
+    "OPEN_SANDBOX_USE_SERVER_PROXY",
+    "OPEN_SANDBOX_REQUEST_TIMEOUT",
+];
+
+/// The settings the server check needs read as given (one left out: not asked).
+const OPEN_SANDBOX_CONNECTION: &[&str] = &[
+    "OPEN_SANDBOX_DOMAIN",
+    "OPEN_SANDBOX_API_KEY",
+    "OPEN_SANDBOX_CREATED_BY",
+];
 
 /// Reads settings with `read` through `env`, and when a value is refused, reads again without
 /// it (as if unset), until the rest reads: every bad value is named once, each on its own, and
@@ -261,6 +399,7 @@ struct Inputs {
 async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -> Report {
     let scopes = scopes(&inputs.asked, env);
     let checked = |s: Surface| scopes.iter().any(|x| x.surface == s && x.checked);
+    let createos_checked = scopes.iter().any(|x| x.checked && x.surface.on_createos());
     let mut sections = Vec::new();
 
     // The caps, the wait and the retry (each setting on its own), and the admission store.
@@ -312,7 +451,17 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
             .filter(|r| !admission.iter().chain(&store).any(|l| l.text == r.text)),
     );
     let mut catalog: Option<Vec<Shape>> = None;
-    if let Some(settings) = &settings {
+    // The CreateOS settings and control plane concern only the CreateOS surfaces: with none
+    // checked, nothing is said of them and the control plane is not asked.
+    if !createos_checked {
+        shared.retain(|l| {
+            inputs
+                .lfx_problems
+                .iter()
+                .any(|(_, r)| l.text.contains(r.as_str()))
+        });
+    }
+    if let Some(settings) = settings.as_ref().filter(|_| createos_checked) {
         shared.extend(langflow_backend::control_plane_lines(settings));
         let key_left_out = left_out
             .iter()
@@ -426,6 +575,13 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
             area: Area::Only(Surface::Executor),
             title: "Whole-flow executor: which Langflow paths reach it",
             lines: inputs.paths,
+        });
+    }
+    if checked(Surface::OpenSandbox) {
+        sections.push(Section {
+            area: Area::Only(Surface::OpenSandbox),
+            title: "Sandbox backend on an OpenSandbox server (LANGFLOW_SANDBOX_BACKEND=opensandbox)",
+            lines: opensandbox_lines(env).await,
         });
     }
     sections.push(Section {
@@ -962,7 +1118,7 @@ pub fn doctor(
             Some(_) => {}
             None => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "unknown surface {name:?}: backend, component or executor"
+                    "unknown surface {name:?}: backend, component, executor or opensandbox"
                 )));
             }
         }
@@ -1033,6 +1189,14 @@ mod tests {
             "{}",
             s[0].reason
         );
+        // The OpenSandbox backend, selected or trusted alone: it, not the component.
+        let os = env(&[(ENV_LF_SELECTED, "opensandbox")]);
+        assert_eq!(checked(&scopes(&[], &os)), ["opensandbox"]);
+        let os_half = env(&[(ENV_LF_PLUGINS, "opensandbox")]);
+        assert_eq!(checked(&scopes(&[], &os_half)), ["opensandbox"]);
+        let both = env(&[(ENV_LF_PLUGINS, "createos,opensandbox")]);
+        assert_eq!(checked(&scopes(&[], &both)), ["backend", "opensandbox"]);
+        assert_eq!(Surface::parse(" opensandbox "), Some(Surface::OpenSandbox));
         // Asked for: exactly those, whatever is enabled.
         let s = scopes(&[Surface::Component], &executor);
         assert_eq!(checked(&s), ["component"]);

@@ -28,6 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use sandbox_core::observe::{DestroyReason, Event, GuestUsage, Observer, RunOutcome, StatusClass};
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::session::Session;
 use sandbox_core::surface::SurfaceKind;
 
@@ -81,15 +82,17 @@ impl Tally {
 /// duration (for a histogram) and each destroyed guest's usage record.
 #[derive(Debug, Default)]
 struct Held {
-    tallies: HashMap<Tally, f64>,
-    run_seconds: VecDeque<(SurfaceKind, f64)>,
+    tallies: HashMap<(ProviderKind, Tally), f64>,
+    run_seconds: VecDeque<(ProviderKind, SurfaceKind, f64)>,
     usages: VecDeque<GuestUsage>,
     dropped: u64,
+    /// The provider of the event being added.
+    provider: ProviderKind,
 }
 
 impl Held {
     fn add(&mut self, tally: Tally, n: f64) {
-        *self.tallies.entry(tally).or_default() += n;
+        *self.tallies.entry((self.provider, tally)).or_default() += n;
     }
 
     fn keep<T>(queue: &mut VecDeque<T>, dropped: &mut u64, item: T) {
@@ -100,7 +103,8 @@ impl Held {
         queue.push_back(item);
     }
 
-    fn observe(&mut self, event: &Event<'_>) {
+    fn observe(&mut self, provider: ProviderKind, event: &Event<'_>) {
+        self.provider = provider;
         match *event {
             Event::GuestCreated { surface, .. } => self.add(Tally::Created(surface), 1.0),
             Event::GuestAdopted { surface } => self.add(Tally::Adopted(surface), 1.0),
@@ -119,7 +123,11 @@ impl Held {
                 seconds,
             } => {
                 self.add(Tally::Runs(surface, outcome), 1.0);
-                Self::keep(&mut self.run_seconds, &mut self.dropped, (surface, seconds));
+                Self::keep(
+                    &mut self.run_seconds,
+                    &mut self.dropped,
+                    (provider, surface, seconds),
+                );
             }
             Event::ControlRequest { route, status } => self.add(Tally::Request(route, status), 1.0),
             Event::Pool { surface, hit } => self.add(Tally::Pool(surface, hit), 1.0),
@@ -150,10 +158,14 @@ impl EventQueue {
 
 impl Observer for EventQueue {
     fn observe(&self, event: &Event<'_>) {
+        self.observe_on(ProviderKind::CreateOs, event);
+    }
+
+    fn observe_on(&self, provider: ProviderKind, event: &Event<'_>) {
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .observe(event);
+            .observe(provider, event);
     }
 }
 
@@ -210,6 +222,7 @@ fn usage_dict<'py>(py: Python<'py>, u: &GuestUsage) -> PyResult<Bound<'py, PyDic
     d.set_item("reason", u.reason.as_str())?;
     d.set_item("worker", u.worker)?;
     d.set_item("host", &u.host)?;
+    d.set_item("provider", u.provider.as_str())?;
     Ok(d)
 }
 
@@ -223,19 +236,19 @@ type Drained<'py> = (
 );
 
 /// Takes what this process observed since the last call, added up: `(tallies, run_seconds,
-/// usages, dropped)`. `tallies` holds one `(kind, label, label, value)` per family and
-/// labels that changed: `("guest_created", surface, "", n)`, `("guest_destroyed", surface,
+/// usages, dropped)`. `tallies` holds one `(kind, label, label, value, provider)` per family,
+/// labels and provider (`createos`, `opensandbox`) that changed: `("guest_created", surface, "", n)`, `("guest_destroyed", surface,
 /// reason, n)`, `("guest_seconds", surface, shape, seconds)`, `("run_finished", surface,
 /// outcome, n)`, `("control_request", route, status_class, n)`, `("pool", surface,
 /// "hit"|"miss", n)`, `("admission_wait", surface, "", n)`, `("admission_wait_seconds",
 /// surface, "", seconds)`, `("admission_refused", surface, "", n)`, `("orphans_reaped", "",
-/// "", n)`. `run_seconds` holds `(surface, seconds)` per run, oldest first; `usages` a dict
+/// "", n)`. `run_seconds` holds `(surface, seconds, provider)` per run, oldest first; `usages` a dict
 /// per destroyed guest (only with `usage=True`: otherwise they are discarded), oldest first;
 /// `dropped` how many of either were dropped meanwhile (each holds [`EVENT_CAP`]). So a
 /// drain costs Python one step per label set, not per event. Empty before
 /// [`enable_events`]. Never a key, code or output: a usage record carries the guest's name,
 /// flow and node ids, a hash of the session id, its shape, image, egress kind, times, runs,
-/// outcome, bytes returned and reason.
+/// outcome, bytes returned, reason, worker, host and provider.
 #[pyfunction]
 #[pyo3(signature = (usage = true))]
 pub fn drain_events(py: Python<'_>, usage: bool) -> PyResult<Drained<'_>> {
@@ -244,12 +257,12 @@ pub fn drain_events(py: Python<'_>, usage: bool) -> PyResult<Drained<'_>> {
         return Ok((tallies, runs, usages, 0));
     };
     let held = queue.take();
-    for (tally, value) in &held.tallies {
+    for ((provider, tally), value) in &held.tallies {
         let (kind, a, b) = tally.labels();
-        tallies.append((kind, a, b, *value))?;
+        tallies.append((kind, a, b, *value, provider.as_str()))?;
     }
-    for (surface, seconds) in &held.run_seconds {
-        runs.append((surface.as_str(), *seconds))?;
+    for (provider, surface, seconds) in &held.run_seconds {
+        runs.append((surface.as_str(), *seconds, provider.as_str()))?;
     }
     if usage {
         for u in &held.usages {
@@ -262,6 +275,10 @@ pub fn drain_events(py: Python<'_>, usage: bool) -> PyResult<Drained<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn c(t: Tally) -> (ProviderKind, Tally) {
+        (ProviderKind::CreateOs, t)
+    }
 
     #[test]
     fn counts_add_up_by_label_and_only_durations_and_usages_can_drop() {
@@ -291,25 +308,49 @@ mod tests {
         let runs = (EVENT_CAP + 3) as f64;
         assert_eq!(
             held.tallies
-                .get(&Tally::Runs(SurfaceKind::Backend, RunOutcome::Ok)),
+                .get(&c(Tally::Runs(SurfaceKind::Backend, RunOutcome::Ok))),
             Some(&runs),
             "a count is never dropped"
         );
         assert_eq!(
             held.tallies
-                .get(&Tally::Request("create", StatusClass::ClientError)),
+                .get(&c(Tally::Request("create", StatusClass::ClientError))),
             Some(&2.0)
         );
         assert_eq!(
             held.tallies
-                .get(&Tally::Request("create", StatusClass::Success)),
+                .get(&c(Tally::Request("create", StatusClass::Success))),
             Some(&1.0)
         );
-        assert_eq!(held.tallies.get(&Tally::Orphans), Some(&4.0));
+        assert_eq!(held.tallies.get(&c(Tally::Orphans)), Some(&4.0));
         assert_eq!(held.tallies.len(), 4);
         let held = q.take();
         assert!(held.tallies.is_empty() && held.run_seconds.is_empty());
         assert_eq!(held.dropped, 0, "the drop count starts again after a take");
+    }
+
+    #[test]
+    fn another_providers_events_are_added_up_apart() {
+        let q = EventQueue::default();
+        let run = Event::RunFinished {
+            surface: SurfaceKind::Backend,
+            outcome: RunOutcome::Ok,
+            seconds: 0.5,
+        };
+        q.observe(&run);
+        q.observe_on(ProviderKind::OpenSandbox, &run);
+        q.observe_on(ProviderKind::OpenSandbox, &run);
+        let held = q.take();
+        let ok = Tally::Runs(SurfaceKind::Backend, RunOutcome::Ok);
+        assert_eq!(held.tallies.get(&c(ok.clone())), Some(&1.0));
+        assert_eq!(
+            held.tallies.get(&(ProviderKind::OpenSandbox, ok)),
+            Some(&2.0)
+        );
+        assert_eq!(
+            held.run_seconds.back(),
+            Some(&(ProviderKind::OpenSandbox, SurfaceKind::Backend, 0.5))
+        );
     }
 
     #[test]
@@ -333,21 +374,22 @@ mod tests {
             reason: DestroyReason::Timeout,
             worker: 42,
             host: "host-a".into(),
+            provider: ProviderKind::CreateOs,
         };
         q.observe(&Event::GuestDestroyed(&usage));
         q.observe(&Event::GuestDestroyed(&usage));
         let held = q.take();
         assert_eq!(held.usages, [usage.clone(), usage]);
         assert_eq!(
-            held.tallies.get(&Tally::Destroyed(
+            held.tallies.get(&c(Tally::Destroyed(
                 SurfaceKind::Executor,
                 DestroyReason::Timeout
-            )),
+            ))),
             Some(&2.0)
         );
         assert_eq!(
             held.tallies
-                .get(&Tally::GuestSeconds(SurfaceKind::Executor, "s-1".into())),
+                .get(&c(Tally::GuestSeconds(SurfaceKind::Executor, "s-1".into()))),
             Some(&3.0)
         );
         assert_eq!(

@@ -17,7 +17,7 @@ use crate::errors;
 use crate::perprocess::{PerProcess, State};
 use crate::results::{NativeCapabilities, RunResult};
 use crate::wait::{Waited, drive};
-use crate::{logbridge, runtime};
+use crate::{logbridge, runtime, session};
 
 /// What the OpenSandbox backend declares to lfx: `hardware-virtualized` only when
 /// `OPEN_SANDBOX_ATTEST_ISOLATION` says so. Reads the environment; no I/O, no thread.
@@ -49,7 +49,9 @@ pub fn opensandbox_reap(
         .map_err(|err| errors::execution(py, format!("cannot start the async runtime: {err}")))?;
     let older_than = std::time::Duration::from_secs_f64(older_than_seconds);
     let result = match drive(py, rt, move || async move {
-        OpenSandboxBackend::new().sweep(older_than, dry_run).await
+        OpenSandboxBackend::with_session(session::session())
+            .sweep(older_than, dry_run)
+            .await
     }) {
         Waited::Finished(Ok(ids)) => Ok(ids),
         Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
@@ -64,7 +66,8 @@ pub fn opensandbox_reap(
 }
 
 /// The OpenSandbox backend's native half: one `OpenSandboxBackend` per process, built on
-/// first use.
+/// first use on the process's session, so its runs share the caps, the metrics and the usage
+/// records of every other surface of the process.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
 pub struct NativeOpenSandboxBackend {
     held: PerProcess<Arc<OpenSandboxBackend>>,
@@ -97,7 +100,7 @@ impl NativeOpenSandboxBackend {
         })?;
         let backend = self
             .held
-            .get_or_init(|| Arc::new(OpenSandboxBackend::new()));
+            .get_or_init(|| Arc::new(OpenSandboxBackend::with_session(session::session())));
         let outcome = drive(py, rt, move || async move {
             backend.run(&code, env, &policy).await
         });

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::session::Session;
 use sandbox_core::surface::SurfaceOptions;
 
@@ -53,10 +54,24 @@ pub fn enable_events() {
     }
 }
 
+/// The prefix of the families of every provider but CreateOS (whose `createos_…` families
+/// predate the `provider` label and stay as they are): `langflow_sandbox_…{provider=…}`.
+pub const PROVIDER_FAMILY_PREFIX: &str = "langflow_sandbox_";
+
+/// The provider-labelled name of the `createos_…` family `name`.
+pub fn provider_family(name: &str) -> String {
+    format!(
+        "{PROVIDER_FAMILY_PREFIX}{}",
+        name.strip_prefix("createos_").unwrap_or(name)
+    )
+}
+
 /// One native total: its family name (`createos_…`), its labels, its value.
 pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 
-/// This process's native totals (see `sandbox_core::observe::Counters::snapshot`), with the
+/// This process's native totals (see `sandbox_core::observe::Counters::snapshot`): CreateOS's
+/// guests' as `createos_…`, another provider's as `langflow_sandbox_…` with a `provider`
+/// label (e.g. `langflow_sandbox_runs_total{provider="opensandbox"}`); with the
 /// admission state now: `createos_admission_live` (guests holding a slot) and
 /// `createos_admission_waiting` (runs in line for one), and, once a run named an admission
 /// store, the leases it holds (`createos_admission_store_leases_held`) and the runs refused at
@@ -68,20 +83,27 @@ pub type Sample = (String, std::collections::BTreeMap<String, String>, f64);
 pub fn counters() -> Vec<Sample> {
     let session = session();
     let adm = session.admission().stats();
-    let mut out: Vec<Sample> = session
-        .observation()
-        .counters()
-        .snapshot()
-        .into_iter()
-        .map(|s| {
-            let labels = s
+    let obs = session.observation();
+    let mut out: Vec<Sample> = Vec::new();
+    for provider in ProviderKind::ALL {
+        // CreateOS's families as they always were; another provider's under the
+        // provider-labelled `langflow_sandbox_…` names.
+        let other = provider != ProviderKind::CreateOs;
+        out.extend(obs.counters_of(provider).snapshot().into_iter().map(|s| {
+            let mut labels: std::collections::BTreeMap<String, String> = s
                 .labels
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect();
-            (s.name.to_owned(), labels, s.value)
-        })
-        .collect();
+            let name = if other {
+                labels.insert("provider".to_owned(), provider.as_str().to_owned());
+                provider_family(s.name)
+            } else {
+                s.name.to_owned()
+            };
+            (name, labels, s.value)
+        }));
+    }
     #[allow(clippy::cast_precision_loss)] // counts far below 2^52
     for (name, value) in [
         ("createos_admission_live", adm.live as f64),

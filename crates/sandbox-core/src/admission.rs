@@ -77,6 +77,28 @@ impl Default for Caps {
 }
 
 impl Caps {
+    /// The caps alone, read through `lookup` ([`ENV_MAX_LIVE_GUESTS`],
+    /// [`ENV_MAX_LIVE_GUESTS_PER_FLOW`], [`ENV_ADMISSION_WAIT`] and the deployment's store),
+    /// for a provider whose runs read none of CreateOS's other settings: the same caps then
+    /// hold for every provider's guests. A bad value is a refusal naming its variable.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        use crate::vars::{non_blank, parse_cap};
+        let cap = |var: &str| {
+            non_blank(lookup, var)
+                .map(|raw| parse_cap(var, &raw))
+                .transpose()
+        };
+        Ok(Self {
+            max_live: cap(ENV_MAX_LIVE_GUESTS)?,
+            max_live_per_flow: cap(ENV_MAX_LIVE_GUESTS_PER_FLOW)?,
+            wait: non_blank(lookup, ENV_ADMISSION_WAIT)
+                .map(|raw| crate::settings::parse_admission_wait(&raw))
+                .transpose()?
+                .unwrap_or(crate::settings::DEFAULT_ADMISSION_WAIT),
+            store: StoreConfig::from_lookup(lookup)?,
+        })
+    }
+
     /// The caps of `settings`.
     pub fn of(settings: &crate::settings::Settings) -> Self {
         Self {
@@ -794,7 +816,7 @@ fn at_capacity(
     SandboxError::new(
         ErrorKind::AtCapacity,
         format!(
-            "the CreateOS sandbox is at capacity: {what}{held}. The run waited {:.1}s for a \
+            "the sandbox is at capacity: {what}{held}. The run waited {:.1}s for a \
              slot ({ENV_ADMISSION_WAIT}={}s, cut to the run's own budget) and nothing ran; \
              raise {setting} or retry later",
             waited.as_secs_f64(),
@@ -1081,6 +1103,37 @@ mod tests {
         drop((f1, other));
         assert!(a.stats().flows.is_empty());
         assert!(a.flow_slot("flow-a", caps(1), soon(0)).await.is_ok());
+    }
+
+    #[test]
+    fn caps_read_alone_name_a_bad_value() {
+        let l = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(Caps::from_lookup(&l(&[])).unwrap(), Caps::default());
+        let c = Caps::from_lookup(&l(&[
+            (ENV_MAX_LIVE_GUESTS, "3"),
+            (ENV_MAX_LIVE_GUESTS_PER_FLOW, "2"),
+            (ENV_ADMISSION_WAIT, "5"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.max_live, c.max_live_per_flow, c.wait),
+            (Some(3), Some(2), Duration::from_secs(5))
+        );
+        for bad in [
+            &[(ENV_MAX_LIVE_GUESTS, "lots")],
+            &[(ENV_MAX_LIVE_GUESTS_PER_FLOW, "0")],
+            &[(ENV_ADMISSION_WAIT, "-1")],
+        ] {
+            let e = Caps::from_lookup(&l(bad)).unwrap_err();
+            assert!(e.to_string().contains(bad[0].0), "{e}");
+        }
     }
 
     #[tokio::test]

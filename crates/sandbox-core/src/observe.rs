@@ -15,6 +15,13 @@
 //! - pool hit or miss, admission wait and refusal, orphans reaped.
 //!
 //! Events never carry the key, code or output.
+//!
+//! **Providers.** An [`Observation`] handle is tagged with the provider its events come from
+//! ([`Observation::for_provider`]; CreateOS by default), so every guest of every provider is
+//! counted and recorded in this one place. CreateOS's totals are [`Observation::counters`],
+//! unchanged; another provider's are kept apart ([`Observation::counters_of`]), its usage
+//! records say which provider ([`GuestUsage::provider`]), and an observer learns it with each
+//! event ([`Observer::observe_on`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -231,6 +238,8 @@ pub struct GuestUsage {
     /// The host of that process ([`crate::vars::host_name`]: `CREATEOS_HOST_ID` or the
     /// machine's name).
     pub host: String,
+    /// The provider the guest ran on (`createos`, `opensandbox`).
+    pub provider: ProviderKind,
 }
 
 /// Something worth counting. Cheap to build: borrowed strings, no allocation.
@@ -345,6 +354,14 @@ impl StoreEvent {
 pub trait Observer: Send + Sync {
     /// One event.
     fn observe(&self, event: &Event<'_>);
+
+    /// One event of `provider`'s guests. The default hands it to [`Observer::observe`]
+    /// (which then cannot tell the providers apart); an exporter that labels by provider
+    /// overrides it.
+    fn observe_on(&self, provider: ProviderKind, event: &Event<'_>) {
+        let _ = provider;
+        self.observe(event);
+    }
 }
 
 /// One total of [`Counters::snapshot`]: a family name (`createos_…`), its labels, its value.
@@ -601,15 +618,25 @@ impl Counters {
 }
 
 struct Inner {
-    counters: Counters,
+    /// One set of totals per provider, in [`ProviderKind::ALL`]'s order.
+    counters: [Counters; ProviderKind::ALL.len()],
     observer: RwLock<Option<Arc<dyn Observer>>>,
 }
 
+fn provider_index(provider: ProviderKind) -> usize {
+    ProviderKind::ALL
+        .iter()
+        .position(|p| *p == provider)
+        .unwrap_or(0)
+}
+
 /// A process's observation: its [`Counters`] and its [`Observer`], if one is registered.
-/// Cheap to clone (shared).
+/// Cheap to clone (shared). Each handle says which provider its events come from
+/// ([`Observation::for_provider`]).
 #[derive(Clone)]
 pub struct Observation {
     inner: Arc<Inner>,
+    provider: ProviderKind,
 }
 
 impl Default for Observation {
@@ -631,10 +658,25 @@ impl Observation {
     pub fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
-                counters: Counters::default(),
+                counters: Default::default(),
                 observer: RwLock::new(None),
             }),
+            provider: ProviderKind::CreateOs,
         }
+    }
+
+    /// The same observation (same totals, same observer), its events tagged as `provider`'s.
+    #[must_use]
+    pub fn for_provider(&self, provider: ProviderKind) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            provider,
+        }
+    }
+
+    /// The provider this handle's events come from.
+    pub fn provider(&self) -> ProviderKind {
+        self.provider
     }
 
     /// Registers `observer` (replacing any earlier one); `None` removes it.
@@ -654,16 +696,22 @@ impl Observation {
             .clone()
     }
 
-    /// The native totals.
+    /// The native totals of CreateOS's guests (the `createos_…` families, as they always
+    /// were).
     pub fn counters(&self) -> &Counters {
-        &self.inner.counters
+        self.counters_of(ProviderKind::CreateOs)
     }
 
-    /// Counts `event` and hands it to the observer.
+    /// The native totals of `provider`'s guests.
+    pub fn counters_of(&self, provider: ProviderKind) -> &Counters {
+        &self.inner.counters[provider_index(provider)]
+    }
+
+    /// Counts `event` as this handle's provider's and hands it to the observer.
     pub fn emit(&self, event: &Event<'_>) {
-        self.inner.counters.apply(event);
+        self.counters_of(self.provider).apply(event);
         if let Some(o) = self.observer() {
-            o.observe(event);
+            o.observe_on(self.provider, event);
         }
     }
 }
@@ -957,6 +1005,7 @@ impl Tracked {
         rootfs: &str,
         egress: &'static str,
     ) -> Self {
+        let provider = obs.provider();
         Self {
             obs,
             usage: GuestUsage {
@@ -977,6 +1026,7 @@ impl Tracked {
                 reason: DestroyReason::Reaper,
                 worker: std::process::id(),
                 host: crate::vars::host_name(),
+                provider,
             },
             created: tokio::time::Instant::now(),
             reason: None,
@@ -1140,6 +1190,56 @@ mod tests {
             assert_eq!(value(obs, "createos_guests_live", &[c]), 0.0);
         }
         assert_eq!(value(&b, "createos_guests_destroyed_total", &[c]), 1.0);
+    }
+
+    #[test]
+    fn another_providers_guests_are_counted_apart_and_their_records_say_so() {
+        type Seen = Vec<(ProviderKind, Option<ProviderKind>)>;
+        struct Keep(Arc<Mutex<Seen>>);
+        impl Observer for Keep {
+            fn observe(&self, _: &Event<'_>) {
+                unreachable!("observe_on is overridden");
+            }
+            fn observe_on(&self, provider: ProviderKind, event: &Event<'_>) {
+                let record = match event {
+                    Event::GuestDestroyed(u) => Some(u.provider),
+                    _ => None,
+                };
+                self.0.lock().unwrap().push((provider, record));
+            }
+        }
+        let obs = Observation::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        obs.set_observer(Some(Arc::new(Keep(Arc::clone(&seen)))));
+        let os = obs.for_provider(ProviderKind::OpenSandbox);
+        assert_eq!(obs.provider(), ProviderKind::CreateOs);
+        Tracked::created(
+            os.clone(),
+            SurfaceKind::Backend,
+            "sb-1",
+            "512Mi",
+            "img",
+            "none",
+        )
+        .finish();
+        let b = ("surface", "backend");
+        let created = "createos_guests_created_total";
+        assert_eq!(
+            value(&obs, created, &[b]),
+            0.0,
+            "CreateOS's totals unchanged"
+        );
+        let theirs = os.counters_of(ProviderKind::OpenSandbox);
+        assert_eq!(theirs.value(created, &[b]), Some(1.0));
+        assert_eq!(theirs.value("createos_guests_live", &[b]), Some(0.0));
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [
+                (ProviderKind::OpenSandbox, None),
+                (ProviderKind::OpenSandbox, Some(ProviderKind::OpenSandbox))
+            ]
+        );
     }
 
     #[test]

@@ -423,7 +423,9 @@ impl Session {
             }
             Connect::Provider(connect) => {
                 let provider = connect(settings, timeout)?;
-                let provider = ObservedProvider::wrap(provider, self.inner.observation.clone());
+                // Its calls count under its own provider, apart from CreateOS's.
+                let obs = self.inner.observation.for_provider(provider.kind());
+                let provider = ObservedProvider::wrap(provider, obs);
                 let cp: Arc<dyn ControlPlane> = Arc::new(NotCreateOs(provider.kind()));
                 let place = Place::provider(provider.kind());
                 (cp, provider, place)

@@ -497,10 +497,19 @@ async fn a_session_on_a_provider_connector_needs_no_createos_key() {
     let (cred, shapes) = account.preflight(&quick(), &Redactor::default()).await;
     assert_eq!(cred.unwrap(), "double");
     assert_eq!(shapes.unwrap()[0].id, "small");
-    // Its calls are counted like CreateOS's.
+    // Its calls are counted like CreateOS's, under its own provider (CreateOS's totals stay).
+    let routes = |c: &sandbox_core::observe::Counters| -> Vec<String> {
+        c.snapshot()
+            .into_iter()
+            .filter(|s| s.name == "createos_control_requests_total")
+            .flat_map(|s| s.labels.into_iter().filter(|(k, _)| *k == "route"))
+            .map(|(_, v)| v)
+            .collect()
+    };
+    assert!(routes(session.observation().counters()).is_empty());
     let counted: Vec<String> = session
         .observation()
-        .counters()
+        .counters_of(ProviderKind::OpenSandbox)
         .snapshot()
         .into_iter()
         .filter(|s| s.name == "createos_control_requests_total")

@@ -189,7 +189,9 @@ def counters() -> list[tuple[str, dict[str, str], float]]:
     """This process's native totals: ``(family, labels, value)`` for every ``createos_*``
     figure (guests created, destroyed and live by surface; runs by outcome; control-plane
     requests; pool hits and misses; admission waits and refusals; orphans reaped;
-    guest-seconds by surface and shape), plus ``createos_admission_live`` and
+    guest-seconds by surface and shape) of CreateOS's guests; the same figures of another
+    provider's guests as ``langflow_sandbox_*`` with a ``provider`` label (e.g.
+    ``langflow_sandbox_runs_total``, ``provider="opensandbox"``); plus ``createos_admission_live`` and
     ``createos_admission_waiting``; the admission store's ``createos_admission_store_errors_total``,
     ``createos_admission_store_fallbacks_total`` and ``createos_admission_store_leases_lost_total``;
     and once a run named a store ``createos_admission_store_leases_held`` and
@@ -210,7 +212,7 @@ def doctor(
 
     ``lfx`` is lfx's ``_SandboxSettings``, or ``None`` when lfx could not build its settings
     service, and ``lfx_problems`` then says why as ``(setting, message)`` pairs. ``surfaces``
-    names the surfaces to check (``backend``, ``component``, ``executor``; empty: the enabled
+    names the surfaces to check (``backend``, ``component``, ``executor``, ``opensandbox``; empty: the enabled
     ones). ``paths`` and ``exports`` are ``(level, text)`` findings (which Langflow paths reach
     the executor; metrics and usage records). Progress goes to stderr; every wait is bounded
     and the GIL is released. Raises ``ValueError`` for an unknown surface and
@@ -228,10 +230,10 @@ def metrics_enabled() -> bool:
 
 def drain_events(
     usage: bool = True,
-) -> tuple[list[tuple[str, str, str, float]], list[tuple[str, float]], list[dict[str, Any]], int]:
+) -> tuple[list[tuple[str, str, str, float, str]], list[tuple[str, float, str]], list[dict[str, Any]], int]:
     """What this process observed since the last call, added up: ``(tallies, run_seconds,
-    usages, dropped)``. ``tallies``: one ``(kind, label, label, value)`` per family and labels
-    that changed: ``("guest_created", surface, "", n)``, ``("guest_destroyed", surface,
+    usages, dropped)``. ``tallies``: one ``(kind, label, label, value, provider)`` per family,
+    labels and provider (``createos``, ``opensandbox``) that changed: ``("guest_created", surface, "", n)``, ``("guest_destroyed", surface,
     reason, n)``, ``("guest_adopted", surface, "", n)`` and ``("guest_let_go", surface, "",
     n)`` (a kept guest of another process held here, and one released alive: with created
     and destroyed they make the live gauge), ``("guest_seconds", surface, shape, seconds)``, ``("run_finished", surface,
@@ -239,12 +241,12 @@ def drain_events(
     "hit" | "miss", n)``, ``("admission_wait", surface, "", n)``,
     ``("admission_wait_seconds", surface, "", seconds)``, ``("admission_refused", surface,
     "", n)``, ``("orphans_reaped", "", "", n)``, ``("admission_store", "error" | "fallback" |
-    "lease_lost", "", n)``. ``run_seconds``: ``(surface, seconds)`` per
+    "lease_lost", "", n)``. ``run_seconds``: ``(surface, seconds, provider)`` per
     run, oldest first. ``usages``: with ``usage=True``, a dict per destroyed guest, oldest
     first (``surface``, ``guest``, ``flow_id``, ``node_id``, ``session_hash``, ``shape``,
     ``rootfs``, ``egress``, ``created_at`` and ``destroyed_at`` (Unix seconds),
     ``guest_seconds``, ``runs``, ``outcome``, ``bytes_returned``, ``reason``, ``worker``
-    (the pid that held it) and ``host``); with
+    (the pid that held it), ``host`` and ``provider``); with
     ``usage=False`` they are discarded. ``dropped``: run durations and usage records dropped
     meanwhile (each list holds 65 536; counts never drop). Empty before ``enable_events()``;
     a forked child starts empty. Never a key, code or output."""

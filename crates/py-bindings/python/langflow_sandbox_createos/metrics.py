@@ -6,15 +6,19 @@ code or output). This module drains what it observed on a thread that holds the 
 hands each batch to three sinks, and wraps each run in a span for a fourth:
 
 - **Prometheus**, when ``prometheus_client`` imports (Langflow ships it): ``createos_…``
-  families in its default registry, so Langflow's ``LANGFLOW_PROMETHEUS_ENABLED`` endpoint
+  families for CreateOS's guests (unchanged) and ``langflow_sandbox_…`` families with a
+  ``provider`` label for every other provider's (``provider="opensandbox"``), in its default
+  registry, so Langflow's ``LANGFLOW_PROMETHEUS_ENABLED`` endpoint
   shows them. Fed from events, each process counts only its own, so the values are correct
   under ``PROMETHEUS_MULTIPROC_DIR`` (each forked worker writes its own files and the
   multiprocess collector sums them; guests live is a ``livesum`` gauge).
 - **OpenTelemetry**, when lfx's observability installed an SDK meter provider: the same
-  figures on its ``langflow`` meter (the only scope lfx exports). Skipped while the Prometheus
+  figures on its ``langflow`` meter (the only scope lfx exports), another provider's points
+  with a ``provider`` attribute. Skipped while the Prometheus
   families above are registered and that provider also feeds the Prometheus registry (its
   Prometheus reader), which would show every family twice on one scrape.
-- **Usage records**: one per destroyed guest on logger ``langflow_sandbox_createos.usage``
+- **Usage records**: one per destroyed guest of any provider (its ``provider`` field says
+  which) on logger ``langflow_sandbox_createos.usage``
   (INFO, a JSON message, the dict as ``record.usage``) and, when ``CREATEOS_USAGE_LOG=PATH``
   is set, one JSON line appended to that file per guest (one ``write`` with ``O_APPEND``).
 
@@ -80,8 +84,8 @@ _OTEL_METER = "langflow"  # lfx.observability.APPLICATION_METER_NAME: the only s
 _logger = logging.getLogger("langflow_sandbox_createos")
 _usage_logger = logging.getLogger(USAGE_LOGGER)
 
-Tallies = Sequence[tuple[str, str, str, float]]
-RunSeconds = Sequence[tuple[str, float]]
+Tallies = Sequence[tuple[str, str, str, float, str]]
+RunSeconds = Sequence[tuple[str, float, str]]
 Usages = Sequence[dict[str, Any]]
 
 
@@ -148,43 +152,36 @@ class _DrainOnScrape:
         return []
 
 
-class _Prometheus:
-    """The ``createos_…`` families in ``prometheus_client``'s default registry."""
+class _Families:
+    """One set of families: CreateOS's ``createos_…`` (no provider label, as they always were),
+    or every other provider's ``langflow_sandbox_…`` with a leading ``provider`` label."""
 
-    def __init__(self) -> None:
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+    def __init__(self, prefix: str, what: str, provider_label: bool) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
 
-        REGISTRY.register(_DrainOnScrape())  # pyright: ignore[reportArgumentType]
-        s = ["surface"]
-        self.live = Gauge("createos_guests_live", "CreateOS guests alive now.", s, multiprocess_mode="livesum")
-        self.created = Counter("createos_guests_created", "CreateOS guests created.", s)
-        self.destroyed = Counter("createos_guests_destroyed", "CreateOS guests destroyed, by reason.", [*s, "reason"])
-        self.runs = Counter("createos_runs", "Runs, by outcome.", [*s, "outcome"])
+        p = ["provider"] if provider_label else []
+        s = [*p, "surface"]
+        self.provider_label = provider_label
+        self.live = Gauge(f"{prefix}_guests_live", f"{what} guests alive now.", s, multiprocess_mode="livesum")
+        self.created = Counter(f"{prefix}_guests_created", f"{what} guests created.", s)
+        self.destroyed = Counter(f"{prefix}_guests_destroyed", f"{what} guests destroyed, by reason.", [*s, "reason"])
+        self.runs = Counter(f"{prefix}_runs", "Runs, by outcome.", [*s, "outcome"])
         self.run_seconds = Histogram(
-            "createos_run_seconds", "Seconds from a run's admission to its end.", s, buckets=_RUN_SECONDS_BUCKETS
+            f"{prefix}_run_seconds", "Seconds from a run's admission to its end.", s, buckets=_RUN_SECONDS_BUCKETS
         )
         self.requests = Counter(
-            "createos_control_requests", "CreateOS control-plane requests, by route and status class.", ["route", "status_class"]
+            f"{prefix}_control_requests", f"{what} control-plane requests, by route and status class.", [*p, "route", "status_class"]
         )
-        self.pool_hits = Counter("createos_pool_hits", "Runs served by a warm-pool guest.", s)
-        self.pool_misses = Counter("createos_pool_misses", "Runs with a warm pool that got no pooled guest.", s)
-        self.waits = Counter("createos_admission_waits", "Runs that waited for admission.", s)
-        self.wait_seconds = Counter("createos_admission_wait_seconds", "Seconds runs waited for admission.", s)
-        self.refusals = Counter("createos_admission_refusals", "Runs refused at capacity.", s)
-        self.orphans = Counter("createos_orphans_reaped", "Guests of earlier processes deleted by the orphan sweep.")
-        self.store = {
-            "error": Counter("createos_admission_store_errors", "Admission store calls that failed or timed out."),
-            "fallback": Counter(
-                "createos_admission_store_fallbacks", "Runs admitted under the per-process cap because the store failed."
-            ),
-            "lease_lost": Counter(
-                "createos_admission_store_leases_lost", "Leases found expired at renewal (the store was away too long)."
-            ),
-        }
-        self.guest_seconds = Counter("createos_guest_seconds", "Seconds CreateOS guests lived (the cost figure).", [*s, "shape"])
-        self.dropped = Counter("createos_events_dropped", "Events the native queue dropped before they were drained.")
-        for surface in ("backend", "component", "executor"):
-            self.live.labels(surface)
+        self.pool_hits = Counter(f"{prefix}_pool_hits", "Runs served by a warm-pool guest.", s)
+        self.pool_misses = Counter(f"{prefix}_pool_misses", "Runs with a warm pool that got no pooled guest.", s)
+        self.waits = Counter(f"{prefix}_admission_waits", "Runs that waited for admission.", s)
+        self.wait_seconds = Counter(f"{prefix}_admission_wait_seconds", "Seconds runs waited for admission.", s)
+        self.refusals = Counter(f"{prefix}_admission_refusals", "Runs refused at capacity.", s)
+        self.orphans = Counter(f"{prefix}_orphans_reaped", "Guests of earlier processes deleted by the orphan sweep.", p)
+        self.guest_seconds = Counter(f"{prefix}_guest_seconds", f"Seconds {what} guests lived (the cost figure).", [*s, "shape"])
+        if not provider_label:
+            for surface in ("backend", "component", "executor"):
+                self.live.labels(surface)
         # Labelled children by (family, labels): `labels()` validates and locks on every call,
         # which is most of an event's cost. A child stays valid across fork (its value notices
         # the new pid under PROMETHEUS_MULTIPROC_DIR).
@@ -197,41 +194,78 @@ class _Prometheus:
             child = self._children[key] = family.labels(*labels)
         return child
 
+    def add(self, kind: str, a: str, b: str, n: float, provider: str) -> bool:
+        """Adds one tally; false for a kind these families do not hold."""
+        child = self._child
+        p = (provider,) if self.provider_label else ()
+        if kind == "control_request":
+            child(self.requests, *p, a, b).inc(n)
+        elif kind == "guest_created":
+            child(self.created, *p, a).inc(n)
+            child(self.live, *p, a).inc(n)
+        elif kind == "guest_destroyed":
+            child(self.destroyed, *p, a, b).inc(n)
+            child(self.live, *p, a).dec(n)
+        elif kind == "guest_adopted":
+            child(self.live, *p, a).inc(n)
+        elif kind == "guest_let_go":
+            child(self.live, *p, a).dec(n)
+        elif kind == "guest_seconds":
+            child(self.guest_seconds, *p, a, b).inc(n)
+        elif kind == "run_finished":
+            child(self.runs, *p, a, b).inc(n)
+        elif kind == "pool":
+            child(self.pool_hits if b == "hit" else self.pool_misses, *p, a).inc(n)
+        elif kind == "admission_wait":
+            child(self.waits, *p, a).inc(n)
+        elif kind == "admission_wait_seconds":
+            child(self.wait_seconds, *p, a).inc(n)
+        elif kind == "admission_refused":
+            child(self.refusals, *p, a).inc(n)
+        elif kind == "orphans_reaped":
+            (child(self.orphans, *p) if p else self.orphans).inc(n)
+        else:
+            return False
+        return True
+
+    def observe_run(self, surface: str, seconds: float, provider: str) -> None:
+        p = (provider,) if self.provider_label else ()
+        self._child(self.run_seconds, *p, surface).observe(seconds)
+
+
+class _Prometheus:
+    """The families in ``prometheus_client``'s default registry: CreateOS's ``createos_…``
+    (unchanged), every other provider's ``langflow_sandbox_…{provider=…}``, and the
+    process-wide ones (the admission store, dropped events)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import REGISTRY, Counter
+
+        REGISTRY.register(_DrainOnScrape())  # pyright: ignore[reportArgumentType]
+        self.createos = _Families("createos", "CreateOS", provider_label=False)
+        self.others = _Families("langflow_sandbox", "Sandbox", provider_label=True)
+        self.store = {
+            "error": Counter("createos_admission_store_errors", "Admission store calls that failed or timed out."),
+            "fallback": Counter(
+                "createos_admission_store_fallbacks", "Runs admitted under the per-process cap because the store failed."
+            ),
+            "lease_lost": Counter(
+                "createos_admission_store_leases_lost", "Leases found expired at renewal (the store was away too long)."
+            ),
+        }
+        self.dropped = Counter("createos_events_dropped", "Events the native queue dropped before they were drained.")
+
     def handle(self, tallies: Tallies, run_seconds: RunSeconds, dropped: int) -> None:
         if dropped:
             self.dropped.inc(dropped)
-        child = self._child
-        for kind, a, b, n in tallies:
-            if kind == "control_request":
-                child(self.requests, a, b).inc(n)
-            elif kind == "guest_created":
-                child(self.created, a).inc(n)
-                child(self.live, a).inc(n)
-            elif kind == "guest_destroyed":
-                child(self.destroyed, a, b).inc(n)
-                child(self.live, a).dec(n)
-            elif kind == "guest_adopted":
-                child(self.live, a).inc(n)
-            elif kind == "guest_let_go":
-                child(self.live, a).dec(n)
-            elif kind == "guest_seconds":
-                child(self.guest_seconds, a, b).inc(n)
-            elif kind == "run_finished":
-                child(self.runs, a, b).inc(n)
-            elif kind == "pool":
-                child(self.pool_hits if b == "hit" else self.pool_misses, a).inc(n)
-            elif kind == "admission_wait":
-                child(self.waits, a).inc(n)
-            elif kind == "admission_wait_seconds":
-                child(self.wait_seconds, a).inc(n)
-            elif kind == "admission_refused":
-                child(self.refusals, a).inc(n)
-            elif kind == "orphans_reaped":
-                self.orphans.inc(n)
-            elif kind == "admission_store" and a in self.store:
-                self.store[a].inc(n)
-        for surface, seconds in run_seconds:
-            child(self.run_seconds, surface).observe(seconds)
+        for kind, a, b, n, provider in tallies:
+            if kind == "admission_store":
+                if a in self.store:
+                    self.store[a].inc(n)
+                continue
+            (self.createos if provider == "createos" else self.others).add(kind, a, b, n, provider)
+        for surface, seconds, provider in run_seconds:
+            (self.createos if provider == "createos" else self.others).observe_run(surface, seconds, provider)
 
 
 def _sdk_meter_provider() -> Any:
@@ -310,37 +344,40 @@ class _OTel:
         i = self._instruments()
         if i is None:
             return
-        for kind, a, b, n in tallies:
+        for kind, a, b, n, provider in tallies:
+            # CreateOS's points as they always were; another provider's carry its name.
+            x = {} if provider == "createos" else {"provider": provider}
             if kind == "control_request":
-                i["requests"].add(n, {"route": a, "status_class": b})
+                i["requests"].add(n, {**x, "route": a, "status_class": b})
             elif kind == "guest_created":
-                i["created"].add(n, {"surface": a})
-                i["live"].add(n, {"surface": a})
+                i["created"].add(n, {**x, "surface": a})
+                i["live"].add(n, {**x, "surface": a})
             elif kind == "guest_destroyed":
-                i["destroyed"].add(n, {"surface": a, "reason": b})
-                i["live"].add(-n, {"surface": a})
+                i["destroyed"].add(n, {**x, "surface": a, "reason": b})
+                i["live"].add(-n, {**x, "surface": a})
             elif kind == "guest_adopted":
-                i["live"].add(n, {"surface": a})
+                i["live"].add(n, {**x, "surface": a})
             elif kind == "guest_let_go":
-                i["live"].add(-n, {"surface": a})
+                i["live"].add(-n, {**x, "surface": a})
             elif kind == "guest_seconds":
-                i["guest_seconds"].add(n, {"surface": a, "shape": b})
+                i["guest_seconds"].add(n, {**x, "surface": a, "shape": b})
             elif kind == "run_finished":
-                i["runs"].add(n, {"surface": a, "outcome": b})
+                i["runs"].add(n, {**x, "surface": a, "outcome": b})
             elif kind == "pool":
-                i["pool"].add(n, {"surface": a, "result": b})
+                i["pool"].add(n, {**x, "surface": a, "result": b})
             elif kind == "admission_wait":
-                i["waits"].add(n, {"surface": a})
+                i["waits"].add(n, {**x, "surface": a})
             elif kind == "admission_wait_seconds":
-                i["wait_seconds"].add(n, {"surface": a})
+                i["wait_seconds"].add(n, {**x, "surface": a})
             elif kind == "admission_refused":
-                i["refusals"].add(n, {"surface": a})
+                i["refusals"].add(n, {**x, "surface": a})
             elif kind == "orphans_reaped":
-                i["orphans"].add(n)
+                i["orphans"].add(n, x)
             elif kind == "admission_store":
                 i["store"].add(n, {"event": a})
-        for surface, seconds in run_seconds:
-            i["run_seconds"].record(seconds, {"surface": surface})
+        for surface, seconds, provider in run_seconds:
+            x = {} if provider == "createos" else {"provider": provider}
+            i["run_seconds"].record(seconds, {**x, "surface": surface})
 
 
 class _State:
