@@ -430,7 +430,9 @@ class NativeExecutor:
     HISTORY_MESSAGES: ClassVar[int]
     """The most chat-history messages of the run's session a run sends to its guest."""
 
-    def __init__(self) -> None: ...
+    def __init__(self, provider: str = "createos") -> None:
+        """The executor on ``provider`` (``createos`` or ``opensandbox``); any other name raises
+        ``ValueError``."""
     def start(self, head: str, lfx_version: str | None = None) -> FlowEvents:
         """Start a flow run from its JSON head (``flow_id``, ``session_id``, ``options``,
         ``files``); its guest is created, and its runner starts importing lfx, in the
