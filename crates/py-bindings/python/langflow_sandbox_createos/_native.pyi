@@ -331,6 +331,7 @@ class NativeComponent:
         allowed_domains: str = ...,
         invocation: Sequence[str] = ...,
         accept_egress_exceptions: bool = False,
+        provider: str = "createos",
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 
@@ -339,6 +340,7 @@ class NativeComponent:
         ``accept_egress_exceptions`` is the node's Accept Link-Local Egress: with Allow Network
         off, the run accepts that 169.254.0.0/16 stays reachable (as the operator's
         ``LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true`` does for every node).
+        ``provider`` is the node's Provider (``createos`` or ``opensandbox``, any case).
 
         Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
         """
