@@ -533,7 +533,11 @@ def test_the_nodes_identifiers_and_stored_values_stay_those_of_0_2_0() -> None:
         "allowed_domains",
         "timeout_seconds",
         "shape",
+        # Added since 0.2.0; a flow saved without it runs on CreateOS.
+        "provider",
     ]
+    assert inputs["provider"].options == ["CreateOS", "OpenSandbox"]
+    assert inputs["provider"].value == "CreateOS"
     assert inputs["session_mode"].options == ["off", "flow", "session"]
     assert inputs["session_mode"].value == "off"
     assert inputs["accept_egress_exceptions"].value is False

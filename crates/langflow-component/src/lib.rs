@@ -104,6 +104,8 @@ pub struct ComponentOutput {
 /// API key.
 pub type ComponentError = SandboxError;
 
+/// The providers a component can run on (re-exported).
+pub use sandbox_core::provider::ProviderKind;
 /// Reads one environment variable (sandbox-core's, shared by every surface).
 pub use sandbox_core::surface::EnvLookup;
 /// The options every surface shares, embedded in [`ComponentOptions`] (re-exported).
@@ -121,6 +123,12 @@ pub struct ComponentOptions {
     pub archive: ArchiveLimits,
     /// The largest archive downloaded.
     pub max_archive_bytes: u64,
+    /// The provider the session in `surface` runs on (default CreateOS). On OpenSandbox a run
+    /// needs no CreateOS key, is refused unless the server's isolation is attested or
+    /// container isolation is accepted by its setting, takes the server's image
+    /// (`OPEN_SANDBOX_IMAGE`), a size of the provider's (`4096Mi`, ...) for Shape, and has no
+    /// link-local egress exception.
+    pub provider: ProviderKind,
 }
 
 impl fmt::Debug for ComponentOptions {
@@ -129,6 +137,7 @@ impl fmt::Debug for ComponentOptions {
             .field("surface", &self.surface)
             .field("archive", &self.archive)
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("provider", &self.provider)
             .finish()
     }
 }
@@ -139,6 +148,7 @@ impl Default for ComponentOptions {
             surface: SurfaceOptions::default(),
             archive: ArchiveLimits::default(),
             max_archive_bytes: MAX_ARCHIVE_BYTES,
+            provider: ProviderKind::CreateOs,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! the catalog is read). Also the two pure helpers the Python component calls: [`strip_fence`]
 //! and [`describe`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::SandboxError;
@@ -11,7 +12,9 @@ use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::ExecLimits;
 use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk};
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::provider::createos::LINK_LOCAL_HOLE;
+use sandbox_core::provider::opensandbox::OpenSandboxSettings;
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
 use sandbox_core::withheld::Withheld;
@@ -183,9 +186,29 @@ impl SandboxComponent {
             names: &SETTING_NAMES,
             domain_names: &DOMAIN_SETTING_NAMES,
         };
-        let net = plan::network(&settings.gateway, &ask)?;
+        let net = if self.opts.provider == ProviderKind::OpenSandbox {
+            // The OpenSandbox provider has no egress exception.
+            plan::network_on(&settings.gateway, &ask, &[])?
+        } else {
+            plan::network(&settings.gateway, &ask)?
+        };
         let (egress, grant) = (net.egress.clone(), net.grant(limits.host_deadline()));
-        settings.require_key()?;
+        if self.opts.provider == ProviderKind::OpenSandbox {
+            let env = Arc::clone(&self.opts.surface.env);
+            OpenSandboxSettings::from_lookup(move |k: &str| env(k))?
+                .require_isolation_for("sandbox component")?;
+            // Kept guests on OpenSandbox (their lifetime, renewal and adoption) are not wired
+            // yet: refused rather than half-kept.
+            if inputs.reuse != Reuse::Off {
+                return Err(SandboxError::refused(format!(
+                    "{} is {}, but guest reuse is not available on OpenSandbox yet; set it to                      off, or choose CreateOS as the Provider",
+                    input::REUSE,
+                    inputs.reuse.as_str()
+                )));
+            }
+        } else {
+            settings.require_key()?;
+        }
         Ok(Plan {
             settings,
             egress,

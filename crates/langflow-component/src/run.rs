@@ -25,6 +25,7 @@ use crate::{
     ARTIFACTS_DIR, ARTIFACTS_ENV, ComponentError, ComponentInputs, ComponentOutput, ReturnedFile,
     Reuse, SandboxComponent, Timings, artifacts, identity, input, read_archive,
 };
+use sandbox_core::provider::ProviderKind;
 
 /// The in-guest budget of the archiving command.
 const ARCHIVE_BUDGET_SECONDS: u32 = 30;
@@ -82,7 +83,12 @@ impl SandboxComponent {
         let shape = choose_shape(&opened.catalog, plan.pinned_shape.as_ref())?;
         let spec = GuestSpec {
             shape: shape.id.clone(),
-            rootfs: plan.settings.rootfs.clone(),
+            // On OpenSandbox the server's image (`OPEN_SANDBOX_IMAGE`), chosen by the provider.
+            rootfs: if self.opts.provider == ProviderKind::OpenSandbox {
+                String::new()
+            } else {
+                plan.settings.rootfs.clone()
+            },
             envs: plan
                 .grant
                 .as_ref()

@@ -35,5 +35,7 @@ pub use flow_run::{Event, FlowRun};
 pub use frames::{Bound, FrameLimits, Payload};
 pub use job::{FlowRequest, Mode, RunHead};
 pub use prepared::Plan;
-pub use start::{DEFAULT_MAX_FRAME_BYTES, EnvLookup, Executor, ExecutorOptions};
+pub use start::{
+    DEFAULT_MAX_FRAME_BYTES, EnvLookup, Executor, ExecutorOptions, OPENSANDBOX_DEFAULT_SIZE,
+};
 pub use timings::Timings;

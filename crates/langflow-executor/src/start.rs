@@ -22,6 +22,8 @@ use sandbox_core::gateway::Grant;
 use sandbox_core::guest::{ExecInput, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
+use sandbox_core::provider::ProviderKind;
+use sandbox_core::provider::opensandbox::OpenSandboxSettings;
 use sandbox_core::settings::Settings;
 use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
@@ -61,7 +63,17 @@ pub struct ExecutorOptions {
     /// How long a pool guest's preloaded runner may take to import lfx before the guest is
     /// given up (default 120 s).
     pub preload_wait: Duration,
+    /// The provider the session in `surface` runs on (default CreateOS). On OpenSandbox the
+    /// run needs no CreateOS key, is refused unless the server's isolation is attested or
+    /// container isolation is accepted by its setting, takes the server's image
+    /// (`OPEN_SANDBOX_IMAGE`) and, without `CREATEOS_EXECUTOR_SHAPE`, the size
+    /// [`OPENSANDBOX_DEFAULT_SIZE`].
+    pub provider: ProviderKind,
 }
+
+/// The size a flow run gets on OpenSandbox when `CREATEOS_EXECUTOR_SHAPE` is unset: 8 GiB, as
+/// CreateOS's default shape (flows import heavy libraries).
+pub const OPENSANDBOX_DEFAULT_SIZE: &str = "8192Mi";
 
 impl fmt::Debug for ExecutorOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -69,6 +81,7 @@ impl fmt::Debug for ExecutorOptions {
             .field("surface", &self.surface)
             .field("limits", &self.limits)
             .field("preload_wait", &self.preload_wait)
+            .field("provider", &self.provider)
             .finish()
     }
 }
@@ -79,6 +92,7 @@ impl Default for ExecutorOptions {
             surface: SurfaceOptions::default(),
             limits: FrameLimits::default(),
             preload_wait: Duration::from_secs(120),
+            provider: ProviderKind::CreateOs,
         }
     }
 }
@@ -138,8 +152,18 @@ impl Executor {
     pub fn plan(&self) -> Result<Plan, ExecutorError> {
         let lookup = |k: &str| self.surface.lookup(k);
         let settings = Settings::from_lookup(&lookup)?;
-        let executor = ExecutorSettings::from_lookup(&lookup)?;
-        settings.require_key()?;
+        let mut executor = ExecutorSettings::from_lookup(&lookup)?;
+        if self.opts.provider == ProviderKind::OpenSandbox {
+            let env = Arc::clone(&self.opts.surface.env);
+            let os = OpenSandboxSettings::from_lookup(move |k: &str| env(k))?;
+            os.require_isolation_for("OpenSandbox executor")?;
+            executor.rootfs = None;
+            if lookup(ENV_SHAPE).is_none_or(|v| v.trim().is_empty()) {
+                OPENSANDBOX_DEFAULT_SIZE.clone_into(&mut executor.shape);
+            }
+        } else {
+            settings.require_key()?;
+        }
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(executor.timeout_seconds)));

@@ -1953,3 +1953,71 @@ async fn a_warm_runs_long_result_arrives_whole_in_pieces_too() {
     rig.executor.shutdown().await;
     assert_eq!(settled(&rig.fake).await.live, 0);
 }
+
+/// An executor on OpenSandbox whose environment is `env` (and nothing else).
+fn opensandbox_executor(env: &[(&'static str, &'static str)]) -> Executor {
+    let env: HashMap<&'static str, &'static str> = env.iter().copied().collect();
+    Executor::with_options(ExecutorOptions {
+        surface: SurfaceOptions {
+            env: Arc::new(move |k: &str| env.get(k).map(|v| (*v).to_owned())),
+            ..SurfaceOptions::default()
+        },
+        provider: sandbox_core::provider::ProviderKind::OpenSandbox,
+        ..ExecutorOptions::default()
+    })
+}
+
+#[test]
+fn on_opensandbox_the_plan_needs_attestation_or_the_opt_in_and_no_createos_key() {
+    let server = [
+        ("OPEN_SANDBOX_DOMAIN", "http://127.0.0.1:9"),
+        ("OPEN_SANDBOX_API_KEY", "os-key-never-shown"),
+    ];
+    let err = opensandbox_executor(&server).plan().unwrap_err();
+    let ExecutorError::Unavailable(msg) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        msg.contains("OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized")
+            && msg.contains("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION=true"),
+        "{msg}"
+    );
+    assert!(!msg.contains("os-key-never-shown") && !msg.contains("CREATEOS_SANDBOX_API_KEY"));
+    for extra in [
+        ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
+        ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true"),
+    ] {
+        let plan = opensandbox_executor(&[server[0], server[1], extra])
+            .plan()
+            .unwrap();
+        // The server's image, and the default size in the provider's catalog.
+        assert_eq!(plan.executor.rootfs, None);
+        assert_eq!(
+            plan.executor.shape,
+            langflow_executor::OPENSANDBOX_DEFAULT_SIZE
+        );
+    }
+    let plan = opensandbox_executor(&[
+        server[0],
+        server[1],
+        ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
+        ("CREATEOS_EXECUTOR_SHAPE", "2048Mi"),
+    ])
+    .plan()
+    .unwrap();
+    assert_eq!(plan.executor.shape, "2048Mi");
+    // CreateOS (the default) still needs its key.
+    let err = Executor::with_options(ExecutorOptions {
+        surface: SurfaceOptions {
+            env: Arc::new(|_: &str| None),
+            ..SurfaceOptions::default()
+        },
+        ..ExecutorOptions::default()
+    })
+    .plan()
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("CREATEOS_SANDBOX_API_KEY"),
+        "{err}"
+    );
+}

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use langflow_component::{
     ComponentError, ComponentInputs, ComponentOptions, ComponentOutput,
-    ENV_ACCEPT_EGRESS_EXCEPTIONS, ReapReport, Reuse, SandboxComponent, SurfaceOptions, describe,
-    parse_age,
+    ENV_ACCEPT_EGRESS_EXCEPTIONS, ProviderKind, ReapReport, Reuse, SandboxComponent,
+    SurfaceOptions, describe, parse_age,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -39,28 +39,37 @@ struct Held {
 
 /// The component of the process that built it (see [`PerProcess`]).
 static HELD: PerProcess<Arc<Held>> = PerProcess::new();
+/// The component on an OpenSandbox server, of the process that built it.
+static HELD_OPENSANDBOX: PerProcess<Arc<Held>> = PerProcess::new();
 
-/// This process's component, built on first use on the process's session.
-fn held() -> Arc<Held> {
-    HELD.get_or_init(|| {
+/// This process's component on `provider`, built on first use on the process's session for
+/// that provider.
+fn held(provider: ProviderKind) -> Arc<Held> {
+    let build = |surface| {
         Arc::new(Held {
             component: SandboxComponent::with_options(ComponentOptions {
-                surface: surface_options(),
+                surface,
+                provider,
                 ..ComponentOptions::default()
             }),
             running: AtomicUsize::new(0),
         })
-    })
+    };
+    match provider {
+        ProviderKind::OpenSandbox => {
+            HELD_OPENSANDBOX.get_or_init(|| build(session::opensandbox_surface_options()))
+        }
+        _ => HELD.get_or_init(|| build(surface_options())),
+    }
 }
 
-/// This process's component if it built one (for shutdown).
-fn existing() -> Option<Arc<Held>> {
-    HELD.current()
-}
-
-/// Destroys this process's fresh guests (kept guests stay for the next process).
+/// Destroys this process's fresh guests on every provider (kept guests stay for the next
+/// process).
 pub(crate) async fn shutdown_component() {
-    if let Some(h) = existing() {
+    for h in [HELD.current(), HELD_OPENSANDBOX.current()]
+        .into_iter()
+        .flatten()
+    {
         h.component.shutdown().await;
     }
 }
@@ -194,7 +203,7 @@ impl NativeComponent {
     #[pyo3(signature = (
         *, flow_id, component_id, python_code, command, session_mode, collect_artifacts,
         allow_network, timeout_seconds, shape, session_id = None, allowed_domains = String::new(),
-        invocation = Vec::new(), accept_egress_exceptions = false
+        invocation = Vec::new(), accept_egress_exceptions = false, provider = "createos"
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn run(
@@ -213,9 +222,13 @@ impl NativeComponent {
         allowed_domains: String,
         invocation: Vec<String>,
         accept_egress_exceptions: bool,
+        provider: &str,
     ) -> PyResult<ComponentRun> {
         logbridge::install();
         logbridge::sync_level(py);
+        let provider = ProviderKind::parse(provider).ok_or_else(|| {
+            errors::unavailable(py, "Provider must be CreateOS or OpenSandbox".to_owned())
+        })?;
         let reuse = Reuse::parse(session_mode).map_err(|e| raise(py, &e))?;
         let inputs = ComponentInputs {
             flow_id,
@@ -235,7 +248,7 @@ impl NativeComponent {
         };
         let rt = runtime_or_err(py)?;
         sigterm::arm_every_surface(py, rt);
-        let h = held();
+        let h = held(provider);
         let running = Running::new(Arc::clone(&h));
         let result = match drive(py, rt, move || async move {
             let out = running.0.component.run(&inputs).await;
@@ -276,21 +289,27 @@ impl NativeComponent {
     /// Destroys this process's fresh guests still alive (kept guests stay for the next
     /// process) and forgets the component; a later `run()` builds a fresh one. Idempotent.
     fn shutdown(&self, py: Python<'_>) {
-        let Some(h) = HELD.take() else {
+        let held: Vec<Arc<Held>> = [HELD.take(), HELD_OPENSANDBOX.take()]
+            .into_iter()
+            .flatten()
+            .collect();
+        if held.is_empty() {
             return;
-        };
+        }
         let Some(rt) = runtime::existing() else {
             return;
         };
         logbridge::install();
         let _ = block_bounded(py, rt, SHUTDOWN_BUDGET, async move {
-            h.component.shutdown().await;
+            for h in held {
+                h.component.shutdown().await;
+            }
         });
         logbridge::drain(py);
     }
 
     fn __repr__(&self) -> String {
-        let state = if existing().is_some() {
+        let state = if HELD.current().is_some() || HELD_OPENSANDBOX.current().is_some() {
             "active"
         } else {
             "idle"

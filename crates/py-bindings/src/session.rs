@@ -5,8 +5,12 @@
 
 use std::time::Duration;
 
-use sandbox_core::provider::ProviderKind;
-use sandbox_core::session::Session;
+use std::sync::Arc;
+
+use sandbox_core::provider::createos::DEFAULT_REQUEST_TIMEOUT;
+use sandbox_core::provider::opensandbox::{OpenSandbox, OpenSandboxSettings};
+use sandbox_core::provider::{Provider, ProviderKind};
+use sandbox_core::session::{ProviderConnector, Session};
 use sandbox_core::surface::SurfaceOptions;
 
 use crate::events;
@@ -23,6 +27,39 @@ pub fn surface_options() -> SurfaceOptions {
         ..SurfaceOptions::default()
     }
     .for_process(forked())
+}
+
+/// The options the OpenSandbox executor is built with: the same as [`surface_options`] but on
+/// [`opensandbox_session`].
+pub fn opensandbox_surface_options() -> SurfaceOptions {
+    SurfaceOptions {
+        session: Some(opensandbox_session()),
+        ..SurfaceOptions::default()
+    }
+    .for_process(forked())
+}
+
+/// The session of this process's surfaces that run on an OpenSandbox server.
+static OPENSANDBOX_SESSION: PerProcess<Session> = PerProcess::new();
+
+/// This process's OpenSandbox session, built on first use: its accounts hold the OpenSandbox
+/// provider over the `OPEN_SANDBOX_*` settings (read when the first run opens it; a missing
+/// key or a bad value refuses that run, naming the setting). It shares [`session`]'s
+/// admission and observation, so the process's caps count every guest whatever its provider,
+/// and its guests' totals and usage records are OpenSandbox's.
+pub fn opensandbox_session() -> Session {
+    OPENSANDBOX_SESSION.get_or_init(|| {
+        let connector: ProviderConnector = Arc::new(|_, _| {
+            let settings = OpenSandboxSettings::from_env()?;
+            Ok(Arc::new(OpenSandbox::new(settings)?) as Arc<dyn Provider>)
+        });
+        Session::with_provider_connector_sharing(
+            connector,
+            DEFAULT_REQUEST_TIMEOUT,
+            &session(),
+            ProviderKind::OpenSandbox,
+        )
+    })
 }
 
 /// The session (one control plane and connection pool per account, one credential check and

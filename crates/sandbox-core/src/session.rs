@@ -363,6 +363,28 @@ impl Session {
         Self::connecting(Connect::Provider(connector), request_timeout)
     }
 
+    /// A session whose accounts run on the providers `connector` builds, as
+    /// [`Session::with_provider_connector`], that shares `base`'s admission (its caps and its
+    /// line: a process's guests are admitted in one place whatever their provider) and
+    /// `base`'s observation, its events tagged as `provider`'s (so the totals and usage
+    /// records say which provider ran each guest).
+    pub fn with_provider_connector_sharing(
+        connector: ProviderConnector,
+        request_timeout: Duration,
+        base: &Session,
+        provider: crate::provider::ProviderKind,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                connector: Connect::Provider(connector),
+                request_timeout,
+                accounts: Mutex::new(HashMap::new()),
+                admission: base.admission().clone(),
+                observation: base.observation().for_provider(provider),
+            }),
+        }
+    }
+
     fn connecting(connector: Connect, request_timeout: Duration) -> Self {
         let admission = Admission::new();
         let observation = Observation::new();

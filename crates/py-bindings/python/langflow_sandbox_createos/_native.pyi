@@ -333,6 +333,7 @@ class NativeComponent:
         allowed_domains: str = ...,
         invocation: Sequence[str] = ...,
         accept_egress_exceptions: bool = False,
+        provider: str = "createos",
     ) -> ComponentRun:
         """Run one execution; blocks with the GIL released, Ctrl-C interrupts.
 
@@ -341,6 +342,7 @@ class NativeComponent:
         ``accept_egress_exceptions`` is the node's Accept Link-Local Egress: with Allow Network
         off, the run accepts that 169.254.0.0/16 stays reachable (as the operator's
         ``LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true`` does for every node).
+        ``provider`` is the node's Provider (``createos`` or ``opensandbox``, any case).
 
         Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
         """
@@ -432,7 +434,9 @@ class NativeExecutor:
     HISTORY_MESSAGES: ClassVar[int]
     """The most chat-history messages of the run's session a run sends to its guest."""
 
-    def __init__(self) -> None: ...
+    def __init__(self, provider: str = "createos") -> None:
+        """The executor on ``provider`` (``createos`` or ``opensandbox``); any other name raises
+        ``ValueError``."""
     def start(self, head: str, lfx_version: str | None = None) -> FlowEvents:
         """Start a flow run from its JSON head (``flow_id``, ``session_id``, ``options``,
         ``files``); its guest is created, and its runner starts importing lfx, in the

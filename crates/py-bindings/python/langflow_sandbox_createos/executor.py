@@ -53,10 +53,10 @@ from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult, Unit
 
-__all__ = ["CreateOSExecutor", "RemoteComponent", "RemoteVertex", "RemoteVertexResult"]
+__all__ = ["CreateOSExecutor", "OpenSandboxExecutor", "RemoteComponent", "RemoteVertex", "RemoteVertexResult"]
 
 _logger = logging.getLogger("langflow_sandbox_createos")
-_shutdown_registered = False
+_shutdown_registered: set[str] = set()
 _said_what_is_sandboxed = False
 #: Background tasks of this module still running (the event loop holds only weak references).
 _background: set[Any] = set()
@@ -638,14 +638,13 @@ def _lfx_version() -> str | None:
         return None
 
 
-def _register_shutdown() -> None:
-    global _shutdown_registered
-    if not _shutdown_registered:
+def _register_shutdown(provider: str) -> None:
+    if provider not in _shutdown_registered:
         from . import _native
 
-        _shutdown_registered = True
+        _shutdown_registered.add(provider)
         # lfx run / lfx serve never shut executors down; destroy what is left at exit.
-        atexit.register(_native.NativeExecutor().shutdown)
+        atexit.register(_native.NativeExecutor(provider).shutdown)
 
 
 def _say_what_is_sandboxed_soon() -> None:
@@ -699,6 +698,8 @@ class CreateOSExecutor(Executor):
     """
 
     kind: ClassVar[str] = "createos"
+    #: The provider the native executor runs the guest on.
+    provider: ClassVar[str] = "createos"
 
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Run ``unit`` in a guest: one ``StepResult`` per vertex, then one ``RunComplete``."""
@@ -720,8 +721,8 @@ class CreateOSExecutor(Executor):
             except _Unbridged as exc:
                 raise CreateOSUnavailableError(str(exc)) from None
             # The guest is created, and starts importing lfx, while the rest is prepared here.
-            events = _native.NativeExecutor().start(json.dumps(_head(unit, uploads)), _lfx_version())
-            _register_shutdown()
+            events = _native.NativeExecutor(self.provider).start(json.dumps(_head(unit, uploads)), _lfx_version())
+            _register_shutdown(self.provider)
             sink = _MessageSink(unit.graph, files_back)
             try:
                 began = time.perf_counter()
@@ -760,3 +761,18 @@ class CreateOSExecutor(Executor):
 
     def __repr__(self) -> str:
         return "<CreateOSExecutor kind='createos'>"
+
+
+class OpenSandboxExecutor(CreateOSExecutor):
+    """Runs each flow in a fresh sandbox of a self-hosted OpenSandbox server
+    (``LANGFLOW_EXECUTOR_KIND=opensandbox``), exactly as :class:`CreateOSExecutor` does on
+    CreateOS. The server is read from ``OPEN_SANDBOX_DOMAIN``/``OPEN_SANDBOX_API_KEY``; a run
+    is refused (``CreateOSUnavailableError``, nothing created) unless the server's isolation is
+    attested (``OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized``) or container isolation is
+    accepted (``OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION=true``)."""
+
+    kind: ClassVar[str] = "opensandbox"
+    provider: ClassVar[str] = "opensandbox"
+
+    def __repr__(self) -> str:
+        return "<OpenSandboxExecutor kind='opensandbox'>"

@@ -26,6 +26,7 @@ use std::io::Write as _;
 use langflow_executor::{Executor, ExecutorError, ExecutorOptions, RunHead};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use sandbox_core::provider::ProviderKind;
 use tokio::sync::oneshot;
 
 use crate::perprocess::PerProcess;
@@ -41,25 +42,41 @@ pub use stream::{FlowEvents, FlowWake};
 
 /// This process's executor (see [`PerProcess`]).
 static EXECUTOR: PerProcess<Arc<Executor>> = PerProcess::new();
+/// This process's executor on an OpenSandbox server.
+static OPENSANDBOX_EXECUTOR: PerProcess<Arc<Executor>> = PerProcess::new();
 
-fn executor() -> Arc<Executor> {
-    EXECUTOR.get_or_init(|| {
-        Arc::new(Executor::with_options(ExecutorOptions {
-            surface: session::surface_options(),
-            ..ExecutorOptions::default()
-        }))
-    })
+fn executor(provider: ProviderKind) -> Arc<Executor> {
+    match provider {
+        ProviderKind::OpenSandbox => OPENSANDBOX_EXECUTOR.get_or_init(|| {
+            Arc::new(Executor::with_options(ExecutorOptions {
+                surface: session::opensandbox_surface_options(),
+                provider,
+                ..ExecutorOptions::default()
+            }))
+        }),
+        _ => EXECUTOR.get_or_init(|| {
+            Arc::new(Executor::with_options(ExecutorOptions {
+                surface: session::surface_options(),
+                ..ExecutorOptions::default()
+            }))
+        }),
+    }
 }
 
-/// This process's executor if it built one.
-fn existing() -> Option<Arc<Executor>> {
-    EXECUTOR.current()
+/// This process's executor on `provider` if it built one.
+fn existing(provider: ProviderKind) -> Option<Arc<Executor>> {
+    match provider {
+        ProviderKind::OpenSandbox => OPENSANDBOX_EXECUTOR.current(),
+        _ => EXECUTOR.current(),
+    }
 }
 
-/// Destroys the guests of this process's flow runs (SIGTERM's cleanup).
+/// Destroys the guests of this process's flow runs, on every provider (SIGTERM's cleanup).
 pub(crate) async fn shutdown_executor() {
-    if let Some(ex) = existing() {
-        ex.shutdown().await;
+    for provider in [ProviderKind::CreateOs, ProviderKind::OpenSandbox] {
+        if let Some(ex) = existing(provider) {
+            ex.shutdown().await;
+        }
     }
 }
 
@@ -82,17 +99,25 @@ fn to_pyerr(py: Python<'_>, err: ExecutorError) -> PyErr {
     }
 }
 
-/// The executor's native half: one `langflow_executor::Executor` per process, built on first
-/// use. Constructing it does nothing: no thread, no I/O, no environment read.
+/// The executor's native half: one `langflow_executor::Executor` per process and provider,
+/// built on first use. Constructing it does nothing: no thread, no I/O, no environment read.
 #[pyclass(frozen, module = "langflow_sandbox_createos._native")]
-pub struct NativeExecutor {}
+pub struct NativeExecutor {
+    provider: ProviderKind,
+}
 
 #[pymethods]
 #[allow(clippy::unused_self)] // Python methods: the state is per process, not per object.
 impl NativeExecutor {
+    /// The executor on `provider` (`createos`, the default, or `opensandbox`); any other
+    /// name raises `ValueError`.
     #[new]
-    fn new() -> Self {
-        Self {}
+    #[pyo3(signature = (provider = "createos"))]
+    fn new(provider: &str) -> PyResult<Self> {
+        let provider = ProviderKind::parse(provider).ok_or_else(|| {
+            PyValueError::new_err("provider must be \"createos\" or \"opensandbox\"")
+        })?;
+        Ok(Self { provider })
     }
 
     /// The most chat-history messages of the run's session a run sends to its guest (the
@@ -131,7 +156,7 @@ impl NativeExecutor {
                 errors::execution(py, format!("cannot create the wake socket: {e}"))
             }
         })?;
-        let executor = executor();
+        let executor = executor(self.provider);
         let (body_tx, body_rx) = oneshot::channel();
         *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body_tx);
         let body = async move {
@@ -163,7 +188,7 @@ impl NativeExecutor {
 
     /// Destroys every guest of this process's flow runs (bounded) and refuses new runs.
     fn shutdown(&self, py: Python<'_>) {
-        let Some(ex) = existing() else {
+        let Some(ex) = existing(self.provider) else {
             return;
         };
         let Some(rt) = runtime::existing() else {
@@ -178,7 +203,9 @@ impl NativeExecutor {
     /// This process's executor warm pool (`CREATEOS_EXECUTOR_WARM_POOL`): `size`, `ready`,
     /// `filling`, `hits`, `misses`, `discarded`, `refill_failures` (all 0 before the first run).
     fn pool_stats(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        let s = existing().map(|ex| ex.pool_stats()).unwrap_or_default();
+        let s = existing(self.provider)
+            .map(|ex| ex.pool_stats())
+            .unwrap_or_default();
         let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
         [
             ("size", n(s.size)),

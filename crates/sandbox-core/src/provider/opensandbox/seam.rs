@@ -121,6 +121,26 @@ fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxErro
     }
 }
 
+/// The memory limit (MiB) of `size`: its own, or, when the surfaces passed only the id (as
+/// `guest::GuestSpec::for_provider` does), the id's (`<MiB>Mi`, as [`Provider::sizes`] names
+/// them). Anything else is refused before create.
+fn mem_of(size: &Size) -> Result<u32, SandboxError> {
+    if size.mem_mib > 0 {
+        return Ok(size.mem_mib);
+    }
+    size.id
+        .strip_suffix("Mi")
+        .and_then(|m| m.parse::<u32>().ok())
+        .filter(|m| SIZES_MIB.contains(m))
+        .ok_or_else(|| {
+            SandboxError::refused(format!(
+                "{:?} is not an OpenSandbox size; use one of {}",
+                outside_text::snippet(&size.id, 40),
+                SIZES_MIB.map(|m| format!("{m}Mi")).join(", ")
+            ))
+        })
+}
+
 fn boxed<T: Send + 'static>(
     f: impl Future<Output = Result<T, CallError>> + Send + 'static,
 ) -> BoxFuture<'static, Result<T, CallError>> {
@@ -216,6 +236,7 @@ impl Provider for OpenSandbox {
         let p = self.inner.clone();
         boxed(async move {
             let policy = policy_of(&spec.egress).map_err(|e| refused(&e))?;
+            let mem_mib = mem_of(&spec.size).map_err(|e| refused(&e))?;
             let s = p.settings();
             let image = if spec.image.is_empty() {
                 s.image.clone()
@@ -228,7 +249,7 @@ impl Provider for OpenSandbox {
             let mut request = CreateSandbox::from_image(image, s.entrypoint.clone())
                 .lifetime(Lifetime::After(lifetime))
                 .resource("cpu", s.cpu.clone())
-                .resource("memory", format!("{}Mi", spec.size.mem_mib))
+                .resource("memory", format!("{mem_mib}Mi"))
                 .metadata(META_NAME, spec.name.clone())
                 .metadata(META_NONCE, spec.name.clone());
             for (k, v) in &spec.labels.0 {
@@ -475,5 +496,27 @@ impl Provider for OpenSandbox {
                 .map(|sb| info_of(&sb))
                 .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size(id: &str, mem_mib: u32) -> Size {
+        Size {
+            id: id.to_owned(),
+            vcpu: 0,
+            mem_mib,
+        }
+    }
+
+    #[test]
+    fn a_size_passed_by_id_gets_the_id_s_memory_limit() {
+        assert_eq!(mem_of(&size("8192Mi", 0)).unwrap(), 8192);
+        assert_eq!(mem_of(&size("anything", 2048)).unwrap(), 2048);
+        let e = mem_of(&size("s-4vcpu-8gb", 0)).unwrap_err();
+        assert!(e.message().contains("512Mi"), "{e}");
+        assert!(mem_of(&size("3000Mi", 0)).is_err());
     }
 }

@@ -128,6 +128,16 @@ class CreateOSSandboxComponent(Component):
             "smallest shape with at least 4 GiB.",
             advanced=True,
         ),
+        DropdownInput(
+            name="provider",
+            display_name="Provider",
+            options=["CreateOS", "OpenSandbox"],
+            value="CreateOS",
+            info="Where the guest runs: CreateOS, or the operator's self-hosted OpenSandbox server "
+            "(OPEN_SANDBOX_* settings; refused unless its isolation is attested or container "
+            "isolation is accepted).",
+            advanced=True,
+        ),
     ]
 
     outputs = [
@@ -160,6 +170,8 @@ class CreateOSSandboxComponent(Component):
             "allowed_domains": _text(getattr(self, "allowed_domains", "")),
             "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
             "shape": _text(self.shape),
+            # Flows saved before the node had Provider run on CreateOS.
+            "provider": (_text(getattr(self, "provider", "")) or "CreateOS").lower(),
         }
 
     def _execution(self, output: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -1,0 +1,127 @@
+"""``LANGFLOW_EXECUTOR_KIND=opensandbox`` through ``lfx run`` against the OpenSandbox fake.
+
+The fake (``cargo build -p opensandbox-fake``) runs as a Kubernetes server with a Kata runtime
+whose guests' ``python3`` is this venv's (lfx is there); the executor is the package's second
+``lfx.executors`` entry point. The same flow gives the same answer as on the CreateOS fake and
+leaves no sandbox; without the operator's attestation (or the container opt-in) the run is
+refused before any sandbox exists.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import E2E, Fake, built_binary, venv_bin
+from test_executor import SHOUT, executor_env, lfx_run_json
+from test_opensandbox_backend import OS_KEY, OsFake
+
+
+@pytest.fixture(scope="module")
+def osfake_guests() -> Iterator[OsFake]:
+    """An OpenSandbox fake whose guests run this venv's ``python3``."""
+    binary = built_binary("OPENSANDBOX_FAKE_BIN", "debug/opensandbox-fake", "cargo build -p opensandbox-fake")
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "--port=0",
+            f"--api-key={OS_KEY}",
+            "--runtime=kubernetes",
+            "--secure-runtime=kata",
+            "--pending-ms=200",
+            "--ping-ms=500",
+            f"--guest-path={Path(sys.executable).parent}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    assert first.startswith("listening on "), first
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        yield OsFake(proc=proc, url=first.split("listening on ", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def osfake(osfake_guests: OsFake) -> OsFake:
+    osfake_guests.reset()
+    return osfake_guests
+
+
+def os_executor_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
+    """What an operator sets for the OpenSandbox executor (no CreateOS setting at all)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_", "OPEN_SANDBOX_"))}
+    env.update(
+        {
+            "LANGFLOW_EXECUTOR_KIND": "opensandbox",
+            "OPEN_SANDBOX_DOMAIN": osfake.url,
+            "OPEN_SANDBOX_API_KEY": OS_KEY,
+            "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
+            "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def test_lfx_run_gives_the_createos_answer_and_leaves_no_sandbox(osfake: OsFake, clean_fake: Fake) -> None:
+    on_createos = lfx_run_json(executor_env(clean_fake), SHOUT, "from the cli")
+    on_opensandbox = lfx_run_json(os_executor_env(osfake), SHOUT, "from the cli")
+    assert on_createos["result"] == "FROM THE CLI!"
+    for key in ("result", "type", "component", "component_id", "success"):
+        assert on_opensandbox[key] == on_createos[key], (key, on_opensandbox, on_createos)
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1
+    # The probe, then the runner: the flow ran in the sandbox.
+    assert stats["commands"] >= 2
+    # Nothing reached CreateOS for the OpenSandbox run.
+    assert clean_fake.wait_settled()["created"] == 1
+
+
+def run_refused(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [venv_bin("lfx"), "run", str(SHOUT), "from the cli"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+
+
+def test_without_the_attestation_the_run_is_refused_and_creates_nothing(osfake: OsFake) -> None:
+    proc = run_refused(os_executor_env(osfake, OPEN_SANDBOX_ATTEST_ISOLATION=None, OPEN_SANDBOX_RUNTIME_CLASS=None))
+    out = proc.stdout + proc.stderr
+    assert "FROM THE CLI!" not in proc.stdout
+    assert "OPEN_SANDBOX_ATTEST_ISOLATION" in out, out[-3000:]
+    assert "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION" in out, out[-3000:]
+    assert OS_KEY not in out
+    assert osfake.stats()["created"] == 0
+
+
+def test_the_container_opt_in_runs_the_flow_without_the_attestation(osfake: OsFake) -> None:
+    env = os_executor_env(
+        osfake,
+        OPEN_SANDBOX_ATTEST_ISOLATION=None,
+        OPEN_SANDBOX_RUNTIME_CLASS=None,
+        OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION="true",
+    )
+    assert lfx_run_json(env, SHOUT, "opted in")["result"] == "OPTED IN!"
+    assert osfake.wait_settled()["created"] == 1
