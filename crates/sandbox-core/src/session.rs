@@ -530,6 +530,52 @@ impl ControlPlane for NotCreateOs {
 mod tests {
     use super::*;
 
+    /// The value of `name` (labels ignored, summed) in `counters`.
+    fn total(counters: &crate::observe::Counters, name: &str) -> f64 {
+        counters
+            .snapshot()
+            .into_iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum()
+    }
+
+    #[test]
+    fn a_sharing_session_counts_in_the_base_sessions_totals_as_its_providers() {
+        use crate::observe::Event;
+        use crate::provider::ProviderKind;
+        let base = Session::default();
+        let connector: ProviderConnector = Arc::new(|_, _| {
+            Err(SandboxError::new(
+                crate::error::ErrorKind::Refused,
+                "no provider in this test",
+            ))
+        });
+        let other = Session::with_provider_connector_sharing(
+            connector,
+            DEFAULT_REQUEST_TIMEOUT,
+            &base,
+            ProviderKind::OpenSandbox,
+        );
+        other.observation().emit(&Event::GuestCreated {
+            surface: crate::surface::SurfaceKind::Executor,
+            shape: "4096Mi",
+        });
+        let obs = base.observation();
+        let created = |c| total(c, "createos_guests_created_total");
+        assert!((created(obs.counters_of(ProviderKind::OpenSandbox)) - 1.0).abs() < 1e-9);
+        assert!(
+            created(obs.counters()).abs() < 1e-9,
+            "CreateOS's totals moved"
+        );
+        // One admission: a guest slot taken on the OpenSandbox session is live on the base.
+        let slot = other.admission().try_guest_slot();
+        assert!(slot.is_some());
+        assert_eq!(base.admission().stats().live, 1);
+        drop(slot);
+        assert_eq!(base.admission().stats().live, 0);
+    }
+
     #[tokio::test]
     async fn an_unreachable_control_plane_fails_naming_its_url_and_both_settings() {
         // A loopback port nothing listens on: every connect is refused at once.
