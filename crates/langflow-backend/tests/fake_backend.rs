@@ -545,8 +545,14 @@ fn shutdown_works_from_a_fresh_runtime() {
         "1".to_owned(),
     );
     let b = Backend::with_options(options(env));
-    // Start a run on a second runtime and drop that runtime mid-run.
-    let rt2 = tokio::runtime::Runtime::new().unwrap();
+    // Start a run on a second runtime and drop that runtime mid-run. A current-thread one: the
+    // run's guard, dropped with the run, spawns its guest's destroy on this runtime, and a
+    // multi-thread runtime's workers could finish that destroy before the runtime is dropped
+    // (the guest then is not left for shutdown to find); here nothing runs after block_on.
+    let rt2 = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let pol = policy(120);
     let fut = b.run("import time\ntime.sleep(60)", None, &pol);
     // Drop the runtime once the program runs in the guest: waiting for that, rather than a
