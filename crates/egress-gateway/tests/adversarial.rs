@@ -1661,6 +1661,15 @@ async fn a_token_replayed_from_another_guest_shares_its_runs_limits() {
     // The run's own guest holds two tunnels.
     let _t1 = tunnel(&net, &gw, "pkg.test:443", &auth).await;
     let _t2 = tunnel(&net, &gw, "pkg.test:443", &auth).await;
+    // The upstream counts its accepts on its own task, which may lag the tunnels' 200s: wait
+    // for both before the snapshot, so that only the replay could move it.
+    let upstream: SocketAddr = "11.0.0.1:443".parse().expect("addr");
+    let counted = tokio::time::Instant::now() + Duration::from_secs(10);
+    while net.all_accepts().get(&upstream).copied().unwrap_or(0) < 2
+        && tokio::time::Instant::now() < counted
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Another guest (another source address) replaying the same token gets no more.
     let before = snapshot(&net);
     let other = "10.216.0.1".parse().expect("ip");
