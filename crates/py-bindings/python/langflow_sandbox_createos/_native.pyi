@@ -434,7 +434,7 @@ class NativeExecutor:
     HISTORY_MESSAGES: ClassVar[int]
     """The most chat-history messages of the run's session a run sends to its guest."""
 
-    def __init__(self, provider: str = "createos") -> None:
+    def __new__(cls, provider: str = "createos") -> NativeExecutor:
         """The executor on ``provider`` (``createos`` or ``opensandbox``); any other name raises
         ``ValueError``."""
     def start(self, head: str, lfx_version: str | None = None) -> FlowEvents:

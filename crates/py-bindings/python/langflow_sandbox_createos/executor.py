@@ -524,8 +524,9 @@ def _asked_variables(graph: Any) -> list[dict[str, str | None]]:
     asked: list[dict[str, str | None]] = []
     for vertex in _vertices(graph):
         params: Any = getattr(vertex, "params", None) or {}
+        values: dict[str, Any] = cast("dict[str, Any]", params) if isinstance(params, dict) else {}
         for field in list(getattr(vertex, "load_from_db_fields", None) or []):
-            name = params.get(field) if isinstance(params, dict) else None
+            name: Any = values.get(str(field))
             if isinstance(name, str) and name.strip():
                 asked.append(
                     {
