@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -453,14 +454,15 @@ def test_doctor_reports_the_store_its_reachability_and_the_deployments_count(cle
     assert "pw-secret-123" not in out
     section = out.split("the deployment's admission store", 1)[1]
     assert f"admission store: redis redis://***@127.0.0.1:{redis_server.port}/0" in section, section
-    assert "reachable, answered in" in section, section
+    # What was negotiated is said: this server speaks plain TCP.
+    assert "admission store: reachable over plain TCP (not encrypted), answered in" in section, section
     assert "deployment: 2 guest(s) live of the deployment-wide cap CREATEOS_MAX_LIVE_GUESTS=8" in section, section
     # The store gone: doctor says so, and fails under the default (runs would be refused).
     redis_server.stop()
     proc = run_doctor(env)
     out = proc.stdout + proc.stderr
     assert "pw-secret-123" not in out
-    assert "[refused] admission store: unreachable" in out, out[-3000:]
+    assert "[refused] admission store: cannot be used (redis: cannot connect" in out, out[-3000:]
     assert "CREATEOS_ADMISSION_STORE_ON_FAILURE=refuse" in out
     assert proc.returncode == 1
 
@@ -491,7 +493,9 @@ def test_over_tls_the_cap_holds_and_a_certificate_that_does_not_check_out_refuse
     proc = run_doctor(env)
     section = (proc.stdout + proc.stderr).split("the deployment's admission store", 1)[1]
     assert f"TLS, certificate and host name checked (roots: {ca})" in section, section
-    assert "reachable, answered in" in section, section
+    # What was negotiated is said: a TLS version, never plain TCP.
+    assert re.search(r"admission store: reachable over TLS ?1\.[23]", section), section
+    assert "plain TCP (not encrypted)" not in section, section
     # Two workers, 24 runs at once, cap 8: the cap holds over TLS as over TCP.
     workers = [start_worker(env, "host-a", 12), start_worker(env, "host-b", 12)]
     runs = outcomes([w.result() for w in workers])
