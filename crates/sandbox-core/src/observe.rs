@@ -889,6 +889,9 @@ impl Provider for ObservedProvider {
     fn pauses_idle_guests(&self) -> bool {
         self.inner.pauses_idle_guests()
     }
+    fn replaces_drifted_kept_guests(&self) -> bool {
+        self.inner.replaces_drifted_kept_guests()
+    }
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
         self.call("whoami", self.inner.check())
     }

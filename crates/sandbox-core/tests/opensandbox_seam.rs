@@ -60,6 +60,13 @@ fn spec(name: &str, egress: EgressPolicy) -> GuestSpec {
     }
 }
 
+/// A kept guest's spec (the component's Guest Reuse labels it).
+fn kept_spec(name: &str) -> GuestSpec {
+    let mut s = spec(name, EgressPolicy::AllowAll);
+    s.labels = s.labels.with(Labels::KEPT, "true");
+    s
+}
+
 fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(20)
 }
@@ -176,6 +183,123 @@ async fn refusals_come_back_as_such() {
     let e = p.wait_ready(info.id.clone(), deadline()).await.unwrap_err();
     assert!(e.message.contains("network_mode"), "{e}");
     p.destroy(info.id).await.unwrap();
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+/// Seconds from now until the sandbox's expiry, as the server reports it.
+async fn expires_in(p: &OpenSandbox, id: &str) -> i64 {
+    let sb = p.inner().client().get_sandbox(id).await.unwrap();
+    (sb.expires().unwrap() - opensandbox_api::OffsetDateTime::now_utc()).whole_seconds()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_name_has_one_holder_whose_expiry_is_renewed_and_never_shortened() {
+    let fake = fake(Config::default()).await;
+    let p = provider(&fake, &[("OPEN_SANDBOX_MAX_RENEW_SECONDS", "1800")]);
+    let name = "lf-c-seamkept";
+    let first = p.create(kept_spec(name)).await.unwrap();
+    // Another worker creating the same kept guest gives its own sandbox up (409: adopt).
+    let e = p.create(kept_spec(name)).await.unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+    assert_eq!(fake.stats().live, 1);
+    let found = p.find(name.into()).await.unwrap().unwrap();
+    assert_eq!(found.id, first.id);
+    // The declared keys (never the values) come back from the label.
+    assert_eq!(found.envs, Some(vec!["GREETING".to_owned()]));
+    // A duplicate that raced past that check: the lookup keeps the oldest, deletes the newer.
+    let s = p.inner().settings();
+    let dup = p
+        .inner()
+        .client()
+        .create_sandbox(
+            &opensandbox_api::CreateSandbox::from_image(s.image.clone(), s.entrypoint.clone())
+                .lifetime(opensandbox_api::Lifetime::After(Duration::from_secs(600)))
+                .resource("memory", "512Mi")
+                .metadata("lf-name", name)
+                .metadata(Labels::CREATED_BY, Labels::CREATED_BY_US),
+        )
+        .await
+        .unwrap();
+    assert_eq!(fake.stats().live, 2);
+    assert_eq!(p.find(name.into()).await.unwrap().unwrap().id, first.id);
+    assert_eq!(fake.stats().live, 1);
+    assert!(p.inner().client().get_sandbox(&dup.id).await.is_err());
+    // Created for max(900 s, budget + backstop); a shorter renewal leaves it as it is.
+    let at_create = expires_in(&p, &first.id).await;
+    assert!((880..=900).contains(&at_create), "{at_create}");
+    p.keep_alive(first.id.clone(), Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert!(expires_in(&p, &first.id).await >= at_create - 5);
+    // A longer one pushes it out, clamped to OPEN_SANDBOX_MAX_RENEW_SECONDS.
+    p.keep_alive(first.id.clone(), Duration::from_secs(7200))
+        .await
+        .unwrap();
+    let renewed = expires_in(&p, &first.id).await;
+    assert!((1780..=1800).contains(&renewed), "{renewed}");
+    // Gone: the lookup finds nothing, a renewal is a 404 (the caller creates it again).
+    p.destroy(first.id.clone()).await.unwrap();
+    let e = p
+        .keep_alive(first.id.clone(), Duration::from_secs(600))
+        .await
+        .unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert!(
+        p.find(name.into())
+            .await
+            .unwrap()
+            .is_none_or(|g| g.is_terminal())
+    );
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_process_outlives_its_start_and_the_sweep_spares_kept_guests() {
+    let fake = fake(Config::default()).await;
+    let p = provider(&fake, &[]);
+    let one_shot = p
+        .create(spec("lf-seamspawn0000000000", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    let kept = p.create(kept_spec("lf-c-seamspared")).await.unwrap();
+    p.wait_ready(one_shot.id.clone(), deadline()).await.unwrap();
+    let pid = p
+        .spawn_process(
+            one_shot.id.clone(),
+            sandbox_core::provider::ProcessSpec {
+                cmd: "sh".into(),
+                args: vec![
+                    "-c".into(),
+                    "sleep 0.5; echo late > /tmp/lf-spawned.txt".into(),
+                ],
+                cwd: "/tmp".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!pid.is_empty());
+    // It answered at once and the process went on: its file appears afterwards.
+    let mut body = Vec::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(d) = p
+            .download(one_shot.id.clone(), "/tmp/lf-spawned.txt".into(), Some(100))
+            .await
+        {
+            body = d.body.map(|c| c.unwrap().to_vec()).concat().await;
+            if !body.is_empty() {
+                break;
+            }
+        }
+    }
+    assert_eq!(body, b"late\n");
+    // The orphan sweep (`reap --provider opensandbox`) leaves the kept guest to its own reap.
+    let swept = p.inner().sweep(Duration::ZERO, false).await.unwrap();
+    assert_eq!(swept, std::slice::from_ref(&one_shot.id));
+    assert!(p.get(kept.id.clone()).await.is_ok());
+    p.destroy(kept.id).await.unwrap();
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }

@@ -41,6 +41,8 @@ struct Seen {
     specs: Vec<provider::GuestSpec>,
     execs: Vec<ExecRequest>,
     policies: Vec<EgressPolicy>,
+    /// What each `keep_alive` asked for.
+    kept_alive: Vec<Duration>,
 }
 
 /// An in-memory provider: ids `os-N`, guests running at once but ready only after
@@ -52,6 +54,12 @@ struct Double {
     egress_says: EgressCheck,
     /// `check` answers nothing (a server that is down).
     down: AtomicBool,
+    /// Reports the declared environment keys of the guests it creates.
+    reports_envs: AtomicBool,
+    /// Answers [`Provider::replaces_drifted_kept_guests`].
+    replaces: AtomicBool,
+    /// Guests whose egress now reads back as something else than was asked.
+    drifted: Mutex<Vec<String>>,
 }
 
 impl Double {
@@ -62,6 +70,9 @@ impl Double {
             next: Mutex::new(0),
             egress_says,
             down: AtomicBool::new(false),
+            reports_envs: AtomicBool::new(false),
+            replaces: AtomicBool::new(false),
+            drifted: Mutex::new(Vec::new()),
         })
     }
 
@@ -147,6 +158,10 @@ impl Provider for Double {
             id: id.clone(),
             name: Some(spec.name.clone()),
             status: GuestStatus::Running,
+            envs: self
+                .reports_envs
+                .load(Ordering::SeqCst)
+                .then(|| spec.envs.keys().cloned().collect()),
             ..GuestInfo::default()
         };
         self.seen.lock().unwrap().specs.push(spec);
@@ -191,7 +206,14 @@ impl Provider for Double {
     ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
         self.note("verify_egress");
         self.seen.lock().unwrap().policies.push(policy);
-        now(self.lookup(&id).map(|_| self.egress_says.clone()))
+        let drifted = self.drifted.lock().unwrap().contains(&id);
+        now(self.lookup(&id).map(|_| {
+            if drifted {
+                EgressCheck::Differs("unrestricted (drifted)".to_owned())
+            } else {
+                self.egress_says.clone()
+            }
+        }))
     }
 
     fn exec_stream(
@@ -239,6 +261,20 @@ impl Provider for Double {
         // Idempotent: a guest already gone counts as destroyed.
         self.guests.lock().unwrap().remove(&id);
         now(Ok(()))
+    }
+
+    fn keep_alive(
+        &self,
+        id: String,
+        idle: Duration,
+    ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        self.note("keep_alive");
+        self.seen.lock().unwrap().kept_alive.push(idle);
+        now(self.lookup(&id))
+    }
+
+    fn replaces_drifted_kept_guests(&self) -> bool {
+        self.replaces.load(Ordering::SeqCst)
     }
 
     fn list_ours(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>> {
@@ -423,10 +459,83 @@ async fn a_kept_guest_is_found_by_the_providers_lookup_and_readied() {
             "wait_ready",
             "verify_egress",
             "find",
+            "keep_alive",
             "wait_ready"
         ]
     );
     double.destroy(id).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_adopted_kept_guest_is_renewed_past_the_run_on_a_provider_that_never_pauses() {
+    let double = Double::new(EgressCheck::Matches);
+    double.reports_envs.store(true, Ordering::SeqCst);
+    let r = reaper();
+    let cx = context(&double, &r);
+    let s = spec(EgressPolicy::DenyAll);
+    let name = "lf-c-renewed";
+    let first = Guest::acquire(&cx, &s, name, soon()).await.unwrap();
+    let id = first.id().to_owned();
+    first.release();
+    // Created: its lifetime came with the create, nothing to renew; labelled as kept.
+    assert!(double.seen.lock().unwrap().kept_alive.is_empty());
+    let labels = double.seen.lock().unwrap().specs[0].labels.clone();
+    assert_eq!(
+        labels
+            .0
+            .get(sandbox_core::provider::Labels::KEPT)
+            .map(String::as_str),
+        Some("true")
+    );
+    let again = Guest::acquire(&cx, &s, name, soon()).await.unwrap();
+    assert!(!again.was_created());
+    assert_eq!(again.id(), id);
+    // The run's budget and an idle backstop after it (both the spec's 300 s).
+    assert_eq!(
+        double.seen.lock().unwrap().kept_alive,
+        [Duration::from_secs(600)]
+    );
+    again.release();
+    assert_eq!(double.live(), [name]);
+    double.destroy(id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_drifted_kept_guest_is_replaced_only_where_the_provider_says_so() {
+    let double = Double::new(EgressCheck::Matches);
+    double.reports_envs.store(true, Ordering::SeqCst);
+    let r = reaper();
+    let cx = context(&double, &r);
+    let s = spec(EgressPolicy::DenyAll);
+    let name = "lf-c-drifted";
+    let first = Guest::acquire(&cx, &s, name, soon()).await.unwrap();
+    let old = first.id().to_owned();
+    first.release();
+    double.drifted.lock().unwrap().push(old.clone());
+    // By default (CreateOS's way) refused and left as it is.
+    let e = Guest::acquire(&cx, &s, name, soon()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused);
+    assert!(e.message().contains("left as it is"), "{e}");
+    assert!(double.lookup(&old).is_ok());
+    // A provider that replaces them: destroyed, created again under the name, checked.
+    double.replaces.store(true, Ordering::SeqCst);
+    let fresh = Guest::acquire(&cx, &s, name, soon()).await.unwrap();
+    assert!(fresh.was_created());
+    assert_ne!(fresh.id(), old);
+    assert!(
+        double.lookup(&old).is_err(),
+        "the drifted guest was destroyed"
+    );
+    assert_eq!(double.live(), [name]);
+    // A new guest that reads back wrong is destroyed too: nothing is left to drift again.
+    double.drifted.lock().unwrap().push(fresh.id().to_owned());
+    fresh.release();
+    let next_id = format!("os-{}", *double.next.lock().unwrap() + 1);
+    double.drifted.lock().unwrap().push(next_id);
+    let e = Guest::acquire(&cx, &s, name, soon()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused);
+    assert!(e.message().contains("destroyed"), "{e}");
+    assert!(double.live().is_empty(), "{:?}", double.live());
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! Acquiring a kept guest by its derived name: look it up, adopt it (resume, read its
-//! environment keys and egress back, cover its auto-pause backstop) or create it, and wait
-//! until it runs.
+//! Acquiring a kept guest by its derived name: look it up, adopt it (resume, renew a
+//! server-side expiry, read its environment keys and egress back, cover its auto-pause
+//! backstop; on a provider that replaces drifted kept guests, destroy one that differs) or
+//! create it, and wait until it runs.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use crate::control::{CallFailure, GuestInfo, GuestStatus};
 use crate::error::{ErrorKind, SandboxError};
 use crate::names::is_valid_name;
 use crate::observe::DestroyReason;
-use crate::provider::EgressCheck;
+use crate::provider::{EgressCheck, Labels};
 use crate::retry::{attempt_floor, clipped, worth_retrying};
 
 /// Longest pause between two status reads while a guest resumes or starts.
@@ -80,7 +81,7 @@ impl Guest {
                     if let Some(guest) = Self::adopt(cx, spec, name, info, deadline).await? {
                         return Ok(guest);
                     }
-                    wait_reason = Some("it went away while it was being resumed");
+                    wait_reason = Some("it went away, or was replaced, while it was being adopted");
                 }
                 Some(info) => {
                     // Being destroyed: the name stays taken until it is gone.
@@ -95,7 +96,7 @@ impl Guest {
                 None => {
                     cx.count();
                     let sent = Instant::now();
-                    let request = spec.for_provider(name, cx.labels());
+                    let request = spec.for_provider(name, cx.labels().with(Labels::KEPT, "true"));
                     let created = clipped(deadline, "create", cx.provider.create(request)).await;
                     match created {
                         Ok(info) => {
@@ -127,7 +128,15 @@ impl Guest {
                                     let _ = guest.destroy().await;
                                     return Err(e);
                                 }
-                                guest.verify_egress(&spec.egress, deadline).await?;
+                                if let Err(e) = guest.verify_egress(&spec.egress, deadline).await {
+                                    if cx.provider.replaces_drifted_kept_guests() {
+                                        // Nobody can use it; on this provider it would be
+                                        // replaced by the next lookup anyway.
+                                        guest.set_destroy_reason(DestroyReason::Error);
+                                        let _ = guest.destroy().await;
+                                    }
+                                    return Err(e);
+                                }
                                 return Ok(guest);
                             }
                         }
@@ -210,7 +219,13 @@ impl Guest {
         let Some(info) = guest.until_running(info, deadline).await? else {
             return Ok(None);
         };
+        // A provider without idle pauses expires its guests on a server-side clock: push it
+        // past this run (and an idle backstop after it) before anything else is asked of it.
+        if !cx.provider.pauses_idle_guests() && !guest.renew_lifetime(spec, deadline).await? {
+            return Ok(None);
+        }
         guest.until_ready(deadline).await?;
+        let replaces = cx.provider.replaces_drifted_kept_guests();
         let want: BTreeSet<&str> = spec.envs.keys().map(String::as_str).collect();
         let have: Option<BTreeSet<&str>> = info
             .envs
@@ -218,6 +233,13 @@ impl Guest {
             .map(|v| v.iter().map(String::as_str).collect());
         if have.as_ref() != Some(&want) {
             let have = have.map_or_else(|| "(not reported)".to_owned(), |h| format!("{h:?}"));
+            if replaces {
+                let why = format!(
+                    "guest {name} was created with the environment keys {have}, but {want:?} \
+                     are declared now"
+                );
+                return guest.replace_drifted(&why).await;
+            }
             return Err(SandboxError::refused(format!(
                 "guest {name} was created with the environment keys {have}, but {want:?} are \
                  declared now; it was left as it is and not used. Destroy it to recreate it \
@@ -225,12 +247,72 @@ impl Guest {
             ))
             .redacted(&cx.redactor));
         }
-        guest.verify_egress(&spec.egress, deadline).await?;
+        match guest.verify_egress(&spec.egress, deadline).await {
+            Ok(()) => {}
+            Err(e) if replaces && e.kind() == ErrorKind::Refused => {
+                return guest.replace_drifted(e.message()).await;
+            }
+            Err(e) => return Err(e),
+        }
         let backstop = (info.auto_pause_after_seconds, spec.auto_pause_after_seconds);
         if !guest.cover_backstop(backstop, deadline).await? {
             return Ok(None);
         }
         Ok(Some(guest))
+    }
+
+    /// Destroys a kept guest found with another policy than asked (`why`), on a provider that
+    /// replaces such guests ([`crate::provider::Provider::replaces_drifted_kept_guests`]):
+    /// `Ok(None)`, so the caller looks the name up again and creates it anew. Nothing ran on
+    /// it. A destroy that fails is the run's refusal.
+    async fn replace_drifted(self, why: &str) -> Result<Option<Guest>, SandboxError> {
+        let (cx, name) = (self.cx.clone(), self.name.clone());
+        tracing::warn!(
+            target: LOG_TARGET,
+            guest = %name,
+            "{}; destroying it and creating it again",
+            cx.redactor.apply(why)
+        );
+        self.set_destroy_reason(DestroyReason::Error);
+        match self.destroy().await {
+            Ok(_) => Ok(None),
+            Err(e) => Err(SandboxError::refused(format!(
+                "{why}; destroying it failed ({}), so it was not used and the run is refused; \
+                 delete it with reap",
+                e.message
+            ))
+            .redacted(&cx.redactor)),
+        }
+    }
+
+    /// Pushes an adopted guest's server-side expiry past this run and an idle backstop after
+    /// it ([`GuestSpec::lifetime`], through [`crate::provider::Provider::keep_alive`]), for a
+    /// provider that does not pause idle guests: a kept guest nobody uses then still expires
+    /// on its own. Retried on transient failures until `deadline`; a failure runs nothing.
+    /// `Ok(false)` when the guest went away meanwhile (404, 409).
+    async fn renew_lifetime(
+        &self,
+        spec: &GuestSpec,
+        deadline: Instant,
+    ) -> Result<bool, SandboxError> {
+        let cx = &self.cx;
+        let lifetime = spec.lifetime();
+        let want = lifetime.budget + lifetime.idle_backstop;
+        let op = format!(
+            "renewal of kept guest {}'s lifetime ({}s)",
+            self.name,
+            want.as_secs()
+        );
+        let renewed = cx
+            .retried(&op, deadline, || {
+                cx.provider.keep_alive(self.id.clone(), want)
+            })
+            .await;
+        match renewed {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() || e.is_not_found() => Ok(false),
+            Err(e) => Err(cx.before_dispatch(&op, &e)),
+        }
     }
 
     /// Raises an adopted guest's idle auto-pause backstop from `have` to `want` seconds when

@@ -82,7 +82,6 @@ impl GuestSpec {
     /// keeps one at least as long as any run on it may take. The size carries only its id
     /// here; the surfaces chose it from the provider's sizes.
     pub fn for_provider(&self, name: &str, labels: Labels) -> provider::GuestSpec {
-        let idle = Duration::from_secs(u64::from(self.auto_pause_after_seconds));
         provider::GuestSpec {
             name: name.to_owned(),
             image: self.rootfs.clone(),
@@ -93,11 +92,17 @@ impl GuestSpec {
             },
             envs: self.envs.clone(),
             egress: self.egress.clone(),
-            lifetime: Lifetime {
-                budget: idle,
-                idle_backstop: idle,
-            },
+            lifetime: self.lifetime(),
             labels,
+        }
+    }
+
+    /// How long a guest of this spec may live: see [`GuestSpec::for_provider`].
+    pub fn lifetime(&self) -> Lifetime {
+        let idle = Duration::from_secs(u64::from(self.auto_pause_after_seconds));
+        Lifetime {
+            budget: idle,
+            idle_backstop: idle,
         }
     }
 }
@@ -408,8 +413,10 @@ impl Guest {
     }
 
     fn what_happens_on_refusal(&self) -> &'static str {
-        if self.is_kept() {
+        if self.is_kept() && !self.cx.provider.replaces_drifted_kept_guests() {
             "it was left as it is and not used"
+        } else if self.is_kept() {
+            "it was destroyed and not used; the next lookup creates it again"
         } else {
             "it was destroyed and the run refused rather than run code under a policy nobody \
              asked for"

@@ -19,7 +19,8 @@
 //! | files in / out | [`Provider::upload`], [`Provider::download`] | `…/files` | execd multipart / ranged |
 //! | destroy, idempotent | [`Provider::destroy`] | `DELETE` (404 confirmed) | `DELETE` (retry 500, 404 = gone) |
 //! | list ours by label and age | [`Provider::list_ours`] | name prefix `lf-` | `created-by` metadata |
-//! | keep a kept guest alive | [`Provider::keep_alive`] | auto-pause backstop | renew, clamped |
+//! | keep a kept guest alive | [`Provider::keep_alive`] | auto-pause backstop | renew, clamped, on every adoption |
+//! | a kept guest that drifted | [`Provider::replaces_drifted_kept_guests`] | left, run refused | destroyed, created again |
 //! | isolation vouched for | [`Provider::isolation`] | always [`Isolation::HardwareVirtualized`] | attested by the operator |
 //!
 //! The seam is an object-safe trait returning boxed futures, like [`ControlPlane`] beside it
@@ -180,6 +181,10 @@ impl Labels {
     pub const CREATED_BY_US: &'static str = "langflow";
     /// The label naming the surface that made the guest (`backend`, `component`, `executor`).
     pub const SURFACE: &'static str = "lf-surface";
+    /// The label of a kept guest (the component's Guest Reuse), value `true`: a provider
+    /// without unique names settles two creates of one kept name by it, and its own orphan
+    /// sweep leaves such a guest to `reap --older-than`.
+    pub const KEPT: &'static str = "lf-kept";
 
     /// `created-by=langflow` and nothing else.
     pub fn ours() -> Self {
@@ -307,6 +312,15 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
+    /// What becomes of a kept guest found with another egress policy or other declared
+    /// environment keys than the run asks for. `false` (the default, CreateOS): it is left as
+    /// it is and the run refused (its name stays taken until someone deletes it). `true` (a
+    /// provider without unique names, whose kept guests expire on their own: OpenSandbox): it
+    /// is destroyed and a new one created under the same name, checked like any new guest.
+    fn replaces_drifted_kept_guests(&self) -> bool {
+        false
+    }
+
     /// Which control plane this is, as a number that is the same for every handle on the same
     /// one and differs between two that live at once (the warm pool keeps one account's
     /// guests from another's runs). By default this value's address.
@@ -381,7 +395,11 @@ pub trait Provider: Send + Sync + 'static {
     fn list_ours(&self, prefix: String) -> BoxFuture<'_, Result<Vec<AgedGuest>, CallError>>;
 
     /// Makes a kept guest last at least `idle` more without use (CreateOS: raises the
-    /// auto-pause backstop; OpenSandbox: renews, clamped).
+    /// auto-pause backstop; OpenSandbox: renews the server-side expiry, clamped, never
+    /// shortening it). sandbox-core calls it when it adopts a kept guest whose backstop is too
+    /// short, and on a provider that does not pause idle guests
+    /// ([`Provider::pauses_idle_guests`]) on every adoption, so that a kept guest nobody uses
+    /// still expires on its own.
     fn keep_alive(
         &self,
         id: String,

@@ -371,8 +371,10 @@ impl OpenSandboxProvider {
     }
 
     /// The orphan sweep: this deployment's sandboxes (by `created-by` metadata) older than
-    /// `older_than`, deleted unless `dry_run`. Returns the ids found (deleted, or that would
-    /// be); a delete that fails is left out and logged.
+    /// `older_than`, deleted unless `dry_run`, except the component's kept guests (labelled
+    /// `lf-kept`, named `lf-c-…`: `reap --older-than` deletes old ones through
+    /// [`crate::orphans::sweep_reused_provider`]). Returns the ids found (deleted, or that
+    /// would be); a delete that fails is left out and logged.
     pub async fn sweep(
         &self,
         older_than: Duration,
@@ -387,6 +389,9 @@ impl OpenSandboxProvider {
         let limit = i128::try_from(older_than.as_millis()).unwrap_or(i128::MAX);
         let mut swept = Vec::new();
         for sb in found {
+            if sb.metadata.contains_key(crate::provider::Labels::KEPT) {
+                continue;
+            }
             // A sandbox without a readable creation time counts as old: it is ours.
             let old = sb
                 .created()
@@ -465,7 +470,9 @@ impl Sandbox {
                 return Err(SandboxError::new(
                     ErrorKind::Transient,
                     format!(
-                        "OpenSandbox: uploading the program to sandbox {id} got no answer within                          {}s (a paused or stalled sandbox; see OPEN_SANDBOX_IDLE_SECONDS); the                          sandbox was destroyed",
+                        "OpenSandbox: uploading the program to sandbox {id} got no answer within \
+                         {}s (a paused or stalled sandbox; see OPEN_SANDBOX_IDLE_SECONDS); the \
+                         sandbox was destroyed",
                         upload_budget.as_secs()
                     ),
                 ));

@@ -6,6 +6,13 @@
 //! guest checks in [`Provider::wait_ready`], the `dns+nft` read-back in
 //! [`Provider::verify_egress`], an idle deadline on every exec stream, delete that counts 404
 //! as gone, and renewals clamped to `OPEN_SANDBOX_MAX_RENEW_SECONDS`.
+//!
+//! Kept guests (the component's Guest Reuse): the name is a metadata label, not unique, so a
+//! lookup keeps the oldest live holder and destroys newer duplicates, and a create that finds
+//! an older holder gives its own sandbox up (409, adopted by sandbox-core); the declared
+//! environment's names are a label too (`lf-env`); every adoption renews the server-side
+//! expiry (never shortening it); a kept guest whose policy drifted is destroyed and created
+//! again ([`Provider::replaces_drifted_kept_guests`]).
 
 use std::time::Duration;
 
@@ -26,11 +33,21 @@ use crate::egress::EgressPolicy;
 use crate::error::SandboxError;
 use crate::provider::{
     AgedGuest, CallError, CallFailure, Download, EgressCheck, ExecFrame, ExecRequest, ExecStream,
-    GuestInfo, GuestSpec, GuestStatus, Isolation, Labels, Provider, ProviderKind, Size, left,
+    GuestInfo, GuestSpec, GuestStatus, Isolation, Labels, ProcessSpec, Provider, ProviderKind,
+    Size, left,
 };
 
 /// The metadata key holding [`GuestSpec::name`] (OpenSandbox has no unique name).
 pub const META_NAME: &str = "lf-name";
+/// The metadata key holding the names (never the values) of the environment declared at
+/// create, joined by `.`, so that an adopted kept sandbox's keys can be compared with the
+/// run's (the server reports no environment). Absent when none was declared.
+pub const META_ENV: &str = "lf-env";
+/// Longest metadata value the server accepts (Kubernetes label rules).
+const LABEL_VALUE_MAX: usize = 63;
+/// How long execd may take to answer a background command's start (its id, at once).
+const SPAWN_ANSWER: Duration = Duration::from_secs(30);
+
 /// The memory sizes offered (MiB): the server takes any `resourceLimits`, so the catalog is
 /// ours; sandbox-core picks the smallest that fits.
 pub const SIZES_MIB: [u32; 6] = [512, 1024, 2048, 4096, 8192, 16_384];
@@ -102,9 +119,42 @@ fn info_of(sb: &SandboxInfo) -> GuestInfo {
         name: sb.metadata.get(META_NAME).cloned(),
         status: status_of(sb.state()),
         egress: None,
-        envs: None,
+        envs: Some(env_names_of(sb.metadata.get(META_ENV).map(String::as_str))),
         auto_pause_after_seconds: None,
     }
+}
+
+/// [`META_ENV`]'s value for `names`: `None` when there are none, and when they do not fit a
+/// metadata value (then an adopted sandbox reports no keys, differs from the run's, and is
+/// replaced).
+fn env_label<'a>(names: impl IntoIterator<Item = &'a String>) -> Option<String> {
+    let names: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    let fits = names.iter().all(|n| {
+        n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    });
+    let joined = names.join(".");
+    (fits && !joined.is_empty() && joined.len() <= LABEL_VALUE_MAX && !joined.ends_with('_'))
+        .then_some(joined)
+}
+
+/// The names [`env_label`] stored (none when absent).
+fn env_names_of(label: Option<&str>) -> Vec<String> {
+    label
+        .map(|l| {
+            l.split('.')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The order in which sandboxes holding one name are kept: the oldest first (by creation
+/// time; one without a readable time last), then by id, so every caller keeps the same one.
+fn holder_order(sb: &SandboxInfo) -> (bool, Option<opensandbox_api::OffsetDateTime>, String) {
+    let created = sb.created();
+    (created.is_none(), created, sb.id.clone())
 }
 
 /// The `networkPolicy` for sandbox-core's decision: none for allow-all, deny-all as itself;
@@ -261,6 +311,9 @@ impl Provider for OpenSandbox {
             for (k, v) in &spec.envs {
                 request = request.secret_env(k.clone(), v.clone());
             }
+            if let Some(names) = env_label(spec.envs.keys()) {
+                request = request.metadata(META_ENV, names);
+            }
             if let Some(policy) = policy {
                 request = request.network_policy(policy);
             }
@@ -269,6 +322,11 @@ impl Provider for OpenSandbox {
                 .create_sandbox(&request)
                 .await
                 .map_err(|e| call_error("creating a sandbox", &e))?;
+            if spec.labels.0.contains_key(Labels::KEPT) {
+                // No unique names: a kept guest's name may have been taken meanwhile by
+                // another worker. The oldest holder keeps it; a newer one is given up.
+                p.yield_to_older_holder(&spec.name, &sb).await?;
+            }
             let mut info = info_of(&sb);
             info.name = Some(spec.name);
             info.envs = Some(spec.envs.keys().cloned().collect());
@@ -278,14 +336,13 @@ impl Provider for OpenSandbox {
 
     fn find(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
         let client = self.inner.client().clone();
+        let p = self.inner.clone();
         boxed(async move {
             let found = client
                 .find_by_metadata(META_NAME, &name)
                 .await
                 .map_err(|e| call_error("finding a sandbox by name", &e))?;
-            let mut infos: Vec<GuestInfo> = found.iter().map(info_of).collect();
-            infos.sort_by_key(GuestInfo::is_terminal);
-            Ok(infos.into_iter().next())
+            Ok(p.one_holder(&name, found).await)
         })
     }
 
@@ -487,15 +544,165 @@ impl Provider for OpenSandbox {
     ) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            p.renew(&id, idle.max(opensandbox_api::MIN_TIMEOUT))
-                .await
-                .map_err(|e| CallError::new(CallFailure::Transport, e.message().to_owned()))?;
-            p.client()
+            // As long as a create would have made it live (`OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS`
+            // at least), from now; an expiry already further away is left as it is.
+            let s = p.settings();
+            let wanted = idle
+                .max(s.sandbox_timeout)
+                .max(opensandbox_api::MIN_TIMEOUT);
+            let sb = p
+                .client()
                 .get_sandbox(&id)
                 .await
-                .map(|sb| info_of(&sb))
-                .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))
+                .map_err(|e| call_error(&format!("reading sandbox {id}"), &e))?;
+            let far_enough = sb.expires().is_some_and(|at| {
+                time_left(at).is_some_and(|left| left >= wanted.min(s.max_renew))
+            });
+            if !far_enough {
+                let renewal = p
+                    .client()
+                    .renew_expiration(&id, wanted, s.max_renew)
+                    .await
+                    .map_err(|e| call_error(&format!("renewing sandbox {id}"), &e))?;
+                tracing::debug!(
+                    target: crate::LOG_TARGET,
+                    sandbox = %id,
+                    expires_at = %outside_text::snippet(&renewal.expires_at, 40),
+                    clamped = renewal.clamped,
+                    "renewed a kept sandbox's expiry"
+                );
+            }
+            Ok(info_of(&sb))
         })
+    }
+
+    fn replaces_drifted_kept_guests(&self) -> bool {
+        true
+    }
+
+    /// A background command of execd (`"background": true`): execd answers its id at once and
+    /// the process lives on until it ends, its timeout fires or the sandbox is deleted (the
+    /// executor's warm runner). Never repeated.
+    fn spawn_process(
+        &self,
+        id: String,
+        spec: ProcessSpec,
+    ) -> BoxFuture<'_, Result<String, CallError>> {
+        let p = self.inner.clone();
+        boxed(async move {
+            let mut argv = vec![spec.cmd.clone()];
+            argv.extend(spec.args.iter().cloned());
+            let mut cmd = RunCommand::argv(argv).background(true);
+            if !spec.cwd.is_empty() {
+                cmd = cmd.cwd(spec.cwd.clone());
+            }
+            let mut stream = p
+                .client()
+                .execd(&id)
+                .run(
+                    &cmd,
+                    StreamOptions {
+                        idle_timeout: p.settings().idle,
+                        deadline: Some(SPAWN_ANSWER),
+                        ..StreamOptions::default()
+                    },
+                )
+                .await
+                .map_err(|e| call_error("starting a background process", &e))?;
+            // The answer is `init` (the id) then `execution_complete`, at once; an `error`
+            // frame is a process that could not start.
+            while let Some(ev) = stream.next().await {
+                match ev.map_err(|e| call_error("starting a background process", &e))? {
+                    ExecEvent::Error(e) => {
+                        return Err(CallError::new(
+                            CallFailure::Protocol,
+                            format!(
+                                "OpenSandbox: the background process did not start: {}: {}",
+                                outside_text::snippet(&e.name, 80),
+                                outside_text::snippet(&e.value, 400)
+                            ),
+                        ));
+                    }
+                    _ if stream.command_id().is_some() => break,
+                    _ => {}
+                }
+            }
+            stream.command_id().map(str::to_owned).ok_or_else(|| {
+                CallError::new(
+                    CallFailure::Protocol,
+                    "OpenSandbox: execd answered a background command without its id",
+                )
+            })
+        })
+    }
+}
+
+/// Time from now until `at`; `None` once it passed.
+fn time_left(at: opensandbox_api::OffsetDateTime) -> Option<Duration> {
+    Duration::try_from(at - opensandbox_api::OffsetDateTime::now_utc()).ok()
+}
+
+impl OpenSandboxProvider {
+    /// Of the sandboxes `found` under one name, the one that holds it: the oldest live one
+    /// ([`holder_order`]). Newer live duplicates (two workers that created the same kept
+    /// guest at once) are destroyed, and so are failed ones. When only terminal ones remain
+    /// the name is free: one is reported destroyed (`None` when there is none).
+    async fn one_holder(&self, name: &str, mut found: Vec<SandboxInfo>) -> Option<GuestInfo> {
+        found.sort_by_key(holder_order);
+        let (live, dead): (Vec<SandboxInfo>, Vec<SandboxInfo>) =
+            found.into_iter().partition(|sb| !info_of(sb).is_terminal());
+        for extra in live.iter().skip(1) {
+            tracing::warn!(
+                target: crate::LOG_TARGET,
+                guest = %name,
+                sandbox = %extra.id,
+                "two sandboxes hold one kept guest's name; destroying the newer one"
+            );
+            if let Err(e) = self.destroy(&extra.id).await {
+                tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+            }
+        }
+        for failed in dead.iter().filter(|sb| *sb.state() == SandboxState::Failed) {
+            if let Err(e) = self.destroy(&failed.id).await {
+                tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+            }
+        }
+        if let Some(holder) = live.first() {
+            return Some(info_of(holder));
+        }
+        dead.first().map(|sb| GuestInfo {
+            status: GuestStatus::Destroyed,
+            ..info_of(sb)
+        })
+    }
+
+    /// After creating `ours` under the kept name `name`: when an older live sandbox holds the
+    /// name, destroys `ours` and answers 409, so sandbox-core adopts the older one. A listing
+    /// that fails keeps `ours` (the next lookup settles it).
+    async fn yield_to_older_holder(&self, name: &str, ours: &SandboxInfo) -> Result<(), CallError> {
+        let Ok(mut found) = self.client().find_by_metadata(META_NAME, name).await else {
+            return Ok(());
+        };
+        found.retain(|sb| !info_of(sb).is_terminal());
+        found.sort_by_key(holder_order);
+        let Some(holder) = found.first() else {
+            return Ok(());
+        };
+        if holder.id == ours.id || !found.iter().any(|sb| sb.id == ours.id) {
+            return Ok(());
+        }
+        tracing::info!(
+            target: crate::LOG_TARGET,
+            guest = %name,
+            "another worker created this kept guest first; giving up ours and adopting that one"
+        );
+        if let Err(e) = self.destroy(&ours.id).await {
+            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+        }
+        Err(CallError::new(
+            CallFailure::Status(409),
+            format!("OpenSandbox: the kept guest {name} was created meanwhile by another caller"),
+        ))
     }
 }
 
@@ -508,6 +715,22 @@ mod tests {
             id: id.to_owned(),
             vcpu: 0,
             mem_mib,
+        }
+    }
+
+    #[test]
+    fn env_names_travel_in_one_label_value_when_they_fit() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let two = names(&["HTTPS_PROXY", "LF_TOKEN"]);
+        let label = env_label(&two).unwrap();
+        assert_eq!(label, "HTTPS_PROXY.LF_TOKEN");
+        assert_eq!(env_names_of(Some(&label)), two);
+        assert_eq!(env_label(&names(&[])), None);
+        assert!(env_names_of(None).is_empty());
+        // Not a label value: too long, or a name a label cannot start, end or hold.
+        assert_eq!(env_label(&names(&[&"A".repeat(64)])), None);
+        for bad in ["_LEADING", "TRAILING_", "HAS-DASH", "ÉTÉ"] {
+            assert_eq!(env_label(&names(&[bad])), None, "{bad}");
         }
     }
 
