@@ -1,6 +1,7 @@
 //! The operator's listing and deletion of old kept guests: the component's reused guests
 //! (`lf-c-…`, Guest Reuse: flow or session) created longer ago than a limit,
-//! `python -m langflow_sandbox_createos reap --older-than 1h` (`--dry-run` only lists them).
+//! `python -m langflow_sandbox_createos reap --older-than 1h` (`--dry-run` only lists them;
+//! `--provider opensandbox` for the kept sandboxes on an OpenSandbox server).
 //!
 //! A kept guest outlives the flow run by design; auto-pause bounds its cost but nothing
 //! deletes it. The orphan sweep never touches one (it may be needed by the next run), so
@@ -9,9 +10,10 @@
 use std::time::{Duration, SystemTime};
 
 use sandbox_core::names::REUSED_PREFIX;
-use sandbox_core::orphans::sweep_reused;
 /// A reused guest the reap examined, and what it did (re-exported from sandbox-core).
 pub use sandbox_core::orphans::{ReusedGuest, ReusedSweep as ReapReport};
+use sandbox_core::orphans::{sweep_reused, sweep_reused_provider};
+use sandbox_core::provider::ProviderKind;
 
 use crate::{ComponentError, SandboxComponent};
 
@@ -44,8 +46,10 @@ pub fn parse_age(raw: &str) -> Result<Duration, ComponentError> {
 impl SandboxComponent {
     /// Deletes (or with `dry_run`, only lists) this account's reused guests created at least
     /// `older_than` ago; younger ones are kept and listed as kept. Reads the `CREATEOS_*`
-    /// settings like a run. Fails when the key is missing or the guests cannot be listed; a
-    /// delete that fails is in [`ReapReport::failed`].
+    /// settings like a run (on the OpenSandbox provider, the `OPEN_SANDBOX_*` ones, and the
+    /// kept sandboxes are those whose `lf-name` label starts `lf-c-`). Fails when the key is
+    /// missing or the guests cannot be listed; a delete that fails is in
+    /// [`ReapReport::failed`].
     pub async fn reap_reused(
         &self,
         older_than: Duration,
@@ -55,16 +59,31 @@ impl SandboxComponent {
         let redactor = settings.redactor();
         let account = self.surface().session().account(&settings)?;
         let config = self.surface().sweep_config_for(&settings);
-        sweep_reused(
-            account.control_plane().as_ref(),
-            REUSED_PREFIX,
-            older_than,
-            dry_run,
-            &config,
-            SystemTime::now(),
-        )
-        .await
-        .map_err(|e| sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor))
+        let swept = if self.opts.provider == ProviderKind::CreateOs {
+            sweep_reused(
+                account.control_plane().as_ref(),
+                REUSED_PREFIX,
+                older_than,
+                dry_run,
+                &config,
+                SystemTime::now(),
+            )
+            .await
+        } else {
+            // Another provider's kept guests, by the `lf-name` label it stores the name in.
+            sweep_reused_provider(
+                account.provider().as_ref(),
+                REUSED_PREFIX,
+                older_than,
+                dry_run,
+                &config,
+                SystemTime::now(),
+            )
+            .await
+        };
+        swept.map_err(|e| {
+            sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor)
+        })
     }
 }
 

@@ -197,15 +197,9 @@ impl SandboxComponent {
             let env = Arc::clone(&self.opts.surface.env);
             OpenSandboxSettings::from_lookup(move |k: &str| env(k))?
                 .require_isolation_for("sandbox component")?;
-            // Kept guests on OpenSandbox (their lifetime, renewal and adoption) are not wired
-            // yet: refused rather than half-kept.
-            if inputs.reuse != Reuse::Off {
-                return Err(SandboxError::refused(format!(
-                    "{} is {}, but guest reuse is not available on OpenSandbox yet; set it to                      off, or choose CreateOS as the Provider",
-                    input::REUSE,
-                    inputs.reuse.as_str()
-                )));
-            }
+            // Guest Reuse works as on CreateOS through the provider seam: the kept sandbox is
+            // found by its `lf-name` label, renewed on every adoption (it expires on its own
+            // when idle) and replaced when it expired, was deleted or drifted.
         } else {
             settings.require_key()?;
         }

@@ -395,19 +395,31 @@ impl From<ReapReport> for ReusedReapReport {
 /// Deletes this account's reused component guests (`lf-c-…`) created at least `older_than`
 /// ago (`90s`, `30m`, `1h`, `2d`, or seconds), or with `dry_run` only lists them; younger
 /// ones are kept.
-/// Reads the `CREATEOS_*` settings; blocks with the GIL released; Ctrl-C interrupts. A
+/// Reads the `CREATEOS_*` settings (`provider="opensandbox"`: the `OPEN_SANDBOX_*` ones, and
+/// the kept sandboxes on that server); blocks with the GIL released; Ctrl-C interrupts. A
 /// missing or rejected key raises `CreateOSUnavailableError`, a failed listing
 /// `CreateOSExecutionError`.
 #[pyfunction]
-#[pyo3(signature = (older_than, dry_run = false))]
-pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<ReusedReapReport> {
+#[pyo3(signature = (older_than, dry_run = false, provider = "createos"))]
+pub fn reap_reused(
+    py: Python<'_>,
+    older_than: &str,
+    dry_run: bool,
+    provider: &str,
+) -> PyResult<ReusedReapReport> {
     logbridge::install();
     logbridge::sync_level(py);
     let older_than = parse_age(older_than).map_err(|e| raise(py, &e))?;
+    let provider = ProviderKind::parse(provider).ok_or_else(|| {
+        errors::unavailable(py, "provider must be createos or opensandbox".to_owned())
+    })?;
     let rt = runtime_or_err(py)?;
     // Taken here, with the GIL held, not on the driver thread: `os.fork` holds the GIL, so a
     // child never inherits the session's lock taken by another thread.
-    let session = session::session();
+    let session = match provider {
+        ProviderKind::OpenSandbox => session::opensandbox_session(),
+        _ => session::session(),
+    };
     let waited = drive(py, rt, move || async move {
         let component = SandboxComponent::with_options(ComponentOptions {
             surface: SurfaceOptions {
@@ -416,6 +428,7 @@ pub fn reap_reused(py: Python<'_>, older_than: &str, dry_run: bool) -> PyResult<
                 pool_allowed: false,
                 ..SurfaceOptions::default()
             },
+            provider,
             ..ComponentOptions::default()
         });
         component.reap_reused(older_than, dry_run).await

@@ -38,12 +38,12 @@ def _surfaces(value: str) -> list[str]:
     return names
 
 
-def _reap_reused(older_than: str, dry_run: bool) -> int:
+def _reap_reused(older_than: str, dry_run: bool, provider: str = "createos") -> int:
     """Delete the component's reused guests (``lf-c-``) older than the limit; say what stayed."""
     from . import _native
 
     try:
-        report = _native.reap_reused(older_than, dry_run)
+        report = _native.reap_reused(older_than, dry_run, provider)
     except RuntimeError as exc:
         print(f"reap of reused guests failed: {exc}", file=sys.stderr)
         return 1
@@ -78,7 +78,9 @@ def _age_seconds(text: str) -> float:
 
 def _reap_opensandbox(older_than: str | None, dry_run: bool) -> int:
     """Delete this deployment's OpenSandbox sandboxes (``created-by`` metadata) older than the
-    limit (default 30m); reads the ``OPEN_SANDBOX_*`` settings."""
+    limit (default 30m), except the component's kept ones (``lf-c-``), which only an explicit
+    ``--older-than`` deletes (listing the younger ones kept); reads the ``OPEN_SANDBOX_*``
+    settings."""
     from . import _native
 
     limit = older_than or "30m"
@@ -96,7 +98,9 @@ def _reap_opensandbox(older_than: str | None, dry_run: bool) -> int:
     for sandbox_id in ids:
         print(f"{verb} OpenSandbox sandbox {sandbox_id}")
     print(f"{len(ids)} OpenSandbox sandbox(es) older than {limit} {'would be deleted (dry run)' if dry_run else 'deleted'}")
-    return 0
+    if older_than is None:
+        return 0
+    return _reap_reused(older_than, dry_run, "opensandbox")
 
 
 def _reap(dry_run: bool) -> int:
@@ -236,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("createos", "opensandbox"),
         default="createos",
         help="opensandbox: delete this deployment's sandboxes on the OPEN_SANDBOX_DOMAIN server "
-        "(created-by metadata) older than --older-than (default 30m)",
+        "(created-by metadata) older than --older-than (default 30m); the component's kept "
+        "sandboxes (lf-c-) only with an explicit --older-than",
     )
     template = commands.add_parser("template", help="bake a guest image for the whole-flow executor")
     template_commands = template.add_subparsers(dest="template_command", required=True)

@@ -375,10 +375,12 @@ class ReusedReapReport:
     def failed(self) -> list[tuple[str, str, str]]:
         """``(name, id, error)`` of each reused guest that could not be deleted."""
 
-def reap_reused(older_than: str, dry_run: bool = False) -> ReusedReapReport:
+def reap_reused(older_than: str, dry_run: bool = False, provider: str = "createos") -> ReusedReapReport:
     """Delete reused component guests (``lf-c-``) at least ``older_than`` old, or list them.
 
     ``older_than`` is an age such as ``90s``, ``30m``, ``1h``, ``2d`` or a number of seconds.
+    ``provider`` is ``createos`` (the ``CREATEOS_*`` settings) or ``opensandbox`` (the
+    ``OPEN_SANDBOX_*`` settings; the kept sandboxes are found by their ``lf-name`` label).
 
     Raises ``CreateOSUnavailableError`` when the key is missing or rejected and
     ``CreateOSExecutionError`` when the listing fails.
