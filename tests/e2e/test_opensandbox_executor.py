@@ -9,6 +9,7 @@ refused before any sandbox exists.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import E2E, Fake, built_binary, venv_bin
-from test_executor import SHOUT, executor_env, lfx_run_json
+from conftest import E2E, Fake, built_binary, run_python, venv_bin
+from test_executor import POOLED_ARUN, SHOUT, executor_env, lfx_run_json
 from test_opensandbox_backend import OS_KEY, OsFake
 
 
@@ -125,3 +126,22 @@ def test_the_container_opt_in_runs_the_flow_without_the_attestation(osfake: OsFa
     )
     assert lfx_run_json(env, SHOUT, "opted in")["result"] == "OPTED IN!"
     assert osfake.wait_settled()["created"] == 1
+
+
+def test_a_warm_pool_on_opensandbox_serves_the_next_flow_and_leaves_nothing(osfake: OsFake) -> None:
+    # One process (as a server is): the first run warms the pool, the second takes its sandbox,
+    # whose runner (an execd background command) imported lfx before the run.
+    script = POOLED_ARUN.replace("sys.argv[1]", repr(str(SHOUT))).replace(
+        "_native.NativeExecutor()", '_native.NativeExecutor("opensandbox")'
+    )
+    proc = run_python(script, os_executor_env(osfake, CREATEOS_EXECUTOR_WARM_POOL="1"), timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["texts"] == [["FIRST!"], ["SECOND!"]]
+    pool = result["pool"]
+    assert (pool["hits"], pool["misses"]) == (1, 1), pool
+    # A cold sandbox, the pooled one, and the refill after it; all deleted at exit.
+    stats = osfake.wait_settled()
+    assert stats["created"] >= 2, stats
+    assert OS_KEY not in proc.stdout + proc.stderr
