@@ -564,6 +564,17 @@ impl Provider for OpenSandbox {
                     .renew_expiration(&id, wanted, s.max_renew)
                     .await
                     .map_err(|e| call_error(&format!("renewing sandbox {id}"), &e))?;
+                if renewal.clamped {
+                    tracing::warn!(
+                        target: crate::LOG_TARGET,
+                        sandbox = %id,
+                        "a kept sandbox's expiry was renewed by {}s, not the {}s asked for; \
+                         raise OPEN_SANDBOX_MAX_RENEW_SECONDS above twice the node's timeout \
+                         plus 240 s so a long run is not cut by the server",
+                        s.max_renew.as_secs(),
+                        wanted.as_secs()
+                    );
+                }
                 tracing::debug!(
                     target: crate::LOG_TARGET,
                     sandbox = %id,
