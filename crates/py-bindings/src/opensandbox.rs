@@ -8,7 +8,7 @@
 //! and SIGTERM delete the sandboxes of runs still in flight, as for CreateOS's guests.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use langflow_backend::opensandbox::{self, OpenSandboxBackend};
@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 use crate::backend::policy_from;
 use crate::errors;
-use crate::perprocess::{PerProcess, State};
+use crate::perprocess::{PerProcess, Remembered, State};
 use crate::results::{NativeCapabilities, RunResult};
 use crate::session::SHUTDOWN_BUDGET;
 use crate::wait::{Waited, block_bounded, drive};
@@ -25,29 +25,14 @@ use crate::{logbridge, runtime, session, sigterm};
 /// How long an interrupted run waits for its sandbox's delete before re-raising.
 const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
 
-/// Every OpenSandbox backend built in this process image, with the id of the process that
-/// built it: SIGTERM's cleanup deletes their runs' sandboxes.
-static LIVES: Mutex<Vec<(u32, Weak<OpenSandboxBackend>)>> = Mutex::new(Vec::new());
-
-fn remember(backend: &Arc<OpenSandboxBackend>) {
-    let pid = std::process::id();
-    let mut lives = LIVES.lock().unwrap_or_else(PoisonError::into_inner);
-    // Entries of other processes (a parent) and of dropped backends are dead weight here.
-    lives.retain(|(owner, weak)| *owner == pid && weak.strong_count() > 0);
-    lives.push((pid, Arc::downgrade(backend)));
-}
+/// Every OpenSandbox backend built in this process image: SIGTERM's cleanup deletes their
+/// runs' sandboxes.
+static LIVES: Remembered<OpenSandboxBackend> = Remembered::new();
 
 /// Deletes the in-flight runs' sandboxes of every OpenSandbox backend of this process
 /// (SIGTERM's cleanup), within [`SHUTDOWN_BUDGET`].
 pub async fn shutdown_all() {
-    let pid = std::process::id();
-    let lives: Vec<Arc<OpenSandboxBackend>> = LIVES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .filter(|(owner, _)| *owner == pid)
-        .filter_map(|(_, weak)| weak.upgrade())
-        .collect();
+    let lives = LIVES.of_this_process();
     let all = futures::future::join_all(lives.iter().map(|b| b.shutdown()));
     if tokio::time::timeout(SHUTDOWN_BUDGET, all).await.is_err() {
         tracing::warn!(
@@ -141,7 +126,7 @@ impl NativeOpenSandboxBackend {
         sigterm::arm_every_surface(py, rt);
         let backend = self.held.get_or_init(|| {
             let b = Arc::new(OpenSandboxBackend::with_session(session::session()));
-            remember(&b);
+            LIVES.remember(&b);
             b
         });
         let running = Arc::clone(&backend);
