@@ -176,6 +176,57 @@ async fn refusals_come_back_as_such() {
     let e = p.wait_ready(info.id.clone(), deadline()).await.unwrap_err();
     assert!(e.message.contains("network_mode"), "{e}");
     p.destroy(info.id).await.unwrap();
+    // An egress policy on a host-mode server: the server's 400 comes back as a refusal that
+    // names the server setting, and nothing was made.
+    let e = p
+        .create(spec("lf-seam-5", EgressPolicy::DenyAll))
+        .await
+        .unwrap_err();
+    assert_eq!(e.failure, CallFailure::Config, "{e}");
+    assert!(
+        e.message.contains("network_mode = \"bridge\""),
+        "{}",
+        e.message
+    );
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_single_sandbox_harness_settings_still_run_the_identity_canary() {
+    let fake = fake(Config {
+        network_mode: NetworkMode::Host,
+        ..Config::default()
+    })
+    .await;
+    let vars: BTreeMap<String, String> = BTreeMap::from([
+        ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
+        ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
+        ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+    ]);
+    let settings = OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap();
+    assert!(!settings.host_network_accepted());
+    let p = OpenSandbox::new(settings.for_single_sandbox_harness()).unwrap();
+    // One sandbox: the shared endpoint is accepted and the canary answers with its own id.
+    let first = p
+        .create(spec("lf-seam-6", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    p.wait_ready(first.id.clone(), deadline()).await.unwrap();
+    // A second one while the first lives: host mode routes its commands into the first, and
+    // the canary refuses it.
+    let second = p
+        .create(spec("lf-seam-7", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    let e = p
+        .wait_ready(second.id.clone(), deadline())
+        .await
+        .unwrap_err();
+    assert_eq!(e.failure, CallFailure::Config, "{e}");
+    assert!(e.message.contains(&first.id), "{}", e.message);
+    p.destroy(second.id).await.unwrap();
+    p.destroy(first.id).await.unwrap();
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
