@@ -22,8 +22,9 @@
 //! Steps: the three refusals; create and readiness (`Running`, `/ping`, the canary); exec
 //! streamed, exit codes and the guest's timeout; upload and download (whole, and over a cap);
 //! destroy (404 after); the orphan sweep by `created-by` metadata and age; the server's own
-//! expiry (`timeout`, 60 s) seen through the provider, `Failed` then gone. Each step prints its
-//! time; the last lines are a table of them.
+//! expiry (`timeout`, 60 s) during a run: the run ends as "may have run", then the provider
+//! sees the guest `Failed`, then gone. Each step prints its time; the last lines are a table of
+//! them.
 //!
 //! Settings: `OPENSANDBOX_HARNESS_URL`, `OPENSANDBOX_HARNESS_API_KEY`,
 //! `OPENSANDBOX_HARNESS_IMAGE` (an image already on the Docker host, with `sh` and
@@ -501,28 +502,56 @@ async fn steps(h: &mut Harness) {
     .unwrap();
     let client = ttl_provider.inner().client().clone();
     let prov: Arc<dyn Provider> = Arc::new(ttl_provider);
-    let name = mint_name(ONE_SHOT_PREFIX);
-    let ttl = prov
-        .create(neutral_spec(&name, Duration::from_secs(20)))
+    let (tcx, treaper) = context(prov.clone(), &key);
+    // A run budget of 25 s: the provider keeps the server-side lifetime above it, at the
+    // setting's 60 s.
+    let ttl_spec = GuestSpec {
+        auto_pause_after_seconds: 25,
+        ..spec(EgressPolicy::AllowAll)
+    };
+    let guest = Guest::create(&tcx, &ttl_spec, ONE_SHOT_PREFIX, soon(60))
         .await
         .expect("create the expiring guest");
+    let ttl_id = guest.id().to_owned();
     let start = Instant::now();
-    prov.wait_ready(ttl.id.clone(), soon(30)).await.unwrap();
-    let raw = client.get_sandbox(&ttl.id).await.unwrap();
+    let raw = client.get_sandbox(&ttl_id).await.unwrap();
     let (created, expires) = (raw.created().unwrap(), raw.expires().unwrap());
     let lifetime = (expires - created).as_seconds_f64();
     assert!(
         (lifetime - 60.0).abs() < 5.0,
         "a {lifetime} s lifetime for a 60 s timeout"
     );
-    let until = (expires - opensandbox_api::OffsetDateTime::now_utc()).as_seconds_f64() - 2.0;
-    if until > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(until)).await;
-    }
+    // A program still running at the expiry: the server kills the container, the stream ends
+    // without an exit status, and the lifecycle says the code may have run.
+    let long = ExecLimits {
+        budget: Duration::from_secs(100),
+        kill_after: Duration::from_secs(1),
+        host_grace: Duration::from_secs(5),
+    };
+    let run = guest
+        .exec(
+            &run_shell("echo started; sleep 100; echo never"),
+            &long,
+            &input,
+            soon(10),
+        )
+        .await
+        .unwrap();
+    let err = guest
+        .capture(run, &long, 1 << 16)
+        .await
+        .expect_err("the expiry ends the run");
+    let ended = (opensandbox_api::OffsetDateTime::now_utc() - expires).as_seconds_f64();
+    eprintln!("provider:   the run ended {ended:+.2} s after its expiresAt: {err}");
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
+    assert!(
+        ended > -1.0 && ended < 10.0,
+        "the run ended {ended} s after expiresAt"
+    );
     let mut after_running: Vec<(f64, GuestStatus)> = Vec::new();
     let gone_at = loop {
         let now = opensandbox_api::OffsetDateTime::now_utc();
-        match prov.get(ttl.id.clone()).await {
+        match prov.get(ttl_id.clone()).await {
             Ok(g) if g.status == GuestStatus::Running => {
                 assert!(after_running.is_empty(), "Running again: {g:?}");
             }
@@ -550,7 +579,7 @@ async fn steps(h: &mut Harness) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let late = (gone_at - expires).as_seconds_f64();
-    h.took("expiry (timeout 60 s; waited)", start);
+    h.took("expiry mid-run (timeout 60 s; waited)", start);
     for (at, status) in &after_running {
         eprintln!("provider:   {status:?} {at:+.2} s after its expiresAt");
     }
@@ -559,9 +588,11 @@ async fn steps(h: &mut Harness) {
         late > -1.0 && late < 10.0,
         "expired {late} s after expiresAt"
     );
-    prov.destroy(ttl.id.clone())
+    guest
+        .destroy()
         .await
         .expect("destroying an expired guest is fine");
+    treaper.shutdown(Duration::from_secs(10)).await;
     assert!(ours(&*prov).await.is_empty());
 }
 
