@@ -1092,10 +1092,10 @@ pub(crate) fn diagnostics(app: &App, id: &str, kind: &str) -> Res {
                 lines.push(format!("Image:          {image}"));
                 lines.push(format!(
                     "Status:         {}",
-                    if sb.state == State::Paused {
-                        "paused"
-                    } else {
-                        "running"
+                    match sb.state {
+                        State::Paused => "paused",
+                        State::Failed => "exited",
+                        _ => "running",
                     }
                 ));
                 lines.push(format!(
@@ -1111,7 +1111,10 @@ pub(crate) fn diagnostics(app: &App, id: &str, kind: &str) -> Res {
                     }
                 ));
                 lines.push("OOMKilled:      False".to_owned());
-                lines.push("Exit Code:      0".to_owned());
+                lines.push(format!(
+                    "Exit Code:      {}",
+                    if sb.state == State::Failed { 137 } else { 0 }
+                ));
                 lines.push(format!("Started At:     {}", rfc3339(sb.created_at)));
                 lines.push("Finished At:    0001-01-01T00:00:00Z".to_owned());
                 lines.push(String::new());

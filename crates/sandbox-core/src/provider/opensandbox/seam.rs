@@ -261,14 +261,20 @@ impl Provider for OpenSandbox {
             for (k, v) in &spec.envs {
                 request = request.secret_env(k.clone(), v.clone());
             }
+            let has_policy = policy.is_some();
             if let Some(policy) = policy {
                 request = request.network_policy(policy);
             }
-            let sb = p
-                .client()
-                .create_sandbox(&request)
-                .await
-                .map_err(|e| call_error("creating a sandbox", &e))?;
+            let sb = p.client().create_sandbox(&request).await.map_err(|e| {
+                // A server that cannot apply the policy (host network mode, gVisor, no
+                // egress sidecar) is refused with the server setting to change.
+                let refusal = OpenSandboxProvider::create_refusal(&e, has_policy);
+                if refusal.kind() == crate::error::ErrorKind::Refused {
+                    refused(&refusal)
+                } else {
+                    call_error("creating a sandbox", &e)
+                }
+            })?;
             let mut info = info_of(&sb);
             info.name = Some(spec.name);
             info.envs = Some(spec.envs.keys().cloned().collect());
