@@ -138,14 +138,14 @@ pub fn domain_entry(setting: &str, raw: &str) -> Result<Option<String>, SandboxE
             "{setting} holds the address rule {}: a domain allowlist holds domain names only \
              (an FQDN or *.wildcard), no address or CIDR; list the domains the code needs in \
              {setting}",
-            outside_text::snippet(raw, 80)
+            outside_text::snippet(raw.trim(), 80)
         )));
     }
     if !is_domain(&d) {
         return Err(SandboxError::refused(format!(
             "{setting} holds {}, which is not a domain name or *.wildcard (no port, no scheme); \
              fix {setting}",
-            outside_text::snippet(raw, 80)
+            outside_text::snippet(raw.trim(), 80)
         )));
     }
     Ok(Some(d))
@@ -513,9 +513,11 @@ mod tests {
             EgressPolicy::DenyAll
         );
         for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "fe80::/10"] {
-            let e = EgressPolicy::only_domains("LIST", &[bad]).unwrap_err();
+            let e =
+                EgressPolicy::only_domains("LIST", &["pypi.org", &format!(" {bad}")]).unwrap_err();
             assert!(
-                e.message().contains("LIST holds the address rule") && e.message().contains(bad),
+                e.message()
+                    .contains(&format!("LIST holds the address rule {bad}:")),
                 "{bad}: {e}"
             );
         }
