@@ -1,7 +1,9 @@
-//! Egress policy, independent of the surface and of the provider: deny-all, unrestricted, or a
-//! list of validated address rules, each with a stable fingerprint; the opt-in to a provider's
-//! permanent holes ([`EgressException`], [`EgressPolicy::restricted_with`]) in front of every
-//! restricted policy; and strict validation of address rules.
+//! Egress policy, independent of the surface and of the provider: deny-all, unrestricted, a
+//! list of validated address rules, or a domain allowlist for a provider that enforces names
+//! itself ([`EgressPolicy::Domains`], entries checked by [`domain_entry`]), each with a stable
+//! fingerprint; the opt-in to a provider's permanent holes ([`EgressException`],
+//! [`EgressPolicy::restricted_with`]) in front of every restricted policy; and strict validation
+//! of address rules.
 //!
 //! How a provider *spells* a policy and compares what it reads back is that provider's own:
 //! CreateOS's spelling ([`EgressPolicy::rules`], [`EgressPolicy::matches`], the `Display` of a
