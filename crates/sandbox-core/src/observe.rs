@@ -1106,7 +1106,7 @@ pub fn egress_kind(policy: &crate::egress::EgressPolicy) -> &'static str {
     match policy {
         EgressPolicy::AllowAll => "open",
         EgressPolicy::DenyAll => "none",
-        EgressPolicy::Rules(_) => "allowlist",
+        EgressPolicy::Rules(_) | EgressPolicy::Domains(_) => "allowlist",
     }
 }
 

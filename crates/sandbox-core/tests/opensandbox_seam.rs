@@ -335,3 +335,65 @@ async fn a_sandbox_that_expires_mid_run_shows_failed_and_the_lifecycle_copes() {
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_domain_allowlist_is_the_sandboxs_own_rules_read_back_and_checked() {
+    let fake = fake(Config::default()).await;
+    let p = provider(&fake, &[]);
+    let policy = EgressPolicy::only_domains("LIST", &["pypi.org", "*.example.com"]).unwrap();
+    let info = p.create(spec("lf-seam-d1", policy.clone())).await.unwrap();
+    p.wait_ready(info.id.clone(), deadline()).await.unwrap();
+    assert_eq!(
+        p.verify_egress(info.id.clone(), policy.clone())
+            .await
+            .unwrap(),
+        EgressCheck::Matches
+    );
+    // The sidecar holds deny plus exactly those names.
+    let held = fake.stats().policies;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["defaultAction"], "deny");
+    let mut targets: Vec<&str> = held[0]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["action"], "allow");
+            r["target"].as_str().unwrap()
+        })
+        .collect();
+    targets.sort_unstable();
+    assert_eq!(targets, ["*.example.com", "pypi.org"]);
+    // A read-back of other names differs.
+    let other = EgressPolicy::only_domains("LIST", &["pypi.org"]).unwrap();
+    assert!(matches!(
+        p.verify_egress(info.id.clone(), other).await.unwrap(),
+        EgressCheck::Differs(_)
+    ));
+    p.destroy(info.id).await.unwrap();
+    // `dns` mode and a missing sidecar: the read-back differs, naming the server setting.
+    for config in [
+        Config {
+            egress_mode: EgressMode::Dns,
+            ..Config::default()
+        },
+        Config {
+            sidecar_absent: true,
+            ..Config::default()
+        },
+    ] {
+        fake.set_config(config).unwrap();
+        let info = p.create(spec("lf-seam-d2", policy.clone())).await.unwrap();
+        match p
+            .verify_egress(info.id.clone(), policy.clone())
+            .await
+            .unwrap()
+        {
+            EgressCheck::Differs(why) => assert!(why.contains("[egress]"), "{why}"),
+            EgressCheck::Matches => panic!("accepted"),
+        }
+        p.destroy(info.id).await.unwrap();
+    }
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}

@@ -558,9 +558,18 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
         guest: Arc::new(guest),
     };
     let answer = sb.to_create_json();
+    let held = sb
+        .sidecar
+        .as_ref()
+        .map_or(Value::Null, |s| s.policy.clone());
     let mut inner = app.lock();
     inner.sandboxes.push(sb);
     inner.counters.created += 1;
+    let policies = &mut inner.counters.policies;
+    if policies.len() == crate::MAX_POLICIES {
+        policies.pop_front();
+    }
+    policies.push_back(held);
     let live = inner.sandboxes.len() as u64;
     inner.counters.peak_live = inner.counters.peak_live.max(live);
     Ok(json_response(202, &answer))

@@ -226,6 +226,9 @@ pub(crate) struct Counters {
     pub peak_live: u64,
     pub commands: u64,
     pub requests: BTreeMap<String, u64>,
+    /// The policy each sandbox's sidecar took at create, newest last (at most
+    /// [`crate::MAX_POLICIES`]).
+    pub policies: std::collections::VecDeque<serde_json::Value>,
 }
 
 /// Everything behind the server's lock.

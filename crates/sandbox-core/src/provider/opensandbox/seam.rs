@@ -13,12 +13,12 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use opensandbox_api::{
-    CreateSandbox, DownloadOptions, ErrorKind as ApiKind, ExecEvent, Lifetime, NetworkPolicy,
-    NewDirectory, RunCommand, SandboxInfo, SandboxState, StreamOptions, UploadFile,
+    CreateSandbox, DownloadOptions, ErrorKind as ApiKind, ExecEvent, Lifetime, NewDirectory,
+    RunCommand, SandboxInfo, SandboxState, StreamOptions, UploadFile,
 };
 use tokio::time::Instant;
 
-use super::gates::{self, Egress};
+use super::gates;
 use super::lifecycle::{META_NONCE, OpenSandboxProvider};
 use super::settings::{Attestation, OpenSandboxSettings};
 use crate::control::parse_rfc3339;
@@ -104,20 +104,6 @@ fn info_of(sb: &SandboxInfo) -> GuestInfo {
         egress: None,
         envs: None,
         auto_pause_after_seconds: None,
-    }
-}
-
-/// The `networkPolicy` for sandbox-core's decision: none for allow-all, deny-all as itself;
-/// address rules are refused (OpenSandbox allowlists hold domain names only).
-fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxError> {
-    match policy {
-        EgressPolicy::AllowAll => gates::policy_for(&Egress::Unrestricted),
-        EgressPolicy::DenyAll => gates::policy_for(&Egress::DenyAll),
-        EgressPolicy::Rules(rules) => Err(SandboxError::refused(format!(
-            "the OpenSandbox provider refuses address rules ({} given): its egress sidecar \
-             allowlists domain names; use a domain allowlist, or deny all egress",
-            rules.len()
-        ))),
     }
 }
 
@@ -235,7 +221,7 @@ impl Provider for OpenSandbox {
     fn create(&self, spec: GuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let policy = policy_of(&spec.egress).map_err(|e| refused(&e))?;
+            let policy = gates::policy_of(&spec.egress).map_err(|e| refused(&e))?;
             let mem_mib = mem_of(&spec.size).map_err(|e| refused(&e))?;
             let s = p.settings();
             let image = if spec.image.is_empty() {
@@ -340,7 +326,7 @@ impl Provider for OpenSandbox {
     ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let sent = match policy_of(&policy) {
+            let sent = match gates::policy_of(&policy) {
                 Ok(Some(sent)) => sent,
                 Ok(None) => return Ok(EgressCheck::Matches),
                 Err(e) => return Ok(EgressCheck::Differs(e.message().to_owned())),
