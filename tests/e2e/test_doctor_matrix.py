@@ -294,6 +294,20 @@ CASES = [
         shows=("container, accepted by OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION",),
     ),
     Case(
+        "opensandbox executor, a domain allowlist needs no gateway",
+        opensandbox_executor_only(CREATEOS_EXECUTOR_ALLOWED_DOMAINS="pypi.org,*.pythonhosted.org"),
+        0,
+        ("opensandbox-executor",),
+        shows=("a flow run would go ahead",),
+    ),
+    Case(
+        "opensandbox executor, an address in the allowlist",
+        opensandbox_executor_only(CREATEOS_EXECUTOR_ALLOWED_DOMAINS="pypi.org,10.0.0.0/8"),
+        1,
+        ("opensandbox-executor",),
+        shows=("CREATEOS_EXECUTOR_ALLOWED_DOMAINS", "10.0.0.0/8"),
+    ),
+    Case(
         "opensandbox executor, a bad executor timeout",
         opensandbox_executor_only(CREATEOS_EXECUTOR_TIMEOUT_SECONDS="0"),
         1,
