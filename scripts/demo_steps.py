@@ -122,6 +122,26 @@ def guests(url: str, since: Path | None, expect_live: int) -> None:
         fail(f"expected {expect_live} live guest(s), the fake has {stats['live']}", json.dumps(stats))
 
 
+def sandboxes(url: str, since: Path | None) -> None:
+    """What the OpenSandbox fake saw since ``since`` recorded its counts (then records them):
+    every sandbox created is deleted."""
+    stats: dict[str, Any] = {}
+    for _ in range(100):
+        with urllib.request.urlopen(url + "/_fake/stats", timeout=5) as reply:
+            stats = json.loads(reply.read())
+        if stats["live"] == 0:
+            break
+        time.sleep(0.1)
+    before = json.loads(since.read_text()) if since and since.exists() else {"created": 0, "deleted": 0}
+    created = stats["created"] - before["created"]
+    deleted = stats["deleted"] - before["deleted"]
+    print(f"sandboxes created {created}, deleted {deleted}, live now {stats['live']}")
+    if since:
+        since.write_text(json.dumps({"created": stats["created"], "deleted": stats["deleted"]}))
+    if stats["live"] != 0 or created < 1 or created != deleted:
+        fail("expected every sandbox created to be deleted", json.dumps(stats))
+
+
 def main() -> None:
     """Dispatch one step."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +153,9 @@ def main() -> None:
     g.add_argument("url")
     g.add_argument("--since", type=Path)
     g.add_argument("--expect-live", type=int, default=0)
+    o = steps.add_parser("sandboxes")
+    o.add_argument("url")
+    o.add_argument("--since", type=Path)
     args = parser.parse_args()
     if args.step == "backend":
         backend(sys.stdin.read())
@@ -140,6 +163,8 @@ def main() -> None:
         component(sys.stdin.read(), args.state)
     elif args.step == "executor":
         executor(sys.stdin.read())
+    elif args.step == "sandboxes":
+        sandboxes(args.url, args.since)
     else:
         guests(args.url, args.since, args.expect_live)
 

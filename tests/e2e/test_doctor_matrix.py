@@ -92,6 +92,15 @@ def opensandbox_only(**extra: str | None) -> dict[str, str | None]:
     return base
 
 
+def opensandbox_executor_only(**extra: str | None) -> dict[str, str | None]:
+    """The executor on the OpenSandbox fake, as its operator sets it up: no CreateOS setting, no
+    backend switch."""
+    base = opensandbox_only(LANGFLOW_SANDBOX_BACKEND_PLUGINS=None, LANGFLOW_SANDBOX_BACKEND=None)
+    base.update({"LANGFLOW_EXECUTOR_KIND": "opensandbox"})
+    base.update(extra)
+    return base
+
+
 CASES = [
     # Each surface alone, as its operator sets it up: no problem.
     Case("backend alone", backend_only(), 0, ("backend",), shows=("s-2vcpu-4gb", "240.0.0.0/4"), plain=True),
@@ -249,6 +258,61 @@ CASES = [
         1,
         ("opensandbox",),
         named=("LANGFLOW_SANDBOX_BACKEND_PLUGINS",),
+    ),
+    # The executor on OpenSandbox: its own surface, judged by the executor's own plan.
+    Case(
+        "opensandbox executor alone",
+        opensandbox_executor_only(),
+        0,
+        ("opensandbox-executor",),
+        shows=("accepted OPEN_SANDBOX_API_KEY", "a flow run would go ahead", "hardware-virtualized", "8192Mi"),
+        hides=("CREATEOS_SANDBOX_API_KEY", OS_KEY),
+        plain=True,
+    ),
+    Case(
+        "opensandbox executor, server unreachable",
+        opensandbox_executor_only(OPEN_SANDBOX_DOMAIN=UNREACHABLE),
+        1,
+        ("opensandbox-executor",),
+        named=("OPEN_SANDBOX_DOMAIN",),
+        shows=(UNREACHABLE,),
+    ),
+    Case(
+        "opensandbox executor, isolation neither attested nor accepted",
+        opensandbox_executor_only(OPEN_SANDBOX_ATTEST_ISOLATION=None, OPEN_SANDBOX_RUNTIME_CLASS=None),
+        1,
+        ("opensandbox-executor",),
+        shows=("OPEN_SANDBOX_ATTEST_ISOLATION", "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION"),
+    ),
+    Case(
+        "opensandbox executor, container isolation accepted",
+        opensandbox_executor_only(
+            OPEN_SANDBOX_ATTEST_ISOLATION=None, OPEN_SANDBOX_RUNTIME_CLASS=None, OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION="true"
+        ),
+        0,
+        ("opensandbox-executor",),
+        shows=("container, accepted by OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION",),
+    ),
+    Case(
+        "opensandbox executor, a domain allowlist needs no gateway",
+        opensandbox_executor_only(CREATEOS_EXECUTOR_ALLOWED_DOMAINS="pypi.org,*.pythonhosted.org"),
+        0,
+        ("opensandbox-executor",),
+        shows=("a flow run would go ahead",),
+    ),
+    Case(
+        "opensandbox executor, an address in the allowlist",
+        opensandbox_executor_only(CREATEOS_EXECUTOR_ALLOWED_DOMAINS="pypi.org,10.0.0.0/8"),
+        1,
+        ("opensandbox-executor",),
+        shows=("CREATEOS_EXECUTOR_ALLOWED_DOMAINS", "10.0.0.0/8"),
+    ),
+    Case(
+        "opensandbox executor, a bad executor timeout",
+        opensandbox_executor_only(CREATEOS_EXECUTOR_TIMEOUT_SECONDS="0"),
+        1,
+        ("opensandbox-executor",),
+        shows=("CREATEOS_EXECUTOR_TIMEOUT_SECONDS",),
     ),
     Case(
         "admission store does not answer",

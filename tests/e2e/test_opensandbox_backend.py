@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Fake, backend_env, built_binary, lfx_run, run_python
+from conftest import E2E, FLOW, Fake, backend_env, built_binary, lfx_run, run_python, venv_bin
 
 OS_KEY = "os-e2e-key-2f81"
 
@@ -257,3 +258,40 @@ print("SAMPLES " + json.dumps(out))
     assert runs == [["langflow_sandbox_runs_total", {"provider": "opensandbox", "surface": "backend", "outcome": "ok"}, 1.0]], samples
     assert not [s for s in samples if s[0].startswith("createos_")], samples
     osfake.wait_settled()
+
+
+def _program_started(osfake: OsFake) -> bool:
+    stats = osfake.stats()
+    # The isolation probe's command, then the program's.
+    return stats["live"] == 1 and stats["commands"] >= 2
+
+
+def test_sigterm_to_lfx_run_deletes_the_running_sandbox(osfake: OsFake) -> None:
+    env = os_env(osfake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", str(FLOW), "import time\ntime.sleep(100)\nprint('late')"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _program_started(osfake):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, osfake.stats()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    # It dies of SIGTERM, as it would have without the backend, reports no result, and its
+    # sandbox is gone (not left to the server-side timeout).
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
+    assert '"success"' not in stdout
+    stats = osfake.wait_settled(timeout=5)
+    assert stats["created"] == 1 and stats["deleted"] == 1, stats
+

@@ -233,6 +233,31 @@ def test_the_playground_statement_follows_the_installed_code(tmp_path: Path, mon
     assert unreadable.reaches is None and "could not be" in unreadable.evidence, unreadable
 
 
+def test_the_paths_report_follows_the_executor_s_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``LANGFLOW_EXECUTOR_KIND=opensandbox`` the executor is this package's too: no "no
+    flow run reaches it", and the uncovered path's advice names the OpenSandbox backend."""
+    from langflow_sandbox_createos import reach
+
+    found = [
+        reach.Route(name="Graph.arun", reaches=True, evidence="x.py:a"),
+        reach.Route(name=reach.PLAYGROUND, reaches=False, evidence="y.py:b"),
+    ]
+    for name in ("LANGFLOW_SANDBOX_BACKEND", "LANGFLOW_SANDBOX_BACKEND_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANGFLOW_EXECUTOR_KIND", "opensandbox")
+    text = "\n".join(t for _, t in reach.findings(found))
+    assert "no flow run reaches" not in text, text
+    assert "LANGFLOW_EXECUTOR_KIND=opensandbox does not sandbox it" in text, text
+    assert "LANGFLOW_SANDBOX_BACKEND=opensandbox" in text, text
+    assert reach.first_run_message(found)[1].startswith("opensandbox executor:")
+    monkeypatch.setenv("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "opensandbox")
+    monkeypatch.setenv("LANGFLOW_SANDBOX_BACKEND", "opensandbox")
+    assert "(the sandbox backend is selected)" in "\n".join(t for _, t in reach.findings(found))
+    monkeypatch.setenv("LANGFLOW_EXECUTOR_KIND", "in-process")
+    text = "\n".join(t for _, t in reach.findings(found))
+    assert "no flow run reaches this executor; set LANGFLOW_EXECUTOR_KIND=createos" in text, text
+
+
 # The flows of the demo and the README's surfaces: one per surface.
 PLAIN_RUN_FLOWS = ("pyrepl_flow.json", "component_flow.json", "shout_flow.json")
 

@@ -448,7 +448,7 @@ pub(crate) fn describe_egress(e: &EgressPolicy) -> String {
             "egress: deny-all ([\"240.0.0.0/4\"]); {LINK_LOCAL_HOLE} (the VM metadata service) \
              stays reachable, accepted by LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"
         ),
-        EgressPolicy::Rules(_) => format!("egress: {e}"),
+        EgressPolicy::Rules(_) | EgressPolicy::Domains(_) => format!("egress: {e}"),
     }
 }
 

@@ -15,9 +15,15 @@
 //! `provider: opensandbox`), and its run finished, all under the OpenSandbox provider's tag
 //! ([`Observation::for_provider`]), so CreateOS's own totals are unchanged. The slot is given
 //! back only once the sandbox is deleted, also when the run is cancelled.
+//!
+//! The backend knows its runs' sandboxes while they live: [`OpenSandboxBackend::shutdown`]
+//! (lfx's `shutdown_sandbox`, and SIGTERM's cleanup in the Python extension) deletes every
+//! one and refuses runs from then on, and [`OpenSandboxBackend::settled`] waits for the
+//! deletes a cancelled run left in the background.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sandbox_core::admission::{Caps, GuestSlot, Ticket};
@@ -200,6 +206,28 @@ pub fn capabilities_with(
 pub struct OpenSandboxBackend {
     provider: Mutex<Option<OpenSandboxProvider>>,
     session: Session,
+    live: Arc<Live>,
+}
+
+/// The sandboxes of this backend's runs that are not deleted yet.
+#[derive(Debug, Default)]
+struct Live {
+    ids: Mutex<BTreeSet<String>>,
+    /// Deletes of cancelled runs' sandboxes still under way in the background.
+    deleting: AtomicUsize,
+    /// [`OpenSandboxBackend::shutdown`] ran: no new run starts.
+    closed: AtomicBool,
+}
+
+impl Live {
+    fn ids(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        // A panic while holding this lock cannot leave the set inconsistent.
+        self.ids.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
 }
 
 /// The egress label of a usage record (`none`, `allowlist`, `open`), as CreateOS's.
@@ -218,13 +246,22 @@ struct Held {
     sandbox: Option<Sandbox>,
     tracked: Option<Tracked>,
     slot: Option<GuestSlot>,
+    live: Arc<Live>,
 }
 
 impl Held {
+    /// Holds `sandbox`, known to the backend's [`Live`] set until it is deleted.
+    fn hold(&mut self, sandbox: Sandbox) {
+        self.live.ids().insert(sandbox.id().to_owned());
+        self.sandbox = Some(sandbox);
+    }
+
     async fn release(mut self) -> Duration {
         let started = Instant::now();
         if let Some(sb) = self.sandbox.take() {
+            let id = sb.id().to_owned();
             sb.destroy().await;
+            self.live.ids().remove(&id);
         }
         if let Some(t) = self.tracked.take() {
             t.finish();
@@ -241,16 +278,30 @@ impl Drop for Held {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let live = Arc::clone(&self.live);
+            live.deleting.fetch_add(1, Ordering::SeqCst);
             rt.spawn(async move {
                 if let Some(sb) = sandbox {
+                    let id = sb.id().to_owned();
                     sb.destroy().await;
+                    live.ids().remove(&id);
                 }
                 drop((tracked, slot));
+                live.deleting.fetch_sub(1, Ordering::SeqCst);
             });
         }
         // Without a runtime the sandbox's own drop cannot delete it either: the server-side
         // timeout and the orphan sweep do; the slot and the record go now.
     }
+}
+
+/// The refusal of a run that starts after [`OpenSandboxBackend::shutdown`].
+fn shut_down() -> sandbox_core::SandboxError {
+    sandbox_core::SandboxError::new(
+        sandbox_core::ErrorKind::Refused,
+        "the OpenSandbox backend of this process is shut down (lfx's shutdown_sandbox or \
+         SIGTERM); a new process gets a new one",
+    )
 }
 
 fn unavailable(e: &sandbox_core::SandboxError) -> SurfaceError {
@@ -280,6 +331,7 @@ impl OpenSandboxBackend {
         Self {
             provider: Mutex::new(None),
             session,
+            live: Arc::default(),
         }
     }
 
@@ -355,6 +407,9 @@ impl OpenSandboxBackend {
             unavailable(e)
         };
         policy.validate().map_err(|e| refused(&e))?;
+        if self.live.closed() {
+            return Err(refused(&shut_down()));
+        }
         let caps = Caps::from_lookup(&lookup).map_err(|e| refused(&e))?;
         let provider = self
             .provider(lookup)
@@ -394,9 +449,16 @@ impl OpenSandboxBackend {
             sandbox: None,
             tracked: None,
             slot: Some(slot),
+            live: Arc::clone(&self.live),
         };
         let sandbox = provider.create(&spec).await.map_err(|e| refused(&e))?;
         let guest_id = sandbox.id().to_owned();
+        held.hold(sandbox);
+        if self.live.closed() {
+            // Shut down while the sandbox was being created: it goes now, unused.
+            held.release().await;
+            return Err(refused(&shut_down()));
+        }
         held.tracked = Some(Tracked::created(
             obs.clone(),
             SurfaceKind::Backend,
@@ -407,16 +469,20 @@ impl OpenSandboxBackend {
         ));
         let acquired = started.elapsed();
         let exec_started = Instant::now();
-        let ran = held
-            .sandbox
-            .insert(sandbox)
-            .run_python(
-                code,
-                &env.unwrap_or_default(),
-                timeout,
-                DEFAULT_MAX_OUTPUT_BYTES,
-            )
-            .await;
+        let ran = match held.sandbox.as_mut() {
+            Some(sandbox) => {
+                sandbox
+                    .run_python(
+                        code,
+                        &env.unwrap_or_default(),
+                        timeout,
+                        DEFAULT_MAX_OUTPUT_BYTES,
+                    )
+                    .await
+            }
+            // Held just above; only a shutdown takes it.
+            None => Err(shut_down()),
+        };
         let exec = exec_started.elapsed();
         let outcome = match &ran {
             Ok(out) => match out.exit_code {
@@ -480,6 +546,50 @@ impl OpenSandboxBackend {
             pool: PoolUse::Off,
             outcome,
         })
+    }
+
+    /// Deletes every sandbox of this backend's runs that is not deleted yet, concurrently
+    /// (their runs then fail), and refuses every later run. Idempotent. A sandbox being
+    /// created when this runs is deleted as soon as its create returns.
+    pub async fn shutdown(&self) {
+        self.live.closed.store(true, Ordering::SeqCst);
+        let ids: Vec<String> = self.live.ids().iter().cloned().collect();
+        if ids.is_empty() {
+            return;
+        }
+        let Some(provider) = self
+            .provider
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            return;
+        };
+        let deletes = ids.iter().map(|id| {
+            let provider = &provider;
+            async move {
+                match provider.destroy(id).await {
+                    Ok(_) => {
+                        self.live.ids().remove(id);
+                    }
+                    Err(e) => tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message()),
+                }
+            }
+        });
+        futures::future::join_all(deletes).await;
+    }
+
+    /// Sandboxes of this backend's runs not deleted yet (live runs, and cancelled runs' whose
+    /// delete is under way).
+    pub fn live_sandboxes(&self) -> usize {
+        self.live.ids().len()
+    }
+
+    /// Waits until the deletes that cancelled runs left in the background are done.
+    pub async fn settled(&self) {
+        while self.live.deleting.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Deletes (or with `dry_run` only lists) this deployment's sandboxes (by `created-by`)

@@ -251,3 +251,93 @@ async fn a_run_is_counted_and_recorded_as_opensandboxs() {
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+/// Waits (at most 10 s) until the fake holds `live` sandboxes.
+async fn until_live(fake: &FakeServer, live: u64) {
+    let t0 = std::time::Instant::now();
+    while fake.stats().live != live {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "live never became {live}: {:?}",
+            fake.stats()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// lfx's `shutdown_sandbox` (and SIGTERM's cleanup) while a run is in its sandbox: the sandbox
+/// is deleted at once, the run ends with an error, and every later run is refused with nothing
+/// created.
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_deletes_a_running_runs_sandbox_and_refuses_later_runs() {
+    let fake = plain_fake().await;
+    let backend = std::sync::Arc::new(OpenSandboxBackend::new());
+    let policy = LfxPolicy::default();
+    let (b, url, p) = (backend.clone(), fake.url(), policy.clone());
+    let run = tokio::spawn(async move {
+        b.run_with("import time\ntime.sleep(30)\n", None, &p, lookup(url, &[]))
+            .await
+    });
+    until_live(&fake, 1).await;
+    // Until the create returned and the program was sent (the sandbox is live on the server
+    // while its checks run).
+    while backend.live_sandboxes() == 0 || fake.stats().commands < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let t0 = std::time::Instant::now();
+    backend.shutdown().await;
+    assert_eq!(fake.stats().live, 0, "deleted by the shutdown itself");
+    assert_eq!(backend.live_sandboxes(), 0);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), run)
+        .await
+        .expect("the run ends once its sandbox is gone")
+        .unwrap();
+    assert!(
+        t0.elapsed().as_secs() < 20,
+        "it did not wait out the program"
+    );
+    assert!(ended.is_err(), "{ended:?}");
+    let e = backend
+        .run_with("print(1)", None, &policy, lookup(fake.url(), &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, langflow_backend::BackendError::Unavailable(_)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("shut down"), "{e}");
+    assert_eq!(fake.stats().created, 1);
+    // Idempotent.
+    backend.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A run whose future is dropped (Ctrl-C in Python) deletes its sandbox in the background;
+/// `settled` returns once that delete is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_runs_sandbox_is_deleted_and_settled_waits_for_it() {
+    let fake = plain_fake().await;
+    let backend = std::sync::Arc::new(OpenSandboxBackend::new());
+    let (b, url) = (backend.clone(), fake.url());
+    let run = tokio::spawn(async move {
+        b.run_with(
+            "import time\ntime.sleep(30)\n",
+            None,
+            &LfxPolicy::default(),
+            lookup(url, &[]),
+        )
+        .await
+    });
+    until_live(&fake, 1).await;
+    while backend.live_sandboxes() == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    tokio::time::timeout(std::time::Duration::from_secs(10), backend.settled())
+        .await
+        .expect("the background delete finishes");
+    assert_eq!(fake.stats().live, 0);
+    assert_eq!(backend.live_sandboxes(), 0);
+    fake.shutdown().await;
+}

@@ -174,7 +174,14 @@ impl SandboxComponent {
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(inputs.timeout_seconds)));
-        // A bad entry is refused even with Allow Network off, where the list is not used.
+        // A bad entry is refused even with Allow Network off, where the list is not used. On
+        // OpenSandbox the backend's validation comes first (its refusal of an address or CIDR
+        // entry), since the names become the sandbox's own egress rules.
+        let on_opensandbox = self.opts.provider == ProviderKind::OpenSandbox;
+        if on_opensandbox {
+            let entries: Vec<&str> = inputs.allowed_domains.split(',').collect();
+            EgressPolicy::only_domains(input::ALLOWED_DOMAINS, &entries)?;
+        }
         let domains = Domains::parse_list(input::ALLOWED_DOMAINS, &inputs.allowed_domains)?;
         let unused = Domains::default();
         let on = inputs.allow_network;
@@ -186,9 +193,10 @@ impl SandboxComponent {
             names: &SETTING_NAMES,
             domain_names: &DOMAIN_SETTING_NAMES,
         };
-        let net = if self.opts.provider == ProviderKind::OpenSandbox {
-            // The OpenSandbox provider has no egress exception.
-            plan::network_on(&settings.gateway, &ask, &[])?
+        let net = if on_opensandbox {
+            // The OpenSandbox provider has no egress exception, and enforces a domain
+            // allowlist itself (deny plus one FQDN rule per domain, read back): no gateway.
+            plan::network_named(&ask)?
         } else {
             plan::network(&settings.gateway, &ask)?
         };
@@ -285,5 +293,74 @@ mod tests {
         let d = describe(true, Reuse::Off, &gateway);
         assert!(d.contains("with Allowed Domains, only those names"), "{d}");
         assert!(!d.contains("0123456789abcdef"), "{d}");
+    }
+
+    fn on_opensandbox() -> SandboxComponent {
+        let env = |k: &str| match k {
+            // Nothing listens here: the plan makes no call.
+            "OPEN_SANDBOX_DOMAIN" => Some("http://127.0.0.1:9".to_owned()),
+            "OPEN_SANDBOX_API_KEY" => Some("os-key-never-shown".to_owned()),
+            "OPEN_SANDBOX_ATTEST_ISOLATION" => Some("hardware-virtualized".to_owned()),
+            _ => None,
+        };
+        SandboxComponent::with_options(crate::ComponentOptions {
+            surface: sandbox_core::surface::SurfaceOptions {
+                env: Arc::new(env),
+                orphan_sweep: false,
+                ..sandbox_core::surface::SurfaceOptions::default()
+            },
+            provider: ProviderKind::OpenSandbox,
+            ..crate::ComponentOptions::default()
+        })
+    }
+
+    fn inputs(allow_network: bool, domains: &str) -> ComponentInputs {
+        ComponentInputs {
+            flow_id: "f".into(),
+            component_id: "CreateOSSandbox-os01".into(),
+            python_code: "print(1)".into(),
+            allow_network,
+            allowed_domains: domains.into(),
+            timeout_seconds: 20,
+            ..ComponentInputs::default()
+        }
+    }
+
+    #[test]
+    fn on_opensandbox_allowed_domains_are_the_guests_own_rules_with_no_gateway() {
+        let c = on_opensandbox();
+        let plan = c
+            .plan(&inputs(true, "PyPI.org, *.pythonhosted.org"))
+            .unwrap();
+        assert_eq!(
+            plan.egress,
+            EgressPolicy::Domains(vec!["*.pythonhosted.org".into(), "pypi.org".into()])
+        );
+        assert!(plan.grant.is_none());
+        // Without domains the network switch alone decides, with no opt-in.
+        assert_eq!(
+            c.plan(&inputs(true, "")).unwrap().egress,
+            EgressPolicy::AllowAll
+        );
+        assert_eq!(
+            c.plan(&inputs(false, "")).unwrap().egress,
+            EgressPolicy::DenyAll
+        );
+        // An address or CIDR entry is refused naming the input, even with the network off.
+        for (on, list) in [(true, "pypi.org, 10.0.0.0/8"), (false, "192.0.2.7")] {
+            let Err(e) = c.plan(&inputs(on, list)) else {
+                panic!("{list} accepted")
+            };
+            let m = e.message();
+            assert!(
+                m.contains(input::ALLOWED_DOMAINS) && m.contains("address rule"),
+                "{m}"
+            );
+        }
+        // With the network off the list is not used (as on CreateOS): deny-all.
+        assert_eq!(
+            c.plan(&inputs(false, "pypi.org")).unwrap().egress,
+            EgressPolicy::DenyAll
+        );
     }
 }

@@ -8,6 +8,7 @@ use sandbox_core::SandboxError;
 use sandbox_core::egress::{ALLOW_ALL_RULE, EgressPolicy};
 use sandbox_core::gateway::{Domains, ENV_GATEWAY_SECRET, ENV_GATEWAY_URL, GatewaySetting};
 use sandbox_core::plan::{self, Base, NetworkAsk};
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::settings::{SettingNames, non_blank, parse_bool, parse_pool_size};
 
 /// `CREATEOS_EXECUTOR_ROOTFS`: the guest image (a template with lfx and the flow's components).
@@ -131,6 +132,12 @@ impl ExecutorSettings {
         };
         let domains = if self.domains.is_empty() {
             format!("domains: none ({ENV_ALLOWED_DOMAINS} unset)")
+        } else if matches!(self.egress, EgressPolicy::Domains(_)) {
+            format!(
+                "domains: {}, enforced by the provider's own egress rules, no gateway \
+                 ({ENV_ALLOWED_DOMAINS})",
+                self.domains
+            )
         } else {
             format!(
                 "domains: {} through the egress gateway ({ENV_ALLOWED_DOMAINS})",
@@ -176,9 +183,19 @@ impl ExecutorSettings {
         ]
     }
 
-    /// Reads and validates the `CREATEOS_EXECUTOR_*` settings through `lookup`. A bad value is
-    /// a refusal that names its variable and what would be accepted.
+    /// Reads and validates the `CREATEOS_EXECUTOR_*` settings through `lookup`, for CreateOS. A
+    /// bad value is a refusal that names its variable and what would be accepted.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        Self::from_lookup_on(lookup, ProviderKind::CreateOs)
+    }
+
+    /// [`ExecutorSettings::from_lookup`] for a run on `provider`: on OpenSandbox the egress is
+    /// decided by [`egress_named`] (a domain allowlist as the sandbox's own rules, no gateway,
+    /// no link-local opt-in); on CreateOS by [`egress_of`].
+    pub fn from_lookup_on(
+        lookup: &dyn Fn(&str) -> Option<String>,
+        provider: ProviderKind,
+    ) -> Result<Self, SandboxError> {
         let rootfs = match non_blank(lookup, ENV_ROOTFS) {
             None => None,
             Some(r) if valid_token(&r, &['-', '_', '.', ':', '/']) => Some(r),
@@ -215,17 +232,31 @@ impl ExecutorSettings {
             Some(raw) => parse_bool(ENV_ACCEPT_EGRESS_EXCEPTIONS, &raw)?,
             None => false,
         };
+        let named = provider == ProviderKind::OpenSandbox;
         let domains = match non_blank(lookup, ENV_ALLOWED_DOMAINS) {
-            Some(raw) => Domains::parse_list(ENV_ALLOWED_DOMAINS, &raw)?,
+            Some(raw) => {
+                if named {
+                    // The backend's validation first: its refusal of an address or CIDR entry.
+                    EgressPolicy::only_domains(
+                        ENV_ALLOWED_DOMAINS,
+                        &raw.split(',').collect::<Vec<_>>(),
+                    )?;
+                }
+                Domains::parse_list(ENV_ALLOWED_DOMAINS, &raw)?
+            }
             None => Domains::default(),
         };
         let raw_egress = non_blank(lookup, ENV_EGRESS);
-        let egress = egress_of(
-            raw_egress.as_deref(),
-            &domains,
-            accept,
-            &GatewaySetting::from_lookup(lookup),
-        )?;
+        let egress = if named {
+            egress_named(raw_egress.as_deref(), &domains)?
+        } else {
+            egress_of(
+                raw_egress.as_deref(),
+                &domains,
+                accept,
+                &GatewaySetting::from_lookup(lookup),
+            )?
+        };
         let install_lfx = match lookup(ENV_INSTALL_LFX) {
             Some(raw) => parse_bool(ENV_INSTALL_LFX, &raw)?,
             None => false,
@@ -291,32 +322,30 @@ impl ExecutorSettings {
     }
 }
 
-/// The egress of a run: what `CREATEOS_EXECUTOR_EGRESS` (`raw`) asks for, through
-/// sandbox-core's one network decision ([`sandbox_core::plan::network`]). Without domains,
-/// unset or `*` is unrestricted (flows call model providers), `none` is deny-all, anything else
-/// a comma-separated list of address rules validated strictly (host names refused: CreateOS does
-/// not enforce them; a single address is sent as `/32` or `/128`). With
-/// `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`, the gateway's `IP:port` plus those address rules; `*`
-/// and `none` contradict a domain list and are refused, and so is a missing or unusable gateway.
-/// Every restricted policy needs the link-local opt-in. Refusals name the variable.
-pub fn egress_of(
-    raw: Option<&str>,
-    domains: &Domains,
-    accept_exceptions: bool,
-    gateway: &GatewaySetting,
-) -> Result<EgressPolicy, SandboxError> {
-    let raw = raw.map(str::trim);
-    let base = match raw {
+/// What `CREATEOS_EXECUTOR_EGRESS` (`raw`) asks for before any domain: unset or `*` is
+/// unrestricted, `none` deny-all, anything else address rules; with domains, `*` and `none`
+/// contradict the list and are refused, and `*` mixed with rules is refused.
+/// `named`: the provider enforces the domains itself (no gateway, no address rules).
+fn base_of(raw: Option<&str>, domains: &Domains, named: bool) -> Result<Base, SandboxError> {
+    Ok(match raw.map(str::trim) {
         None => Base::Open,
         Some(r)
             if !domains.is_empty() && (r == ALLOW_ALL_RULE || r.eq_ignore_ascii_case("none")) =>
         {
-            return Err(SandboxError::refused(format!(
-                "{ENV_EGRESS}={r:?} contradicts {ENV_ALLOWED_DOMAINS}: with domains, the \
-                 guest's egress is the egress gateway plus any address rules listed in \
-                 {ENV_EGRESS}. Unset {ENV_EGRESS} (or list address rules), or unset \
-                 {ENV_ALLOWED_DOMAINS}"
-            )));
+            return Err(SandboxError::refused(if named {
+                format!(
+                    "{ENV_EGRESS}={r:?} contradicts {ENV_ALLOWED_DOMAINS}: with domains, the \
+                     guest's egress is deny-all but those names. Unset {ENV_EGRESS}, or unset \
+                     {ENV_ALLOWED_DOMAINS}"
+                )
+            } else {
+                format!(
+                    "{ENV_EGRESS}={r:?} contradicts {ENV_ALLOWED_DOMAINS}: with domains, the \
+                     guest's egress is the egress gateway plus any address rules listed in \
+                     {ENV_EGRESS}. Unset {ENV_EGRESS} (or list address rules), or unset \
+                     {ENV_ALLOWED_DOMAINS}"
+                )
+            }));
         }
         Some(r) if r == ALLOW_ALL_RULE => Base::Open,
         Some(r) if r.eq_ignore_ascii_case("none") => Base::Off,
@@ -335,7 +364,42 @@ pub fn egress_of(
             }
             Base::Rules(rules)
         }
+    })
+}
+
+/// The egress of a run on a provider that enforces domain names itself (OpenSandbox), through
+/// sandbox-core's [`plan::network_named`]: unset or `*` is unrestricted, `none` deny-all (no
+/// opt-in: the provider has no egress exception), address rules refused; with
+/// `CREATEOS_EXECUTOR_ALLOWED_DOMAINS` (and `CREATEOS_EXECUTOR_EGRESS` unset), deny-all but
+/// exactly those names, sent as the sandbox's own egress rules and read back. Refusals name
+/// the variable.
+pub fn egress_named(raw: Option<&str>, domains: &Domains) -> Result<EgressPolicy, SandboxError> {
+    let ask = NetworkAsk {
+        base: base_of(raw, domains, true)?,
+        domains,
+        domains_setting: ENV_ALLOWED_DOMAINS,
+        accept_exceptions: false,
+        names: &SETTING_NAMES,
+        domain_names: &DOMAIN_SETTING_NAMES,
     };
+    plan::network_named(&ask).map(|net| net.egress)
+}
+
+/// The egress of a run: what `CREATEOS_EXECUTOR_EGRESS` (`raw`) asks for, through
+/// sandbox-core's one network decision ([`sandbox_core::plan::network`]). Without domains,
+/// unset or `*` is unrestricted (flows call model providers), `none` is deny-all, anything else
+/// a comma-separated list of address rules validated strictly (host names refused: CreateOS does
+/// not enforce them; a single address is sent as `/32` or `/128`). With
+/// `CREATEOS_EXECUTOR_ALLOWED_DOMAINS`, the gateway's `IP:port` plus those address rules; `*`
+/// and `none` contradict a domain list and are refused, and so is a missing or unusable gateway.
+/// Every restricted policy needs the link-local opt-in. Refusals name the variable.
+pub fn egress_of(
+    raw: Option<&str>,
+    domains: &Domains,
+    accept_exceptions: bool,
+    gateway: &GatewaySetting,
+) -> Result<EgressPolicy, SandboxError> {
+    let base = base_of(raw, domains, false)?;
     let ask = NetworkAsk {
         base,
         domains,
@@ -591,5 +655,62 @@ mod tests {
                 assert!(e.to_string().contains(needle), "{needle}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn on_opensandbox_domains_are_the_guests_own_rules_with_no_gateway() {
+        let on = |pairs: &[(&str, &str)]| {
+            ExecutorSettings::from_lookup_on(&env(pairs), ProviderKind::OpenSandbox)
+        };
+        // No gateway and no link-local opt-in: the names are the policy.
+        let s = on(&[(ENV_ALLOWED_DOMAINS, "PyPI.org, *.pythonhosted.org")]).unwrap();
+        assert_eq!(
+            s.egress,
+            EgressPolicy::Domains(vec!["*.pythonhosted.org".into(), "pypi.org".into()])
+        );
+        assert!(
+            s.summary().iter().any(|l| l.contains("no gateway")),
+            "{:?}",
+            s.summary()
+        );
+        // Without domains: unrestricted by default, `none` deny-all without the opt-in.
+        assert_eq!(on(&[]).unwrap().egress, EgressPolicy::AllowAll);
+        assert_eq!(
+            on(&[(ENV_EGRESS, "none")]).unwrap().egress,
+            EgressPolicy::DenyAll
+        );
+        // Refusals name the variable: an address or CIDR entry, a port, address rules, and
+        // `none` or `*` beside a list.
+        for (pairs, needles) in [
+            (
+                vec![(ENV_ALLOWED_DOMAINS, "pypi.org, 10.0.0.0/8")],
+                vec![ENV_ALLOWED_DOMAINS, "address rule", "10.0.0.0/8"],
+            ),
+            (
+                vec![(ENV_ALLOWED_DOMAINS, "1.2.3.4")],
+                vec![ENV_ALLOWED_DOMAINS, "address rule"],
+            ),
+            (
+                vec![(ENV_ALLOWED_DOMAINS, "pypi.org:443")],
+                vec![ENV_ALLOWED_DOMAINS, "not a domain name"],
+            ),
+            (
+                vec![(ENV_EGRESS, "10.0.0.0/8")],
+                vec![ENV_EGRESS, ENV_ALLOWED_DOMAINS, "domain names only"],
+            ),
+            (
+                vec![(ENV_ALLOWED_DOMAINS, "pypi.org"), (ENV_EGRESS, "none")],
+                vec![ENV_EGRESS, ENV_ALLOWED_DOMAINS, "deny-all but those names"],
+            ),
+        ] {
+            let e = on(&pairs).unwrap_err();
+            for needle in needles {
+                assert!(e.to_string().contains(needle), "{needle}: {e}");
+            }
+        }
+        // CreateOS is unchanged: domains still need the gateway.
+        let e =
+            ExecutorSettings::from_lookup(&env(&[(ENV_ALLOWED_DOMAINS, "pypi.org")])).unwrap_err();
+        assert!(e.to_string().contains(ENV_GATEWAY_URL), "{e}");
     }
 }

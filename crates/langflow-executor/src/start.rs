@@ -67,7 +67,9 @@ pub struct ExecutorOptions {
     /// run needs no CreateOS key, is refused unless the server's isolation is attested or
     /// container isolation is accepted by its setting, takes the server's image
     /// (`OPEN_SANDBOX_IMAGE`) and, without `CREATEOS_EXECUTOR_SHAPE`, the size
-    /// [`OPENSANDBOX_DEFAULT_SIZE`].
+    /// [`OPENSANDBOX_DEFAULT_SIZE`]; a domain allowlist (`CREATEOS_EXECUTOR_ALLOWED_DOMAINS`)
+    /// becomes the sandbox's own egress rules (deny plus one FQDN rule per domain, read back
+    /// before the job is sent), with no egress gateway.
     pub provider: ProviderKind,
 }
 
@@ -152,7 +154,7 @@ impl Executor {
     pub fn plan(&self) -> Result<Plan, ExecutorError> {
         let lookup = |k: &str| self.surface.lookup(k);
         let settings = Settings::from_lookup(&lookup)?;
-        let mut executor = ExecutorSettings::from_lookup(&lookup)?;
+        let mut executor = ExecutorSettings::from_lookup_on(&lookup, self.opts.provider)?;
         if self.opts.provider == ProviderKind::OpenSandbox {
             let env = Arc::clone(&self.opts.surface.env);
             let os = OpenSandboxSettings::from_lookup(move |k: &str| env(k))?;
@@ -167,12 +169,15 @@ impl Executor {
         let limits = self
             .surface
             .limits(Duration::from_secs(u64::from(executor.timeout_seconds)));
-        let grant = if executor.domains.is_empty() {
-            None
-        } else {
-            let gateway = settings.gateway.require(ENV_ALLOWED_DOMAINS)?;
-            Some(gateway.grant(&executor.domains, limits.host_deadline()))
-        };
+        // On OpenSandbox a domain allowlist is the sandbox's own egress rules
+        // (`EgressPolicy::Domains`, read back before the job goes out): no gateway, no grant.
+        let grant =
+            if executor.domains.is_empty() || self.opts.provider == ProviderKind::OpenSandbox {
+                None
+            } else {
+                let gateway = settings.gateway.require(ENV_ALLOWED_DOMAINS)?;
+                Some(gateway.grant(&executor.domains, limits.host_deadline()))
+            };
         Ok(Plan {
             settings,
             executor,

@@ -491,7 +491,12 @@ async fn faults_at_each_call_destroy_the_guest_with_the_right_error() {
         assert_eq!(stats.live, 0, "{faults}: {stats:?}");
         rig.fake.shutdown().await;
     });
-    futures::future::join_all(runs).await;
+    // A few at a time: each case has a 2 s budget, which 21 concurrent fakes and runs on a
+    // loaded 2-core machine can eat before the case's own fault is reached.
+    futures::stream::iter(runs)
+        .buffer_unordered(5)
+        .collect::<Vec<()>>()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2020,4 +2025,48 @@ fn on_opensandbox_the_plan_needs_attestation_or_the_opt_in_and_no_createos_key()
         err.to_string().contains("CREATEOS_SANDBOX_API_KEY"),
         "{err}"
     );
+}
+
+#[test]
+fn on_opensandbox_a_domain_allowlist_is_the_sandboxs_policy_with_no_gateway_grant() {
+    let base = [
+        ("OPEN_SANDBOX_DOMAIN", "http://127.0.0.1:9"),
+        ("OPEN_SANDBOX_API_KEY", "os-key-never-shown"),
+        ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
+    ];
+    let plan = opensandbox_executor(&[
+        base[0],
+        base[1],
+        base[2],
+        (
+            "CREATEOS_EXECUTOR_ALLOWED_DOMAINS",
+            "pypi.org,*.pythonhosted.org",
+        ),
+    ])
+    .plan()
+    .unwrap();
+    assert_eq!(
+        plan.executor.egress,
+        sandbox_core::egress::EgressPolicy::Domains(vec![
+            "*.pythonhosted.org".into(),
+            "pypi.org".into()
+        ])
+    );
+    // No gateway is involved: no grant, so no proxy variables reach the guest.
+    assert!(plan.grant.is_none());
+    // An address entry is refused before any sandbox, naming the setting.
+    let err = opensandbox_executor(&[
+        base[0],
+        base[1],
+        base[2],
+        ("CREATEOS_EXECUTOR_ALLOWED_DOMAINS", "pypi.org,192.0.2.7"),
+    ])
+    .plan()
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("CREATEOS_EXECUTOR_ALLOWED_DOMAINS") && msg.contains("192.0.2.7"),
+        "{msg}"
+    );
+    assert!(!msg.contains("os-key-never-shown"));
 }

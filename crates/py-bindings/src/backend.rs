@@ -13,8 +13,8 @@
 //! destroyed (bounded).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use langflow_backend::{
@@ -24,7 +24,7 @@ use langflow_backend::{
 use pyo3::prelude::*;
 
 use crate::errors;
-use crate::perprocess::{PerProcess, State, forked};
+use crate::perprocess::{PerProcess, Remembered, State, forked};
 use crate::results::{ReapReport, RunResult};
 use crate::session::{SHUTDOWN_BUDGET, surface_options};
 use crate::wait::{Waited, block_bounded, drive};
@@ -305,27 +305,12 @@ impl Drop for InFlight {
     }
 }
 
-/// Every backend built in this process image, with the id of the process that built it.
-static LIVES: Mutex<Vec<(u32, Weak<Live>)>> = Mutex::new(Vec::new());
-
-fn remember(live: &Arc<Live>) {
-    let pid = std::process::id();
-    let mut lives = LIVES.lock().unwrap_or_else(PoisonError::into_inner);
-    // Entries of other processes (a parent) and of dropped backends are dead weight here.
-    lives.retain(|(owner, weak)| *owner == pid && weak.strong_count() > 0);
-    lives.push((pid, Arc::downgrade(live)));
-}
+/// Every backend built in this process image.
+static LIVES: Remembered<Live> = Remembered::new();
 
 /// Shuts down every backend of this process, concurrently, within [`SHUTDOWN_BUDGET`].
 pub async fn shutdown_all() {
-    let pid = std::process::id();
-    let lives: Vec<Arc<Live>> = LIVES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .filter(|(owner, _)| *owner == pid)
-        .filter_map(|(_, weak)| weak.upgrade())
-        .collect();
+    let lives = LIVES.of_this_process();
     let all = futures::future::join_all(lives.iter().map(|live| live.backend.shutdown()));
     if tokio::time::timeout(SHUTDOWN_BUDGET, all).await.is_err() {
         tracing::warn!(
@@ -347,7 +332,7 @@ pub fn backend_of(held: &PerProcess<Arc<Live>>) -> Arc<Live> {
             inflight: AtomicUsize::new(0),
             forked: forked(),
         });
-        remember(&live);
+        LIVES.remember(&live);
         live
     })
 }

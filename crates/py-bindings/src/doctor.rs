@@ -64,14 +64,18 @@ pub enum Surface {
     /// The sandbox backend on a self-hosted OpenSandbox server
     /// (`LANGFLOW_SANDBOX_BACKEND=opensandbox`).
     OpenSandbox,
+    /// The whole-flow executor on a self-hosted OpenSandbox server
+    /// (`LANGFLOW_EXECUTOR_KIND=opensandbox`).
+    OpenSandboxExecutor,
 }
 
 impl Surface {
-    const ALL: [Surface; 4] = [
+    const ALL: [Surface; 5] = [
         Surface::Backend,
         Surface::Component,
         Surface::Executor,
         Surface::OpenSandbox,
+        Surface::OpenSandboxExecutor,
     ];
 
     /// Its name, as `--surface` and the JSON spell it.
@@ -81,13 +85,14 @@ impl Surface {
             Surface::Component => "component",
             Surface::Executor => "executor",
             Surface::OpenSandbox => "opensandbox",
+            Surface::OpenSandboxExecutor => "opensandbox-executor",
         }
     }
 
     /// Whether it runs on CreateOS (and so is concerned by the `CREATEOS_*` settings and the
     /// control plane; the caps and the admission store concern every surface).
     fn on_createos(self) -> bool {
-        self != Surface::OpenSandbox
+        !matches!(self, Surface::OpenSandbox | Surface::OpenSandboxExecutor)
     }
 
     fn parse(name: &str) -> Option<Self> {
@@ -167,14 +172,28 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
         )),
     };
     let kind = env(ENV_EXECUTOR_KIND).map(|v| v.trim().to_owned());
+    let on_opensandbox = kind.as_deref() == Some(opensandbox::ENTRY_POINT);
     let executor = match kind.as_deref() {
         Some(PLUGIN_NAME) => Ok(format!("{ENV_EXECUTOR_KIND}={PLUGIN_NAME}")),
+        Some(_) if on_opensandbox => Err(format!(
+            "{ENV_EXECUTOR_KIND}={}: the executor runs on the OpenSandbox server (checked as \
+             opensandbox-executor)",
+            opensandbox::ENTRY_POINT
+        )),
         Some(other) if !other.is_empty() => Err(format!(
             "{ENV_EXECUTOR_KIND}={other}: lfx hands flow runs to another executor"
         )),
         _ => Err(format!(
             "{ENV_EXECUTOR_KIND} is unset: lfx runs flows in-process"
         )),
+    };
+    let opensandbox_executor = if on_opensandbox {
+        Ok(format!("{ENV_EXECUTOR_KIND}={}", opensandbox::ENTRY_POINT))
+    } else {
+        Err(format!(
+            "{ENV_EXECUTOR_KIND} does not select {}",
+            opensandbox::ENTRY_POINT
+        ))
     };
     let opensandbox = match (selected_opensandbox(env), trusts_opensandbox(env)) {
         (true, _) => Ok(format!("{ENV_LF_SELECTED}={}", opensandbox::ENTRY_POINT)),
@@ -187,7 +206,10 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
             opensandbox::ENTRY_POINT
         )),
     };
-    let nothing_else = backend.is_err() && executor.is_err() && opensandbox.is_err();
+    let nothing_else = backend.is_err()
+        && executor.is_err()
+        && opensandbox.is_err()
+        && opensandbox_executor.is_err();
     let component = if nothing_else {
         Ok(
             "nothing else is enabled; a flow uses it by its node, with no switch to read"
@@ -205,6 +227,7 @@ fn scopes(asked: &[Surface], env: &dyn Fn(&str) -> Option<String>) -> Vec<Scope>
         (Surface::Component, component),
         (Surface::Executor, executor),
         (Surface::OpenSandbox, opensandbox),
+        (Surface::OpenSandboxExecutor, opensandbox_executor),
     ]
     .into_iter()
     .map(|(surface, why)| Scope {
@@ -232,7 +255,6 @@ fn trusts_opensandbox(env: &dyn Fn(&str) -> Option<String>) -> bool {
 /// named on its own), the server (one listing, [`opensandbox::SERVER_CHECK`]) and the
 /// isolation lfx will see. Creates no sandbox.
 async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLine> {
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
     let name = opensandbox::ENTRY_POINT;
     let mut lines = vec![
         if trusts_opensandbox(env) {
@@ -268,6 +290,25 @@ async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLi
             )
         },
     ];
+    let (settings, server, left_out) = opensandbox_server(env).await;
+    lines.extend(server);
+    if let Some(settings) = settings {
+        lines.extend(opensandbox::isolation_lines(&settings));
+    }
+    without_left_out(lines, &left_out)
+}
+
+/// The `OPEN_SANDBOX_*` settings (each bad value named on its own) and the server (one
+/// listing, [`opensandbox::SERVER_CHECK`]), for either OpenSandbox surface: what read, the
+/// findings, and the settings left out.
+async fn opensandbox_server(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> (
+    Option<sandbox_core::provider::opensandbox::OpenSandboxSettings>,
+    Vec<DoctorLine>,
+    Vec<String>,
+) {
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
     // The provider reads its settings through an owned lookup: hand it the values now.
     let read = |l: &dyn Fn(&str) -> Option<String>| {
         let values: Vec<(String, String)> = OPEN_SANDBOX_SETTINGS
@@ -278,10 +319,9 @@ async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLi
             values.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })
     };
-    let (settings, refusals, left_out) = read_each(env, read);
-    lines.extend(refusals);
-    if let Some(settings) = settings {
-        lines.extend(opensandbox::settings_lines(&settings));
+    let (settings, mut lines, left_out) = read_each(env, read);
+    if let Some(settings) = &settings {
+        lines.extend(opensandbox::settings_lines(settings));
         let asks = settings.api_key.is_some()
             && !left_out
                 .iter()
@@ -291,10 +331,80 @@ async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLi
                 "asking the OpenSandbox server (a listing; up to {} s)",
                 opensandbox::SERVER_CHECK.as_secs()
             ));
-            lines.extend(opensandbox::server_lines(&settings).await);
+            lines.extend(opensandbox::server_lines(settings).await);
         }
-        lines.extend(opensandbox::isolation_lines(&settings));
     }
+    (settings, lines, left_out)
+}
+
+/// The executor on an OpenSandbox server (`LANGFLOW_EXECUTOR_KIND=opensandbox`): the
+/// `OPEN_SANDBOX_*` settings and the server, as for the backend; then every refusal a flow run
+/// meets before any sandbox exists, found by the executor's own plan over this environment
+/// (isolation attested or container isolation accepted, the `CREATEOS_EXECUTOR_*` settings,
+/// the egress asked for); and what only a sandbox can tell. Creates no sandbox.
+async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLine> {
+    use langflow_executor::{Executor, ExecutorOptions};
+    use sandbox_core::provider::ProviderKind;
+    let mut lines = vec![DoctorLine::about(
+        DoctorLevel::Ok,
+        ENV_EXECUTOR_KIND,
+        format!(
+            "lfx hands flow runs to the executor on an OpenSandbox server \
+             ({ENV_EXECUTOR_KIND}={})",
+            opensandbox::ENTRY_POINT
+        ),
+    )];
+    let (settings, server, left_out) = opensandbox_server(env).await;
+    lines.extend(server);
+    // The plan reads through an owned lookup: the values of every name set in the process and
+    // of every OpenSandbox setting, as `env` gives them.
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    names.extend(OPEN_SANDBOX_SETTINGS.iter().map(|n| (*n).to_owned()));
+    let values: std::collections::BTreeMap<String, String> = names
+        .into_iter()
+        .filter(|n| !left_out.contains(n))
+        .filter_map(|n| env(&n).map(|v| (n, v)))
+        .collect();
+    let executor = Executor::with_options(ExecutorOptions {
+        surface: sandbox_core::surface::SurfaceOptions {
+            env: std::sync::Arc::new(move |k: &str| values.get(k).cloned()),
+            ..sandbox_core::surface::SurfaceOptions::default()
+        },
+        provider: ProviderKind::OpenSandbox,
+        ..ExecutorOptions::default()
+    });
+    match executor.plan() {
+        Ok(plan) => {
+            let isolation = match &settings {
+                Some(s) if s.declared_isolation() == "hardware-virtualized" => {
+                    "hardware-virtualized, attested (the RuntimeClass and the in-guest probe are \
+                     checked on every sandbox)"
+                }
+                _ => {
+                    "container, accepted by OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION=true (a \
+                      shared kernel: a weaker boundary than a virtual machine)"
+                }
+            };
+            lines.push(DoctorLine::new(
+                DoctorLevel::Ok,
+                format!(
+                    "a flow run would go ahead: isolation {isolation}; size {}; timeout {} s \
+                     (CREATEOS_EXECUTOR_TIMEOUT_SECONDS)",
+                    plan.executor.shape, plan.executor.timeout_seconds
+                ),
+            ));
+        }
+        Err(e) => lines.push(DoctorLine::new(DoctorLevel::Refused, e.to_string())),
+    }
+    lines.push(DoctorLine::new(
+        DoctorLevel::Info,
+        "not known without creating a sandbox (doctor creates none): whether the image \
+         (OPEN_SANDBOX_IMAGE) has lfx and the flow's packages, the server's runtime, its egress \
+         sidecar's mode and its Docker network mode; every run checks the last three on its \
+         own sandbox before the flow and refuses, naming the server setting",
+    ));
     without_left_out(lines, &left_out)
 }
 
@@ -574,7 +684,7 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
         sections.push(Section {
             area: Area::Only(Surface::Executor),
             title: "Whole-flow executor: which Langflow paths reach it",
-            lines: inputs.paths,
+            lines: inputs.paths.clone(),
         });
     }
     if checked(Surface::OpenSandbox) {
@@ -583,6 +693,21 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
             title: "Sandbox backend on an OpenSandbox server (LANGFLOW_SANDBOX_BACKEND=opensandbox)",
             lines: opensandbox_lines(env).await,
         });
+    }
+    if checked(Surface::OpenSandboxExecutor) {
+        sections.push(Section {
+            area: Area::Only(Surface::OpenSandboxExecutor),
+            title: "Whole-flow executor on an OpenSandbox server \
+                    (LANGFLOW_EXECUTOR_KIND=opensandbox)",
+            lines: opensandbox_executor_lines(env).await,
+        });
+        if !checked(Surface::Executor) {
+            sections.push(Section {
+                area: Area::Only(Surface::OpenSandboxExecutor),
+                title: "Whole-flow executor: which Langflow paths reach it",
+                lines: inputs.paths,
+            });
+        }
     }
     sections.push(Section {
         area: Area::Shared,
@@ -1118,7 +1243,8 @@ pub fn doctor(
             Some(_) => {}
             None => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "unknown surface {name:?}: backend, component, executor or opensandbox"
+                    "unknown surface {name:?}: backend, component, executor, opensandbox or \
+                     opensandbox-executor"
                 )));
             }
         }
@@ -1197,6 +1323,15 @@ mod tests {
         let both = env(&[(ENV_LF_PLUGINS, "createos,opensandbox")]);
         assert_eq!(checked(&scopes(&[], &both)), ["backend", "opensandbox"]);
         assert_eq!(Surface::parse(" opensandbox "), Some(Surface::OpenSandbox));
+        // The executor on OpenSandbox is its own surface: not CreateOS's executor, and not
+        // the component either (something is enabled).
+        let os_exec = env(&[(ENV_EXECUTOR_KIND, "opensandbox")]);
+        assert_eq!(checked(&scopes(&[], &os_exec)), ["opensandbox-executor"]);
+        assert_eq!(
+            Surface::parse("opensandbox-executor"),
+            Some(Surface::OpenSandboxExecutor)
+        );
+        assert!(!Surface::OpenSandboxExecutor.on_createos());
         // Asked for: exactly those, whatever is enabled.
         let s = scopes(&[Surface::Component], &executor);
         assert_eq!(checked(&s), ["component"]);

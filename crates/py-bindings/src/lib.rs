@@ -87,11 +87,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Every surface's shutdown at once (the sandbox backends, the component's fresh guests, the
-/// executor's flow runs): SIGTERM's cleanup, whichever surface armed the handler first.
+/// Every surface's shutdown at once (the sandbox backends on either provider, the
+/// component's fresh guests, the executor's flow runs): SIGTERM's cleanup, whichever surface
+/// armed the handler first.
 async fn shutdown_every_surface() {
     tokio::join!(
         backend::shutdown_all(),
+        opensandbox::shutdown_all(),
         component::shutdown_component(),
         executor::shutdown_executor()
     );

@@ -252,8 +252,18 @@ impl<S: Subscriber> Layer<S> for Forward {
         push(Record {
             level: py_level(*metadata.level()),
             target: metadata.target().to_owned(),
-            message: fields.message,
+            message: one_line(fields.message),
         });
+    }
+}
+
+/// `message` as one line, whatever a field of it carries: a value from outside (a server's
+/// sandbox id, a guest's name) that a call site forgot to escape cannot start a line of the
+/// log. No copy when there is nothing to escape.
+fn one_line(message: String) -> String {
+    match outside_text::line(&message) {
+        std::borrow::Cow::Borrowed(_) => message,
+        std::borrow::Cow::Owned(escaped) => escaped,
     }
 }
 
@@ -471,6 +481,15 @@ mod tests {
             "ERROR:langflow_sandbox_createos:could not destroy guest\\nx=\\x1b[2J\\x07\\u{2028}\\u{202e}\n\
              INFO:langflow_sandbox_createos:done\n"
         );
+    }
+
+    #[test]
+    fn every_forwarded_record_is_one_line() {
+        assert_eq!(
+            one_line("sandbox run finished guest=sbx-1\nCRITICAL forged".to_owned()),
+            "sandbox run finished guest=sbx-1\\nCRITICAL forged"
+        );
+        assert_eq!(one_line("plain".to_owned()), "plain");
     }
 
     #[test]

@@ -4,20 +4,45 @@
 //! Same rules as [`crate::backend`]: the GIL is released while a run blocks, Ctrl-C interrupts
 //! it (the run's sandbox is deleted when its future is dropped), refusals raise
 //! `CreateOSUnavailableError` (lfx's `SandboxUnavailableError`) and infrastructure failures
-//! `CreateOSExecutionError`. A forked child builds its own backend and runtime.
+//! `CreateOSExecutionError`. A forked child builds its own backend and runtime. `shutdown()`
+//! and SIGTERM delete the sandboxes of runs still in flight, as for CreateOS's guests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use langflow_backend::opensandbox::{self, OpenSandboxBackend};
 use pyo3::prelude::*;
 
 use crate::backend::policy_from;
 use crate::errors;
-use crate::perprocess::{PerProcess, State};
+use crate::perprocess::{PerProcess, Remembered, State};
 use crate::results::{NativeCapabilities, RunResult};
-use crate::wait::{Waited, drive};
-use crate::{logbridge, runtime, session};
+use crate::session::SHUTDOWN_BUDGET;
+use crate::wait::{Waited, block_bounded, drive};
+use crate::{logbridge, runtime, session, sigterm};
+
+/// How long an interrupted run waits for its sandbox's delete before re-raising.
+const INTERRUPT_CLEANUP: Duration = Duration::from_secs(15);
+
+/// Every OpenSandbox backend built in this process image: SIGTERM's cleanup deletes their
+/// runs' sandboxes.
+static LIVES: Remembered<OpenSandboxBackend> = Remembered::new();
+
+/// Deletes the in-flight runs' sandboxes of every OpenSandbox backend of this process
+/// (SIGTERM's cleanup), within [`SHUTDOWN_BUDGET`].
+pub async fn shutdown_all() {
+    let lives = LIVES.of_this_process();
+    let all = futures::future::join_all(lives.iter().map(|b| b.shutdown()));
+    if tokio::time::timeout(SHUTDOWN_BUDGET, all).await.is_err() {
+        tracing::warn!(
+            target: "langflow_sandbox_createos",
+            "OpenSandbox shutdown did not finish within {}s; the server-side timeout and the \
+             orphan sweep remove what is left",
+            SHUTDOWN_BUDGET.as_secs()
+        );
+    }
+}
 
 /// What the OpenSandbox backend declares to lfx: `hardware-virtualized` only when
 /// `OPEN_SANDBOX_ATTEST_ISOLATION` says so. Reads the environment; no I/O, no thread.
@@ -98,12 +123,21 @@ impl NativeOpenSandboxBackend {
         let rt = runtime::get().map_err(|err| {
             errors::execution(py, format!("cannot start the async runtime: {err}"))
         })?;
-        let backend = self
-            .held
-            .get_or_init(|| Arc::new(OpenSandboxBackend::with_session(session::session())));
-        let outcome = drive(py, rt, move || async move {
-            backend.run(&code, env, &policy).await
+        sigterm::arm_every_surface(py, rt);
+        let backend = self.held.get_or_init(|| {
+            let b = Arc::new(OpenSandboxBackend::with_session(session::session()));
+            LIVES.remember(&b);
+            b
         });
+        let running = Arc::clone(&backend);
+        let outcome = drive(py, rt, move || async move {
+            running.run(&code, env, &policy).await
+        });
+        if sigterm::terminating() {
+            // The process is about to die of SIGTERM and this run's sandbox was deleted under
+            // it: no verdict (a failure would be a false one). Bounded, in case the exit fails.
+            py.detach(|| std::thread::sleep(SHUTDOWN_BUDGET + Duration::from_secs(5)));
+        }
         let result = match outcome {
             Waited::Finished(Ok(out)) => RunResult::new(py, out),
             Waited::Finished(Err(err)) => Err(errors::from_surface(py, err)),
@@ -112,15 +146,51 @@ impl NativeOpenSandboxBackend {
                 "the OpenSandbox run failed with an internal error (panic); its sandbox is \
                  deleted in the background or by the server-side timeout",
             )),
-            Waited::Interrupted(interrupt) => Err(interrupt),
+            Waited::Interrupted(interrupt) => {
+                // The run's future was dropped, which deletes its sandbox in the background;
+                // wait, bounded, for that delete before re-raising.
+                let settled = block_bounded(py, rt, INTERRUPT_CLEANUP, async move {
+                    backend.settled().await;
+                });
+                if settled.is_none() {
+                    tracing::warn!(
+                        target: "langflow_sandbox_createos",
+                        "the interrupted run's OpenSandbox sandbox was not confirmed deleted \
+                         within {}s; the server-side timeout removes it",
+                        INTERRUPT_CLEANUP.as_secs()
+                    );
+                }
+                Err(interrupt)
+            }
         };
         logbridge::drain(py);
         result
     }
 
-    /// Forgets the backend (each run deletes its own sandbox). Idempotent.
-    fn shutdown(&self) {
-        drop(self.held.take());
+    /// Deletes the sandboxes of this process's runs still in flight and forgets the backend
+    /// (a later `run()` builds a fresh one). Idempotent.
+    fn shutdown(&self, py: Python<'_>) {
+        let Some(backend) = self.held.take() else {
+            return;
+        };
+        // No runtime means no run ever started here, so there is nothing to delete.
+        let Some(rt) = runtime::existing() else {
+            return;
+        };
+        logbridge::install();
+        if block_bounded(py, rt, SHUTDOWN_BUDGET, async move {
+            backend.shutdown().await;
+        })
+        .is_none()
+        {
+            tracing::warn!(
+                target: "langflow_sandbox_createos",
+                "OpenSandbox shutdown did not finish within {}s; the server-side timeout \
+                 removes what is left",
+                SHUTDOWN_BUDGET.as_secs()
+            );
+        }
+        logbridge::drain(py);
     }
 
     /// Drops state inherited from a parent process.

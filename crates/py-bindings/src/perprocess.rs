@@ -12,13 +12,53 @@
 //! shutdown reads them from the runtime as the process ends.) Which options a forked process's
 //! surfaces get is sandbox-core's rule (`SurfaceOptions::for_process`).
 
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 /// Id of the process that imported the extension. A process with another id was forked from
 /// it: such children commonly end with `os._exit` (multiprocessing, pre-fork servers), which
 /// skips `atexit`, so they destroy each guest before `run()` returns instead of in the
 /// background.
 static IMPORTED_BY: OnceLock<u32> = OnceLock::new();
+
+/// Values built in this process image, remembered weakly with the id of the process that built
+/// each, so that SIGTERM's cleanup reaches every one this process still holds (a backend per
+/// Python object; lfx may build several).
+pub struct Remembered<T> {
+    list: Mutex<Vec<(u32, Weak<T>)>>,
+}
+
+impl<T> Remembered<T> {
+    /// An empty list.
+    pub const fn new() -> Self {
+        Self {
+            list: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<(u32, Weak<T>)>> {
+        // A panic while holding this lock cannot leave the list inconsistent.
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers `value` as this process's.
+    pub fn remember(&self, value: &Arc<T>) {
+        let pid = std::process::id();
+        let mut list = self.lock();
+        // Entries of other processes (a parent) and of dropped values are dead weight here.
+        list.retain(|(owner, weak)| *owner == pid && weak.strong_count() > 0);
+        list.push((pid, Arc::downgrade(value)));
+    }
+
+    /// Every value this process built and still holds.
+    pub fn of_this_process(&self) -> Vec<Arc<T>> {
+        let pid = std::process::id();
+        self.lock()
+            .iter()
+            .filter(|(owner, _)| *owner == pid)
+            .filter_map(|(_, weak)| weak.upgrade())
+            .collect()
+    }
+}
 
 /// Records the importing process; called once, when the module is initialised.
 pub fn note_import() {

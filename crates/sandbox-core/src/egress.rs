@@ -1,7 +1,9 @@
-//! Egress policy, independent of the surface and of the provider: deny-all, unrestricted, or a
-//! list of validated address rules, each with a stable fingerprint; the opt-in to a provider's
-//! permanent holes ([`EgressException`], [`EgressPolicy::restricted_with`]) in front of every
-//! restricted policy; and strict validation of address rules.
+//! Egress policy, independent of the surface and of the provider: deny-all, unrestricted, a
+//! list of validated address rules, or a domain allowlist for a provider that enforces names
+//! itself ([`EgressPolicy::Domains`], entries checked by [`domain_entry`]), each with a stable
+//! fingerprint; the opt-in to a provider's permanent holes ([`EgressException`],
+//! [`EgressPolicy::restricted_with`]) in front of every restricted policy; and strict validation
+//! of address rules.
 //!
 //! How a provider *spells* a policy and compares what it reads back is that provider's own:
 //! CreateOS's spelling ([`EgressPolicy::rules`], [`EgressPolicy::matches`], the `Display` of a
@@ -44,6 +46,12 @@ pub enum EgressPolicy {
     /// These address rules only (plus the permanent holes); never empty, kept sorted and
     /// without duplicates.
     Rules(Vec<AddressRule>),
+    /// Deny everything but these domain names (an FQDN or a `*.` wildcard each, lower case,
+    /// sorted, without duplicates; never empty): a domain allowlist enforced by the provider's
+    /// own control plane (OpenSandbox's egress sidecar). Built by
+    /// [`EgressPolicy::only_domains`]; a provider that cannot enforce names (CreateOS) refuses
+    /// it before any create.
+    Domains(Vec<String>),
 }
 
 impl EgressPolicy {
@@ -93,8 +101,76 @@ impl EgressPolicy {
                 let sent: Vec<String> = rules.iter().map(ToString::to_string).collect();
                 format!("rules:{}", sent.join(","))
             }
+            EgressPolicy::Domains(domains) => format!("domains:{}", domains.join(",")),
         }
     }
+
+    /// Deny-all but `entries`, a domain allowlist for a provider that enforces names itself:
+    /// [`EgressPolicy::Domains`], or deny-all when no entry is left (blank ones are skipped).
+    /// Each entry is an FQDN or a `*.` wildcard (a trailing dot and case are dropped); an
+    /// address or CIDR entry, a port, or anything else that is not a domain name is refused,
+    /// and the refusal names `setting`, the setting or input the list came from.
+    pub fn only_domains<S: AsRef<str>>(setting: &str, entries: &[S]) -> Result<Self, SandboxError> {
+        let mut kept = BTreeSet::new();
+        for raw in entries {
+            if let Some(d) = domain_entry(setting, raw.as_ref())? {
+                kept.insert(d);
+            }
+        }
+        if kept.is_empty() {
+            Ok(EgressPolicy::DenyAll)
+        } else {
+            Ok(EgressPolicy::Domains(kept.into_iter().collect()))
+        }
+    }
+}
+
+/// One entry of a domain allowlist in its normal form (trimmed, lower case, no trailing dot),
+/// `None` when blank: an FQDN or a `*.` wildcard. An address or CIDR entry, a port, or anything
+/// else that is not a domain name is refused, naming `setting` (the setting or input the entry
+/// came from) and the entry, escaped and bounded.
+pub fn domain_entry(setting: &str, raw: &str) -> Result<Option<String>, SandboxError> {
+    let d = raw.trim().trim_end_matches('.').to_ascii_lowercase();
+    if d.is_empty() {
+        return Ok(None);
+    }
+    let bare = d.split('/').next().unwrap_or("");
+    if bare.parse::<IpAddr>().is_ok() {
+        return Err(SandboxError::refused(format!(
+            "{setting} holds the address rule {}: a domain allowlist holds domain names only \
+             (an FQDN or *.wildcard), no address or CIDR; list the domains the code needs in \
+             {setting}",
+            outside_text::snippet(raw.trim(), 80)
+        )));
+    }
+    if !is_domain(&d) {
+        return Err(SandboxError::refused(format!(
+            "{setting} holds {}, which is not a domain name or *.wildcard (no port, no scheme); \
+             fix {setting}",
+            outside_text::snippet(raw.trim(), 80)
+        )));
+    }
+    Ok(Some(d))
+}
+
+/// Whether `d` (lower case, no trailing dot) is a domain name or `*.` wildcard: labels of
+/// letters, digits and inner hyphens, at most 63 bytes each and 253 in all, not all numeric.
+fn is_domain(d: &str) -> bool {
+    let host = d.strip_prefix("*.").unwrap_or(d);
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+        && !host
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A validated, canonical address rule: a network or a single address, optionally with a port.
@@ -424,6 +500,40 @@ mod tests {
             "1.1.1.1:53:53",
         ] {
             assert!(validate_address_rule(rule).is_err(), "{rule} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_domain_allowlist_is_normalised_and_refuses_addresses_naming_the_setting() {
+        let p =
+            EgressPolicy::only_domains("LIST", &["PyPI.org.", " *.example.com", "", "pypi.org"])
+                .unwrap();
+        assert_eq!(p, EgressPolicy::Domains(s(&["*.example.com", "pypi.org"])));
+        assert_eq!(p.fingerprint(), "domains:*.example.com,pypi.org");
+        assert_eq!(
+            EgressPolicy::only_domains::<&str>("LIST", &["", " "]).unwrap(),
+            EgressPolicy::DenyAll
+        );
+        for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "fe80::/10"] {
+            let e =
+                EgressPolicy::only_domains("LIST", &["pypi.org", &format!(" {bad}")]).unwrap_err();
+            assert!(
+                e.message()
+                    .contains(&format!("LIST holds the address rule {bad}:")),
+                "{bad}: {e}"
+            );
+        }
+        for bad in [
+            "pypi.org:443",
+            "https://pypi.org",
+            "a b",
+            "1.2.3",
+            "-x.org",
+            "*.",
+            "a..b",
+        ] {
+            let e = EgressPolicy::only_domains("LIST", &[bad]).unwrap_err();
+            assert!(e.message().contains("fix LIST"), "{bad}: {e}");
         }
     }
 }

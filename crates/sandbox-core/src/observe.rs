@@ -716,6 +716,23 @@ impl Observation {
     }
 }
 
+/// `fut`, whose outcome is counted in `obs` as a control-plane request on `route` (its status
+/// class): what [`Observed`] and [`ObservedProvider`] do around every call.
+fn counted<'a, T: Send + 'a>(
+    obs: &'a Observation,
+    route: &'static str,
+    fut: BoxFuture<'a, Result<T, CallError>>,
+) -> BoxFuture<'a, Result<T, CallError>> {
+    Box::pin(async move {
+        let r = fut.await;
+        obs.emit(&Event::ControlRequest {
+            route,
+            status: StatusClass::of(&r),
+        });
+        r
+    })
+}
+
 /// A control plane whose every call is counted (route and status class) in an
 /// [`Observation`]; the session wraps each account's control plane in one.
 pub struct Observed {
@@ -734,14 +751,7 @@ impl Observed {
         route: &'static str,
         fut: BoxFuture<'a, Result<T, CallError>>,
     ) -> BoxFuture<'a, Result<T, CallError>> {
-        Box::pin(async move {
-            let r = fut.await;
-            self.obs.emit(&Event::ControlRequest {
-                route,
-                status: StatusClass::of(&r),
-            });
-            r
-        })
+        counted(&self.obs, route, fut)
     }
 }
 
@@ -853,14 +863,7 @@ impl ObservedProvider {
         route: &'static str,
         fut: BoxFuture<'a, Result<T, CallError>>,
     ) -> BoxFuture<'a, Result<T, CallError>> {
-        Box::pin(async move {
-            let r = fut.await;
-            self.obs.emit(&Event::ControlRequest {
-                route,
-                status: StatusClass::of(&r),
-            });
-            r
-        })
+        counted(&self.obs, route, fut)
     }
 }
 
@@ -1106,7 +1109,7 @@ pub fn egress_kind(policy: &crate::egress::EgressPolicy) -> &'static str {
     match policy {
         EgressPolicy::AllowAll => "open",
         EgressPolicy::DenyAll => "none",
-        EgressPolicy::Rules(_) => "allowlist",
+        EgressPolicy::Rules(_) | EgressPolicy::Domains(_) => "allowlist",
     }
 }
 

@@ -125,6 +125,45 @@ pub fn network_on(
     })
 }
 
+/// Decides the network of a run on a provider that enforces a domain allowlist itself
+/// (OpenSandbox's egress sidecar) and has no egress exception: no gateway and no opt-in are
+/// involved. Without domains, `ask.base` as it is (`Open` unrestricted, `Off` deny-all);
+/// address rules are refused (the provider's allowlist holds domain names only, so they would
+/// be refused at create anyway). With domains, deny-all but exactly those names
+/// ([`EgressPolicy::only_domains`], validated entry by entry with refusals naming
+/// `ask.domains_setting`), refused when the base is deny-all or address rules.
+pub fn network_named(ask: &NetworkAsk<'_>) -> Result<Network, SandboxError> {
+    if let Base::Rules(rules) = &ask.base {
+        return Err(SandboxError::refused(format!(
+            "{} lists {} address rule(s), but this provider's egress allowlist holds domain \
+             names only; list domains in {} instead, or deny all ({})",
+            ask.names.restrict_egress,
+            rules.len(),
+            ask.domains_setting,
+            ask.names.restrict_egress
+        )));
+    }
+    if ask.domains.is_empty() {
+        let egress = match ask.base {
+            Base::Off => EgressPolicy::DenyAll,
+            _ => EgressPolicy::AllowAll,
+        };
+        return Ok(Network { egress, via: None });
+    }
+    if ask.base == Base::Off {
+        return Err(SandboxError::refused(format!(
+            "{} asks for a domain allowlist, but the network is off ({}); turn it on ({}) for \
+             the listed domains, or clear {}",
+            ask.domains_setting,
+            ask.names.restrict_egress,
+            ask.names.allow_egress,
+            ask.domains_setting
+        )));
+    }
+    let egress = EgressPolicy::only_domains(ask.domains_setting, ask.domains.entries())?;
+    Ok(Network { egress, via: None })
+}
+
 /// A core error as a surface raises it: lfx's two sandbox error classes. `Display` is the
 /// message, which never contains the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -260,6 +299,37 @@ mod tests {
         let m = e.to_string();
         assert!(m.contains("Elsewhere") && m.contains("192.0.2.0/24"), "{m}");
         assert!(!m.contains("169.254"), "{m}");
+    }
+
+    #[test]
+    fn a_provider_enforcing_names_gets_the_domains_as_its_own_policy_and_no_gateway() {
+        let none = Domains::default();
+        let domains = Domains::parse_list("DOMAINS", "pypi.org, *.pythonhosted.org").unwrap();
+        let n = network_named(&ask(Base::Open, &domains, false)).unwrap();
+        assert_eq!(
+            n.egress,
+            EgressPolicy::Domains(vec!["*.pythonhosted.org".into(), "pypi.org".into()])
+        );
+        assert!(n.grant(Duration::from_secs(60)).is_none() && n.domains().is_none());
+        // Without domains the base as it is, no opt-in needed.
+        let n = network_named(&ask(Base::Off, &none, false)).unwrap();
+        assert_eq!(n.egress, EgressPolicy::DenyAll);
+        let n = network_named(&ask(Base::Open, &none, false)).unwrap();
+        assert_eq!(n.egress, EgressPolicy::AllowAll);
+        // Domains with the network off, and address rules, are refused naming the settings.
+        let e = network_named(&ask(Base::Off, &domains, true)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("DOMAINS asks for a domain allowlist"),
+            "{e}"
+        );
+        let rules = Base::Rules(vec!["10.0.0.0/8".to_owned()]);
+        let e = network_named(&ask(rules, &none, true)).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("NET=off") && m.contains("DOMAINS") && m.contains("domain names only"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -183,6 +183,224 @@ async fn refusals_come_back_as_such() {
     let e = p.wait_ready(info.id.clone(), deadline()).await.unwrap_err();
     assert!(e.message.contains("network_mode"), "{e}");
     p.destroy(info.id).await.unwrap();
+    // An egress policy on a host-mode server: the server's 400 comes back as a refusal that
+    // names the server setting, and nothing was made.
+    let e = p
+        .create(spec("lf-seam-5", EgressPolicy::DenyAll))
+        .await
+        .unwrap_err();
+    assert_eq!(e.failure, CallFailure::Config, "{e}");
+    assert!(
+        e.message.contains("network_mode = \"bridge\""),
+        "{}",
+        e.message
+    );
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_single_sandbox_harness_settings_still_run_the_identity_canary() {
+    let fake = fake(Config {
+        network_mode: NetworkMode::Host,
+        ..Config::default()
+    })
+    .await;
+    let vars: BTreeMap<String, String> = BTreeMap::from([
+        ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
+        ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
+        ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+    ]);
+    let settings = OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap();
+    assert!(!settings.host_network_accepted());
+    let p = OpenSandbox::new(settings.for_single_sandbox_harness()).unwrap();
+    // One sandbox: the shared endpoint is accepted and the canary answers with its own id.
+    let first = p
+        .create(spec("lf-seam-6", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    p.wait_ready(first.id.clone(), deadline()).await.unwrap();
+    // A second one while the first lives: host mode routes its commands into the first, and
+    // the canary refuses it.
+    let second = p
+        .create(spec("lf-seam-7", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    let e = p
+        .wait_ready(second.id.clone(), deadline())
+        .await
+        .unwrap_err();
+    assert_eq!(e.failure, CallFailure::Config, "{e}");
+    assert!(e.message.contains(&first.id), "{}", e.message);
+    p.destroy(second.id).await.unwrap();
+    p.destroy(first.id).await.unwrap();
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+/// The real 1.1.1 server on Docker kills an expired sandbox's container and removes it a
+/// moment later; in between it shows `Failed` (`CONTAINER_EXITED_ERROR`, exit 137). The fake
+/// does the same (`expiry_failed_ms`); here the lifecycle meets it mid-run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_that_expires_mid_run_shows_failed_and_the_lifecycle_copes() {
+    use sandbox_core::error::{ErrorKind, Redactor};
+    use sandbox_core::exec::{Command, ExecLimits};
+    use sandbox_core::guest::{ExecInput, Guest, GuestContext};
+    use sandbox_core::orphans::{SweepConfig, sweep_provider};
+    use sandbox_core::provider::GuestStatus;
+    use sandbox_core::reaper::{Reaper, ReaperConfig};
+    use sandbox_core::retry::Backoff;
+    use std::sync::Arc;
+
+    let fake = fake(Config {
+        expiry_failed_ms: 2000,
+        ..Config::default()
+    })
+    .await;
+    let os = provider(&fake, &[("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true")]);
+    let client = os.inner().client().clone();
+    let p: Arc<dyn Provider> = Arc::new(os);
+    let backoff = Backoff {
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(50),
+        budget: Duration::from_secs(2),
+    };
+    let reaper = Reaper::new(ReaperConfig {
+        backoff,
+        lookup_patience: Duration::from_millis(300),
+    });
+    let cx = GuestContext::with_provider(p.clone(), reaper, Redactor::new(KEY), backoff);
+    let guest = Guest::create(
+        &cx,
+        &sandbox_core::guest::GuestSpec {
+            shape: "512Mi".into(),
+            rootfs: String::new(),
+            envs: BTreeMap::new(),
+            egress: EgressPolicy::AllowAll,
+            auto_pause_after_seconds: 300,
+        },
+        "lf-",
+        deadline(),
+    )
+    .await
+    .unwrap();
+    let id = guest.id().to_owned();
+    let limits = ExecLimits {
+        budget: Duration::from_secs(20),
+        kill_after: Duration::from_secs(1),
+        host_grace: Duration::from_secs(2),
+    };
+    let run = guest
+        .exec(
+            &Command::shell("echo started; sleep 30; echo never"),
+            &limits,
+            &ExecInput::default(),
+            deadline(),
+        )
+        .await
+        .unwrap();
+    // The server's own expiry, a second from now (as the `timeout` it was created with would).
+    client
+        .renew_expiration(&id, Duration::from_secs(1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // The container is killed: the program's stream ends without an exit status, which is
+    // "may have run", not a result, and not a 20 s wait.
+    let e = guest.capture(run, &limits, 1 << 16).await.unwrap_err();
+    eprintln!("the run ended: {e} after {:?}", started.elapsed());
+    assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // In between, the provider reads it as failed (terminal) ...
+    let info = p.get(id.clone()).await.unwrap();
+    assert_eq!(info.status, GuestStatus::Failed, "{info:?}");
+    assert!(info.is_terminal());
+    // ... a readiness wait on it ends at once instead of at its deadline ...
+    let waited = std::time::Instant::now();
+    let e = p.wait_ready(id.clone(), deadline()).await.unwrap_err();
+    assert!(e.message.contains("Failed"), "{e}");
+    assert!(waited.elapsed() < Duration::from_secs(2));
+    // ... the orphan sweep leaves it to the server, which is already removing it ...
+    let report = sweep_provider(
+        &*p,
+        false,
+        &SweepConfig {
+            orphan_age: Duration::ZERO,
+            ..SweepConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.examined, report.deleted.len()),
+        (1, 0),
+        "{report:?}"
+    );
+    // ... and destroying it (Failed now, or already gone) succeeds.
+    guest.destroy().await.unwrap();
+    assert!(p.get(id).await.unwrap_err().is_not_found());
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_domain_allowlist_is_the_sandboxs_own_rules_read_back_and_checked() {
+    let fake = fake(Config::default()).await;
+    let p = provider(&fake, &[]);
+    let policy = EgressPolicy::only_domains("LIST", &["pypi.org", "*.example.com"]).unwrap();
+    let info = p.create(spec("lf-seam-d1", policy.clone())).await.unwrap();
+    p.wait_ready(info.id.clone(), deadline()).await.unwrap();
+    assert_eq!(
+        p.verify_egress(info.id.clone(), policy.clone())
+            .await
+            .unwrap(),
+        EgressCheck::Matches
+    );
+    // The sidecar holds deny plus exactly those names.
+    let held = fake.stats().policies;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["defaultAction"], "deny");
+    let mut targets: Vec<&str> = held[0]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["action"], "allow");
+            r["target"].as_str().unwrap()
+        })
+        .collect();
+    targets.sort_unstable();
+    assert_eq!(targets, ["*.example.com", "pypi.org"]);
+    // A read-back of other names differs.
+    let other = EgressPolicy::only_domains("LIST", &["pypi.org"]).unwrap();
+    assert!(matches!(
+        p.verify_egress(info.id.clone(), other).await.unwrap(),
+        EgressCheck::Differs(_)
+    ));
+    p.destroy(info.id).await.unwrap();
+    // `dns` mode and a missing sidecar: the read-back differs, naming the server setting.
+    for config in [
+        Config {
+            egress_mode: EgressMode::Dns,
+            ..Config::default()
+        },
+        Config {
+            sidecar_absent: true,
+            ..Config::default()
+        },
+    ] {
+        fake.set_config(config).unwrap();
+        let info = p.create(spec("lf-seam-d2", policy.clone())).await.unwrap();
+        match p
+            .verify_egress(info.id.clone(), policy.clone())
+            .await
+            .unwrap()
+        {
+            EgressCheck::Differs(why) => assert!(why.contains("[egress]"), "{why}"),
+            EgressCheck::Matches => panic!("accepted"),
+        }
+        p.destroy(info.id).await.unwrap();
+    }
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }

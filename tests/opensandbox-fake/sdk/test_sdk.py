@@ -338,18 +338,38 @@ def test_wrong_key_is_refused(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> No
     assert fake.stats()["created"] == 0
 
 
-def test_ttl_expiry_after_a_short_renew(fake: Fake) -> None:
-    """The server deletes a sandbox when its (renewed) expiry passes."""
+@pytest.mark.parametrize("fake_args", [["--expiry-failed-ms", "1500"]])
+def test_ttl_expiry_after_a_short_renew(fake: Fake, fake_args: list[str]) -> None:
+    """The server deletes a sandbox when its (renewed) expiry passes; in between (Docker) the
+    SDK reads it as ``Failed`` with the container's exit, as from the real 1.1.1 server."""
     sb = _create()
+    manager = SandboxManagerSync.create()
     try:
         expiry = datetime.now(timezone.utc) + timedelta(seconds=1)
         sb._sandbox_service.renew_sandbox_expiration(sb.id, expiry)  # noqa: SLF001
         deadline = time.monotonic() + 10
+        seen: list[tuple[str, str | None, str | None]] = []
         while fake.stats()["live"] != 0:
             assert time.monotonic() < deadline, "the sandbox outlived its expiry"
+            try:
+                status = manager.get_sandbox_info(sb.id).status
+            except SandboxApiException as gone:
+                assert gone.status_code == 404
+                break
+            state = (status.state, status.reason, status.message)
+            if status.state != "Running" and state not in seen:
+                seen.append(state)
+            time.sleep(0.1)
+        assert seen == [
+            ("Failed", "CONTAINER_EXITED_ERROR", "Sandbox container exited with code 137.")
+        ]
+        deadline = time.monotonic() + 5
+        while fake.stats()["live"] != 0:
+            assert time.monotonic() < deadline, "the Failed sandbox was not removed"
             time.sleep(0.1)
         assert fake.stats()["expired"] == 1
     finally:
+        manager.close()
         sb.close()
 
 

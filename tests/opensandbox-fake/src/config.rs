@@ -144,6 +144,10 @@ pub struct Config {
     pub proxy_timeout_ms: u64,
     /// Milliseconds a snapshot stays `Creating` before `Ready`.
     pub snapshot_ms: u64,
+    /// Docker: milliseconds an expired sandbox shows `Failed` (`CONTAINER_EXITED_ERROR`, exit
+    /// 137: the server kills the container, then removes it) before it is gone (404). 0:
+    /// gone at once. Kubernetes sandboxes are always gone at once.
+    pub expiry_failed_ms: u64,
     /// How command output is framed.
     pub output_framing: OutputFraming,
 }
@@ -165,6 +169,7 @@ impl Default for Config {
             ping_ms: 3000,
             proxy_timeout_ms: 180_000,
             snapshot_ms: 200,
+            expiry_failed_ms: 300,
             output_framing: OutputFraming::Lines,
         }
     }

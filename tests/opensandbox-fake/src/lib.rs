@@ -110,7 +110,17 @@ pub struct Stats {
     /// Requests per route name (see [`ROUTE_NAMES`]); a proxied request counts under `proxy`
     /// and under its execd or sidecar route.
     pub requests: BTreeMap<String, u64>,
+    /// The egress policy each sandbox's sidecar took at create, in creation order (the last
+    /// [`MAX_POLICIES`]): `{defaultAction, egress: [{action, target}]}` as the sidecar holds
+    /// it (before any `policy_drift` of its read-back), `null` for a sandbox created without a
+    /// `networkPolicy` or whose sidecar is absent. It outlives the sandbox, so a test can check
+    /// what a run asked for once the run has deleted it.
+    #[serde(default)]
+    pub policies: Vec<serde_json::Value>,
 }
+
+/// How many created sandboxes' policies [`Stats::policies`] keeps.
+pub const MAX_POLICIES: usize = 64;
 
 /// A running fake server bound to `127.0.0.1`.
 pub struct FakeServer {
@@ -279,6 +289,7 @@ pub(crate) fn stats_of(app: &App) -> Stats {
         peak_live: inner.counters.peak_live,
         commands: inner.counters.commands,
         requests: inner.counters.requests.clone(),
+        policies: inner.counters.policies.iter().cloned().collect(),
     }
 }
 

@@ -558,9 +558,18 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
         guest: Arc::new(guest),
     };
     let answer = sb.to_create_json();
+    let held = sb
+        .sidecar
+        .as_ref()
+        .map_or(Value::Null, |s| s.policy.clone());
     let mut inner = app.lock();
     inner.sandboxes.push(sb);
     inner.counters.created += 1;
+    let policies = &mut inner.counters.policies;
+    if policies.len() == crate::MAX_POLICIES {
+        policies.pop_front();
+    }
+    policies.push_back(held);
     let live = inner.sandboxes.len() as u64;
     inner.counters.peak_live = inner.counters.peak_live.max(live);
     Ok(json_response(202, &answer))
@@ -1092,10 +1101,10 @@ pub(crate) fn diagnostics(app: &App, id: &str, kind: &str) -> Res {
                 lines.push(format!("Image:          {image}"));
                 lines.push(format!(
                     "Status:         {}",
-                    if sb.state == State::Paused {
-                        "paused"
-                    } else {
-                        "running"
+                    match sb.state {
+                        State::Paused => "paused",
+                        State::Failed => "exited",
+                        _ => "running",
                     }
                 ));
                 lines.push(format!(
@@ -1111,7 +1120,10 @@ pub(crate) fn diagnostics(app: &App, id: &str, kind: &str) -> Res {
                     }
                 ));
                 lines.push("OOMKilled:      False".to_owned());
-                lines.push("Exit Code:      0".to_owned());
+                lines.push(format!(
+                    "Exit Code:      {}",
+                    if sb.state == State::Failed { 137 } else { 0 }
+                ));
                 lines.push(format!("Started At:     {}", rfc3339(sb.created_at)));
                 lines.push("Finished At:    0001-01-01T00:00:00Z".to_owned());
                 lines.push(String::new());

@@ -89,6 +89,9 @@ struct Cli {
     /// Milliseconds a snapshot stays Creating.
     #[arg(long, default_value_t = 200)]
     snapshot_ms: u64,
+    /// Docker: milliseconds an expired sandbox shows Failed before it is gone (0: at once).
+    #[arg(long, default_value_t = 300)]
+    expiry_failed_ms: u64,
     /// lines (a frame per line) or chunks.
     #[arg(long, value_parser = enum_arg::<OutputFraming>, default_value = "lines")]
     output_framing: OutputFraming,
@@ -197,6 +200,7 @@ async fn main() {
         ping_ms: cli.ping_ms,
         proxy_timeout_ms: cli.proxy_timeout_ms,
         snapshot_ms: cli.snapshot_ms,
+        expiry_failed_ms: cli.expiry_failed_ms,
         output_framing: cli.output_framing,
     };
     let opts = FakeOptions {

@@ -444,7 +444,7 @@ async fn sidecar(app: &Arc<App>, id: &str, method: &str, path: &str, body: &[u8]
     let guest = {
         let inner = app.lock();
         let sb = inner.find(id).ok_or_else(|| not_found(app, id))?;
-        if sb.sidecar.is_none() || sb.state == State::Pending {
+        if sb.sidecar.is_none() || matches!(sb.state, State::Pending | State::Failed) {
             return Err(backend_failed("18080"));
         }
         sb.guest.clone()
@@ -487,7 +487,7 @@ async fn proxy(
             let guest = {
                 let inner = app.lock();
                 let sb = inner.find(id).ok_or_else(|| not_found(app, id))?;
-                if sb.state == State::Pending {
+                if matches!(sb.state, State::Pending | State::Failed) {
                     return Err(backend_failed(port));
                 }
                 app.execd_target(&inner, id)

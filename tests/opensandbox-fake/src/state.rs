@@ -25,6 +25,8 @@ pub(crate) enum State {
     Pausing,
     Paused,
     Resuming,
+    /// Docker, after the expiry killed the container and before it is removed.
+    Failed,
 }
 
 impl State {
@@ -35,6 +37,7 @@ impl State {
             Self::Pausing => "Pausing",
             Self::Paused => "Paused",
             Self::Resuming => "Resuming",
+            Self::Failed => "Failed",
         }
     }
 }
@@ -91,7 +94,8 @@ pub(crate) struct Sandbox {
     pub reason: String,
     pub message: String,
     pub last_transition_at: OffsetDateTime,
-    /// When the current transitional state (`Pending`, `Pausing`, `Resuming`) ends.
+    /// When the current transitional state (`Pending`, `Pausing`, `Resuming`) ends, or when
+    /// a `Failed` (expired) sandbox is removed.
     pub transition_due: Option<Instant>,
     pub image: Option<String>,
     pub snapshot_id: Option<String>,
@@ -222,6 +226,9 @@ pub(crate) struct Counters {
     pub peak_live: u64,
     pub commands: u64,
     pub requests: BTreeMap<String, u64>,
+    /// The policy each sandbox's sidecar took at create, newest last (at most
+    /// [`crate::MAX_POLICIES`]).
+    pub policies: std::collections::VecDeque<serde_json::Value>,
 }
 
 /// Everything behind the server's lock.
@@ -299,12 +306,17 @@ impl App {
         inner.find(id).map(|s| s.guest.clone())
     }
 
-    /// One step of the clock: finishes due transitions and deletes expired sandboxes.
+    /// One step of the clock: finishes due transitions and expires sandboxes. On Docker an
+    /// expired sandbox is killed first and shows `Failed` (`CONTAINER_EXITED_ERROR`, exit 137)
+    /// for [`Config::expiry_failed_ms`] before it is removed, as the real server's expiry
+    /// (`container.kill()`, then `remove`) shows it in between; on Kubernetes it goes at once.
     pub(crate) fn tick(&self) {
         let now = Instant::now();
         let wall = OffsetDateTime::now_utc();
-        let ready_ms = self.host.config().execd_ready_ms;
+        let cfg = self.host.config().clone();
+        let ready_ms = cfg.execd_ready_ms;
         let mut inner = self.lock();
+        let mut removed: Vec<String> = Vec::new();
         for sb in &mut inner.sandboxes {
             if sb.transition_due.is_some_and(|t| t <= now) {
                 sb.transition_due = None;
@@ -326,6 +338,7 @@ impl App {
                         sb.guest
                             .not_ready_until(Some(now + Duration::from_millis(ready_ms)));
                     }
+                    State::Failed => removed.push(sb.id.clone()),
                     State::Running | State::Paused => {}
                 }
             }
@@ -336,13 +349,27 @@ impl App {
                 snap.last_transition_at = wall;
             }
         }
-        let expired: Vec<String> = inner
-            .sandboxes
-            .iter()
-            .filter(|s| s.expires_at.is_some_and(|e| e <= wall))
-            .map(|s| s.id.clone())
-            .collect();
-        for id in expired {
+        let linger = (cfg.runtime == Runtime::Docker && cfg.expiry_failed_ms > 0)
+            .then(|| Duration::from_millis(cfg.expiry_failed_ms));
+        for sb in &mut inner.sandboxes {
+            if sb.state == State::Failed || sb.expires_at.is_none_or(|e| e > wall) {
+                continue;
+            }
+            match linger {
+                Some(linger) => {
+                    // The container is killed: every command ends, the proxy finds no execd.
+                    sb.guest.destroy();
+                    sb.set_state(
+                        State::Failed,
+                        "CONTAINER_EXITED_ERROR",
+                        "Sandbox container exited with code 137.",
+                    );
+                    sb.transition_due = Some(now + linger);
+                }
+                None => removed.push(sb.id.clone()),
+            }
+        }
+        for id in removed {
             if inner.remove(&id).is_some() {
                 inner.counters.expired += 1;
             }

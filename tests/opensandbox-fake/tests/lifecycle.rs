@@ -440,11 +440,10 @@ async fn renew_accepts_shorter_and_beyond_the_maximum_but_not_the_past() {
     assert_eq!(st, StatusCode::CONFLICT);
 }
 
-#[tokio::test]
-async fn a_sandbox_is_deleted_when_its_expiry_passes() {
-    let bin = Bin::spawn(&[]);
-    let id = bin.create_id().await;
-    let keep = bin.create_id().await;
+/// Expires sandbox `id` a second from now and polls it until it is gone (404); returns the
+/// states it showed after `Running`, in order, each once, with what the proxy answered for
+/// execd's `/ping` in that state.
+async fn expire_and_watch(bin: &Bin, id: &str) -> Vec<(Value, StatusCode)> {
     let (st, _) = bin
         .call(
             Method::POST,
@@ -454,19 +453,56 @@ async fn a_sandbox_is_deleted_when_its_expiry_passes() {
         .await;
     assert_eq!(st, StatusCode::OK);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen: Vec<(Value, StatusCode)> = Vec::new();
     loop {
-        let (st, _) = bin
+        let (st, v) = bin
             .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
             .await;
         if st == StatusCode::NOT_FOUND {
-            break;
+            return seen;
+        }
+        assert_eq!(st, StatusCode::OK, "{v}");
+        if v["status"]["state"] != "Running" && seen.last().map(|(s, _)| s) != Some(&v["status"]) {
+            let (ping, _) = bin
+                .call(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/proxy/44772/ping"),
+                    None,
+                )
+                .await;
+            seen.push((v["status"].clone(), ping));
         }
         assert!(
             std::time::Instant::now() < deadline,
             "still there after its expiry"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn an_expired_docker_sandbox_shows_failed_then_is_deleted() {
+    // As the real 1.1.1 server on Docker: the expiry kills the container (exit 137), a GET
+    // shows `Failed` until it is removed, then 404.
+    let bin = Bin::spawn(&["--expiry-failed-ms", "1000"]);
+    let id = bin.create_id().await;
+    let keep = bin.create_id().await;
+    let seen = expire_and_watch(&bin, &id).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let (status, ping) = &seen[0];
+    assert_eq!(
+        (&status["state"], &status["reason"], &status["message"]),
+        (
+            &json!("Failed"),
+            &json!("CONTAINER_EXITED_ERROR"),
+            &json!("Sandbox container exited with code 137.")
+        )
+    );
+    assert_eq!(
+        *ping,
+        StatusCode::BAD_GATEWAY,
+        "execd is gone with the container"
+    );
     let s = bin.stats().await;
     assert_eq!(
         (s["expired"].as_u64(), s["live"].as_u64()),
@@ -476,6 +512,31 @@ async fn a_sandbox_is_deleted_when_its_expiry_passes() {
         .call(Method::GET, &format!("/v1/sandboxes/{keep}"), None)
         .await;
     assert_eq!(st, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_expired_sandbox_is_gone_at_once_on_kubernetes_or_when_asked() {
+    for args in [
+        &["--runtime", "kubernetes", "--pending-ms", "50"][..],
+        &["--expiry-failed-ms", "0"][..],
+    ] {
+        let bin = Bin::spawn(args);
+        let id = bin.create_id().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, v) = bin
+                .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+                .await;
+            if v["status"]["state"] == "Running" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = expire_and_watch(&bin, &id).await;
+        assert!(seen.is_empty(), "{args:?}: {seen:?}");
+        assert_eq!(bin.stats().await["expired"].as_u64(), Some(1), "{args:?}");
+    }
 }
 
 #[tokio::test]

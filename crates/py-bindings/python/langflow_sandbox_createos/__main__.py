@@ -10,7 +10,7 @@ import os
 import sys
 
 #: The surfaces ``doctor --surface`` accepts.
-SURFACES = ("backend", "component", "executor", "opensandbox")
+SURFACES = ("backend", "component", "executor", "opensandbox", "opensandbox-executor")
 
 
 def _doctor(surfaces: list[str], as_json: bool) -> int:
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         help="check each enabled surface's settings, key, control plane and store, and what a run "
         "would get; creates no guest; exits 1 on any problem",
         description="Checks the surfaces that are enabled (the backend, or the opensandbox backend, by "
-        "LANGFLOW_SANDBOX_BACKEND / LANGFLOW_SANDBOX_BACKEND_PLUGINS, the executor by LANGFLOW_EXECUTOR_KIND, the component when "
+        "LANGFLOW_SANDBOX_BACKEND / LANGFLOW_SANDBOX_BACKEND_PLUGINS, the executor (on CreateOS or OpenSandbox) by "
+        "LANGFLOW_EXECUTOR_KIND, the component when "
         "asked or when nothing else is) and what they share. Creates no guest. Exit status: 0 no "
         "problem, 1 a problem for a checked surface (the last line counts them). Progress goes to "
         "stderr.",
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         type=_surfaces,
         action="append",
         metavar="SURFACE",
-        help="check this surface (backend, component, executor or opensandbox; repeat or comma-separate for "
+        help="check this surface (backend, component, executor, opensandbox or opensandbox-executor; repeat or "
+        "comma-separate for "
         "several) instead of the enabled ones",
     )
     doctor.add_argument(

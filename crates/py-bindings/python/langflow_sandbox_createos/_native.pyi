@@ -171,7 +171,7 @@ class NativeOpenSandboxBackend:
         Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
         """
     def shutdown(self) -> None:
-        """Forget the backend. Idempotent."""
+        """Delete the sandboxes of runs still in flight and forget the backend. Idempotent."""
     def reset_after_fork(self) -> None:
         """Drop state inherited from a parent process."""
 

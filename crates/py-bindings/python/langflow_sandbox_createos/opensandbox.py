@@ -62,7 +62,7 @@ class OpenSandboxBackend:
         )
 
     def shutdown(self) -> None:
-        """Forget the backend; every run already deleted its own sandbox. Idempotent."""
+        """Delete the sandboxes of runs still in flight and forget the backend. Idempotent."""
         self._native.shutdown()
 
     def reset_after_fork(self) -> None:

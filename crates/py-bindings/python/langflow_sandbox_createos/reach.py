@@ -121,29 +121,42 @@ def routes() -> list[Route]:
     ]
 
 
-#: lfx's selector of the executor, and this package's kind.
+#: lfx's selector of the executor, and this package's kinds (one per provider).
 _ENV_KIND = "LANGFLOW_EXECUTOR_KIND"
 _KIND = "createos"
-_BACKEND_SWITCHES = "LANGFLOW_SANDBOX_BACKEND_PLUGINS=createos and LANGFLOW_SANDBOX_BACKEND=createos"
+_KINDS = ("createos", "opensandbox")
+
+
+def _kind() -> str:
+    """The executor kind lfx's selector names (``in-process`` when unset)."""
+    return os.environ.get(_ENV_KIND, "").strip() or "in-process"
+
+
+def _backend_switches(name: str) -> str:
+    """The two lfx settings that select backend ``name``."""
+    return f"LANGFLOW_SANDBOX_BACKEND_PLUGINS={name} and LANGFLOW_SANDBOX_BACKEND={name}"
 
 
 def _backend_selected() -> bool:
-    trusted = any(n.strip().lower() == _KIND for n in os.environ.get("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "").split(","))
-    return trusted and os.environ.get("LANGFLOW_SANDBOX_BACKEND", "").strip().lower() == _KIND
+    """Whether lfx trusts and selects one of this package's backends (either provider)."""
+    selected = os.environ.get("LANGFLOW_SANDBOX_BACKEND", "").strip().lower()
+    trusted = {n.strip().lower() for n in os.environ.get("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "").split(",")}
+    return selected in _KINDS and selected in trusted
 
 
 def executor_selected() -> bool:
-    """Whether lfx's selector names this executor (``LANGFLOW_EXECUTOR_KIND=createos``)."""
-    return os.environ.get(_ENV_KIND, "").strip() == _KIND
+    """Whether lfx's selector names this package's executor (``createos`` or ``opensandbox``)."""
+    return _kind() in _KINDS
 
 
 def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
     """``doctor``'s lines (level, text) on what the executor sandboxes in this installation."""
     found = routes() if found is None else found
     out: list[tuple[str, str]] = []
+    kind = _kind()
     if not executor_selected():
-        kind = os.environ.get(_ENV_KIND, "").strip() or "in-process"
         out.append(("info", f"{_ENV_KIND} is {kind!r}: no flow run reaches this executor; set {_ENV_KIND}={_KIND}"))
+        kind = _KIND
     for route in found:
         if route.reaches is True:
             out.append(("ok", f"{route.name}: reaches the executor, each run in a guest (read from {route.evidence})"))
@@ -152,7 +165,7 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
                 (
                     "warn",
                     f"{route.name}: does NOT reach the executor; it builds every vertex in the Langflow process, "
-                    f"so {_ENV_KIND}={_KIND} does not sandbox it (read from {route.evidence})",
+                    f"so {_ENV_KIND}={kind} does not sandbox it (read from {route.evidence})",
                 )
             )
         else:
@@ -173,7 +186,7 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
                 (
                     "warn",
                     "on the paths the executor does not cover, sandbox the Python Interpreter with the sandbox backend: "
-                    f"set {_BACKEND_SWITCHES} (every other component there runs in the Langflow process)",
+                    f"set {_backend_switches(kind)} (every other component there runs in the Langflow process)",
                 )
             )
     return out
@@ -185,12 +198,13 @@ def first_run_message(found: list[Route] | None = None) -> tuple[bool, str]:
     covered = [r.name for r in found if r.reaches is True]
     missed = [r.name for r in found if r.reaches is False]
     unknown = [r.name for r in found if r.reaches is None]
-    parts = ["createos executor: runs of " + ("; ".join(covered) or "no known path") + " go to a guest"]
+    kind = _kind() if executor_selected() else _KIND
+    parts = [f"{kind} executor: runs of " + ("; ".join(covered) or "no known path") + " go to a guest"]
     if missed:
         parts.append(
             "NOT sandboxed by the executor (built in the Langflow process): "
             + "; ".join(missed)
-            + f"; for the Python Interpreter there, set {_BACKEND_SWITCHES}"
+            + f"; for the Python Interpreter there, set {_backend_switches(kind)}"
         )
     if unknown:
         parts.append("not known (treat as not sandboxed): " + "; ".join(unknown))

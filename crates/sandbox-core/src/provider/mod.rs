@@ -286,6 +286,7 @@ pub trait Provider: Send + Sync + 'static {
                 let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
                 format!("only {shown:?}")
             }
+            EgressPolicy::Domains(domains) => format!("deny-all but the domains {domains:?}"),
         }
     }
 

@@ -48,11 +48,14 @@ impl EgressPolicy {
         Self::restricted_with(rules, EXCEPTIONS, accept_exceptions, names)
     }
 
-    /// The rules CreateOS gets at create: `["*"]`, `["240.0.0.0/4"]`, or the address rules.
+    /// The rules CreateOS gets at create: `["*"]`, `["240.0.0.0/4"]`, or the address rules. A
+    /// domain allowlist ([`EgressPolicy::Domains`]) is spelled as deny-all: CreateOS stores
+    /// host-name rules but does not enforce them, so the names are never sent (and the
+    /// provider refuses such a policy before any create, [`refuse_domains`]).
     pub fn rules(&self) -> Vec<String> {
         match self {
             EgressPolicy::AllowAll => vec![ALLOW_ALL_RULE.to_owned()],
-            EgressPolicy::DenyAll => vec![DENY_ALL_RULE.to_owned()],
+            EgressPolicy::DenyAll | EgressPolicy::Domains(_) => vec![DENY_ALL_RULE.to_owned()],
             EgressPolicy::Rules(rules) => rules.iter().map(ToString::to_string).collect(),
         }
     }
@@ -74,6 +77,8 @@ impl EgressPolicy {
                     got.iter().map(|r| validate_address_rule(r)).collect();
                 parsed.is_ok_and(|p| p.into_iter().eq(want.iter().copied()))
             }
+            // Never sent to CreateOS, so nothing it reports is this policy.
+            EgressPolicy::Domains(_) => false,
         }
     }
 }
@@ -92,6 +97,25 @@ impl fmt::Display for EgressPolicy {
                 "only {:?} ({LINK_LOCAL_HOLE} stays reachable)",
                 self.rules()
             ),
+            EgressPolicy::Domains(domains) => write!(
+                f,
+                "deny-all but the domains {domains:?} (enforced by the provider's own egress \
+                 control, not CreateOS's)"
+            ),
         }
+    }
+}
+
+/// The refusal of a domain allowlist ([`EgressPolicy::Domains`]) on CreateOS, before any
+/// create: CreateOS stores host-name rules without enforcing them, so a domain allowlist runs
+/// there only through the egress gateway (which the surfaces' plans set up as address rules).
+pub fn refuse_domains(policy: &EgressPolicy) -> Result<(), SandboxError> {
+    match policy {
+        EgressPolicy::Domains(_) => Err(SandboxError::refused(
+            "CreateOS does not enforce host-name egress rules: a domain allowlist runs on \
+             CreateOS only through the egress gateway (CREATEOS_GATEWAY_URL); this policy was \
+             decided for another provider",
+        )),
+        _ => Ok(()),
     }
 }

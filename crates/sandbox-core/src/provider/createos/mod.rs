@@ -182,6 +182,10 @@ impl Provider for CreateOs {
     }
 
     fn create(&self, spec: GuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
+        if let Err(e) = egress::refuse_domains(&spec.egress) {
+            let e = CallError::new(CallFailure::Config, e.message().to_owned());
+            return Box::pin(futures::future::ready(Err(e)));
+        }
         self.cp.create(Self::create_request(&spec))
     }
 
@@ -403,6 +407,21 @@ mod tests {
         );
         assert_eq!(p.isolation(), Isolation::HardwareVirtualized);
         assert_eq!(p.egress_exceptions()[0].range, "169.254.0.0/16");
+    }
+
+    #[tokio::test]
+    async fn a_domain_allowlist_is_refused_before_any_create_and_never_matches() {
+        let (p, rec) = provider(Some(vec!["pypi.org".into()]), GuestStatus::Running);
+        let mut s = spec(Duration::from_secs(60));
+        s.egress = EgressPolicy::Domains(vec!["pypi.org".into()]);
+        let e = p.create(s.clone()).await.unwrap_err();
+        assert_eq!(e.failure, CallFailure::Config, "{e}");
+        assert!(e.message.contains("CREATEOS_GATEWAY_URL"), "{e}");
+        assert!(rec.created.lock().unwrap().is_none());
+        // Were it ever sent, it would be spelled deny-all; CreateOS's echo of a name is no
+        // proof.
+        assert_eq!(s.egress.rules(), vec!["240.0.0.0/4".to_owned()]);
+        assert!(!s.egress.matches(Some(&["pypi.org".to_owned()])));
     }
 
     #[tokio::test]

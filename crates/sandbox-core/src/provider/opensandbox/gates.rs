@@ -2,12 +2,14 @@
 //! the RuntimeClass cross-check, the in-guest probe and the host-network-mode signs. Each
 //! refusal names the server or plugin setting to change.
 
-use std::net::IpAddr;
-
 use opensandbox_api::{EnforcementMode, NetworkPolicy, PolicyAction, PolicyStatus, RuntimeClass};
 
 use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS};
+use crate::egress::{EgressPolicy, domain_entry};
 use crate::error::SandboxError;
+
+/// lfx's domain allowlist setting, which the backend's refusals name.
+const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
 
 /// The egress a run asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,27 +22,10 @@ pub enum Egress {
     Unrestricted,
 }
 
-fn is_domain(d: &str) -> bool {
-    let host = d.strip_prefix("*.").unwrap_or(d);
-    !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-        && !host
-            .split('.')
-            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// The `networkPolicy` to send for `egress` (none for [`Egress::Unrestricted`]). An address
 /// or CIDR rule is refused: the lifecycle API does not support them and `dns` mode could not
-/// enforce them; a rule that is not a domain is refused.
+/// enforce them; a rule that is not a domain is refused (by [`domain_entry`], naming
+/// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: the backend's setting).
 pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError> {
     match egress {
         Egress::Unrestricted => Ok(None),
@@ -48,29 +33,46 @@ pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError
         Egress::Domains(domains) => {
             let mut policy = NetworkPolicy::deny_all();
             for raw in domains {
-                let d = raw.trim().trim_end_matches('.').to_ascii_lowercase();
-                let bare = d.split('/').next().unwrap_or("");
-                if d.contains('/') || bare.parse::<IpAddr>().is_ok() {
-                    return Err(SandboxError::refused(format!(
-                        "the OpenSandbox provider refuses the address rule {}: OpenSandbox \
-                         allowlists hold domain names only; list the domains the code needs \
-                         in LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
-                        outside_text::snippet(raw, 80)
-                    )));
-                }
-                if !is_domain(&d) {
-                    return Err(SandboxError::refused(format!(
-                        "{} is not a domain name or *.wildcard; fix \
-                         LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
-                        outside_text::snippet(raw, 80)
-                    )));
-                }
+                // A blank entry is refused here: lfx hands a list, not a comma-joined text.
+                let d = domain_entry(ENV_LF_ALLOWED_DOMAINS, raw)?.ok_or_else(|| {
+                    SandboxError::refused(format!(
+                        "{ENV_LF_ALLOWED_DOMAINS} holds a blank entry; remove it"
+                    ))
+                })?;
                 if !policy.egress.iter().any(|r| r.target == d) {
                     policy = policy.allow(d);
                 }
             }
             Ok(Some(policy))
         }
+    }
+}
+
+/// The `networkPolicy` for sandbox-core's neutral decision (what the component and the
+/// executor ask for through the provider seam): none for allow-all, deny-all as itself, a
+/// domain allowlist ([`EgressPolicy::Domains`]) as deny plus one allow rule per domain, each
+/// checked again by [`domain_entry`]. Address rules are refused: OpenSandbox allowlists hold
+/// domain names only.
+pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxError> {
+    match policy {
+        EgressPolicy::AllowAll => Ok(None),
+        EgressPolicy::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
+        EgressPolicy::Domains(domains) => {
+            let mut sent = NetworkPolicy::deny_all();
+            for raw in domains {
+                if let Some(d) = domain_entry("the domain allowlist", raw)?
+                    && !sent.egress.iter().any(|r| r.target == d)
+                {
+                    sent = sent.allow(d);
+                }
+            }
+            Ok(Some(sent))
+        }
+        EgressPolicy::Rules(rules) => Err(SandboxError::refused(format!(
+            "the OpenSandbox provider refuses address rules ({} given): its egress sidecar \
+             allowlists domain names; use a domain allowlist, or deny all egress",
+            rules.len()
+        ))),
     }
 }
 
@@ -310,6 +312,34 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_neutral_domain_policy_is_deny_plus_one_rule_per_domain() {
+        let p = policy_of(&EgressPolicy::Domains(vec![
+            "*.example.com".into(),
+            "pypi.org".into(),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            p,
+            NetworkPolicy::deny_all()
+                .allow("*.example.com")
+                .allow("pypi.org")
+        );
+        assert_eq!(policy_of(&EgressPolicy::AllowAll).unwrap(), None);
+        assert_eq!(
+            policy_of(&EgressPolicy::DenyAll).unwrap(),
+            Some(NetworkPolicy::deny_all())
+        );
+        // A hand-built variant is checked again.
+        let e = policy_of(&EgressPolicy::Domains(vec!["10.0.0.1".into()])).unwrap_err();
+        assert!(e.message().contains("address rule"), "{e}");
+        let rules = EgressPolicy::Rules(vec![
+            crate::egress::validate_address_rule("10.0.0.0/8").unwrap(),
+        ]);
+        assert!(policy_of(&rules).is_err());
     }
 
     #[test]

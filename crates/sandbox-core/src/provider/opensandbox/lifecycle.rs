@@ -232,7 +232,7 @@ impl OpenSandboxProvider {
         );
     }
 
-    fn create_refusal(e: &opensandbox_api::Error, with_policy: bool) -> SandboxError {
+    pub(crate) fn create_refusal(e: &opensandbox_api::Error, with_policy: bool) -> SandboxError {
         let msg = e.to_string().to_ascii_lowercase();
         if with_policy && e.status().is_some_and(|s| s.as_u16() == 400) {
             if msg.contains("host") {
@@ -321,8 +321,9 @@ impl OpenSandboxProvider {
     }
 
     /// The checks before any user code: the RuntimeClass (when attested and expected), the
-    /// shared endpoint of host network mode, then the first command: the identity canary and
-    /// (when attested) the isolation probe.
+    /// shared endpoint of host network mode (unless the settings are the single-sandbox
+    /// harness's), then the first command: the identity canary and (when attested) the
+    /// isolation probe.
     pub(crate) async fn check_guest(&self, id: &str) -> Result<Probe, SandboxError> {
         let s = &self.settings;
         if let (Attestation::HardwareVirtualized, Some(expected)) =
@@ -335,12 +336,14 @@ impl OpenSandboxProvider {
                 .map_err(|e| api_error("reading the inspect diagnostics", &e))?;
             gates::check_runtime_class(expected, &rc)?;
         }
-        let endpoint = self
-            .client
-            .get_endpoint(id, 44772, false)
-            .await
-            .map_err(|e| api_error("reading execd's endpoint", &e))?;
-        gates::check_endpoint(&endpoint.endpoint)?;
+        if !s.host_network_accepted() {
+            let endpoint = self
+                .client
+                .get_endpoint(id, 44772, false)
+                .await
+                .map_err(|e| api_error("reading execd's endpoint", &e))?;
+            gates::check_endpoint(&endpoint.endpoint)?;
+        }
         let mut events = self
             .client
             .execd(id)

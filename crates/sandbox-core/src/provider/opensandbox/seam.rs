@@ -20,12 +20,12 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use opensandbox_api::{
-    CreateSandbox, DownloadOptions, ErrorKind as ApiKind, ExecEvent, Lifetime, NetworkPolicy,
-    NewDirectory, RunCommand, SandboxInfo, SandboxState, StreamOptions, UploadFile,
+    CreateSandbox, DownloadOptions, ErrorKind as ApiKind, ExecEvent, Lifetime, NewDirectory,
+    RunCommand, SandboxInfo, SandboxState, StreamOptions, UploadFile,
 };
 use tokio::time::Instant;
 
-use super::gates::{self, Egress};
+use super::gates;
 use super::lifecycle::{META_NONCE, OpenSandboxProvider};
 use super::settings::{Attestation, OpenSandboxSettings};
 use crate::control::parse_rfc3339;
@@ -157,20 +157,6 @@ fn holder_order(sb: &SandboxInfo) -> (bool, Option<opensandbox_api::OffsetDateTi
     (created.is_none(), created, sb.id.clone())
 }
 
-/// The `networkPolicy` for sandbox-core's decision: none for allow-all, deny-all as itself;
-/// address rules are refused (OpenSandbox allowlists hold domain names only).
-fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxError> {
-    match policy {
-        EgressPolicy::AllowAll => gates::policy_for(&Egress::Unrestricted),
-        EgressPolicy::DenyAll => gates::policy_for(&Egress::DenyAll),
-        EgressPolicy::Rules(rules) => Err(SandboxError::refused(format!(
-            "the OpenSandbox provider refuses address rules ({} given): its egress sidecar \
-             allowlists domain names; use a domain allowlist, or deny all egress",
-            rules.len()
-        ))),
-    }
-}
-
 /// The memory limit (MiB) of `size`: its own, or, when the surfaces passed only the id (as
 /// `guest::GuestSpec::for_provider` does), the id's (`<MiB>Mi`, as [`Provider::sizes`] names
 /// them). Anything else is refused before create.
@@ -285,7 +271,7 @@ impl Provider for OpenSandbox {
     fn create(&self, spec: GuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let policy = policy_of(&spec.egress).map_err(|e| refused(&e))?;
+            let policy = gates::policy_of(&spec.egress).map_err(|e| refused(&e))?;
             let mem_mib = mem_of(&spec.size).map_err(|e| refused(&e))?;
             let s = p.settings();
             let image = if spec.image.is_empty() {
@@ -314,14 +300,20 @@ impl Provider for OpenSandbox {
             if let Some(names) = env_label(spec.envs.keys()) {
                 request = request.metadata(META_ENV, names);
             }
+            let has_policy = policy.is_some();
             if let Some(policy) = policy {
                 request = request.network_policy(policy);
             }
-            let sb = p
-                .client()
-                .create_sandbox(&request)
-                .await
-                .map_err(|e| call_error("creating a sandbox", &e))?;
+            let sb = p.client().create_sandbox(&request).await.map_err(|e| {
+                // A server that cannot apply the policy (host network mode, gVisor, no
+                // egress sidecar) is refused with the server setting to change.
+                let refusal = OpenSandboxProvider::create_refusal(&e, has_policy);
+                if refusal.kind() == crate::error::ErrorKind::Refused {
+                    refused(&refusal)
+                } else {
+                    call_error("creating a sandbox", &e)
+                }
+            })?;
             if spec.labels.0.contains_key(Labels::KEPT) {
                 // No unique names: a kept guest's name may have been taken meanwhile by
                 // another worker. The oldest holder keeps it; a newer one is given up.
@@ -391,7 +383,7 @@ impl Provider for OpenSandbox {
     ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let sent = match policy_of(&policy) {
+            let sent = match gates::policy_of(&policy) {
                 Ok(Some(sent)) => sent,
                 Ok(None) => return Ok(EgressCheck::Matches),
                 Err(e) => return Ok(EgressCheck::Differs(e.message().to_owned())),

@@ -111,6 +111,9 @@ pub struct OpenSandboxSettings {
     pub idle: Duration,
     /// The `created-by` metadata value.
     pub created_by: String,
+    /// Whether a host-network-mode server is accepted (only through
+    /// [`OpenSandboxSettings::for_single_sandbox_harness`]; no setting turns it on).
+    host_network_accepted: bool,
     lookup: Lookup,
 }
 
@@ -131,6 +134,7 @@ impl fmt::Debug for OpenSandboxSettings {
             .field("ready", &self.ready)
             .field("idle", &self.idle)
             .field("created_by", &self.created_by)
+            .field("host_network_accepted", &self.host_network_accepted)
             .finish_non_exhaustive()
     }
 }
@@ -239,8 +243,29 @@ impl OpenSandboxSettings {
             ready: seconds(l, ENV_READY, DEFAULT_READY, 1, 3600)?,
             idle: seconds(l, ENV_IDLE, DEFAULT_IDLE, 4, 3600)?,
             created_by,
+            host_network_accepted: false,
             lookup,
         })
+    }
+
+    /// The same settings for a test harness that runs one sandbox at a time on a Docker server
+    /// in host network mode (`scripts/opensandbox-harness`): the check that refuses such a
+    /// server by its shared execd endpoint (`127.0.0.1:44772` for every sandbox) is skipped.
+    /// The identity canary still runs on every sandbox before any user code, so a command
+    /// routed into another sandbox is still refused. Nothing an operator sets reaches this:
+    /// it exists so that the harness can drive the provider on the only server this machine
+    /// can run, and is never called by a surface.
+    #[must_use]
+    pub fn for_single_sandbox_harness(mut self) -> Self {
+        self.host_network_accepted = true;
+        self
+    }
+
+    /// Whether a host-network-mode server is accepted (see
+    /// [`OpenSandboxSettings::for_single_sandbox_harness`]); false for every setting an
+    /// operator can make.
+    pub fn host_network_accepted(&self) -> bool {
+        self.host_network_accepted
     }
 
     /// Reads the process environment.
