@@ -232,3 +232,77 @@ async fn a_kept_sandbox_whose_policy_drifted_is_destroyed_not_used() {
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_sandbox_that_expired_is_replaced_and_an_adopted_one_is_renewed() {
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        config: Config {
+            ping_ms: 200,
+            // As the real Docker server: an expired sandbox shows Failed before it is gone.
+            expiry_failed_ms: 60_000,
+            ..Config::default()
+        },
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let component = on_fake(&fake.url());
+    let vars = fake_vars(&fake.url());
+    let client = OpenSandboxSettings::from_lookup(move |k: &str| vars.get(k).cloned())
+        .unwrap()
+        .client()
+        .unwrap();
+    let write = "open('kept.txt', 'w').write('old')\nprint('wrote')";
+    let read =
+        "import os\nprint(open('kept.txt').read() if os.path.exists('kept.txt') else 'no file')";
+    let first = component
+        .run(&kept_run(Reuse::Flow, "s1", write))
+        .await
+        .unwrap();
+    // Its server-side lifetime runs out (as an idle kept sandbox's does).
+    client
+        .renew_expiration(
+            &first.sandbox_id,
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let sb = client.get_sandbox(&first.sandbox_id).await.unwrap();
+        if *sb.state() == opensandbox_api::SandboxState::Failed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = component
+        .run(&kept_run(Reuse::Flow, "s2", read))
+        .await
+        .unwrap();
+    assert_eq!(again.result, "no file");
+    assert!(again.kept && !again.reused_guest);
+    assert_ne!(again.sandbox_id, first.sandbox_id);
+    // The expired one was deleted, not left for its Failed minute.
+    assert!(client.get_sandbox(&first.sandbox_id).await.is_err());
+    // The next run adopts the new one and pushes its expiry out again.
+    client
+        .renew_expiration(
+            &again.sandbox_id,
+            Duration::from_secs(120),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let third = component
+        .run(&kept_run(Reuse::Flow, "s3", "print('still here')"))
+        .await
+        .unwrap();
+    assert!(third.reused_guest && third.sandbox_id == again.sandbox_id);
+    let sb = client.get_sandbox(&again.sandbox_id).await.unwrap();
+    let left = (sb.expires().unwrap() - opensandbox_api::OffsetDateTime::now_utc()).whole_seconds();
+    assert!(left >= 880, "{left}");
+    component.reap_reused(Duration::ZERO, false).await.unwrap();
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
