@@ -554,7 +554,7 @@ fn shutdown_works_from_a_fresh_runtime() {
         .build()
         .unwrap();
     let pol = policy(120);
-    let fut = b.run("import time\ntime.sleep(60)", None, &pol);
+    let fut = Box::pin(b.run("import time\ntime.sleep(60)", None, &pol));
     // Drop the runtime once the program runs in the guest: waiting for that, rather than a
     // fixed time, keeps the test meaningful on a loaded machine.
     let running = async {
