@@ -359,3 +359,90 @@ def lfx_serve(flow: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=20)
+
+
+# ---- The OpenSandbox fake (tests/opensandbox-fake), for the second provider's tests ----------
+
+#: The key the OpenSandbox fake accepts in these tests.
+OS_KEY = "os-e2e-key-2f81"
+
+
+@dataclass
+class OsFake:
+    """A running ``opensandbox-fake`` process."""
+
+    proc: subprocess.Popen[str]
+    url: str
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return json.loads(response.read() or b"null")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: created, deleted, live, requests per route."""
+        return self._call("GET", "/_fake/stats")
+
+    def configure(self, **modes: Any) -> None:
+        """Change the server's modes (``egress_mode``, ``network_mode`` ...)."""
+        self._call("POST", "/_fake/config", json.dumps(modes).encode())
+
+    def reset(self) -> None:
+        """Drop every sandbox and restore the start-up modes."""
+        self._call("POST", "/_fake/reset")
+
+    def wait_settled(self, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait until no sandbox is live."""
+        deadline = time.monotonic() + timeout
+        stats = self.stats()
+        while stats["live"] != 0:
+            if time.monotonic() > deadline:
+                pytest.fail(f"sandboxes left: {stats}")
+            time.sleep(0.05)
+            stats = self.stats()
+        return stats
+
+
+@contextlib.contextmanager
+def running_osfake(*extra: str) -> Iterator[OsFake]:
+    """An ``opensandbox-fake`` on loopback as a Kubernetes server with a Kata runtime (short
+    Pending and execd start-up), with ``extra`` options; stopped on exit."""
+    binary = built_binary("OPENSANDBOX_FAKE_BIN", "debug/opensandbox-fake", "cargo build -p opensandbox-fake")
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "--port=0",
+            f"--api-key={OS_KEY}",
+            "--runtime=kubernetes",
+            "--secure-runtime=kata",
+            "--pending-ms=200",
+            "--ping-ms=500",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    assert first.startswith("listening on "), first
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        yield OsFake(proc=proc, url=first.split("listening on ", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def osfake_server() -> Iterator[OsFake]:
+    """An OpenSandbox fake for a module's tests."""
+    with running_osfake() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def osfake_guests() -> Iterator[OsFake]:
+    """An OpenSandbox fake whose guests run this venv's ``python3`` (lfx is there)."""
+    with running_osfake(f"--guest-path={Path(sys.executable).parent}") as fake:
+        yield fake

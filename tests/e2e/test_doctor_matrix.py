@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import E2E, FAKE_KEY, Fake, backend_env, free_port, make_template
-from test_opensandbox_backend import OS_KEY, OsFake, osfake_server  # noqa: F401 - a fixture
+from conftest import OS_KEY, OsFake
 
 #: lfx's switches and the egress opt-in of the backend (conftest's backend_env sets them all).
 BACKEND = ("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "LANGFLOW_SANDBOX_BACKEND")

@@ -12,82 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from conftest import E2E, FLOW, Fake, backend_env, built_binary, lfx_run, run_python, venv_bin
-
-OS_KEY = "os-e2e-key-2f81"
-
-
-@dataclass
-class OsFake:
-    """A running ``opensandbox-fake`` process."""
-
-    proc: subprocess.Popen[str]
-    url: str
-
-    def _call(self, method: str, path: str, body: bytes | None = None) -> Any:
-        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method)
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
-            return json.loads(response.read() or b"null")
-
-    def stats(self) -> dict[str, Any]:
-        """Counters: created, deleted, live, requests per route."""
-        return self._call("GET", "/_fake/stats")
-
-    def configure(self, **modes: Any) -> None:
-        """Change the server's modes (``egress_mode``, ``network_mode`` ...)."""
-        self._call("POST", "/_fake/config", json.dumps(modes).encode())
-
-    def reset(self) -> None:
-        """Drop every sandbox and restore the start-up modes."""
-        self._call("POST", "/_fake/reset")
-
-    def wait_settled(self, timeout: float = 15.0) -> dict[str, Any]:
-        """Wait until no sandbox is live."""
-        deadline = time.monotonic() + timeout
-        stats = self.stats()
-        while stats["live"] != 0:
-            if time.monotonic() > deadline:
-                pytest.fail(f"sandboxes left: {stats}")
-            time.sleep(0.05)
-            stats = self.stats()
-        return stats
-
-
-@pytest.fixture(scope="module")
-def osfake_server() -> Iterator[OsFake]:
-    binary = built_binary("OPENSANDBOX_FAKE_BIN", "debug/opensandbox-fake", "cargo build -p opensandbox-fake")
-    proc = subprocess.Popen(
-        [
-            str(binary),
-            "--port=0",
-            f"--api-key={OS_KEY}",
-            "--runtime=kubernetes",
-            "--secure-runtime=kata",
-            "--pending-ms=200",
-            "--ping-ms=500",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.readline().strip()
-    assert first.startswith("listening on "), first
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-    try:
-        yield OsFake(proc=proc, url=first.split("listening on ", 1)[1])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+from conftest import E2E, FLOW, OS_KEY, Fake, OsFake, backend_env, lfx_run, run_python, venv_bin
 
 
 @pytest.fixture

@@ -13,10 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import E2E, Fake
+from conftest import E2E, OS_KEY, Fake, OsFake
 from test_component import COUNTER, FLOW_ID, component_env, reap, results, run_flow, served
-from test_opensandbox_backend import OS_KEY, OsFake
-from test_opensandbox_executor import os_executor_env, osfake, osfake_guests  # noqa: F401 - fixtures
+from test_opensandbox_executor import os_executor_env, osfake  # noqa: F401 - a fixture
 
 BUILD = """
 import json, sys

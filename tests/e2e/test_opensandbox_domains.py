@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Fake
+from conftest import OS_KEY, Fake, OsFake
 from test_component import run_flow
-from test_executor import SHOUT
-from test_opensandbox_backend import OS_KEY, OsFake
 from test_opensandbox_component import PROGRAM, flow_on, os_component_env
-from test_opensandbox_executor import os_executor_env, osfake, osfake_guests, run_refused  # noqa: F401 - fixtures
+from test_opensandbox_executor import os_executor_env, osfake, run_refused  # noqa: F401 - a fixture
 
 DOMAINS = "PyPI.org, *.pythonhosted.org"
 # As the sidecar must hold them: normalised, each an allow rule, nothing else.

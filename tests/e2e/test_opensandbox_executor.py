@@ -12,46 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from conftest import E2E, Fake, built_binary, run_python, venv_bin
+from conftest import E2E, OS_KEY, Fake, OsFake, run_python, venv_bin
 from test_executor import POOLED_ARUN, SHOUT, executor_env, lfx_run_json
-from test_opensandbox_backend import OS_KEY, OsFake
-
-
-@pytest.fixture(scope="module")
-def osfake_guests() -> Iterator[OsFake]:
-    """An OpenSandbox fake whose guests run this venv's ``python3``."""
-    binary = built_binary("OPENSANDBOX_FAKE_BIN", "debug/opensandbox-fake", "cargo build -p opensandbox-fake")
-    proc = subprocess.Popen(
-        [
-            str(binary),
-            "--port=0",
-            f"--api-key={OS_KEY}",
-            "--runtime=kubernetes",
-            "--secure-runtime=kata",
-            "--pending-ms=200",
-            "--ping-ms=500",
-            f"--guest-path={Path(sys.executable).parent}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.readline().strip()
-    assert first.startswith("listening on "), first
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-    try:
-        yield OsFake(proc=proc, url=first.split("listening on ", 1)[1])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
