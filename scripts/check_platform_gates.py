@@ -446,12 +446,54 @@ class Finding:
         )
 
 
+_ENUM = re.compile(r"(?<![A-Za-z0-9_])enum\s+([A-Za-z_][A-Za-z0-9_]*)")
+_ATTRIBUTE = re.compile(r"#\s*\[[^\]]*\]")
+
+
+def gated_variants(source: Source) -> list[tuple[str, str, list[str]]]:
+    """The file's enum variants that carry `#[cfg(...)]` attributes: (enum, variant, cfgs).
+    A use of one (`Enum::Variant`) compiles only where those cfgs hold."""
+    found = []
+    for m in _ENUM.finditer(source.code):
+        brace = source.code.find("{", m.end())
+        if brace < 0 or brace not in source.closer or ";" in source.code[m.end() : brace]:
+            continue
+        end = source.closer[brace]
+        for v in re.finditer(r"(?<![A-Za-z0-9_])([A-Z][A-Za-z0-9_]*)", source.code[brace + 1 : end]):
+            pos = brace + 1 + v.start()
+            if source.opener(pos) != brace:
+                continue  # a type inside a variant's fields
+            start = source._segment_start(pos)
+            if _ATTRIBUTE.sub("", source.code[start:pos]).strip():
+                continue  # not the first word of the variant
+            cfgs = source.cfgs_in(start, pos)
+            if cfgs:
+                found.append((m.group(1), v.group(1), cfgs))
+    return found
+
+
 def find_ungated(source: Source, module_gates: list[str], features: set[str] | None) -> list[Finding]:
     """Each line of `source` using a platform-only API in code compiled for a target without
     it, given the cfgs of the module declarations leading to the file and the crate's
-    features (None: unknown, so a feature may be on or off)."""
+    features (None: unknown, so a feature may be on or off). A variant of this file's enums
+    that exists only under a cfg (`#[cfg(unix)] Unix(UnixStream)`) counts as such an API
+    where it is named (`Socket::Unix`)."""
     findings: list[Finding] = []
     reported: set[int] = set()  # one finding per line
+    for enum, variant, cfgs in gated_variants(source):
+        has_it = gate_of(cfgs + module_gates, f"{source.path}: variant {enum}::{variant}")
+        for m in re.finditer(rf"(?<![A-Za-z0-9_]){enum}\s*::\s*{variant}(?![A-Za-z0-9_])", source.code):
+            where = f"{source.path}:{source.line(m.start())}"
+            gate = gate_of(module_gates + source.gates_at(m.start()), where)
+            lacking = [
+                name
+                for name, facts in TARGETS.items()
+                if evaluate(gate, facts, features) is not False and evaluate(has_it, facts, features) is False
+            ]
+            line = source.line(m.start())
+            if lacking and line not in reported:
+                reported.add(line)
+                findings.append(Finding(source.path, line, f"{enum}::{variant} (declared under a cfg)", lacking))
     for pattern, api, available in PLATFORM_APIS:
         has_it = parse_cfg(available)
         for m in pattern.finditer(source.code):

@@ -53,6 +53,34 @@ def test_the_ungated_unix_call_that_broke_the_windows_wheel_is_reported(tmp_path
     assert scan(tmp_path, {"lib.rs": TOKEN_RS_AT_2FDEE64}) == [("lib.rs", 8, WINDOWS)]
 
 
+# What broke the Windows wheel at 3bdd668 (sandbox-core's postgres_store.rs): a variant that
+# exists only on Unix, named in code every target compiles.
+SOCKET_AT_3BDD668 = """
+enum Socket {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+fn handshake(socket: Socket) -> bool {
+    let local = matches!(socket, Socket::Unix(_));
+    #[cfg(unix)]
+    let watch = matches!(socket, Socket::Unix(_));
+    match socket {
+        Socket::Tcp(_) => local,
+        #[cfg(unix)]
+        Socket::Unix(_) => true,
+    }
+}
+"""
+
+
+def test_a_variant_declared_under_a_cfg_is_reported_where_named_without_it(tmp_path: Path) -> None:
+    assert scan(tmp_path, {"lib.rs": SOCKET_AT_3BDD668}) == [("lib.rs", 9, WINDOWS)]
+    fixed = SOCKET_AT_3BDD668.replace("    let local = matches!", "    #[cfg(unix)]\n    let local = matches!")
+    assert scan(tmp_path / "fixed", {"lib.rs": fixed}) == []
+
+
 def test_the_same_call_under_a_cfg_on_its_statement_item_or_block_passes(tmp_path: Path) -> None:
     text = """
 #[cfg(unix)]

@@ -349,7 +349,7 @@ impl PostgresStore {
         socket: Socket,
         name: &str,
     ) -> Result<tokio_postgres::Client, StoreError> {
-        let local = matches!(socket, Socket::Unix(_));
+        let local = socket.is_local();
         let guarded = Guarded::new(socket);
         let negotiated = Arc::clone(&guarded.negotiated);
         let (client, connection): (tokio_postgres::Client, Driving) = if let Some(tls) = &self.tls {
@@ -526,6 +526,16 @@ enum Socket {
     Unix(tokio::net::UnixStream),
 }
 
+impl Socket {
+    /// Whether it is a Unix socket: a connection on this machine (none exists on Windows).
+    fn is_local(&self) -> bool {
+        #[cfg(unix)]
+        return matches!(self, Socket::Unix(_));
+        #[cfg(not(unix))]
+        return false;
+    }
+}
+
 /// The socket tokio-postgres is given: it reads the server's first authentication request on a
 /// plain TCP connection and fails the read when it asks for a refused method (the request is
 /// never delivered, so the password is never sent).
@@ -538,14 +548,11 @@ struct Guarded {
 
 impl Guarded {
     fn new(socket: Socket) -> Self {
-        #[cfg(unix)]
-        let watch = if matches!(socket, Socket::Unix(_)) {
+        let watch = if socket.is_local() {
             Watch::Done
         } else {
             Watch::Start
         };
-        #[cfg(not(unix))]
-        let watch = Watch::Start;
         Self {
             socket,
             watch,
