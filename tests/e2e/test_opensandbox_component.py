@@ -76,6 +76,8 @@ def test_the_provider_choice_runs_the_node_on_opensandbox_with_the_createos_answ
     on_os = results(run_flow(os_component_env(osfake), flow_on(tmp_path, "OpenSandbox"), PROGRAM))
     assert default["result"] == on_os["result"] == "162"
     assert on_os["exit_code"] == 0
+    # The Results say where the guest ran.
+    assert (default["provider"], on_os["provider"]) == ("createos", "opensandbox")
     stats = osfake.wait_settled()
     assert stats["created"] == 1
     # Nothing of the OpenSandbox run reached CreateOS.
@@ -163,3 +165,19 @@ def test_reuse_off_on_opensandbox_leaves_nothing_beside_a_kept_sandbox(osfake: O
     assert osfake.stats()["live"] == 1
     delete_sandbox(osfake, kept["sandbox_id"])
     osfake.wait_settled()
+
+
+def test_the_status_and_tool_description_name_the_opensandbox_server_not_a_microvm() -> None:
+    from langflow_sandbox_createos import node
+
+    ran = {"sandbox_name": "lf-x", "exit_code": 0, "provider": "opensandbox"}
+    policy = {"allow_network": False, "session_mode": "off", "accept_egress_exceptions": False}
+    # From the run's Results (a flow saved before the node passed its Provider), or given.
+    for status in (node.status_text(ran, **policy), node.status_text(ran, **policy, provider="opensandbox")):
+        assert "a sandbox on the OpenSandbox server" in status, status
+        assert "microVM" not in status and "CreateOS" not in status, status
+    tool = node.describe(True, "flow", False, "opensandbox")
+    assert "OpenSandbox server" in tool and "microVM" not in tool, tool
+    # CreateOS, and a source that passes no provider at all, keep the CreateOS wording.
+    status = node.status_text({"sandbox_name": "lf-y", "exit_code": 0}, **policy)
+    assert "CreateOS Firecracker microVM" in status, status

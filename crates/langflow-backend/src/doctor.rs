@@ -15,6 +15,7 @@ use std::time::Duration;
 use sandbox_core::control::{CallError, CallFailure, ControlPlane};
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::gateway::{self, GatewaySetting};
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::retry::{Backoff, retry_until};
 use sandbox_core::session::Session;
 use sandbox_core::settings::{
@@ -379,7 +380,7 @@ pub async fn check_control_plane(
         };
     }
     let failed = |what: &str, e: &CallError| {
-        let err = classify::before_dispatch(what, e, false, &redactor);
+        let err = classify::before_dispatch(ProviderKind::CreateOs, what, e, false, &redactor);
         let level = if err.kind() == ErrorKind::Transient {
             // It answered, with a failure now: a run retries, and may well succeed.
             DoctorLevel::Warn

@@ -388,7 +388,10 @@ async fn prepare(
     deadline: Instant,
 ) -> Result<(), SandboxError> {
     if guest.context().reaper.is_closed() {
-        return Err(classify::shut_down(Stage::BeforeDispatch));
+        return Err(classify::shut_down(
+            guest.context().provider.kind(),
+            Stage::BeforeDispatch,
+        ));
     }
     match verify {
         Some(policy) => {

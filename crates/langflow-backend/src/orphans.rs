@@ -27,7 +27,14 @@ impl Backend {
         )
         .await
         .map_err(|e| {
-            sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor).into()
+            sandbox_core::classify::call_failed(
+                account.provider().kind(),
+                "listing of guests",
+                &e,
+                false,
+                &redactor,
+            )
+            .into()
         })
     }
 }

@@ -82,7 +82,13 @@ impl SandboxComponent {
             .await
         };
         swept.map_err(|e| {
-            sandbox_core::classify::call_failed("listing of guests", &e, false, &redactor)
+            sandbox_core::classify::call_failed(
+                self.opts.provider,
+                "listing of guests",
+                &e,
+                false,
+                &redactor,
+            )
         })
     }
 }

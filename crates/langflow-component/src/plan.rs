@@ -15,6 +15,10 @@ use sandbox_core::plan::{self, Base, NetworkAsk};
 use sandbox_core::provider::ProviderKind;
 use sandbox_core::provider::createos::LINK_LOCAL_HOLE;
 use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+use sandbox_core::provider::opensandbox::settings::{
+    ENV_ALLOW_CONTAINER_ISOLATION as OS_ALLOW_CONTAINER_ISOLATION,
+    ENV_ATTEST_ISOLATION as OS_ATTEST_ISOLATION,
+};
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
 use sandbox_core::withheld::Withheld;
@@ -68,10 +72,20 @@ pub const DESCRIPTION: &str = "Runs Python code (or a shell command) in a dispos
      Accept Link-Local Egress (or the operator) must accept. After a run, the node's status \
      shows the policy that run got.";
 
-/// The node's description for a user or an agent: the effective network policy and the
-/// reuse mode, as a run with these inputs would get them under `env`'s settings (the node's
-/// Accept Link-Local Egress counts as the operator's setting).
-pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<String>) -> String {
+/// The node's description for a user or an agent: where a run on `provider` goes, the
+/// effective network policy and the reuse mode, as a run with these inputs would get them
+/// under `env`'s settings (the node's Accept Link-Local Egress counts as the operator's
+/// setting). On OpenSandbox it names the server's sandbox and the isolation the operator
+/// attested (or a container), never a microVM.
+pub fn describe(
+    provider: ProviderKind,
+    allow_network: bool,
+    reuse: Reuse,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    if provider == ProviderKind::OpenSandbox {
+        return describe_opensandbox(allow_network, reuse, env);
+    }
     let network = if allow_network {
         if GatewaySetting::from_lookup(env).is_ready() {
             "Network: on, unrestricted egress; with Allowed Domains, only those names, through \
@@ -117,6 +131,61 @@ pub fn describe(allow_network: bool, reuse: Reuse, env: &dyn Fn(&str) -> Option<
         "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
          {reuse} Files a run writes to {ARTIFACTS_DIR} (${ARTIFACTS_ENV}) can be returned, only \
          that run's."
+    )
+}
+
+/// [`describe`] on OpenSandbox: a sandbox on the operator's server, isolated as the operator
+/// attested (`OPEN_SANDBOX_ATTEST_ISOLATION`) or as a container; egress enforced and read back
+/// by the server, with no link-local exception and no gateway.
+fn describe_opensandbox(
+    allow_network: bool,
+    reuse: Reuse,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    let attested = env(OS_ATTEST_ISOLATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("hardware-virtualized"));
+    let isolation = if attested {
+        format!("hardware-virtualized isolation, as the operator attests ({OS_ATTEST_ISOLATION})")
+    } else {
+        let accepted = env(OS_ALLOW_CONTAINER_ISOLATION)
+            .and_then(|raw| parse_bool(OS_ALLOW_CONTAINER_ISOLATION, &raw).ok())
+            .unwrap_or(false);
+        if accepted {
+            format!(
+                "container isolation (a kernel shared with other sandboxes, accepted by \
+                 {OS_ALLOW_CONTAINER_ISOLATION})"
+            )
+        } else {
+            format!(
+                "container isolation (a kernel shared with other sandboxes), so runs are \
+                 refused until {OS_ATTEST_ISOLATION} or {OS_ALLOW_CONTAINER_ISOLATION}=true"
+            )
+        }
+    };
+    let network = if allow_network {
+        "Network: on, unrestricted egress; with Allowed Domains, only those names, enforced by \
+         the OpenSandbox server and read back before the program runs."
+    } else {
+        "Network: off, deny-all egress, enforced by the OpenSandbox server and read back before \
+         the program runs."
+    };
+    let reuse = match reuse {
+        Reuse::Off => "Guest reuse: off, a fresh sandbox per run, deleted afterwards.",
+        Reuse::Flow => {
+            "Guest reuse: flow, one sandbox per flow and node kept between runs (installed \
+             packages and files carry over; every user and concurrent run of the flow shares \
+             it)."
+        }
+        Reuse::Session => {
+            "Guest reuse: session, one sandbox per flow, node and Langflow session kept \
+             between that session's runs (installed packages and files carry over; other \
+             sessions get their own)."
+        }
+    };
+    format!(
+        "Runs Python code (or a shell command) in a sandbox on the OpenSandbox server, with \
+         {isolation}. {network} {reuse} Files a run writes to {ARTIFACTS_DIR} \
+         (${ARTIFACTS_ENV}) can be returned, only that run's."
     )
 }
 
@@ -271,15 +340,15 @@ mod tests {
     fn descriptions_state_policy_and_reuse() {
         let none = |_: &str| None;
         let accepted = |k: &str| (k == ENV_ACCEPT_EGRESS_EXCEPTIONS).then(|| "true".to_owned());
-        let d = describe(false, Reuse::Off, &none);
+        let d = describe(ProviderKind::CreateOs, false, Reuse::Off, &none);
         assert!(d.contains("deny-all") && d.contains("refused"), "{d}");
         assert!(d.contains("fresh microVM per run"), "{d}");
-        let d = describe(false, Reuse::Flow, &accepted);
+        let d = describe(ProviderKind::CreateOs, false, Reuse::Flow, &accepted);
         assert!(d.contains("deny-all") && !d.contains("refused"), "{d}");
         assert!(d.contains("kept between runs"), "{d}");
-        let d = describe(true, Reuse::Off, &none);
+        let d = describe(ProviderKind::CreateOs, true, Reuse::Off, &none);
         assert!(d.contains("unrestricted"), "{d}");
-        let d = describe(true, Reuse::Session, &none);
+        let d = describe(ProviderKind::CreateOs, true, Reuse::Session, &none);
         assert!(
             d.contains("Langflow session") && d.contains("only that run's"),
             "{d}"
@@ -290,9 +359,42 @@ mod tests {
             "CREATEOS_GATEWAY_SECRET" => Some("0123456789abcdef0123456789abcdef".to_owned()),
             _ => None,
         };
-        let d = describe(true, Reuse::Off, &gateway);
+        let d = describe(ProviderKind::CreateOs, true, Reuse::Off, &gateway);
         assert!(d.contains("with Allowed Domains, only those names"), "{d}");
         assert!(!d.contains("0123456789abcdef"), "{d}");
+    }
+
+    #[test]
+    fn on_opensandbox_the_description_names_the_server_and_its_isolation_not_a_microvm() {
+        let none = |_: &str| None;
+        let attested =
+            |k: &str| (k == OS_ATTEST_ISOLATION).then(|| "hardware-virtualized".to_owned());
+        let container = |k: &str| (k == OS_ALLOW_CONTAINER_ISOLATION).then(|| "true".to_owned());
+        let os = ProviderKind::OpenSandbox;
+        for (d, isolation) in [
+            (describe(os, false, Reuse::Off, &none), "refused until"),
+            (
+                describe(os, true, Reuse::Flow, &attested),
+                "hardware-virtualized isolation",
+            ),
+            (
+                describe(os, false, Reuse::Session, &container),
+                "container isolation",
+            ),
+        ] {
+            assert!(d.contains("a sandbox on the OpenSandbox server"), "{d}");
+            assert!(d.contains(isolation), "{d}");
+            assert!(!d.contains("CreateOS") && !d.contains("microVM"), "{d}");
+            assert!(!d.contains("Firecracker") && !d.contains("169.254"), "{d}");
+        }
+        let d = describe(os, false, Reuse::Off, &attested);
+        assert!(d.contains("deny-all") && !d.contains("refused"), "{d}");
+        assert!(d.contains("fresh sandbox per run"), "{d}");
+        let d = describe(os, true, Reuse::Off, &container);
+        assert!(
+            d.contains("only those names, enforced by the OpenSandbox server"),
+            "{d}"
+        );
     }
 
     fn on_opensandbox() -> SandboxComponent {

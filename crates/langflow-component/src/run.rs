@@ -270,7 +270,10 @@ impl SandboxComponent {
         deadline: Instant,
     ) -> Result<Ran, SandboxError> {
         if guest.context().reaper.is_closed() {
-            return Err(classify::shut_down(Stage::BeforeDispatch));
+            return Err(classify::shut_down(
+                guest.context().provider.kind(),
+                Stage::BeforeDispatch,
+            ));
         }
         let t1 = Instant::now();
         let run_id = format!("{:012x}", random48());

@@ -306,3 +306,39 @@ async fn a_kept_sandbox_that_expired_is_replaced_and_an_adopted_one_is_renewed()
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+/// A failed exec on OpenSandbox is told in OpenSandbox's name, never CreateOS's: a rejected
+/// exec and one whose connection broke after dispatch (each fault lets the sandbox's first
+/// command, the provider's probe, through). The other exec failures are the provider double's
+/// (sandbox-core's `provider_double.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_failures_name_opensandbox_not_createos() {
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        config: Config {
+            ping_ms: 200,
+            ..Config::default()
+        },
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let component = on_fake(&fake.url());
+    let cases = [
+        ("command=400#1>1", "OpenSandbox exec was rejected: "),
+        (
+            "command=reset#1>1",
+            "OpenSandbox exec failed after the program was dispatched",
+        ),
+    ];
+    for (faults, want) in cases {
+        fake.set_faults(faults).unwrap();
+        let mut inputs = kept_run(Reuse::Off, "s-faults", "print(1)");
+        inputs.timeout_seconds = 1;
+        let text = component.run(&inputs).await.unwrap_err().to_string();
+        assert!(text.contains(want), "{faults}: {text}");
+        assert!(!text.contains("CreateOS"), "{faults}: {text}");
+        assert!(!text.contains(KEY), "{faults}: {text}");
+    }
+    fake.shutdown().await;
+}

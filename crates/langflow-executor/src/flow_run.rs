@@ -15,6 +15,7 @@ use sandbox_core::control::ExecFrame;
 use sandbox_core::exec::{EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit};
 use sandbox_core::guest::{ExecRun, ExecStep};
 use sandbox_core::observe::RunOutcome;
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::surface::{End, Lease};
 use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
@@ -63,6 +64,7 @@ impl FlowRun {
         job: &Job<'_>,
         bounds: FrameLimits,
         preloaded: bool,
+        provider: ProviderKind,
     ) -> FlowRun {
         let (host_lfx_version, started) = (job.host_lfx, job.began);
         let bounds = FrameLimits {
@@ -102,6 +104,7 @@ impl FlowRun {
             redactor,
             messages: 0,
             preloaded,
+            provider,
             hello: false,
             not_handed_over: false,
             timed_out: false,
@@ -152,6 +155,8 @@ pub struct FlowRun {
     messages: u64,
     /// The run went to a pooled guest's preloaded runner through the hand-off.
     preloaded: bool,
+    /// The provider the guest runs on, as messages name it.
+    provider: ProviderKind,
     /// The runner's hello frame arrived (from then on the flow may have run).
     hello: bool,
     /// The hand-off found no runner to take the flow (nothing ran).
@@ -285,18 +290,14 @@ impl FlowRun {
                     self.timed_out = true;
                     let frames = exec.frames();
                     let msg = if frames == 0 {
-                        format!(
-                            "CreateOS accepted the exec but sent nothing for {}s; the flow may \
-                             have run. The guest was destroyed",
-                            exec.host_budget().as_secs()
-                        )
+                        sent_nothing(self.provider, exec.host_budget())
                     } else {
                         self.timeout_message()
                     };
                     return Err(self.fail(ExecutorError::Execution(msg)).await);
                 }
                 ExecStep::Broken(e) => {
-                    let err = classify::stream_broke(&e, 0, 0, &self.redactor);
+                    let err = classify::stream_broke(self.provider, &e, 0, 0, &self.redactor);
                     return Err(self.fail(err.into()).await);
                 }
             }
@@ -706,7 +707,7 @@ impl FlowRun {
             other => {
                 let what = other.map_or_else(
                     || "the exec stream ended without an exit status".to_owned(),
-                    |c| format!("CreateOS reported exit status {c}, which no process can have"),
+                    |c| impossible_exit(self.provider, c),
                 );
                 let why = self.agent_error.as_ref().map_or_else(String::new, |m| {
                     format!(" (the guest agent reported: {})", self.redactor.cap(m))
@@ -723,5 +724,49 @@ impl FlowRun {
             }
         };
         Err(self.fail(err).await)
+    }
+}
+
+/// The failure of an exec that `provider` accepted and then sent not one frame for during
+/// `budget`.
+fn sent_nothing(provider: ProviderKind, budget: Duration) -> String {
+    format!(
+        "{} accepted the exec but sent nothing for {}s; the flow may have run. The guest was \
+         destroyed",
+        provider.display_name(),
+        budget.as_secs()
+    )
+}
+
+/// What `provider` reporting exit status `c`, which no process can have, reads as.
+fn impossible_exit(provider: ProviderKind, c: i64) -> String {
+    let name = provider.display_name();
+    format!("{name} reported exit status {c}, which no process can have")
+}
+
+#[cfg(test)]
+mod wording {
+    use super::*;
+
+    #[test]
+    fn failures_name_the_provider_the_guest_ran_on() {
+        let os = ProviderKind::OpenSandbox;
+        for m in [
+            sent_nothing(os, Duration::from_secs(61)),
+            impossible_exit(os, 300),
+        ] {
+            assert!(m.starts_with("OpenSandbox "), "{m}");
+            assert!(!m.contains("CreateOS"), "{m}");
+        }
+        // CreateOS keeps its wording, byte for byte.
+        assert_eq!(
+            sent_nothing(ProviderKind::CreateOs, Duration::from_secs(61)),
+            "CreateOS accepted the exec but sent nothing for 61s; the flow may have run. The \
+             guest was destroyed"
+        );
+        assert_eq!(
+            impossible_exit(ProviderKind::CreateOs, -1),
+            "CreateOS reported exit status -1, which no process can have"
+        );
     }
 }

@@ -396,7 +396,15 @@ impl Executor {
         let exec = exec.map_err(|e| StartError::Failed(e.into()))?;
         let request = request.map_err(StartError::Failed)?;
         t.host_context_ms = request.host_context_ms;
-        let mut run = FlowRun::new(exec, plan, &request, job, self.opts.limits, false);
+        let mut run = FlowRun::new(
+            exec,
+            plan,
+            &request,
+            job,
+            self.opts.limits,
+            false,
+            guest.context().provider.kind(),
+        );
         run.timings = t;
         run.dispatched = dispatched;
         Ok(run)

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use sandbox_core::classify;
 use sandbox_core::control::{CallError, TemplateInfo, TemplateStatus};
+use sandbox_core::provider::ProviderKind;
 use sandbox_core::retry::{Backoff, retry_until};
 use sandbox_core::session::Session;
 use tokio::time::Instant;
@@ -121,7 +122,7 @@ pub async fn build(
     let account = session.account(&settings)?;
     let cp = account.control_plane().clone();
     let fail = |op: &str, e: &CallError| -> ExecutorError {
-        classify::call_failed(op, e, false, &redactor).into()
+        classify::call_failed(ProviderKind::CreateOs, op, e, false, &redactor).into()
     };
     let read = |id: String| {
         let cp = cp.clone();

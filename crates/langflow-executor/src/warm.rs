@@ -80,7 +80,15 @@ pub(crate) async fn start_warm(
     };
     t.dispatch_ms = Some(timings::since(taken));
     t.host_context_ms = request.host_context_ms;
-    let mut run = FlowRun::new(exec, plan, &request, job, bounds, true);
+    let mut run = FlowRun::new(
+        exec,
+        plan,
+        &request,
+        job,
+        bounds,
+        true,
+        guest.context().provider.kind(),
+    );
     run.timings = t;
     match run.until_hello().await {
         Ok(true) => Ok(run),

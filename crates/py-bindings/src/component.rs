@@ -88,8 +88,9 @@ fn runtime_or_err(py: Python<'_>) -> PyResult<&'static runtime::Rt> {
 #[pyclass(frozen, get_all, module = "langflow_sandbox_createos._native")]
 pub struct ComponentRun {
     /// The Results output: `result`, `stderr`, `exit_code`, `timed_out`, `sandbox_id`,
-    /// `sandbox_name`, `reused_guest`, `kept_guest`, `artifact_count`, `stdout_truncated`,
-    /// `stderr_truncated`, `timings`, `notes`, and `error` when the program failed.
+    /// `sandbox_name`, `provider` (`createos` or `opensandbox`: where the guest ran),
+    /// `reused_guest`, `kept_guest`, `artifact_count`, `stdout_truncated`, `stderr_truncated`,
+    /// `timings`, `notes`, and `error` when the program failed.
     results: Py<PyDict>,
     /// The Files output: one dict per file, `path`, `size`, `text` (UTF-8 content or
     /// `None`) and `base64` (the content otherwise, or `None`).
@@ -119,7 +120,7 @@ impl ComponentRun {
 }
 
 impl ComponentRun {
-    fn new(py: Python<'_>, out: ComponentOutput) -> PyResult<Self> {
+    fn new(py: Python<'_>, out: ComponentOutput, provider: ProviderKind) -> PyResult<Self> {
         let outcome = out.outcome.as_str();
         let results = PyDict::new(py);
         results.set_item("result", out.result)?;
@@ -128,6 +129,7 @@ impl ComponentRun {
         results.set_item("timed_out", out.timed_out)?;
         results.set_item("sandbox_id", out.sandbox_id)?;
         results.set_item("sandbox_name", out.sandbox_name)?;
+        results.set_item("provider", provider.as_str())?;
         results.set_item("reused_guest", out.reused_guest)?;
         results.set_item("kept_guest", out.kept)?;
         results.set_item("artifact_count", out.files.len())?;
@@ -255,7 +257,7 @@ impl NativeComponent {
             drop(running);
             out
         }) {
-            Waited::Finished(Ok(out)) => ComponentRun::new(py, out),
+            Waited::Finished(Ok(out)) => ComponentRun::new(py, out, provider),
             Waited::Finished(Err(err)) => Err(raise(py, &err)),
             Waited::Panicked => Err(errors::execution(
                 py,
@@ -318,19 +320,22 @@ impl NativeComponent {
     }
 }
 
-/// The policy a run with these inputs gets: the effective network policy (under the node's
-/// Accept Link-Local Egress or this process's
-/// `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`) and the reuse mode. An unknown reuse
-/// mode is described as off (a run refuses it).
+/// The policy a run with these inputs gets on `provider` (`createos` or `opensandbox`): where
+/// it runs, the effective network policy (under the node's Accept Link-Local Egress or this
+/// process's `LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS`) and the reuse mode. An
+/// unknown reuse mode is described as off, an unknown provider as CreateOS (a run refuses
+/// either).
 #[pyfunction]
-#[pyo3(signature = (allow_network, session_mode, accept_egress_exceptions = false))]
+#[pyo3(signature = (allow_network, session_mode, accept_egress_exceptions = false, provider = "createos"))]
 pub fn describe_component(
     allow_network: bool,
     session_mode: &str,
     accept_egress_exceptions: bool,
+    provider: &str,
 ) -> String {
     let reuse = Reuse::parse(session_mode).unwrap_or_default();
-    describe(allow_network, reuse, &|k| {
+    let provider = ProviderKind::parse(provider).unwrap_or_default();
+    describe(provider, allow_network, reuse, &|k| {
         if accept_egress_exceptions && k == ENV_ACCEPT_EGRESS_EXCEPTIONS {
             Some("true".to_owned())
         } else {

@@ -5,9 +5,16 @@
 //! dispatched), or **may have run** (anything after the exec request was sent). A shutdown that
 //! overtook the work reads as the shutdown. The hints that tell a user what to do exist here
 //! only.
+//!
+//! Every message names the provider the guest ran on ([`ProviderKind::display_name`]), and a
+//! hint names that provider's settings: an OpenSandbox operator is never told about CreateOS.
 
 use crate::control::{CallError, CallFailure};
 use crate::error::{ErrorKind, Redactor, SandboxError};
+use crate::provider::ProviderKind;
+use crate::provider::opensandbox::settings::{
+    ENV_API_KEY as OPENSANDBOX_API_KEY, ENV_DOMAIN as OPENSANDBOX_DOMAIN,
+};
 
 /// Whether the program may have started when something failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,21 +25,33 @@ pub enum Stage {
     Dispatched,
 }
 
-/// The hint for a failure of `failure`, or `""` when there is nothing to add.
-pub fn hint(failure: CallFailure, stage: Stage) -> &'static str {
-    match (failure, stage) {
-        (CallFailure::Status(401), _) => {
+/// The hint for a failure of `failure` on `provider`, or `""` when there is nothing to add.
+pub fn hint(provider: ProviderKind, failure: CallFailure, stage: Stage) -> String {
+    match (provider, failure, stage) {
+        (ProviderKind::CreateOs, CallFailure::Status(401), _) => {
             " Check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY); get a key at \
              https://createos.nodeops.network/profile."
+                .to_owned()
         }
-        (CallFailure::Status(403), _) => " The key is not allowed to do this (quota or scope).",
-        (CallFailure::Redirect, _) => {
+        (_, CallFailure::Status(401), _) => format!(
+            " Check {OPENSANDBOX_API_KEY}: the {} server did not accept it.",
+            provider.display_name()
+        ),
+        (_, CallFailure::Status(403), _) => {
+            " The key is not allowed to do this (quota or scope).".to_owned()
+        }
+        (ProviderKind::CreateOs, CallFailure::Redirect, _) => {
             " The control plane redirected; set CREATEOS_SANDBOX_BASE_URL to the final URL."
+                .to_owned()
         }
-        (f, Stage::BeforeDispatch) if kind_before_dispatch(f) == ErrorKind::Transient => {
-            " The program was not started; retrying later may succeed."
+        (_, CallFailure::Redirect, _) => format!(
+            " The {} server redirected; set {OPENSANDBOX_DOMAIN} to the final address.",
+            provider.display_name()
+        ),
+        (_, f, Stage::BeforeDispatch) if kind_before_dispatch(f) == ErrorKind::Transient => {
+            " The program was not started; retrying later may succeed.".to_owned()
         }
-        _ => "",
+        _ => String::new(),
     }
 }
 
@@ -47,63 +66,95 @@ fn kind_before_dispatch(failure: CallFailure) -> ErrorKind {
     }
 }
 
-/// The error every surface gives when a shutdown overtook its work.
-pub fn shut_down(stage: Stage) -> SandboxError {
+/// The error every surface gives when a shutdown overtook its work on `provider`.
+pub fn shut_down(provider: ProviderKind, stage: Stage) -> SandboxError {
+    let name = provider.display_name();
     match stage {
         Stage::BeforeDispatch => SandboxError::new(
             ErrorKind::Transient,
-            "CreateOS sandboxes in this process were shut down while this run was starting; \
-             the program was not started",
+            format!(
+                "{name} sandboxes in this process were shut down while this run was starting; \
+                 the program was not started"
+            ),
         ),
         Stage::Dispatched => SandboxError::new(
             ErrorKind::OutcomeUnknown,
-            "CreateOS sandboxes in this process were shut down while the program was running; \
-             the code may have run but did not finish",
+            format!(
+                "{name} sandboxes in this process were shut down while the program was \
+                 running; the code may have run but did not finish"
+            ),
         ),
     }
 }
 
-/// A call `op` that failed before anything was dispatched (create, upload, read-back,
-/// credential check, catalog, a declined exec): unavailable or not started. With `closed`
-/// (shutdown began), whatever the control plane answered reads as the shutdown.
-pub fn before_dispatch(op: &str, e: &CallError, closed: bool, redactor: &Redactor) -> SandboxError {
+/// A call `op` to `provider` that failed before anything was dispatched (create, upload,
+/// read-back, credential check, catalog, a declined exec): unavailable or not started. With
+/// `closed` (shutdown began), whatever the control plane answered reads as the shutdown.
+pub fn before_dispatch(
+    provider: ProviderKind,
+    op: &str,
+    e: &CallError,
+    closed: bool,
+    redactor: &Redactor,
+) -> SandboxError {
     if closed {
-        return shut_down(Stage::BeforeDispatch);
+        return shut_down(provider, Stage::BeforeDispatch);
     }
-    failed(op, e, hint(e.failure, Stage::BeforeDispatch), redactor).with_retry_after(e.retry_after)
+    let hint = hint(provider, e.failure, Stage::BeforeDispatch);
+    failed(provider, op, e, &hint, redactor).with_retry_after(e.retry_after)
 }
 
-/// A call `op` that has nothing to do with a program (a download, a listing): unavailable,
-/// or transient ("retrying later may succeed").
-pub fn call_failed(op: &str, e: &CallError, closed: bool, redactor: &Redactor) -> SandboxError {
+/// A call `op` to `provider` that has nothing to do with a program (a download, a listing):
+/// unavailable, or transient ("retrying later may succeed").
+pub fn call_failed(
+    provider: ProviderKind,
+    op: &str,
+    e: &CallError,
+    closed: bool,
+    redactor: &Redactor,
+) -> SandboxError {
+    let name = provider.display_name();
     if closed {
         return SandboxError::new(
             ErrorKind::Transient,
-            format!("CreateOS sandboxes in this process were shut down before the {op} finished"),
+            format!("{name} sandboxes in this process were shut down before the {op} finished"),
         );
     }
     let hint = match kind_before_dispatch(e.failure) {
-        ErrorKind::Transient => " Retrying later may succeed.",
-        _ => hint(e.failure, Stage::Dispatched),
+        ErrorKind::Transient => " Retrying later may succeed.".to_owned(),
+        _ => hint(provider, e.failure, Stage::Dispatched),
     };
-    failed(op, e, hint, redactor)
+    failed(provider, op, e, &hint, redactor)
 }
 
-fn failed(op: &str, e: &CallError, hint: &str, redactor: &Redactor) -> SandboxError {
+fn failed(
+    provider: ProviderKind,
+    op: &str,
+    e: &CallError,
+    hint: &str,
+    redactor: &Redactor,
+) -> SandboxError {
     let detail = redactor.cap(&e.message);
+    let name = provider.display_name();
     SandboxError::new(
         kind_before_dispatch(e.failure),
-        format!("CreateOS {op} failed: {detail}.{hint}"),
+        format!("{name} {op} failed: {detail}.{hint}"),
     )
     .redacted(redactor)
 }
 
-/// An exec request that was sent and failed: rejected (a 4xx, a redirect: not started) or
-/// may have run.
-pub fn after_dispatch(e: &CallError, closed: bool, redactor: &Redactor) -> SandboxError {
+/// An exec request to `provider` that was sent and failed: rejected (a 4xx, a redirect: not
+/// started) or may have run.
+pub fn after_dispatch(
+    provider: ProviderKind,
+    e: &CallError,
+    closed: bool,
+    redactor: &Redactor,
+) -> SandboxError {
     if closed {
-        return shut_down(Stage::Dispatched);
+        return shut_down(provider, Stage::Dispatched);
     }
+    let name = provider.display_name();
     let detail = redactor.cap(&e.message);
     let rejected = match e.failure {
         CallFailure::Status(s) => (400..500).contains(&s),
@@ -111,16 +162,16 @@ pub fn after_dispatch(e: &CallError, closed: bool, redactor: &Redactor) -> Sandb
         _ => false,
     };
     if rejected {
-        let hint = hint(e.failure, Stage::Dispatched);
+        let hint = hint(provider, e.failure, Stage::Dispatched);
         SandboxError::new(
             ErrorKind::Rejected,
-            format!("CreateOS exec was rejected: {detail}. The program was not started.{hint}"),
+            format!("{name} exec was rejected: {detail}. The program was not started.{hint}"),
         )
     } else {
         SandboxError::new(
             ErrorKind::OutcomeUnknown,
             format!(
-                "CreateOS exec failed after the program was dispatched ({detail}); the code may \
+                "{name} exec failed after the program was dispatched ({detail}); the code may \
                  have run. It was not retried"
             ),
         )
@@ -128,13 +179,21 @@ pub fn after_dispatch(e: &CallError, closed: bool, redactor: &Redactor) -> Sandb
     .redacted(redactor)
 }
 
-/// An exec stream that broke after the program was dispatched, with how much output arrived.
-pub fn stream_broke(e: &CallError, stdout: u64, stderr: u64, redactor: &Redactor) -> SandboxError {
+/// An exec stream from `provider` that broke after the program was dispatched, with how much
+/// output arrived.
+pub fn stream_broke(
+    provider: ProviderKind,
+    e: &CallError,
+    stdout: u64,
+    stderr: u64,
+    redactor: &Redactor,
+) -> SandboxError {
     let detail = redactor.cap(&e.message);
+    let name = provider.display_name();
     SandboxError::new(
         ErrorKind::OutcomeUnknown,
         format!(
-            "the exec stream from CreateOS broke after the program was dispatched ({detail}); \
+            "the exec stream from {name} broke after the program was dispatched ({detail}); \
              the code may have run ({stdout} bytes of stdout and {stderr} of stderr had \
              arrived). It was not retried"
         ),
@@ -185,7 +244,7 @@ mod tests {
             (CallFailure::Timeout, ErrorKind::Transient, "not started"),
         ];
         for (failure, kind, needle) in cases {
-            let err = before_dispatch("create", &e(failure), false, &r);
+            let err = before_dispatch(ProviderKind::CreateOs, "create", &e(failure), false, &r);
             assert_eq!(err.kind(), kind, "{failure:?}");
             assert!(err.message().contains(needle), "{failure:?}: {err}");
             assert!(!err.message().contains("sk-classify"), "{err}");
@@ -200,11 +259,16 @@ mod tests {
             CallFailure::Timeout,
             CallFailure::Status(500),
         ] {
-            let err = after_dispatch(&e(f), false, &r);
+            let err = after_dispatch(ProviderKind::CreateOs, &e(f), false, &r);
             assert_eq!(err.kind(), ErrorKind::OutcomeUnknown);
             assert!(err.message().contains("may have run"), "{err}");
         }
-        let err = after_dispatch(&e(CallFailure::Status(400)), false, &r);
+        let err = after_dispatch(
+            ProviderKind::CreateOs,
+            &e(CallFailure::Status(400)),
+            false,
+            &r,
+        );
         assert_eq!(err.kind(), ErrorKind::Rejected);
         assert!(err.message().contains("not started"), "{err}");
     }
@@ -212,10 +276,56 @@ mod tests {
     #[test]
     fn a_closed_session_reads_as_the_shutdown() {
         let r = Redactor::default();
-        let err = before_dispatch("upload", &e(CallFailure::Status(409)), true, &r);
+        let err = before_dispatch(
+            ProviderKind::CreateOs,
+            "upload",
+            &e(CallFailure::Status(409)),
+            true,
+            &r,
+        );
         assert!(err.message().contains("shut down") && err.message().contains("not started"));
-        let err = after_dispatch(&e(CallFailure::Transport), true, &r);
+        let err = after_dispatch(ProviderKind::CreateOs, &e(CallFailure::Transport), true, &r);
         assert_eq!(err.kind(), ErrorKind::OutcomeUnknown);
         assert!(err.message().contains("shut down"));
+    }
+
+    #[test]
+    fn every_message_names_the_provider_it_ran_on() {
+        let r = Redactor::default();
+        let os = ProviderKind::OpenSandbox;
+        let messages = [
+            before_dispatch(os, "create", &e(CallFailure::Status(422)), false, &r),
+            before_dispatch(os, "create", &e(CallFailure::Status(401)), false, &r),
+            before_dispatch(os, "create", &e(CallFailure::Redirect), false, &r),
+            before_dispatch(os, "create", &e(CallFailure::Transport), true, &r),
+            call_failed(os, "download", &e(CallFailure::Status(404)), false, &r),
+            call_failed(os, "download", &e(CallFailure::Transport), true, &r),
+            after_dispatch(os, &e(CallFailure::Status(400)), false, &r),
+            after_dispatch(os, &e(CallFailure::Transport), false, &r),
+            after_dispatch(os, &e(CallFailure::Transport), true, &r),
+            shut_down(os, Stage::BeforeDispatch),
+            stream_broke(os, &e(CallFailure::Transport), 1, 2, &r),
+        ];
+        for err in messages {
+            let m = err.message();
+            assert!(m.contains("OpenSandbox"), "{m}");
+            assert!(!m.contains("CreateOS") && !m.contains("CREATEOS"), "{m}");
+        }
+        let m = before_dispatch(os, "create", &e(CallFailure::Status(401)), false, &r);
+        assert!(m.message().contains(OPENSANDBOX_API_KEY), "{m}");
+        // CreateOS keeps its wording, byte for byte.
+        let m = stream_broke(ProviderKind::CreateOs, &e(CallFailure::Transport), 1, 2, &r);
+        assert!(
+            m.message().starts_with(
+                "the exec stream from CreateOS broke after the program was dispatched ("
+            ),
+            "{m}"
+        );
+        let m = shut_down(ProviderKind::CreateOs, Stage::BeforeDispatch);
+        assert_eq!(
+            m.message(),
+            "CreateOS sandboxes in this process were shut down while this run was starting; \
+             the program was not started"
+        );
     }
 }

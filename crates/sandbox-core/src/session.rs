@@ -214,6 +214,8 @@ struct Place {
     described: String,
     /// Who runs it, before [`Place::described`] in the log line (`CreateOS `, or nothing).
     owner: &'static str,
+    /// The provider, as errors name it.
+    kind: ProviderKind,
 }
 
 impl Place {
@@ -223,6 +225,7 @@ impl Place {
             described: format!("control plane at {endpoint} ({ENV_BASE_URL})"),
             endpoint,
             owner: "CreateOS ",
+            kind: ProviderKind::CreateOs,
         }
     }
 
@@ -231,6 +234,7 @@ impl Place {
             endpoint: kind.as_str().to_owned(),
             described: format!("{kind} server (set by the {kind} provider's settings)"),
             owner: "",
+            kind,
         }
     }
 }
@@ -289,7 +293,7 @@ async fn cached<T: Clone>(
         })
         .await;
         res.map_err(|e| {
-            let err = classify::before_dispatch(what, &e, false, redactor);
+            let err = classify::before_dispatch(place.kind, what, &e, false, redactor);
             if !unanswered(&e) {
                 return err;
             }

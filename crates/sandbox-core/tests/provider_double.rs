@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
@@ -60,6 +61,17 @@ struct Double {
     replaces: AtomicBool,
     /// Guests whose egress now reads back as something else than was asked.
     drifted: Mutex<Vec<String>>,
+    /// How the next exec goes instead of the usual run: the request fails, or the stream is
+    /// these frames (and then stays open when `hang` says so).
+    exec_script: Mutex<Option<ExecScript>>,
+}
+
+/// A scripted exec: how the provider answers the next exec request.
+enum ExecScript {
+    /// The request fails with this error.
+    Fails(CallError),
+    /// The stream sends these, then ends (or stays open without a frame, with `hang`).
+    Frames(Vec<Result<ExecFrame, CallError>>, bool),
 }
 
 impl Double {
@@ -73,6 +85,7 @@ impl Double {
             reports_envs: AtomicBool::new(false),
             replaces: AtomicBool::new(false),
             drifted: Mutex::new(Vec::new()),
+            exec_script: Mutex::new(None),
         })
     }
 
@@ -223,6 +236,20 @@ impl Provider for Double {
     ) -> BoxFuture<'_, Result<ExecStream, CallError>> {
         self.note("exec");
         self.seen.lock().unwrap().execs.push(req);
+        if let Some(script) = self.exec_script.lock().unwrap().take() {
+            let answer = self.lookup(&id).and_then(|_| match script {
+                ExecScript::Fails(e) => Err(e),
+                ExecScript::Frames(frames, hang) => {
+                    let sent = futures::stream::iter(frames);
+                    Ok(if hang {
+                        Box::pin(sent.chain(futures::stream::pending())) as ExecStream
+                    } else {
+                        Box::pin(sent) as ExecStream
+                    })
+                }
+            });
+            return now(answer);
+        }
         let frames = self.lookup(&id).map(|_| {
             let frames = vec![
                 Ok(ExecFrame::Heartbeat),
@@ -659,4 +686,139 @@ async fn a_provider_that_does_not_answer_is_named_as_itself_not_as_createos() {
     let m = e.message();
     assert!(m.contains("The opensandbox server"), "{m}");
     assert!(!m.contains("CREATEOS_SANDBOX_BASE_URL"), "{m}");
+}
+
+/// Runs `script` as one exec in a fresh guest of `double` and returns what the capture made of
+/// it: the error's message, or the outcome's standard error.
+async fn scripted_exec(double: &Arc<Double>, script: ExecScript) -> Result<String, String> {
+    let r = reaper();
+    let cx = context(double, &r);
+    let g = Guest::create(&cx, &spec(EgressPolicy::DenyAll), ONE_SHOT_PREFIX, soon())
+        .await
+        .unwrap();
+    *double.exec_script.lock().unwrap() = Some(script);
+    let short = ExecLimits {
+        budget: Duration::from_millis(200),
+        kill_after: Duration::from_millis(50),
+        host_grace: Duration::from_millis(50),
+    };
+    let cmd = Command::shell("echo hi");
+    let res = match g.exec(&cmd, &short, &ExecInput::default(), soon()).await {
+        Ok(run) => g
+            .capture(run, &short, 1024)
+            .await
+            .map(|out| out.stderr.text.to_string())
+            .map_err(|e| e.message().to_owned()),
+        Err(e) => Err(e.message().to_owned()),
+    };
+    g.destroy().await.unwrap();
+    res
+}
+
+fn names_opensandbox_only(message: &str) {
+    assert!(message.contains("OpenSandbox"), "{message}");
+    assert!(!message.contains("CreateOS"), "{message}");
+}
+
+#[tokio::test]
+async fn exec_failures_name_the_provider_the_guest_ran_on() {
+    let double = Double::new(EgressCheck::Matches);
+    let fails = |f| ExecScript::Fails(CallError::new(f, "the server said no"));
+
+    let m = scripted_exec(&double, fails(CallFailure::Status(400)))
+        .await
+        .unwrap_err();
+    assert!(m.starts_with("OpenSandbox exec was rejected: "), "{m}");
+    names_opensandbox_only(&m);
+
+    let m = scripted_exec(&double, fails(CallFailure::Status(500)))
+        .await
+        .unwrap_err();
+    assert!(
+        m.starts_with("OpenSandbox exec failed after the program was dispatched"),
+        "{m}"
+    );
+    names_opensandbox_only(&m);
+
+    let broke = vec![
+        Ok(ExecFrame::Stdout("partial\n".to_owned())),
+        Err(CallError::new(CallFailure::Transport, "connection reset")),
+    ];
+    let m = scripted_exec(&double, ExecScript::Frames(broke, false))
+        .await
+        .unwrap_err();
+    assert!(
+        m.starts_with("the exec stream from OpenSandbox broke"),
+        "{m}"
+    );
+    names_opensandbox_only(&m);
+
+    let m = scripted_exec(&double, ExecScript::Frames(vec![], true))
+        .await
+        .unwrap_err();
+    assert!(
+        m.starts_with("OpenSandbox accepted the exec but sent nothing"),
+        "{m}"
+    );
+    names_opensandbox_only(&m);
+
+    let impossible = vec![Ok(ExecFrame::Exit(300))];
+    let m = scripted_exec(&double, ExecScript::Frames(impossible, false))
+        .await
+        .unwrap_err();
+    assert!(
+        m.starts_with("OpenSandbox exec did not complete: OpenSandbox reported exit status 300"),
+        "{m}"
+    );
+    names_opensandbox_only(&m);
+
+    let agent = vec![
+        Ok(ExecFrame::Error("agent hiccup".to_owned())),
+        Ok(ExecFrame::Exit(1)),
+    ];
+    let stderr = scripted_exec(&double, ExecScript::Frames(agent, false))
+        .await
+        .unwrap();
+    assert!(
+        stderr.contains("[OpenSandbox guest agent: agent hiccup]"),
+        "{stderr}"
+    );
+    names_opensandbox_only(&stderr);
+    assert!(double.live().is_empty(), "{:?}", double.live());
+}
+
+#[tokio::test]
+async fn call_failures_and_shutdown_name_the_provider_the_guest_ran_on() {
+    let double = Double::new(EgressCheck::Matches);
+    let r = reaper();
+    let cx = context(&double, &r);
+    let g = Guest::create(&cx, &spec(EgressPolicy::DenyAll), ONE_SHOT_PREFIX, soon())
+        .await
+        .unwrap();
+    // The double refuses every download (a configuration failure, not retried).
+    let e = g.download("/tmp/out.txt", 1024, soon()).await.unwrap_err();
+    let m = e.message();
+    assert!(
+        m.starts_with("OpenSandbox download of /tmp/out.txt failed: "),
+        "{m}"
+    );
+    names_opensandbox_only(m);
+
+    // Shutdown destroys the guest under the handle; nothing is dispatched after it.
+    r.shutdown(Duration::from_secs(2)).await;
+    let e = g
+        .exec(
+            &Command::shell("echo hi"),
+            &limits(),
+            &ExecInput::default(),
+            soon(),
+        )
+        .await
+        .unwrap_err();
+    let m = e.message();
+    assert!(
+        m.starts_with("OpenSandbox sandboxes in this process were shut down"),
+        "{m}"
+    );
+    names_opensandbox_only(m);
 }

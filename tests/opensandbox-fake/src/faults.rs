@@ -1,4 +1,6 @@
-//! Fault injection: `ROUTE=ACTION[@PROB][#COUNT]` rules separated by `;`.
+//! Fault injection: `ROUTE=ACTION[@PROB][#COUNT][>SKIP]` rules separated by `;`. A rule with
+//! `>SKIP` lets the first `SKIP` requests to its route through before it fires (the run's exec
+//! after an OpenSandbox sandbox's probe command, say).
 
 use rand::Rng;
 
@@ -67,6 +69,8 @@ struct Rule {
     action: Action,
     prob: f64,
     remaining: Option<u64>,
+    /// Requests to the route still let through before the rule fires.
+    skip: u64,
 }
 
 /// The active rules.
@@ -92,6 +96,10 @@ impl Faults {
             if (rule.route != "*" && rule.route != route) || rule.remaining == Some(0) {
                 continue;
             }
+            if rule.skip > 0 {
+                rule.skip -= 1;
+                continue;
+            }
             if rule.prob < 1.0 && rng.random::<f64>() >= rule.prob {
                 continue;
             }
@@ -115,14 +123,15 @@ fn parse_rule(raw: &str) -> Result<Rule, String> {
             ROUTE_NAMES.join(", ")
         ));
     }
-    let end = rest.find(['@', '#']).unwrap_or(rest.len());
+    let end = rest.find(['@', '#', '>']).unwrap_or(rest.len());
     let action_text = rest[..end].trim();
     let mut suffix = &rest[end..];
     let mut prob = 1.0_f64;
     let mut remaining = None;
+    let mut skip = 0;
     while let Some(marker) = suffix.chars().next() {
         let body = &suffix[1..];
-        let stop = body.find(['@', '#']).unwrap_or(body.len());
+        let stop = body.find(['@', '#', '>']).unwrap_or(body.len());
         let value = body[..stop].trim();
         if marker == '@' {
             prob = value
@@ -130,6 +139,10 @@ fn parse_rule(raw: &str) -> Result<Rule, String> {
                 .ok()
                 .filter(|p| (0.0..=1.0).contains(p))
                 .ok_or_else(|| format!("fault rule {raw:?}: probability must be in [0, 1]"))?;
+        } else if marker == '>' {
+            skip = value
+                .parse::<u64>()
+                .map_err(|_| format!("fault rule {raw:?}: bad skip {value:?}"))?;
         } else {
             remaining = Some(
                 value
@@ -159,6 +172,7 @@ fn parse_rule(raw: &str) -> Result<Rule, String> {
         action,
         prob,
         remaining,
+        skip,
     })
 }
 
@@ -176,12 +190,23 @@ mod tests {
     }
 
     #[test]
+    fn a_skip_lets_the_first_requests_of_its_route_through() {
+        let mut f = Faults::parse("command=400#1>2").unwrap();
+        assert_eq!(f.pick("get"), None, "other routes do not use up the skip");
+        assert_eq!(f.pick("command"), None);
+        assert_eq!(f.pick("command"), None);
+        assert_eq!(f.pick("command"), Some(Action::Status(400)));
+        assert_eq!(f.pick("command"), None, "fired its one time");
+    }
+
+    #[test]
     fn bad_specs_are_refused() {
         assert!(Faults::parse("nope=500").is_err());
         assert!(Faults::parse("create=teapot").is_err());
         assert!(Faults::parse("create=200").is_err());
         assert!(Faults::parse("create=500@2").is_err());
         assert!(Faults::parse("create=500#x").is_err());
+        assert!(Faults::parse("create=500>x").is_err());
         assert!(Faults::parse("create").is_err());
         assert!(Faults::parse(" ; ").unwrap().pick("create").is_none());
     }

@@ -54,7 +54,7 @@ pub struct FakeOptions {
     pub api_key: String,
     /// The simulated server's modes (runtime, network mode, egress, delays, ...).
     pub config: Config,
-    /// Fault rules, `ROUTE=ACTION[@PROB][#COUNT]` separated by `;` (default none).
+    /// Fault rules, `ROUTE=ACTION[@PROB][#COUNT][>SKIP]` separated by `;` (default none).
     pub faults: String,
     /// Directories put in front of the guests' `PATH` (e.g. a virtualenv's `bin`, so `python3`
     /// in a guest is that virtualenv's).

@@ -34,7 +34,7 @@ struct Cli {
         hide_env_values = true
     )]
     api_key: String,
-    /// Fault rules: ROUTE=ACTION[@PROB][#COUNT] separated by ';' (ACTION: a status, reset,
+    /// Fault rules: ROUTE=ACTION[@PROB][#COUNT][>SKIP] separated by ';' (ACTION: a status, reset,
     /// reset-after, stall, stall-mid).
     #[arg(long, default_value = "")]
     faults: String,

@@ -301,9 +301,9 @@ class ComponentRun:
     @property
     def results(self) -> dict[str, Any]:
         """The Results output: ``result``, ``stderr``, ``exit_code``, ``timed_out``,
-        ``sandbox_id``, ``sandbox_name``, ``reused_guest``, ``kept_guest``, ``artifact_count``,
-        ``stdout_truncated``, ``stderr_truncated``, ``timings``, ``notes``, and ``error`` when the
-        program failed."""
+        ``sandbox_id``, ``sandbox_name``, ``provider`` (``createos`` or ``opensandbox``: where the
+        guest ran), ``reused_guest``, ``kept_guest``, ``artifact_count``, ``stdout_truncated``,
+        ``stderr_truncated``, ``timings``, ``notes``, and ``error`` when the program failed."""
     @property
     def files(self) -> list[dict[str, Any]]:
         """The Files output: one ``{path, size, text, base64}`` dict per returned file."""
@@ -349,8 +349,11 @@ class NativeComponent:
     def shutdown(self) -> None:
         """Destroy this process's fresh guests (reused guests are kept). Idempotent."""
 
-def describe_component(allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False) -> str:
-    """The policy a run with these inputs gets: the effective network policy and the reuse mode."""
+def describe_component(
+    allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False, provider: str = "createos"
+) -> str:
+    """The policy a run with these inputs gets on ``provider`` (``createos`` or ``opensandbox``):
+    where it runs, the effective network policy and the reuse mode."""
 
 #: The node's static description on the canvas (never a policy: the status shows the run's).
 COMPONENT_DESCRIPTION: str

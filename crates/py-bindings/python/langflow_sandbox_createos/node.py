@@ -29,24 +29,40 @@ metrics.install()
 atexit.register(_NATIVE.shutdown)
 
 
-def describe(allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False) -> str:
-    """The policy a run with these inputs gets: effective network policy and reuse mode.
+def describe(
+    allow_network: bool, session_mode: str, accept_egress_exceptions: bool = False, provider: str = "createos"
+) -> str:
+    """The policy a run with these inputs gets on ``provider``: where it runs (a CreateOS
+    microVM, or a sandbox on the OpenSandbox server and its isolation), effective network policy
+    and reuse mode.
 
     Flows saved before the node had Accept Link-Local Egress embed a source that calls this
-    with two arguments.
+    with two arguments; flows saved before it passed the Provider, with three (CreateOS).
     """
-    return _native.describe_component(allow_network, session_mode, accept_egress_exceptions)
+    return _native.describe_component(allow_network, session_mode, accept_egress_exceptions, provider)
 
 
-def status_text(results: dict[str, Any], *, allow_network: bool, session_mode: str, accept_egress_exceptions: bool) -> str:
-    """The node's status after a run: its guest, exit code and time, then the policy it got."""
+def status_text(
+    results: dict[str, Any],
+    *,
+    allow_network: bool,
+    session_mode: str,
+    accept_egress_exceptions: bool,
+    provider: str | None = None,
+) -> str:
+    """The node's status after a run: its guest, exit code and time, then the policy it got.
+
+    The provider is the run's own (its Results' ``provider``) unless given: a flow saved before
+    the node passed it still gets the right one.
+    """
     guest = str(results.get("sandbox_name") or "?")
     kept = "kept for the next run" if results.get("kept_guest") else "destroyed"
     timings = results.get("timings")
     total = cast("dict[str, Any]", timings).get("total_ms") if isinstance(timings, dict) else None
     took = f" in {total} ms" if isinstance(total, int) else ""
     head = f"Ran in guest {guest} ({kept}), exit code {results.get('exit_code')}{took}."
-    return f"{head}\n{describe(allow_network, session_mode, accept_egress_exceptions)}"
+    ran_on = provider or str(results.get("provider") or "createos")
+    return f"{head}\n{describe(allow_network, session_mode, accept_egress_exceptions, ran_on)}"
 
 
 def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -374,7 +374,10 @@ impl Guest {
             return Ok(());
         }
         if cx.closed() {
-            return Err(classify::shut_down(Stage::BeforeDispatch));
+            return Err(classify::shut_down(
+                cx.provider.kind(),
+                Stage::BeforeDispatch,
+            ));
         }
         cx.count();
         let ready = cx.provider.wait_ready(self.id.clone(), deadline);
@@ -398,7 +401,10 @@ impl Guest {
         let mut attempt = 0u32;
         loop {
             if cx.closed() {
-                return Err(classify::shut_down(Stage::BeforeDispatch));
+                return Err(classify::shut_down(
+                    cx.provider.kind(),
+                    Stage::BeforeDispatch,
+                ));
             }
             match info.status {
                 GuestStatus::Running => return Ok(Some(info)),

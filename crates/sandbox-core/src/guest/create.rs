@@ -95,7 +95,10 @@ impl Guest {
             else {
                 if attempt > 0 {
                     // This run was already under way when shutdown began.
-                    return Err(classify::shut_down(Stage::BeforeDispatch));
+                    return Err(classify::shut_down(
+                        cx.provider.kind(),
+                        Stage::BeforeDispatch,
+                    ));
                 }
                 return Err(no_new_guests(cx));
             };
@@ -191,7 +194,10 @@ impl Guest {
             // Shutdown began while the create was in flight: nothing is dispatched any more,
             // and the guest is destroyed (once: shutdown may be at it).
             let _ = self.destroy().await;
-            return Err(classify::shut_down(Stage::BeforeDispatch));
+            return Err(classify::shut_down(
+                cx.provider.kind(),
+                Stage::BeforeDispatch,
+            ));
         }
         let shown = cx.provider.egress_in_answer(&info, &spec.egress);
         if let Some(EgressCheck::Differs(eg)) = &shown {

@@ -171,7 +171,10 @@ impl Guest {
     ) -> Result<String, SandboxError> {
         let cx = &self.cx;
         if cx.closed() {
-            return Err(classify::shut_down(Stage::BeforeDispatch));
+            return Err(classify::shut_down(
+                cx.provider.kind(),
+                Stage::BeforeDispatch,
+            ));
         }
         let (res, _) = retry_until(
             &cx.backoff,
@@ -187,7 +190,12 @@ impl Guest {
         match res {
             Ok(pid) => Ok(pid),
             Err(e) if e.is_declined() => Err(cx.before_dispatch("process start", &e)),
-            Err(e) => Err(classify::after_dispatch(&e, cx.closed(), &cx.redactor)),
+            Err(e) => Err(classify::after_dispatch(
+                cx.provider.kind(),
+                &e,
+                cx.closed(),
+                &cx.redactor,
+            )),
         }
     }
 
@@ -205,7 +213,10 @@ impl Guest {
     ) -> Result<ExecRun, SandboxError> {
         let cx = &self.cx;
         if cx.closed() {
-            return Err(classify::shut_down(Stage::BeforeDispatch));
+            return Err(classify::shut_down(
+                cx.provider.kind(),
+                Stage::BeforeDispatch,
+            ));
         }
         let (cmd, args) = command.under_timeout(limits);
         let host_budget = limits.host_deadline();
@@ -258,9 +269,21 @@ impl Guest {
                 self.accepted_at(sent);
                 s
             }
-            Err(_) if cx.closed() => return Err(classify::shut_down(Stage::BeforeDispatch)),
+            Err(_) if cx.closed() => {
+                return Err(classify::shut_down(
+                    cx.provider.kind(),
+                    Stage::BeforeDispatch,
+                ));
+            }
             Err(e) if e.is_declined() => return Err(cx.before_dispatch("exec", &e)),
-            Err(e) => return Err(classify::after_dispatch(&e, cx.closed(), &cx.redactor)),
+            Err(e) => {
+                return Err(classify::after_dispatch(
+                    cx.provider.kind(),
+                    &e,
+                    cx.closed(),
+                    &cx.redactor,
+                ));
+            }
         };
         Ok(ExecRun {
             stream: Some(stream),
@@ -321,10 +344,11 @@ impl Guest {
         if cx.closed() && exit != Some(0) {
             // Shutdown destroys a one-shot guest, which kills the program: its 137 (or the
             // missing exit) is the shutdown's doing, not a result of the program's own.
-            return Err(classify::shut_down(Stage::Dispatched));
+            return Err(classify::shut_down(cx.provider.kind(), Stage::Dispatched));
         }
         if let Some(e) = broken {
             return Err(classify::stream_broke(
+                cx.provider.kind(),
                 &e,
                 out.total_bytes(),
                 err.total_bytes(),
@@ -332,13 +356,15 @@ impl Guest {
             ));
         }
         let agent_said = agent_error.map(|m| redactor.cap(&m));
+        // Every message names the provider the guest ran on.
+        let name = cx.provider.kind().display_name();
         if host_timed_out && frames == 0 {
             // Not one frame (no output, no heartbeat) since the exec was accepted: the control
             // plane stopped answering; nothing says the program ran to its budget.
             return Err(SandboxError::new(
                 ErrorKind::OutcomeUnknown,
                 format!(
-                    "CreateOS accepted the exec but sent nothing (no output, heartbeat or exit \
+                    "{name} accepted the exec but sent nothing (no output, heartbeat or exit \
                      status) for {}s; the code may have run. The guest was destroyed",
                     host_budget.as_secs()
                 ),
@@ -363,15 +389,13 @@ impl Guest {
                 other => {
                     let what = other.map_or_else(
                         || "the exec stream ended without an exit status".to_owned(),
-                        |c| format!("CreateOS reported exit status {c}, which no process can have"),
+                        |c| format!("{name} reported exit status {c}, which no process can have"),
                     );
                     let why = agent_said
                         .map_or_else(String::new, |m| format!(" (the guest agent reported: {m})"));
                     return Err(SandboxError::new(
                         ErrorKind::OutcomeUnknown,
-                        format!(
-                            "CreateOS exec did not complete: {what}{why}; the code may have run"
-                        ),
+                        format!("{name} exec did not complete: {what}{why}; the code may have run"),
                     )
                     .redacted(redactor));
                 }
@@ -380,7 +404,7 @@ impl Guest {
         if let Some(m) = agent_said {
             // An exit status and an agent error together: keep the agent's word where the user
             // reads failures.
-            err.push(format!("\n[CreateOS guest agent: {m}]\n").as_bytes());
+            err.push(format!("\n[{name} guest agent: {m}]\n").as_bytes());
         }
         Ok(ExecOutcome {
             stdout: out.finish(),

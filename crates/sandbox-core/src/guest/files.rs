@@ -53,7 +53,7 @@ impl Guest {
             .await
             .map_err(|e| match e.failure {
                 CallFailure::TooLarge => too_large("declared by the server".to_owned()),
-                _ => classify::call_failed(&op, &e, cx.closed(), &cx.redactor),
+                _ => classify::call_failed(cx.provider.kind(), &op, &e, cx.closed(), &cx.redactor),
             })?;
         if let Some(len) = dl.content_length
             && len > max_bytes
@@ -71,7 +71,13 @@ impl Guest {
                         buf.len()
                     ),
                 );
-                return Err(classify::call_failed(&op, &e, cx.closed(), &cx.redactor));
+                return Err(classify::call_failed(
+                    cx.provider.kind(),
+                    &op,
+                    &e,
+                    cx.closed(),
+                    &cx.redactor,
+                ));
             };
             let Some(chunk) = next else {
                 break;
@@ -86,7 +92,15 @@ impl Guest {
                 Err(e) if e.failure == CallFailure::TooLarge => {
                     return Err(too_large(format!("more than {max_bytes} bytes arrived")));
                 }
-                Err(e) => return Err(classify::call_failed(&op, &e, cx.closed(), &cx.redactor)),
+                Err(e) => {
+                    return Err(classify::call_failed(
+                        cx.provider.kind(),
+                        &op,
+                        &e,
+                        cx.closed(),
+                        &cx.redactor,
+                    ));
+                }
             }
         }
         Ok(buf.freeze())

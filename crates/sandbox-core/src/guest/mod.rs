@@ -218,7 +218,7 @@ impl GuestContext {
     }
 
     fn before_dispatch(&self, op: &str, e: &CallError) -> SandboxError {
-        classify::before_dispatch(op, e, self.closed(), &self.redactor)
+        classify::before_dispatch(self.provider.kind(), op, e, self.closed(), &self.redactor)
     }
 
     /// Retries `op` on transient failures until `deadline`, counting every attempt.

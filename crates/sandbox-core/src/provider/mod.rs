@@ -88,6 +88,15 @@ impl ProviderKind {
         }
     }
 
+    /// The name messages give it: `CreateOS`, `OpenSandbox` (an error or status names the
+    /// provider the guest ran on, so that an operator of one is not sent to the other).
+    pub fn display_name(self) -> &'static str {
+        match self {
+            ProviderKind::CreateOs => "CreateOS",
+            ProviderKind::OpenSandbox => "OpenSandbox",
+        }
+    }
+
     /// The provider a setting's value names (trimmed, any case); `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         let v = value.trim();

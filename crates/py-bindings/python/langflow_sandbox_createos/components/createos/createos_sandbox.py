@@ -170,8 +170,7 @@ class CreateOSSandboxComponent(Component):
             "allowed_domains": _text(getattr(self, "allowed_domains", "")),
             "timeout_seconds": int(self.timeout_seconds if self.timeout_seconds is not None else 60),
             "shape": _text(self.shape),
-            # Flows saved before the node had Provider run on CreateOS.
-            "provider": (_text(getattr(self, "provider", "")) or "CreateOS").lower(),
+            "provider": self._provider(),
         }
 
     def _execution(self, output: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -197,7 +196,13 @@ class CreateOSSandboxComponent(Component):
             allow_network=bool(self.allow_network),
             session_mode=_text(self.session_mode) or "off",
             accept_egress_exceptions=bool(getattr(self, "accept_egress_exceptions", False)),
+            provider=self._provider(),
         )
+
+    def _provider(self) -> str:
+        """The node's Provider as the package spells it (``createos`` or ``opensandbox``)."""
+        # Flows saved before the node had Provider run on CreateOS.
+        return (_text(getattr(self, "provider", "")) or "CreateOS").lower()
 
     def run_sandbox(self) -> Data:
         """Results: stdout as ``result``, ``stderr``, ``exit_code``, the guest, the timings."""
@@ -225,6 +230,7 @@ class CreateOSSandboxComponent(Component):
             bool(self.allow_network),
             _text(self.session_mode) or "off",
             bool(getattr(self, "accept_egress_exceptions", False)),
+            self._provider(),
         )
         for tool in tools:
             tool.description = description
