@@ -114,24 +114,30 @@ pub fn describe(
             )
         }
     };
-    let reuse = match reuse {
-        Reuse::Off => "Guest reuse: off, a fresh microVM per run, destroyed afterwards.",
-        Reuse::Flow => {
-            "Guest reuse: flow, one microVM per flow and node kept between runs (installed \
-             packages and files carry over; every user and concurrent run of the flow shares \
-             it)."
-        }
-        Reuse::Session => {
-            "Guest reuse: session, one microVM per flow, node and Langflow session kept \
-             between that session's runs (installed packages and files carry over; other \
-             sessions get their own)."
-        }
-    };
+    let reuse = reuse_sentence(reuse, "microVM", "destroyed");
     format!(
         "Runs Python code (or a shell command) in a CreateOS Firecracker microVM. {network} \
          {reuse} Files a run writes to {ARTIFACTS_DIR} (${ARTIFACTS_ENV}) can be returned, only \
          that run's."
     )
+}
+
+/// The description's sentence on Guest Reuse, naming the provider's guest (`microVM`,
+/// `sandbox`) and how it ends (`destroyed`, `deleted`).
+fn reuse_sentence(reuse: Reuse, guest: &str, ended: &str) -> String {
+    match reuse {
+        Reuse::Off => format!("Guest reuse: off, a fresh {guest} per run, {ended} afterwards."),
+        Reuse::Flow => format!(
+            "Guest reuse: flow, one {guest} per flow and node kept between runs (installed \
+             packages and files carry over; every user and concurrent run of the flow shares \
+             it)."
+        ),
+        Reuse::Session => format!(
+            "Guest reuse: session, one {guest} per flow, node and Langflow session kept \
+             between that session's runs (installed packages and files carry over; other \
+             sessions get their own)."
+        ),
+    }
 }
 
 /// [`describe`] on OpenSandbox: a sandbox on the operator's server, isolated as the operator
@@ -169,19 +175,7 @@ fn describe_opensandbox(
         "Network: off, deny-all egress, enforced by the OpenSandbox server and read back before \
          the program runs."
     };
-    let reuse = match reuse {
-        Reuse::Off => "Guest reuse: off, a fresh sandbox per run, deleted afterwards.",
-        Reuse::Flow => {
-            "Guest reuse: flow, one sandbox per flow and node kept between runs (installed \
-             packages and files carry over; every user and concurrent run of the flow shares \
-             it)."
-        }
-        Reuse::Session => {
-            "Guest reuse: session, one sandbox per flow, node and Langflow session kept \
-             between that session's runs (installed packages and files carry over; other \
-             sessions get their own)."
-        }
-    };
+    let reuse = reuse_sentence(reuse, "sandbox", "deleted");
     format!(
         "Runs Python code (or a shell command) in a sandbox on the OpenSandbox server, with \
          {isolation}. {network} {reuse} Files a run writes to {ARTIFACTS_DIR} \
