@@ -31,19 +31,18 @@ pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError
         Egress::Unrestricted => Ok(None),
         Egress::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
         Egress::Domains(domains) => {
-            let mut policy = NetworkPolicy::deny_all();
-            for raw in domains {
-                // A blank entry is refused here: lfx hands a list, not a comma-joined text.
-                let d = domain_entry(ENV_LF_ALLOWED_DOMAINS, raw)?.ok_or_else(|| {
-                    SandboxError::refused(format!(
-                        "{ENV_LF_ALLOWED_DOMAINS} holds a blank entry; remove it"
-                    ))
-                })?;
-                if !policy.egress.iter().any(|r| r.target == d) {
-                    policy = policy.allow(d);
-                }
-            }
-            Ok(Some(policy))
+            let names = domains
+                .iter()
+                .map(|raw| {
+                    // A blank entry is refused here: lfx hands a list, not a comma-joined text.
+                    domain_entry(ENV_LF_ALLOWED_DOMAINS, raw)?.ok_or_else(|| {
+                        SandboxError::refused(format!(
+                            "{ENV_LF_ALLOWED_DOMAINS} holds a blank entry; remove it"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(deny_all_but(names)))
         }
     }
 }
@@ -58,15 +57,11 @@ pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, Sandbox
         EgressPolicy::AllowAll => Ok(None),
         EgressPolicy::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
         EgressPolicy::Domains(domains) => {
-            let mut sent = NetworkPolicy::deny_all();
+            let mut names = Vec::with_capacity(domains.len());
             for raw in domains {
-                if let Some(d) = domain_entry("the domain allowlist", raw)?
-                    && !sent.egress.iter().any(|r| r.target == d)
-                {
-                    sent = sent.allow(d);
-                }
+                names.extend(domain_entry("the domain allowlist", raw)?);
             }
-            Ok(Some(sent))
+            Ok(Some(deny_all_but(names)))
         }
         EgressPolicy::Rules(rules) => Err(SandboxError::refused(format!(
             "the OpenSandbox provider refuses address rules ({} given): its egress sidecar \
@@ -74,6 +69,17 @@ pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, Sandbox
             rules.len()
         ))),
     }
+}
+
+/// Deny-all with one allow rule per name, each once, in the order first given.
+fn deny_all_but(names: Vec<String>) -> NetworkPolicy {
+    let mut policy = NetworkPolicy::deny_all();
+    for d in names {
+        if !policy.egress.iter().any(|r| r.target == d) {
+            policy = policy.allow(d);
+        }
+    }
+    policy
 }
 
 /// Checks the sidecar's read-back against what was sent: `dns+nft`, `deny` by default and
