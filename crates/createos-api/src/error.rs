@@ -289,7 +289,9 @@ pub struct ApiError {
     pub message: String,
     /// `X-Request-ID` response header (empty when absent).
     pub request_id: String,
-    /// The response body, read to at most [`MAX_ERROR_BODY`] bytes, redacted.
+    /// The response body, read to at most [`MAX_ERROR_BODY`] bytes, redacted. A body cut at
+    /// that bound also loses the longest secret's length less one byte at the cut, whatever
+    /// they hold (see [`crate::MIN_SECRET_FRAGMENT`]).
     pub body: Bytes,
     /// Whether the body was longer than [`MAX_ERROR_BODY`] and was cut.
     pub body_truncated: bool,

@@ -313,7 +313,7 @@ async fn hostile_answers_from_the_fake_are_handled() {
         let api = err.as_api().unwrap();
         assert_eq!(
             (api.status.as_u16(), api.body.len(), api.body_truncated),
-            (404, 4 << 20, true)
+            (404, (4 << 20) - (key.len() - 1), true)
         );
 
         server.set_faults("whoami=malformed#1").unwrap();

@@ -249,6 +249,52 @@ echo '{"frame":"complete","outputs":[]}'"#;
     assert_eq!(settled(&rig.fake).await.live, 0);
 }
 
+/// Issue 45: what the host shows of a guest's lines never depends on whether a line ends (or
+/// starts) with part of the sandbox's key, so a failed run answers no guess at it: the last
+/// guest output and a flow error quote every guess as the guest wrote it.
+#[tokio::test(flavor = "multi_thread")]
+async fn guest_lines_ending_with_part_of_the_key_come_back_as_written() {
+    let guesses: Vec<&str> = [4, 9, KEY.len() - 1]
+        .into_iter()
+        .map(|k| &KEY[..k])
+        .chain([&KEY[KEY.len() - 6..], "lf-x"])
+        .collect();
+    let mut lines: Vec<String> = guesses
+        .iter()
+        .map(|g| format!("echo 'guess {g}' >&2"))
+        .collect();
+    lines.push("exit 3".to_owned());
+    let script = lines.join("\n");
+    let rig = start_rig(&script, &[], "").await;
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    let err = run.next().await.unwrap_err().to_string();
+    assert!(err.contains("Last guest output"), "{err}");
+    for g in &guesses {
+        assert!(
+            err.contains(&format!("guess {g}")),
+            "{g:?} not as written in {err}"
+        );
+    }
+    assert!(!err.contains("[REDACTED]"), "{err}");
+
+    // A flow error whose message ends with the key's first characters: quoted as written.
+    let prefix = &KEY[..KEY.len() - 2];
+    let script = format!(
+        r#"printf '{{"frame":"hello","lfx":"1.13.0","python":"3.11"}}\n'
+printf '{{"frame":"error","kind":"flow","type":"ValueError","message":"was it {prefix}"}}\n'
+exit 1"#
+    );
+    let rig2 = start_rig(&script, &[], "").await;
+    let mut run = rig2.executor.start(&request(false), None).await.unwrap();
+    let err = run.next().await.unwrap_err();
+    let ExecutorError::Flow { message, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(message, &format!("was it {prefix}"));
+    assert_eq!(settled(&rig.fake).await.live, 0);
+    assert_eq!(settled(&rig2.fake).await.live, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_that_stops_early_leaves_no_guest() {
     let script = r#"echo '{"frame":"vertex","id":"a","seq":1}'

@@ -363,7 +363,9 @@ async fn a_key_cut_by_a_bound_leaves_no_fragment() {
         .unwrap_err();
     let shown = err.to_string();
     assert!(shown.contains("ééé"), "{shown}");
-    assert!(shown.contains("[REDACTED]"), "{shown}");
+    // A fixed amount goes at the cut, whatever it holds: no part of the key is left there,
+    // and nothing in the quote says whether those bytes were a key's (issue 45).
+    assert!(!shown.contains("osk_"), "{shown}");
     assert_no_key(&shown);
 }
 

@@ -22,73 +22,40 @@ pub(crate) const SENSITIVE_HEADERS: [&str; 7] = [
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[REDACTED]";
 
-/// The shortest fragment of a secret that is masked at the edge of a text (4 bytes).
+/// The shortest secret a [`Redactor`] hides (4 bytes); a shorter one is ignored, since masking
+/// every 1 to 3 byte coincidence would shred ordinary messages (such a key is rejected anyway).
 ///
-/// A text that was cut (an error snippet, a body cut at its cap, a stream line shown in part)
-/// may end with the first bytes of a key or start with its last bytes. Any suffix of a text
-/// that is a prefix of a secret, and any prefix of a text that is a suffix of a secret, at
-/// least this long, is treated as the secret and replaced. Shorter fragments are left alone:
-/// masking every 1 to 3 byte coincidence would shred ordinary messages, and 3 bytes of a key
-/// give an attacker nothing useful. A secret of this length or shorter is not masked at all
-/// (it would shred every message; such a key is rejected anyway).
+/// Only **whole** occurrences of a secret are masked. A part of a secret in a text is never
+/// masked on its own: in text that a guest or a server chose, masking a part that matches the
+/// start of a key (and leaving one that does not) would answer "is this the start of the key?"
+/// one character at a time. Where this crate cuts a text itself, it redacts before the cut with
+/// the text past the cut in view, or, when it never saw past the cut (a body read to a cap),
+/// drops a fixed amount at the cut whatever it holds ([`Redactor::apply_cut_bytes`]).
 pub const MIN_SECRET_FRAGMENT: usize = 4;
 
 /// Longest text [`Redactor::cap`] keeps, in characters.
 pub const MAX_DETAIL_CHARS: usize = 500;
 
-/// The range of `text` left once a prefix of `secret` at its end and a suffix of `secret`
-/// at its start (each at least [`MIN_SECRET_FRAGMENT`] bytes) are taken away. `valid` says
-/// whether a cut at a byte offset is allowed (a char boundary, for text).
-fn edge_fragments(text: &[u8], secret: &[u8], valid: &dyn Fn(usize) -> bool) -> (usize, usize) {
-    let longest = secret.len().saturating_sub(1);
-    let mut end = text.len();
-    for k in (MIN_SECRET_FRAGMENT..=longest.min(text.len())).rev() {
-        if text.ends_with(&secret[..k]) && valid(text.len() - k) {
-            end = text.len() - k;
-            break;
-        }
+/// `text` with every whole occurrence of `secret` replaced by [`REDACTED`].
+fn redact_bytes(text: &[u8], secret: &[u8]) -> Vec<u8> {
+    if secret.is_empty()
+        || text.len() < secret.len()
+        || !text.windows(secret.len()).any(|w| w == secret)
+    {
+        return text.to_vec();
     }
-    let mut start = 0;
-    for k in (MIN_SECRET_FRAGMENT..=longest.min(end)).rev() {
-        if text[..end].starts_with(&secret[secret.len() - k..]) && valid(k) {
-            start = k;
-            break;
-        }
-    }
-    (start, end)
-}
-
-/// `text` with every whole occurrence of `secret` replaced, then with a fragment of it at
-/// either edge replaced (see [`MIN_SECRET_FRAGMENT`]).
-fn redact_bytes(text: &[u8], secret: &[u8], valid: &dyn Fn(&[u8], usize) -> bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
-    if secret.is_empty() || !text.windows(secret.len()).any(|w| w == secret) {
-        out.extend_from_slice(text);
-    } else {
-        let mut i = 0;
-        while i < text.len() {
-            if text[i..].starts_with(secret) {
-                out.extend_from_slice(REDACTED.as_bytes());
-                i += secret.len();
-            } else {
-                out.push(text[i]);
-                i += 1;
-            }
+    let mut i = 0;
+    while i < text.len() {
+        if text[i..].starts_with(secret) {
+            out.extend_from_slice(REDACTED.as_bytes());
+            i += secret.len();
+        } else {
+            out.push(text[i]);
+            i += 1;
         }
     }
-    let (start, end) = edge_fragments(&out, secret, &|at| valid(&out, at));
-    if start == 0 && end == out.len() {
-        return out;
-    }
-    let mut masked = Vec::with_capacity(out.len() + 2 * REDACTED.len());
-    if start > 0 {
-        masked.extend_from_slice(REDACTED.as_bytes());
-    }
-    masked.extend_from_slice(&out[start..end]);
-    if end < out.len() {
-        masked.extend_from_slice(REDACTED.as_bytes());
-    }
-    masked
+    out
 }
 
 /// Masks the value following `x-api-key` (any case) and a `:`/`=`/`"` separator, so a header
@@ -147,9 +114,9 @@ pub fn cap_detail(detail: &str) -> String {
 }
 
 /// Removes secrets from text that may have passed through a server (which can echo request
-/// headers), a third-party error type or a guest: every occurrence of each secret, a fragment
-/// of one at either edge of the text (see [`MIN_SECRET_FRAGMENT`]), and, in text, the value
-/// of any `x-api-key` header-like fragment. The one redaction of this crate and of the crates
+/// headers), a third-party error type or a guest: every whole occurrence of each secret (never
+/// a part of one: see [`MIN_SECRET_FRAGMENT`]), and, in text, the value of any `x-api-key`
+/// header-like fragment. The one redaction of this crate and of the crates
 /// built on it.
 ///
 /// Cheap to clone (shared). `Debug` shows how many secrets it holds, never one of them.
@@ -205,59 +172,60 @@ impl Redactor {
         self.0.is_empty()
     }
 
-    /// `text` with every secret, a fragment of a secret at either edge, and `x-api-key`
-    /// header values replaced by [`REDACTED`].
+    /// The length in bytes of the longest secret it hides (0 when it hides none).
+    pub fn longest(&self) -> usize {
+        self.0
+            .iter()
+            .map(|s| s.expose_secret().len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// `text` with every whole occurrence of a secret, and `x-api-key` header values, replaced
+    /// by [`REDACTED`]. A part of a secret is left as it is (see [`MIN_SECRET_FRAGMENT`]).
     pub fn apply(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for s in self.0.iter() {
-            let bytes = redact_bytes(out.as_bytes(), s.expose_secret().as_bytes(), &|b, at| {
-                std::str::from_utf8(b).is_ok_and(|t| t.is_char_boundary(at))
-            });
-            // Whole UTF-8 sequences were replaced by ASCII at char boundaries, so the result
-            // stays valid UTF-8.
+            // Whole UTF-8 sequences are replaced by ASCII, so the result stays valid UTF-8.
+            let bytes = redact_bytes(out.as_bytes(), s.expose_secret().as_bytes());
             out = String::from_utf8(bytes)
                 .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         }
         mask_api_key_headers(&out)
     }
 
-    /// Bytes with every secret, and a fragment of one at either edge (a body cut by a cap ends
-    /// with what may be the start of a key), replaced.
+    /// Bytes with every whole occurrence of a secret replaced.
     pub fn apply_bytes(&self, bytes: &[u8]) -> Bytes {
         let mut out = bytes.to_vec();
         for s in self.0.iter() {
-            out = redact_bytes(&out, s.expose_secret().as_bytes(), &|_, _| true);
+            out = redact_bytes(&out, s.expose_secret().as_bytes());
         }
         Bytes::from(out)
     }
 
-    /// [`cap_detail`] for text that may hold a secret: redacts, cuts to
-    /// [`MAX_DETAIL_CHARS`], then redacts again, so a secret that straddled the cut leaves no
-    /// fragment at the new edge; the result is one line, its control, line-break and
-    /// bidirectional characters escaped (`outside_text::line`), fit for a message or a log.
-    pub fn cap(&self, text: &str) -> String {
-        let capped = cap_detail(&self.apply(text));
-        let capped = match capped.strip_suffix('…') {
-            Some(cut) => format!("{}…", self.apply(cut)),
-            None => capped,
-        };
-        outside_text::line(&capped).into_owned()
+    /// [`Redactor::apply_bytes`] for bytes this crate cut at their end without reading past the
+    /// cut (a body read to a cap): the last [`Redactor::longest`]` - 1` bytes are dropped first,
+    /// whatever they hold, so the start of a secret that straddled the cut cannot remain, and
+    /// what is shown never depends on whether those bytes matched one.
+    pub fn apply_cut_bytes(&self, bytes: &[u8]) -> Bytes {
+        let drop = self.longest().saturating_sub(1).min(bytes.len());
+        self.apply_bytes(&bytes[..bytes.len() - drop])
     }
 
-    /// At most `max_chars` characters of `text`, redacted before the cut and again after
-    /// it, so a secret that straddles the cut leaves no fragment behind.
+    /// [`cap_detail`] for text that may hold a secret: redacts the whole text (so a secret that
+    /// straddles the cut is replaced whole), cuts to [`MAX_DETAIL_CHARS`]; the result is one
+    /// line, its control, line-break, invisible and bidirectional characters escaped
+    /// (`outside_text::line`), fit for a message or a log.
+    pub fn cap(&self, text: &str) -> String {
+        outside_text::line(&cap_detail(&self.apply(text))).into_owned()
+    }
+
+    /// At most `max_chars` characters of `text`, redacted with the text past the cut in view,
+    /// so a secret that straddles the cut is replaced whole and leaves no part behind.
     pub fn shorten(&self, text: &str, max_chars: usize) -> String {
-        let longest = self
-            .0
-            .iter()
-            .map(|s| s.expose_secret().len())
-            .max()
-            .unwrap_or(0);
         // Every secret that starts inside the kept part ends inside this window.
-        let window: String = text.chars().take(max_chars + longest).collect();
-        let scrubbed = self.apply(&window);
-        let cut: String = scrubbed.chars().take(max_chars).collect();
-        self.apply(&cut)
+        let window: String = text.chars().take(max_chars + self.longest()).collect();
+        self.apply(&window).chars().take(max_chars).collect()
     }
 }
 
@@ -293,7 +261,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scrub_replaces_every_secret_and_a_cut_tail() {
+    fn every_whole_secret_is_replaced_and_no_part_of_one() {
         let s = Redactor::default()
             .with(&SecretString::from("sekrit-key"))
             .with(&SecretString::from("skp_sb_tok"));
@@ -302,18 +270,57 @@ mod tests {
             "a [REDACTED] b [REDACTED]"
         );
         assert_eq!(&s.apply_bytes(b"xx sekrit-key yy")[..], b"xx [REDACTED] yy");
-        assert_eq!(&s.apply_bytes(b"xx sekri")[..], b"xx [REDACTED]");
-        // Fragments of at least MIN_SECRET_FRAGMENT bytes at either edge are masked ...
-        assert_eq!(s.apply("xx sekr"), "xx [REDACTED]");
-        assert_eq!(s.apply("it-key yy"), "[REDACTED] yy");
+        // A part of a secret, at an edge or inside, is the text's own: left as it is.
+        for text in ["xx sekr", "it-key yy", "b_tok, then sekrit-k", "a sekri b"] {
+            assert_eq!(s.apply(text), text);
+            assert_eq!(&s.apply_bytes(text.as_bytes())[..], text.as_bytes());
+        }
+    }
+
+    /// Issue 45: what is shown of a text a guest chose never depends on whether a part of it
+    /// shorter than the key matches the key, so refusals and masks answer no guess.
+    #[test]
+    fn masking_is_no_oracle_for_the_start_or_end_of_a_key() {
+        let key = "sk-live-7f3c9a1e5b2d4c6e";
+        let r = Redactor::new(key);
+        for k in 1..key.len() {
+            for guess in [&key[..k], &key[key.len() - k..]] {
+                for text in [
+                    format!("line ending {guess}"),
+                    format!("{guess} starts this line"),
+                ] {
+                    assert_eq!(r.apply(&text), text, "{k}");
+                    assert_eq!(r.cap(&text), text, "{k}");
+                    assert_eq!(r.shorten(&text, 400), text, "{k}");
+                }
+            }
+        }
+        assert_eq!(r.apply(&format!("x {key} y")), "x [REDACTED] y");
+    }
+
+    #[test]
+    fn a_cut_body_drops_a_fixed_amount_at_the_cut_whatever_it_holds() {
+        let key = "sk-live-7f3c9a1e5b2d";
+        let r = Redactor::new(key);
+        let drop = key.len() - 1;
+        let base = "e".repeat(100);
+        // A body cut through the key, and one that ends with ordinary text: both lose the same
+        // number of bytes, so the shown text says nothing about what was dropped.
+        for k in 1..key.len() {
+            let cut = format!("{base}{}", &key[..k]);
+            let shown = r.apply_cut_bytes(cut.as_bytes());
+            assert_eq!(shown.len(), cut.len() - drop, "{k}");
+            assert!(!String::from_utf8_lossy(&shown).contains("sk-l"), "{k}");
+        }
+        let plain = format!("{base}zzzzzzzzzzzzzzzzzzzzzzzzz");
         assert_eq!(
-            s.apply("b_tok, then sekrit-k"),
-            "[REDACTED], then [REDACTED]"
+            r.apply_cut_bytes(plain.as_bytes()).len(),
+            plain.len() - drop
         );
-        // ... shorter ones, and fragments inside the text, are not.
-        assert_eq!(s.apply("xx sek"), "xx sek");
-        assert_eq!(s.apply("key yy"), "key yy");
-        assert_eq!(s.apply("a sekri b"), "a sekri b");
+        assert_eq!(
+            &Redactor::default().apply_cut_bytes(b"no secret")[..],
+            b"no secret"
+        );
     }
 
     #[test]
@@ -406,25 +413,10 @@ mod tests {
             }
             assert!(capped.chars().count() <= MAX_DETAIL_CHARS + 1 + REDACTED.len());
         }
-        // A text that arrives already cut through the key is masked at its edge too.
+        // A text that arrives already cut (by whoever sent it) is shown as it came: its edges
+        // are the sender's choice, and masking them would answer guesses.
         let pre_cut = format!("{}{}", "a".repeat(100), &key[..12]);
-        assert_eq!(r.cap(&pre_cut), format!("{}{REDACTED}", "a".repeat(100)));
-        // A partial key inside the text (not masked: it is not at an edge) is not exposed
-        // further by a cut that lands inside it.
-        for n in MIN_SECRET_FRAGMENT..12 {
-            let text = format!(
-                "{}{} tail {}",
-                "a".repeat(MAX_DETAIL_CHARS - n),
-                &key[..12],
-                "z".repeat(50)
-            );
-            let capped = r.cap(&text);
-            assert!(
-                !capped.contains(&key[..MIN_SECRET_FRAGMENT]),
-                "n={n}: {capped}"
-            );
-            assert!(capped.ends_with(&format!("{REDACTED}…")), "n={n}: {capped}");
-        }
+        assert_eq!(r.cap(&pre_cut), pre_cut);
     }
 
     #[test]
@@ -432,9 +424,8 @@ mod tests {
         let s = "é".repeat(MAX_DETAIL_CHARS + 10);
         let c = cap_detail(&s);
         assert_eq!(c.chars().count(), MAX_DETAIL_CHARS + 1);
-        // A multi-byte text that ends with what looks like a key's first bytes is cut at a
-        // char boundary only.
+        // A multi-byte secret is replaced whole; the result is still UTF-8.
         let r = Redactor::new("éàkey-1234");
-        assert_eq!(r.apply("x éàke"), "x [REDACTED]");
+        assert_eq!(r.apply("x éàkey-1234 é"), "x [REDACTED] é");
     }
 }

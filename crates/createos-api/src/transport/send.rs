@@ -232,7 +232,13 @@ impl Transport {
             }
         }
         drop(resp);
-        let body = self.secrets.apply_bytes(&body);
+        // Cut at the cap: a fixed amount goes at the cut, whatever it holds (never a mask that
+        // depends on whether the cut bytes start a key).
+        let body = if truncated {
+            self.secrets.apply_cut_bytes(&body)
+        } else {
+            self.secrets.apply_bytes(&body)
+        };
         let (code, message) = envelope_message(&body);
         let mut headers = HeaderMap::new();
         for (name, value) in &raw_headers {
