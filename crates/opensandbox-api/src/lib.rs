@@ -55,7 +55,7 @@ pub use scrub::{MAX_SNIPPET_CHARS, REDACTED, escape_line};
 mod transport;
 pub use transport::API_KEY_HEADER;
 mod wire;
-pub use wire::parse_timestamp;
+pub use wire::{MAX_ID_BYTES, is_server_id, parse_timestamp};
 
 pub use reqwest::{Method, StatusCode};
 pub use secrecy::SecretString;

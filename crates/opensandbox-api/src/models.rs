@@ -437,7 +437,8 @@ pub struct ImageRef {
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct SandboxInfo {
-    /// The id.
+    /// The id (checked on arrival: see [`crate::MAX_ID_BYTES`]).
+    #[serde(deserialize_with = "crate::wire::server_id")]
     pub id: String,
     /// The status.
     #[serde(default, deserialize_with = "or_default")]
@@ -623,7 +624,9 @@ impl Default for SnapshotState {
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct Snapshot {
-    /// The id (pass it to [`CreateSandbox::from_snapshot`]).
+    /// The id (pass it to [`CreateSandbox::from_snapshot`]; checked on arrival: see
+    /// [`crate::wire::MAX_ID_BYTES`]).
+    #[serde(deserialize_with = "crate::wire::server_id")]
     pub id: String,
     /// The sandbox captured.
     #[serde(default, deserialize_with = "or_default")]

@@ -14,9 +14,7 @@ pub const REDACTED: &str = "[REDACTED]";
 /// The most characters of server text an error keeps (after escaping).
 pub const MAX_SNIPPET_CHARS: usize = 512;
 
-/// A cut text may end with the first bytes of a secret; a trailing fragment at least this long
-/// is masked too. Shorter ones are left: masking every 1 to 3 byte coincidence would shred
-/// ordinary messages and gives an attacker nothing.
+/// The shortest secret looked for: a shorter one would shred every message.
 const MIN_FRAGMENT: usize = 4;
 
 /// Removes secrets from text. Cheap to clone; `Debug` says how many secrets it holds, never
@@ -68,27 +66,22 @@ impl Scrubber {
         out
     }
 
-    /// [`Scrubber::scrub`] for a text that was cut at its end (a body read to a cap): a tail
-    /// that is the start of a secret, [`MIN_FRAGMENT`] bytes or more, is masked as well.
+    /// [`Scrubber::scrub`] for a text that was cut at its end (a body read to a cap): the
+    /// last (longest secret - 1) bytes are dropped first, whatever they hold, so the start of
+    /// a secret that straddled the cut cannot remain, and what is shown never depends on
+    /// whether they matched one (a mask that did would answer guesses at a key's start).
     pub(crate) fn scrub_cut(&self, text: &str) -> String {
-        let mut out = self.scrub(text);
-        let mut longest_tail = 0;
-        for needle in self.needles.iter() {
-            let needle = needle.expose_secret().as_bytes();
-            let bytes = out.as_bytes();
-            let max = needle.len().saturating_sub(1).min(bytes.len());
-            if let Some(k) = (MIN_FRAGMENT..=max)
-                .rev()
-                .find(|&k| bytes.ends_with(&needle[..k]) && out.is_char_boundary(out.len() - k))
-            {
-                longest_tail = longest_tail.max(k);
-            }
+        let longest = self
+            .needles
+            .iter()
+            .map(|n| n.expose_secret().len())
+            .max()
+            .unwrap_or(0);
+        let mut end = text.len().saturating_sub(longest.saturating_sub(1));
+        while !text.is_char_boundary(end) {
+            end -= 1;
         }
-        if longest_tail > 0 {
-            out.truncate(out.len() - longest_tail);
-            out.push_str(REDACTED);
-        }
-        out
+        self.scrub(&text[..end])
     }
 
     /// Text from outside, shown in an error: scrubbed, escaped onto one line and cut to
@@ -109,26 +102,12 @@ impl Scrubber {
     }
 }
 
-/// `text` on one line: control characters, line and paragraph separators and bidirectional
-/// overrides become escapes (`\n`, `\u{202e}` …), so a server cannot break a log record into
-/// two or reorder what a terminal shows. Everything else is kept as it is.
+/// `text` on one line, through the workspace's one escaping ([`outside_text::line`]): control
+/// characters, line and paragraph separators, bidirectional and other invisible format
+/// characters become escapes (`\n`, `\u{202e}` …), so a server cannot break a log record into
+/// two, hide text or reorder what a terminal shows. Everything else is kept as it is.
 pub fn escape_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        let hidden = c.is_control()
-            || matches!(
-                c,
-                '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{feff}'
-            )
-            || ('\u{202a}'..='\u{202e}').contains(&c)
-            || ('\u{2066}'..='\u{2069}').contains(&c);
-        if hidden {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    outside_text::line(text).into_owned()
 }
 
 #[cfg(test)]
@@ -153,19 +132,19 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_tail_that_starts_a_secret_is_masked() {
+    fn a_cut_text_loses_a_fixed_amount_at_the_cut_whatever_it_holds() {
         let s = Scrubber::default().with(KEY);
-        for k in MIN_FRAGMENT..KEY.len() {
+        let drop = KEY.len() - 1;
+        for k in 1..KEY.len() {
             let text = format!("echo: {}", &KEY[..k]);
-            assert_eq!(
-                s.scrub_cut(&text),
-                "echo: [REDACTED]",
-                "fragment of {k} bytes"
-            );
+            let shown = s.scrub_cut(&text);
+            assert_eq!(shown.len(), text.len().saturating_sub(drop), "{k}");
+            assert!(!shown.contains("osk-"), "{k}: {shown}");
         }
-        // Three bytes are not a fragment; a fragment inside the text is not at the cut.
-        assert_eq!(s.scrub_cut("echo: osk"), "echo: osk");
-        assert_eq!(s.scrub_cut("osk-test tail"), "osk-test tail");
+        let plain = "echo: a reply that ends with ordinary words";
+        assert_eq!(s.scrub_cut(plain).len(), plain.len() - drop);
+        // Uncut text keeps a part of a secret: it is the sender's own text.
+        assert_eq!(s.scrub("echo: osk-test"), "echo: osk-test");
     }
 
     #[test]
@@ -177,7 +156,9 @@ mod tests {
         let shown = s.snippet(&long, MAX_SNIPPET_CHARS, false);
         assert_eq!(shown.chars().count(), MAX_SNIPPET_CHARS + 1);
         assert!(shown.ends_with('…'));
-        assert_eq!(s.snippet("short", 100, true), "short…");
+        // A cut text loses a fixed amount at the cut (the longest secret less one byte).
+        assert_eq!(s.snippet("short", 100, true), "…");
+        assert_eq!(Scrubber::default().snippet("short", 100, true), "short…");
     }
 
     #[test]

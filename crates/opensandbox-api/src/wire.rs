@@ -71,6 +71,37 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// The longest id this client accepts from a server for a sandbox or a snapshot, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// An id a server gives a sandbox or a snapshot: 1 to [`MAX_ID_BYTES`] ASCII letters, digits,
+/// `-`, `_` or `.`. Anything else refuses the whole answer, so that a hostile server's id never
+/// reaches a path, an error or a log record (issue 45); the refusal quotes at most 64 bytes of
+/// it, escaped onto one line.
+pub(crate) fn server_id<'de, D>(d: D) -> Result<String, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let id = String::deserialize(d)?;
+    if is_server_id(&id) {
+        Ok(id)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "the server gave the id \"{}\", which is not one (1 to {MAX_ID_BYTES} ASCII \
+             letters, digits, '-', '_' or '.')",
+            outside_text::snippet(&id, 64)
+        )))
+    }
+}
+
+/// Whether `id` is an id this client accepts from a server (see [`MAX_ID_BYTES`]).
+pub fn is_server_id(id: &str) -> bool {
+    (1..=MAX_ID_BYTES).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// Parses an RFC 3339 timestamp as the server writes it. A timestamp without an offset
 /// (a naive Python `datetime`) is read as UTC.
 pub fn parse_timestamp(raw: &str) -> Option<OffsetDateTime> {

@@ -8,18 +8,45 @@ pub const CONTINUATION: &str = "  | ";
 
 /// Whether `c` is written as an escape in [`line()`]: every control character (C0 including tab,
 /// newline and carriage return, DEL, C1 including NEL), the line and paragraph separators, and
-/// the bidirectional formatting characters.
+/// every invisible format character (Unicode's `Cf`: the bidirectional controls, zero-width
+/// spaces and joiners, the byte-order mark, soft hyphen, tag characters, ...) and the
+/// invisible fillers, so that what a reader sees of a text is all that is in it.
 pub fn is_unsafe(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
             '\u{2028}'
                 | '\u{2029}'
+                // Unicode 16's general category Cf (format characters).
+                | '\u{00ad}'
+                | '\u{0600}'..='\u{0605}'
                 | '\u{061c}'
-                | '\u{200e}'
-                | '\u{200f}'
+                | '\u{06dd}'
+                | '\u{070f}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08e2}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
                 | '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{110bd}'
+                | '\u{110cd}'
+                | '\u{13430}'..='\u{1343f}'
+                | '\u{1bca0}'..='\u{1bca3}'
+                | '\u{1d173}'..='\u{1d17a}'
+                | '\u{e0001}'
+                | '\u{e0020}'..='\u{e007f}'
+                // Characters that show as blank space of no width or look like nothing.
+                | '\u{034f}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{17b4}'
+                | '\u{17b5}'
+                | '\u{3164}'
+                | '\u{ffa0}'
         )
 }
 
@@ -114,6 +141,30 @@ mod tests {
             let shown = line(&one);
             assert!(!shown.chars().any(is_unsafe), "{c:?} -> {shown:?}");
             assert_eq!(shown.lines().count(), 1, "{c:?} broke the line");
+        }
+    }
+
+    /// Issue 45: invisible characters cannot hide text from whoever reads a message or a log.
+    #[test]
+    fn invisible_format_characters_are_escaped() {
+        let hostile =
+            "ok\u{200b}\u{200d}\u{feff}\u{00ad}\u{2060}\u{e0041}\u{e007f}\u{180e}\u{3164}";
+        assert_eq!(
+            line(hostile),
+            "ok\\u{200b}\\u{200d}\\u{feff}\\xad\\u{2060}\\u{e0041}\\u{e007f}\\u{180e}\\u{3164}"
+        );
+        for c in [
+            '\u{200b}',
+            '\u{200c}',
+            '\u{feff}',
+            '\u{e0001}',
+            '\u{e0020}',
+            '\u{2064}',
+        ] {
+            assert!(is_unsafe(c), "{c:?}");
+        }
+        for c in ['a', 'é', '中', '😀', '\u{fe0f}', ' '] {
+            assert!(!is_unsafe(c), "{c:?}");
         }
     }
 
