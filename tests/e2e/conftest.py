@@ -35,7 +35,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 E2E = Path(__file__).resolve().parent
 FLOW = E2E / "flows" / "pyrepl_flow.json"
-FAKE_KEY = "test-key"
+# Shaped like a generated key (long, varied): a guessable one would be looked for in an
+# author's text only as the whole text (sandbox_core::withheld::is_guessable).
+FAKE_KEY = "fake-key-7c41e9a2b5d8"
 # Every variable that could change what a run does; scrubbed from the inherited environment.
 _PREFIXES = ("CREATEOS_", "LANGFLOW_")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conftest import E2E, Fake, LfxRun, backend_env, http_json, lfx_serve, venv_bin
+from conftest import E2E, FAKE_KEY, Fake, LfxRun, backend_env, http_json, lfx_serve, venv_bin
 
 FLOWS = E2E / "flows"
 
@@ -354,7 +354,7 @@ def test_reuse_off_destroys_the_guest_also_on_failure(clean_fake: Fake, tmp_path
     assert stats["created"] == 3
 
 
-FAKE_KEY_PIECE = "test-key"
+FAKE_KEY_PIECE = FAKE_KEY
 
 
 def test_a_default_nodes_refusal_is_resolved_on_the_node(clean_fake: Fake, tmp_path: Path) -> None:

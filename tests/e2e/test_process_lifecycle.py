@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import E2E, FLOW, Fake, backend_env, venv_bin
+from conftest import E2E, FAKE_KEY, FLOW, Fake, backend_env, venv_bin
 
 # The parent runs once, waits until its guest is gone, then installs `argv[1]` as the fake's
 # faults and forks. The child's run must fail; the child then ends with os._exit at once,
@@ -655,7 +655,7 @@ def test_sigterm_cleanup_records_reach_stderr_before_the_process_dies(clean_fake
     summary = [line for line in lines if line.startswith(f"{prefix}sandbox backend shut down")]
     assert len(summary) == 1, proc.stderr[-3000:]
     assert "failed=1" in summary[0]
-    assert "test-key" not in proc.stderr
+    assert FAKE_KEY not in proc.stderr
 
 
 # Under a cap of one live guest, the parent holds its one guest in a thread and forks. The

@@ -379,9 +379,7 @@ impl Backend {
                 "env key {bad:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
         }
-        let withheld = Withheld::from_lookup(&|k| self.surface.lookup(k));
-        withheld.check_text("the code to run", code)?;
-        withheld.check_env("the env passed to run()", &envs)?;
+        Withheld::from_lookup(&|k| self.surface.lookup(k)).check_code_and_env(code, &envs)?;
         let opened = self.surface.open(&plan.settings).await?;
         let choice = select_shape(
             &opened.catalog,

@@ -37,6 +37,7 @@ use sandbox_core::session::Session;
 use sandbox_core::settings::DEFAULT_MAX_OUTPUT_BYTES;
 use sandbox_core::surface::{PoolUse, SurfaceKind};
 use sandbox_core::timings::Timings;
+use sandbox_core::withheld::Withheld;
 
 use crate::{Capabilities, DoctorLevel, DoctorLine, LfxPolicy, RunOutput};
 
@@ -410,6 +411,11 @@ impl OpenSandboxBackend {
         if self.live.closed() {
             return Err(refused(&shut_down()));
         }
+        // The same withheld check as every other surface and provider (issue 45): nothing of a
+        // plugin secret is uploaded or run.
+        Withheld::from_lookup(&lookup)
+            .check_code_and_env(code, env.iter().flatten())
+            .map_err(|e| refused(&e))?;
         let caps = Caps::from_lookup(&lookup).map_err(|e| refused(&e))?;
         let provider = self
             .provider(lookup)

@@ -21,7 +21,7 @@ use sandbox_core::provider::opensandbox::settings::{
 };
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
-use sandbox_core::withheld::Withheld;
+use sandbox_core::withheld::{Source, Withheld};
 
 use crate::{
     ARTIFACTS_DIR, ARTIFACTS_ENV, ComponentInputs, DOMAIN_SETTING_NAMES,
@@ -216,7 +216,13 @@ impl SandboxComponent {
             Program::Python(code) => (input::PYTHON_CODE, code),
             Program::Shell(command) => (input::COMMAND, command),
         };
-        Withheld::from_lookup(&|k| self.surface.lookup(k)).check_text(place, text)?;
+        // The program is the author's text (or a value an upstream node resolved): looked at as
+        // the author's, so that it answers no guess (issue 45).
+        Withheld::from_lookup(&|k| self.surface.lookup(k)).check_from(
+            Source::Author,
+            place,
+            text,
+        )?;
         let shape = inputs.shape.trim();
         let pinned_shape = if shape.is_empty() || shape.eq_ignore_ascii_case("auto") {
             settings

@@ -6,11 +6,15 @@
 //! - the variables the flow's fields ask for (the head's list, known before any guest exists;
 //!   and again from the flow's own `Graph.dump`, which is what the guest would rebuild):
 //!   a withheld name refuses the run whether or not the host resolved a value for it;
-//! - every text of the request (the flow, the inputs, the options, what the host resolved for
-//!   its variables, the chat history, the files' parameters) and every uploaded file: a
-//!   withheld value refuses the run, and the refusal says where it sat, never what it is.
+//! - every text of the request and every uploaded file: a withheld value refuses the run, and
+//!   the refusal says where it sat, never what it is. What the host resolved or read (the
+//!   values of the flow's variables, the chat history, the files' parameters and contents) is
+//!   looked at as [`Source::Host`]; what the author wrote or the caller typed (the flow's
+//!   definition, the inputs, the options, the ids) as [`Source::Author`], so that a word list
+//!   in a node's code answers no guess at a store password and a flow that mentions a
+//!   word-like password is not refused (issue 45).
 
-use sandbox_core::withheld::{self, Withheld};
+use sandbox_core::withheld::{self, Source, Withheld};
 use serde_json::Value;
 
 use crate::error::ExecutorError;
@@ -31,13 +35,28 @@ pub fn check_request(request: &FlowRequest, withheld: &Withheld) -> Result<(), E
     if withheld.is_empty() {
         return Ok(());
     }
-    find_in("the flow's definition", &request.flow, withheld)?;
+    find_in(
+        Source::Author,
+        "the flow's definition",
+        &request.flow,
+        withheld,
+    )?;
     for (i, input) in request.inputs.iter().enumerate() {
-        find_in(&format!("inputs[{i}]"), input, withheld)?;
+        find_in(Source::Author, &format!("inputs[{i}]"), input, withheld)?;
     }
     for (key, value) in &request.options {
-        find_text(&format!("runtime option `{}`", escaped(key)), key, withheld)?;
-        find_in(&format!("options.{}", escaped(key)), value, withheld)?;
+        find_text(
+            Source::Author,
+            &format!("runtime option `{}`", escaped(key)),
+            key,
+            withheld,
+        )?;
+        find_in(
+            Source::Author,
+            &format!("options.{}", escaped(key)),
+            value,
+            withheld,
+        )?;
     }
     for (vertex, entry) in &request.variables {
         let place = |field: &str| {
@@ -50,16 +69,22 @@ pub fn check_request(request: &FlowRequest, withheld: &Withheld) -> Result<(), E
         match entry.get("params") {
             Some(Value::Object(params)) => {
                 for (field, value) in params {
-                    if let Some(found) = first_in(value, withheld) {
+                    if let Some(found) = first_in(Source::Host, value, withheld) {
                         return Err(withheld::refuse_value(&place(field), found).into());
                     }
                 }
             }
-            Some(other) => find_in(&format!("variables.{}", escaped(vertex)), other, withheld)?,
+            Some(other) => find_in(
+                Source::Host,
+                &format!("variables.{}", escaped(vertex)),
+                other,
+                withheld,
+            )?,
             None => {}
         }
         if let Some(error) = entry.get("error") {
             find_in(
+                Source::Host,
                 &format!("the variable error of vertex `{}`", escaped(vertex)),
                 error,
                 withheld,
@@ -68,10 +93,16 @@ pub fn check_request(request: &FlowRequest, withheld: &Withheld) -> Result<(), E
     }
     if let Some(memory) = &request.memory {
         for message in &memory.messages {
-            find_in("a message of the session's chat history", message, withheld)?;
+            find_in(
+                Source::Host,
+                "a message of the session's chat history",
+                message,
+                withheld,
+            )?;
         }
     }
     find_in(
+        Source::Host,
         "the flow's file inputs",
         &Value::Object(request.file_params.clone()),
         withheld,
@@ -85,7 +116,7 @@ pub fn check_request(request: &FlowRequest, withheld: &Withheld) -> Result<(), E
         ("the end user id", request.end_user_id.as_deref()),
     ] {
         if let Some(text) = text {
-            find_text(place, text, withheld)?;
+            find_text(Source::Author, place, text, withheld)?;
         }
     }
     Ok(())
@@ -113,8 +144,13 @@ pub fn check_files(
     Ok(())
 }
 
-fn find_text(place: &str, text: &str, withheld: &Withheld) -> Result<(), ExecutorError> {
-    match withheld.find(text) {
+fn find_text(
+    source: Source,
+    place: &str,
+    text: &str,
+    withheld: &Withheld,
+) -> Result<(), ExecutorError> {
+    match withheld.find_in(source, text) {
         Some(found) => Err(withheld::refuse_value(place, found).into()),
         None => Ok(()),
     }
@@ -123,11 +159,16 @@ fn find_text(place: &str, text: &str, withheld: &Withheld) -> Result<(), Executo
 /// Refuses `value` when one of its strings (keys included) holds a withheld value; `place`
 /// names the part of the request, and the path inside it is added. The path is worked out only
 /// for a value that holds one (the common case walks the tree once, building nothing).
-fn find_in(place: &str, value: &Value, withheld: &Withheld) -> Result<(), ExecutorError> {
-    let Some(found) = first_in(value, withheld) else {
+fn find_in(
+    source: Source,
+    place: &str,
+    value: &Value,
+    withheld: &Withheld,
+) -> Result<(), ExecutorError> {
+    let Some(found) = first_in(source, value, withheld) else {
         return Ok(());
     };
-    let path = path_to(value, withheld).unwrap_or_default();
+    let path = path_to(source, value, withheld).unwrap_or_default();
     let at = if path.is_empty() {
         place.to_owned()
     } else {
@@ -137,11 +178,11 @@ fn find_in(place: &str, value: &Value, withheld: &Withheld) -> Result<(), Execut
 }
 
 /// The path (`.key[3].field`) of the first string of `value` that holds a withheld value.
-fn path_to(value: &Value, withheld: &Withheld) -> Option<String> {
+fn path_to(source: Source, value: &Value, withheld: &Withheld) -> Option<String> {
     let mut stack: Vec<(String, &Value)> = vec![(String::new(), value)];
     while let Some((path, v)) = stack.pop() {
         match v {
-            Value::String(s) if withheld.find(s).is_some() => return Some(path),
+            Value::String(s) if withheld.find_in(source, s).is_some() => return Some(path),
             Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
                     stack.push((format!("{path}[{i}]"), item));
@@ -150,7 +191,7 @@ fn path_to(value: &Value, withheld: &Withheld) -> Option<String> {
             Value::Object(map) => {
                 for (k, item) in map {
                     let inner = format!("{path}.{k}");
-                    if withheld.find(k).is_some() {
+                    if withheld.find_in(source, k).is_some() {
                         return Some(inner);
                     }
                     stack.push((inner, item));
@@ -163,19 +204,19 @@ fn path_to(value: &Value, withheld: &Withheld) -> Option<String> {
 }
 
 /// The first withheld value any string of `value` holds.
-fn first_in(value: &Value, withheld: &Withheld) -> Option<withheld::Found> {
+fn first_in(source: Source, value: &Value, withheld: &Withheld) -> Option<withheld::Found> {
     let mut stack = vec![value];
     while let Some(v) = stack.pop() {
         match v {
             Value::String(s) => {
-                if let Some(found) = withheld.find(s) {
+                if let Some(found) = withheld.find_in(source, s) {
                     return Some(found);
                 }
             }
             Value::Array(items) => stack.extend(items),
             Value::Object(map) => {
                 for (k, item) in map {
-                    if let Some(found) = withheld.find(k) {
+                    if let Some(found) = withheld.find_in(source, k) {
                         return Some(found);
                     }
                     stack.push(item);

@@ -15,9 +15,19 @@
 //!   case. A flow that asks for one is refused whether or not the host has a value for it.
 //! - **By value** ([`Withheld`]): the values of the secret settings ([`SECRET_SETTINGS`]) as
 //!   this process has them, and the password inside each of those that is a URL or a libpq
-//!   keyword string. Text that *contains* one of them (or, for a value shorter than
-//!   [`MIN_CONTAINED_CHARS`], text that *is* one of them) is refused, whatever name it was asked
-//!   for under and wherever in what the host sends it sits.
+//!   keyword string. What is looked at depends on who wrote the text ([`Source`]):
+//!   - a value the **host** resolved or read for the run (a variable, a field loaded from a
+//!     global variable, an environment for a guest, the chat history, a file the host reads)
+//!     is refused when it *contains* a secret (or, for one shorter than
+//!     [`MIN_CONTAINED_CHARS`] and for a store password that is a plain word
+//!     ([`is_word_like`]), when it *is* one): that is how a secret would reach a guest;
+//!   - text the flow's **author** wrote or may have written (the flow's definition, a node's
+//!     code, inputs typed in, a program handed to a sandbox) cannot hold a secret the author
+//!     does not already know, so looking in it only answers guesses. It is refused only when it
+//!     contains a secret that cannot be guessed ([`is_guessable`] is false: a whole guess at it
+//!     is hopeless, so a refusal answers nothing), or when the whole text *is* a guessable one
+//!     (one guess per run, never which of a list matched). A dictionary-word store password
+//!     therefore never refuses a flow that merely mentions the word.
 //!
 //! Each surface asks before it sends anything of a run to a guest: the executor of its job
 //! (variables, inputs, history, the flow) and the uploaded files, the backend of its code and
@@ -66,6 +76,49 @@ pub const SECRET_SETTINGS: &[(&str, bool)] = &[
 /// its few characters.
 pub const MIN_CONTAINED_CHARS: usize = 8;
 
+/// The fewest characters a secret needs to be looked for inside an author's text
+/// (see [`is_guessable`]).
+pub const MIN_UNGUESSABLE_CHARS: usize = 16;
+
+/// Whether `password` is a plain word that ordinary text may mention (`langflow`, `postgres`,
+/// `changeme`): letters only, or fewer than 5 distinct characters. Such a store password is
+/// matched only as a whole text, from either [`Source`].
+pub fn is_word_like(password: &str) -> bool {
+    let mut distinct: Vec<char> = password.chars().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    password.chars().all(char::is_alphabetic) || distinct.len() < 5
+}
+
+/// Who wrote a text a run would send to a guest, which decides how it is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A value the host resolved or read for the run: a variable, a field loaded from a global
+    /// variable, an environment for a guest, the chat history, a file the host reads. Refused
+    /// when it contains any secret.
+    Host,
+    /// Text the flow's author wrote, or may have written: the flow's definition, a node's code,
+    /// inputs typed in, a program handed to a sandbox. Refused only when it contains a secret
+    /// that cannot be guessed, or is a guessable one whole, so that a refusal never answers
+    /// which of many guesses matched.
+    Author,
+}
+
+/// Whether `secret` could be found by guessing from a list (a word, a short or repetitive
+/// string): fewer than [`MIN_UNGUESSABLE_CHARS`] characters, fewer than 8 distinct ones, no
+/// digit, or no letter. A generated key or password is not; `langflow`, `password123` and
+/// `postgres` are. Such a secret is matched in an author's text only as the whole text.
+pub fn is_guessable(secret: &str) -> bool {
+    let mut distinct: Vec<char> = secret.chars().collect();
+    let chars = distinct.len();
+    distinct.sort_unstable();
+    distinct.dedup();
+    chars < MIN_UNGUESSABLE_CHARS
+        || distinct.len() < 8
+        || !secret.chars().any(|c| c.is_ascii_digit())
+        || !secret.chars().any(char::is_alphabetic)
+}
+
 /// Whether `name` (a variable a flow asks for, an environment variable for a guest) configures
 /// this plugin, compared without regard to case and surrounding blanks.
 pub fn is_withheld_name(name: &str) -> bool {
@@ -79,14 +132,24 @@ struct Secret {
     setting: &'static str,
     what: &'static str,
     value: SecretString,
+    /// Whether a guess from a list could find it ([`is_guessable`]); for a URL, whether the
+    /// password inside it could (the rest of a URL is no secret).
+    guessable: bool,
+    /// A password that is a plain word ([`is_word_like`]): matched only whole, from either
+    /// source, since ordinary text mentions it.
+    word: bool,
 }
 
 /// The secret values of this process's settings, ready to be looked for in text. `Debug` shows
 /// the settings that have a value, never a value.
 pub struct Withheld {
     secrets: Vec<Secret>,
-    /// Every secret of at least [`MIN_CONTAINED_CHARS`] characters, by index into `secrets`.
+    /// Every secret of at least [`MIN_CONTAINED_CHARS`] characters, by index into `secrets`:
+    /// what a host-resolved value must not contain.
     contained: Option<(AhoCorasick, Vec<usize>)>,
+    /// Every secret that is not guessable, by index into `secrets`: what an author's text must
+    /// not contain.
+    unguessable: Option<(AhoCorasick, Vec<usize>)>,
 }
 
 impl fmt::Debug for Withheld {
@@ -109,6 +172,8 @@ impl Clone for Withheld {
                     setting: s.setting,
                     what: s.what,
                     value: s.value.clone(),
+                    guessable: s.guessable,
+                    word: s.word,
                 })
                 .collect(),
         )
@@ -145,34 +210,54 @@ impl Withheld {
             if value.is_empty() {
                 continue;
             }
-            if url_like && let Some(password) = password_in(value) {
+            let password = if url_like { password_in(value) } else { None };
+            // A URL is as guessable as the password in it; one without a password holds
+            // nothing an author could not write.
+            let guessable = match &password {
+                Some(p) => is_guessable(p),
+                None => url_like || is_guessable(value),
+            };
+            if let Some(password) = password {
                 secrets.push(Secret {
                     setting,
                     what: "password",
+                    word: is_word_like(&password),
                     value: SecretString::from(password),
+                    guessable,
                 });
             }
             secrets.push(Secret {
                 setting,
                 what: "value",
                 value: SecretString::from(value.to_owned()),
+                guessable,
+                word: false,
             });
         }
         Self::build(secrets)
     }
 
     fn build(secrets: Vec<Secret>) -> Self {
-        let long: Vec<usize> = (0..secrets.len())
-            .filter(|&i| secrets[i].value.expose_secret().chars().count() >= MIN_CONTAINED_CHARS)
-            .collect();
-        let contained = if long.is_empty() {
-            None
-        } else {
-            AhoCorasick::new(long.iter().map(|&i| secrets[i].value.expose_secret()))
+        let automaton = |keep: &dyn Fn(&Secret) -> bool| {
+            let picked: Vec<usize> = (0..secrets.len()).filter(|&i| keep(&secrets[i])).collect();
+            if picked.is_empty() {
+                return None;
+            }
+            AhoCorasick::new(picked.iter().map(|&i| secrets[i].value.expose_secret()))
                 .ok()
-                .map(|ac| (ac, long))
+                .map(|ac| (ac, picked))
         };
-        Self { secrets, contained }
+        // A password that is a plain word is matched only whole even in what the host
+        // resolved: inside text it would refuse every mention of the word.
+        let contained = automaton(&|s| {
+            s.value.expose_secret().chars().count() >= MIN_CONTAINED_CHARS && !s.word
+        });
+        let unguessable = automaton(&|s| !s.guessable);
+        Self {
+            secrets,
+            contained,
+            unguessable,
+        }
     }
 
     /// Whether this process has any secret value to look for.
@@ -180,32 +265,57 @@ impl Withheld {
         self.secrets.is_empty()
     }
 
-    /// The first withheld value `text` holds (contains, or is, for a short one).
+    /// The first withheld value `text`, a value the host resolved, holds (contains, or is,
+    /// for a short one): [`Source::Host`].
     pub fn find(&self, text: &str) -> Option<Found> {
         self.find_bytes(text.as_bytes())
     }
 
     /// [`Withheld::find`] over bytes (a file's contents).
     pub fn find_bytes(&self, data: &[u8]) -> Option<Found> {
-        if let Some((ac, long)) = &self.contained
+        self.find_from(Source::Host, data)
+    }
+
+    /// The first withheld value a text holds, looked at as its [`Source`] says.
+    pub fn find_in(&self, source: Source, text: &str) -> Option<Found> {
+        self.find_from(source, text.as_bytes())
+    }
+
+    fn find_from(&self, source: Source, data: &[u8]) -> Option<Found> {
+        let automaton = match source {
+            Source::Host => &self.contained,
+            Source::Author => &self.unguessable,
+        };
+        if let Some((ac, picked)) = automaton
             && let Some(m) = ac.find(data)
         {
-            return Some(self.found(long[m.pattern().as_usize()]));
+            return Some(self.found(picked[m.pattern().as_usize()]));
         }
         let trimmed = data.trim_ascii();
         self.secrets
             .iter()
             .position(|s| {
-                s.value.expose_secret().chars().count() < MIN_CONTAINED_CHARS
-                    && trimmed == s.value.expose_secret().as_bytes()
+                let whole_only = match source {
+                    Source::Host => {
+                        s.value.expose_secret().chars().count() < MIN_CONTAINED_CHARS || s.word
+                    }
+                    Source::Author => s.guessable,
+                };
+                whole_only && trimmed == s.value.expose_secret().as_bytes()
             })
             .map(|i| self.found(i))
     }
 
-    /// Refuses `text` that holds a withheld value; `place` says what it is (e.g. "the Python
-    /// Interpreter's code").
+    /// Refuses `text`, a value the host resolved, that holds a withheld value; `place` says
+    /// what it is (e.g. "the env passed to `run()`'s variable `TOKEN`").
     pub fn check_text(&self, place: &str, text: &str) -> Result<(), SandboxError> {
-        match self.find(text) {
+        self.check_from(Source::Host, place, text)
+    }
+
+    /// Refuses `text` from `source` that holds a withheld value, looked at as [`Source`] says;
+    /// `place` says what it is (e.g. "the code to run").
+    pub fn check_from(&self, source: Source, place: &str, text: &str) -> Result<(), SandboxError> {
+        match self.find_in(source, text) {
             Some(found) => Err(refuse_value(place, found)),
             None => Ok(()),
         }
@@ -225,6 +335,18 @@ impl Withheld {
             self.check_text(&format!("{who}'s variable {}", shown(name)), value)?;
         }
         Ok(())
+    }
+
+    /// The one check of a sandbox backend's run, whatever the provider, made before anything
+    /// is sent: `code` looked at as the author's text ([`Source::Author`]), `env` by name and
+    /// as values the host resolved.
+    pub fn check_code_and_env<'a>(
+        &self,
+        code: &str,
+        env: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Result<(), SandboxError> {
+        self.check_from(Source::Author, "the code to run", code)?;
+        self.check_env("the env passed to run()", env)
     }
 
     fn found(&self, i: usize) -> Found {
@@ -446,6 +568,99 @@ mod tests {
             w.find("conn=postgresql://lf:pw@db/lf;").map(|f| f.what),
             Some("value")
         );
+    }
+
+    #[test]
+    fn guessable_secrets_are_words_short_or_repetitive_strings() {
+        for guessable in [
+            "langflow",
+            "password123",
+            "postgres",
+            "test-key",
+            "correcthorsebatterystaple",
+            "1234567890123456",
+            "aaaaaaaaaaaaaaaaaaaa1",
+        ] {
+            assert!(is_guessable(guessable), "{guessable}");
+        }
+        for strong in [
+            "sk-live-7f3c9a1e5b2d",
+            "e2e-store-passw0rd-5d1c",
+            "9f86d081884c7d659a2feaa0c55ad015",
+            "skp_live_Q7x2Lm9Vb4Tz",
+        ] {
+            assert!(!is_guessable(strong), "{strong}");
+        }
+        for word in ["langflow", "postgres", "changeme", "aaaa1111", "Passwort"] {
+            assert!(is_word_like(word), "{word}");
+        }
+        for not_word in ["s3cret-passw0rd", "tok-12345678abc", "langflow2"] {
+            assert!(!is_word_like(not_word), "{not_word}");
+        }
+    }
+
+    /// Issue 45: Langflow's own docker-compose URL (`langflow:langflow`) neither refuses a flow
+    /// that mentions Langflow nor answers a word list hidden in a node's code.
+    #[test]
+    fn a_word_like_store_password_refuses_no_mention_and_answers_no_word_list() {
+        let url = "postgresql://langflow:langflow@postgres:5432/langflow";
+        let w = withheld(&[("LANGFLOW_DATABASE_URL", url)]);
+        for text in [
+            "see https://docs.langflow.org/components",
+            "import langflow",
+            "what is langflow?",
+        ] {
+            assert_eq!(w.find_in(Source::Author, text), None, "{text}");
+            assert_eq!(w.find_in(Source::Host, text), None, "{text}");
+        }
+        // A list of 1,024 guesses, the password among them: no answer, whichever half.
+        let mut words: Vec<String> = (0..1023).map(|i| format!("word{i}")).collect();
+        words.insert(517, "langflow".to_owned());
+        for half in words.chunks(512) {
+            assert_eq!(w.find_in(Source::Author, &half.join(" ")), None);
+        }
+        // The password or the URL on its own is still refused, from either side; the URL
+        // inside a value the host resolved too.
+        for source in [Source::Author, Source::Host] {
+            assert!(w.find_in(source, " langflow\n").is_some());
+            assert!(w.find_in(source, url).is_some());
+        }
+        assert!(w.find_in(Source::Host, &format!("DSN={url};")).is_some());
+    }
+
+    #[test]
+    fn an_unguessable_secret_is_refused_inside_an_authors_text() {
+        let key = "sk-live-7f3c9a1e5b2d";
+        let store = "redis://:e2e-store-passw0rd-5d1c@db:6379/0";
+        let w = withheld(&[
+            ("CREATEOS_SANDBOX_API_KEY", key),
+            ("CREATEOS_ADMISSION_STORE", store),
+        ]);
+        let found = w
+            .find_in(Source::Author, &format!("print('{key}')"))
+            .unwrap();
+        assert_eq!(found.setting, "CREATEOS_SANDBOX_API_KEY");
+        let found = w
+            .find_in(Source::Author, "pw = 'e2e-store-passw0rd-5d1c'")
+            .unwrap();
+        assert_eq!(
+            (found.setting, found.what),
+            ("CREATEOS_ADMISSION_STORE", "password")
+        );
+        // A part of it is no match (no prefix oracle).
+        assert_eq!(
+            w.find_in(Source::Author, &format!("print('{}')", &key[..12])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_guessable_key_is_refused_in_an_authors_text_only_whole() {
+        let w = withheld(&[("OPEN_SANDBOX_API_KEY", "changeme-now")]);
+        assert_eq!(w.find_in(Source::Author, "x = 'changeme-now'"), None);
+        assert!(w.find_in(Source::Author, "changeme-now\n").is_some());
+        // What the host resolved is refused when it holds it anywhere.
+        assert!(w.find_in(Source::Host, "token changeme-now").is_some());
     }
 
     #[test]
