@@ -143,22 +143,66 @@ pub fn asked_variables(flow: &Value) -> Vec<AskedVariable> {
             continue;
         };
         for (field, spec) in template {
-            if spec.get("load_from_db") != Some(&Value::Bool(true)) {
-                continue;
-            }
-            if let Some(name) = spec.get("value").and_then(Value::as_str)
-                && !name.trim().is_empty()
+            let mut ask = |field: String, name: &str| {
+                if !name.trim().is_empty() {
+                    out.push(AskedVariable {
+                        vertex: vertex.to_owned(),
+                        component: component.clone(),
+                        field,
+                        name: name.to_owned(),
+                    });
+                }
+            };
+            if spec.get("load_from_db") == Some(&Value::Bool(true))
+                && let Some(name) = spec.get("value").and_then(Value::as_str)
             {
-                out.push(AskedVariable {
-                    vertex: vertex.to_owned(),
-                    component: component.clone(),
-                    field: field.clone(),
-                    name: name.to_owned(),
-                });
+                ask(field.clone(), name);
+            }
+            for (cell, name) in table_cells(field, spec) {
+                ask(cell, name);
             }
         }
     }
     out
+}
+
+/// The cells of a table field (`spec` of `field`) that load from a global variable, as lfx's
+/// loading resolves them: each cell of a `table_schema` column marked `load_from_db`, unless
+/// the row's own `__load_from_db_fields` turns that cell off. Named `field[row].column`.
+fn table_cells<'a>(field: &str, spec: &'a Value) -> Vec<(String, &'a str)> {
+    let columns: Vec<&str> = spec
+        .get("table_schema")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|c| c.get("load_from_db") == Some(&Value::Bool(true)))
+        .filter_map(|c| c.get("name").and_then(Value::as_str))
+        .collect();
+    let Some(rows) = spec.get("value").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    if columns.is_empty() {
+        return Vec::new();
+    }
+    let mut cells = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let Some(row) = row.as_object() else { continue };
+        let switches = row.get("__load_from_db_fields");
+        for &column in &columns {
+            let off = match switches {
+                Some(Value::Object(m)) => m.get(column).is_some_and(|v| v == &Value::Bool(false)),
+                Some(Value::Array(names)) => !names.iter().any(|n| n.as_str() == Some(column)),
+                _ => false,
+            };
+            if off {
+                continue;
+            }
+            if let Some(name) = row.get(column).and_then(Value::as_str) {
+                cells.push((format!("{field}[{i}].{column}"), name));
+            }
+        }
+    }
+    cells
 }
 
 /// What a run needs to know before its flow is known in full: enough to admit it, refuse it
@@ -678,6 +722,40 @@ mod tests {
             assert!(!text.contains(secret), "{text}");
             assert!(text.contains("f-1") && text.contains("token"), "{text}");
         }
+    }
+
+    /// Issue 45: a table column that loads from a global variable asks for each cell's name,
+    /// as lfx resolves it, so a withheld name in a cell is refused like a field's.
+    #[test]
+    fn table_cells_of_a_load_from_db_column_are_asked_variables() {
+        let flow = json!({"data": {"nodes": [{"id": "T", "data": {"node": {
+            "display_name": "Headers", "template": {"headers": {
+                "table_schema": [{"name": "key"}, {"name": "value", "load_from_db": true}],
+                "value": [
+                    {"key": "a", "value": "CREATEOS_SANDBOX_BASE_URL"},
+                    {"key": "b", "value": "OPEN_SANDBOX_DOMAIN",
+                     "__load_from_db_fields": {"value": false}},
+                    {"key": "c", "value": "CREATEOS_GATEWAY_URL",
+                     "__load_from_db_fields": ["value"]},
+                    {"key": "d", "value": "MY_OWN", "__load_from_db_fields": []},
+                    {"key": "e", "value": ""},
+                ]}}}}}], "edges": []}});
+        let asked = asked_variables(&flow);
+        let names: Vec<(&str, &str)> = asked
+            .iter()
+            .map(|a| (a.field.as_str(), a.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("headers[0].value", "CREATEOS_SANDBOX_BASE_URL"),
+                ("headers[2].value", "CREATEOS_GATEWAY_URL"),
+            ]
+        );
+        assert_eq!(
+            asked[0].describe(),
+            "the field `headers[0].value` of Headers (vertex `T`)"
+        );
     }
 
     #[allow(clippy::needless_pass_by_value)]

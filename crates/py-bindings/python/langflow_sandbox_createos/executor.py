@@ -517,25 +517,51 @@ def _session_id(unit: Unit) -> str | None:
     return _text(unit.runtime_options.get("session_id") or getattr(unit.graph, "session_id", None) or None)
 
 
+def _table_cells(table: str, values: dict[str, Any]) -> list[tuple[str, str]]:
+    """The cells of the table field ``table`` that load from a global variable, as lfx's
+    loading resolves them: ``(field, name)`` per cell of a ``load_from_db`` column, unless the
+    row's own ``__load_from_db_fields`` turns that cell off."""
+    rows: Any = values.get(table)
+    columns: Any = values.get(f"{table}_load_from_db_columns") or []
+    if not isinstance(rows, list) or not isinstance(columns, list):
+        return []
+    cells: list[tuple[str, str]] = []
+    for i, row in enumerate(cast("list[Any]", rows)):
+        if not isinstance(row, dict):
+            continue
+        cell_row = cast("dict[str, Any]", row)
+        switches: Any = cell_row.get("__load_from_db_fields")
+        for column in cast("list[Any]", columns):
+            column = str(column)
+            if isinstance(switches, dict) and column in switches and not switches[column]:
+                continue
+            if isinstance(switches, list) and column not in switches:
+                continue
+            name: Any = cell_row.get(column)
+            if isinstance(name, str) and name.strip():
+                cells.append((f"{table}[{i}].{column}", name))
+    return cells
+
+
 def _asked_variables(graph: Any) -> list[dict[str, str | None]]:
     """The variables the flow's fields ask for (each field that loads from a global variable,
-    and the name it holds), read from the built graph without resolving anything: the native
-    side refuses a run that asks for what configures the sandbox before any guest exists."""
+    and each table cell of a column that does, with the name it holds), read from the built
+    graph without resolving anything: the native side refuses a run that asks for what
+    configures the sandbox before any guest exists."""
     asked: list[dict[str, str | None]] = []
     for vertex in _vertices(graph):
         params: Any = getattr(vertex, "params", None) or {}
         values: dict[str, Any] = cast("dict[str, Any]", params) if isinstance(params, dict) else {}
+        component = _text(getattr(vertex, "display_name", None))
         for field in list(getattr(vertex, "load_from_db_fields", None) or []):
-            name: Any = values.get(str(field))
-            if isinstance(name, str) and name.strip():
-                asked.append(
-                    {
-                        "vertex": str(vertex.id),
-                        "component": _text(getattr(vertex, "display_name", None)),
-                        "field": str(field),
-                        "name": name,
-                    }
-                )
+            field = str(field)
+            if field.startswith("table:"):
+                pairs = _table_cells(field.removeprefix("table:"), values)
+            else:
+                name: Any = values.get(field)
+                pairs = [(field, name)] if isinstance(name, str) and name.strip() else []
+            for shown, name in pairs:
+                asked.append({"vertex": str(vertex.id), "component": component, "field": shown, "name": name})
     return asked
 
 
