@@ -366,7 +366,7 @@ def lfx_serve(flow: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
 # ---- The OpenSandbox fake (tests/opensandbox-fake), for the second provider's tests ----------
 
 #: The key the OpenSandbox fake accepts in these tests.
-OS_KEY = "os-e2e-key-2f81"
+OS_KEY = "os-e2e-key-2f81c9d0"
 
 
 @dataclass

@@ -226,3 +226,62 @@ def test_sigterm_to_lfx_run_deletes_the_running_sandbox(osfake: OsFake) -> None:
     stats = osfake.wait_settled(timeout=5)
     assert stats["created"] == 1 and stats["deleted"] == 1, stats
 
+
+
+WITHHELD_RUNS = """
+import json
+from langflow_sandbox_createos.opensandbox import create_backend
+backend = create_backend()
+seen = []
+for code, env in json.loads(CASES):
+    try:
+        backend.run(code, env=env)
+        seen.append("ran")
+    except Exception as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+print("RESULT " + json.dumps(seen))
+"""
+
+
+def test_code_or_env_holding_a_plugin_secret_is_refused_before_any_sandbox(osfake: OsFake) -> None:
+    """Issue 45 item 4: the OpenSandbox backend makes the same withheld check as CreateOS's:
+    either API key, the gateway secret or a store password, in the code or in an env value (or
+    a withheld name in the env), refuses the run before any sandbox exists."""
+    createos_key = "skp_e2e_0f3a9c7d2b81e6"
+    gateway = "e2e-os-gateway-secret-4b7e19d2c0"
+    password = "e2e-os-store-passw0rd-8c2a"
+    env = os_env(
+        osfake,
+        CREATEOS_API_KEY=createos_key,
+        CREATEOS_GATEWAY_SECRET=gateway,
+        CREATEOS_ADMISSION_STORE=f"redis://:{password}@127.0.0.1:1/0",
+        CREATEOS_ADMISSION_STORE_ON_FAILURE="local",
+    )
+    secrets = {
+        "OPEN_SANDBOX_API_KEY": OS_KEY,
+        "CREATEOS_API_KEY": createos_key,
+        "CREATEOS_GATEWAY_SECRET": gateway,
+        "CREATEOS_ADMISSION_STORE": password,
+    }
+    cases: list[tuple[str, dict[str, str] | None]] = []
+    for value in secrets.values():
+        cases.append((f"print('{value}')", None))
+        cases.append(("print('hi')", {"TOKEN": f"Bearer {value}"}))
+    cases.append(("print('hi')", {"OPEN_SANDBOX_DOMAIN": "x"}))
+    cases.append(("print('the flow mentions langflow and its own key sk-own-0000')", {"OPENAI_API_KEY": "sk-own-0000"}))
+    proc = run_python(WITHHELD_RUNS.replace("CASES", repr(json.dumps(cases))), env, timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    for i, setting in enumerate(secrets):
+        in_code, in_env = seen[2 * i], seen[2 * i + 1]
+        assert "UnavailableError: " in in_code, (setting, in_code)
+        assert "the code to run holds" in in_code and setting in in_code, (setting, in_code)
+        assert "`TOKEN`" in in_env and setting in in_env, (setting, in_env)
+    assert "`OPEN_SANDBOX_DOMAIN`" in seen[-2] and "configures the sandbox itself" in seen[-2], seen
+    assert seen[-1] == "ran", seen
+    shown = "\n".join(seen) + proc.stderr
+    for value in (*secrets.values(), f"redis://:{password}"):
+        assert value not in shown, value
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1, stats

@@ -208,3 +208,31 @@ def test_langflows_own_store_urls_are_withheld_too(clean_fake: Fake, tmp_path: P
     seen, _ = arun_each(executor_env(clean_fake, **{name: f"postgresql://lf:{STORE_PASSWORD}@db/lf"}), [asking_for(tmp_path, name)])
     assert seen[0].get("type") == "CreateOSUnavailableError" and f"`{name}`" in seen[0]["message"], seen
     assert clean_fake.stats()["created"] == 0
+
+
+COMPOSE_URL = "postgresql://langflow:langflow@127.0.0.1:1/langflow"
+
+
+def test_a_word_like_store_password_refuses_no_chat_flow_and_answers_no_word_list(clean_fake: Fake) -> None:
+    """Issue 45 item 3: under Langflow's own docker-compose URL (password ``langflow``), a Chat
+    flow (whose components' code names docs.langflow.org) runs through the executor, and code
+    carrying a word list with the password in it runs through the backend: the author's text
+    is not an oracle for the password. The password given whole is still refused."""
+    env = executor_env(clean_fake, LANGFLOW_DATABASE_URL=COMPOSE_URL, CREATEOS_ADMISSION_STORE_ON_FAILURE="local")
+    seen, output = arun_each(env, [E2E / "flows" / "shout_flow.json"])
+    assert seen == [{"ok": ["PROBE!"]}], (seen, output[-3000:])
+    words = " ".join(["alpha", "postgres", "langflow", "secret", "admin", "changeme"] * 40)
+    backend = backend_env(clean_fake, LANGFLOW_DATABASE_URL=COMPOSE_URL, CREATEOS_ADMISSION_STORE_ON_FAILURE="local")
+    cases = [
+        (f"words = '{words}'\nprint(len(words.split()))", None),
+        ("langflow", None),
+        ("print('hi')", {"DSN": COMPOSE_URL}),
+    ]
+    proc = run_python(BACKEND_RUNS.replace("CASES", repr(json.dumps(cases))), backend, timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    assert seen[0] == "ran", seen
+    assert "the password in LANGFLOW_DATABASE_URL" in seen[1], seen
+    assert "`DSN`" in seen[2] and "LANGFLOW_DATABASE_URL" in seen[2], seen
+    assert clean_fake.wait_settled()["created"] == 2
