@@ -473,6 +473,30 @@ async fn a_kept_name_has_one_holder_whose_expiry_is_renewed_and_never_shortened(
     fake.shutdown().await;
 }
 
+/// Issue 45: two deployments sharing a server (each its own `OPEN_SANDBOX_CREATED_BY`) never
+/// find, adopt or delete each other's kept sandboxes under the same name.
+#[tokio::test(flavor = "multi_thread")]
+async fn kept_sandboxes_belong_to_one_deployment() {
+    let fake = fake(Config::default()).await;
+    let a = provider(&fake, &[("OPEN_SANDBOX_CREATED_BY", "deploy-a")]);
+    let b = provider(&fake, &[("OPEN_SANDBOX_CREATED_BY", "deploy-b")]);
+    let name = "lf-c-shared-name";
+    let theirs = a.create(kept_spec(name)).await.unwrap();
+    assert_eq!(b.find(name.into()).await.unwrap(), None);
+    // B's own kept guest under the same name is B's: created, not a 409 to adopt A's.
+    let ours = b.create(kept_spec(name)).await.unwrap();
+    assert_ne!(ours.id, theirs.id);
+    assert_eq!(fake.stats().live, 2);
+    assert_eq!(b.find(name.into()).await.unwrap().unwrap().id, ours.id);
+    assert_eq!(a.find(name.into()).await.unwrap().unwrap().id, theirs.id);
+    // Neither lookup deleted the other's as a duplicate.
+    assert_eq!(fake.stats().live, 2);
+    a.destroy(theirs.id).await.unwrap();
+    b.destroy(ours.id).await.unwrap();
+    assert_eq!(fake.stats().live, 0);
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_background_process_outlives_its_start_and_the_sweep_spares_kept_guests() {
     let fake = fake(Config::default()).await;

@@ -327,11 +327,10 @@ impl Provider for OpenSandbox {
     }
 
     fn find(&self, name: String) -> BoxFuture<'_, Result<Option<GuestInfo>, CallError>> {
-        let client = self.inner.client().clone();
         let p = self.inner.clone();
         boxed(async move {
-            let found = client
-                .find_by_metadata(META_NAME, &name)
+            let found = p
+                .named_ours(&name)
                 .await
                 .map_err(|e| call_error("finding a sandbox by name", &e))?;
             Ok(p.one_holder(&name, found).await)
@@ -679,11 +678,20 @@ impl OpenSandboxProvider {
         })
     }
 
+    /// The sandboxes (in any state) of this deployment that carry the kept name `name`: both
+    /// the name and this deployment's `created-by` marker, so that two deployments sharing a
+    /// server never adopt or delete each other's kept sandboxes (issue 45).
+    async fn named_ours(&self, name: &str) -> opensandbox_api::Result<Vec<SandboxInfo>> {
+        let filter = opensandbox_api::SandboxFilter::metadata(META_NAME, name)
+            .and_metadata(Labels::CREATED_BY, self.settings().created_by.clone());
+        self.client().list_all_sandboxes(&filter).await
+    }
+
     /// After creating `ours` under the kept name `name`: when an older live sandbox holds the
     /// name, destroys `ours` and answers 409, so sandbox-core adopts the older one. A listing
     /// that fails keeps `ours` (the next lookup settles it).
     async fn yield_to_older_holder(&self, name: &str, ours: &SandboxInfo) -> Result<(), CallError> {
-        let Ok(mut found) = self.client().find_by_metadata(META_NAME, name).await else {
+        let Ok(mut found) = self.named_ours(name).await else {
             return Ok(());
         };
         found.retain(|sb| !info_of(sb).is_terminal());
