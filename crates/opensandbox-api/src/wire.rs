@@ -137,6 +137,33 @@ pub(crate) fn mode_from_wire(wire: u32) -> Option<u32> {
 mod tests {
     use super::*;
 
+    /// Issue 45: a hostile server's sandbox id (a forged log line after a line feed, bidi and
+    /// terminal controls, 64 KiB) refuses the answer, and the refusal is one short line.
+    #[test]
+    fn a_hostile_sandbox_id_refuses_the_answer_with_a_short_escaped_quote() {
+        for good in ["sb-1", "0f3a9c7d-2b81-4e6a-9c1d-5e7f00aa11bb", "a.b_c-D"] {
+            let info: crate::SandboxInfo =
+                serde_json::from_value(serde_json::json!({"id": good})).unwrap();
+            assert_eq!(info.id, good);
+        }
+        for bad in [
+            "sb-1\nCRITICAL root: forged record".to_owned(),
+            "sb\u{202e}1".to_owned(),
+            "sb\u{1b}[2J".to_owned(),
+            "../etc".to_owned(),
+            String::new(),
+            "x".repeat(64 << 10),
+        ] {
+            let err = serde_json::from_value::<crate::SandboxInfo>(serde_json::json!({"id": bad}))
+                .unwrap_err()
+                .to_string();
+            assert!(err.len() < 400, "{} bytes", err.len());
+            assert!(!err.chars().any(outside_text::is_unsafe), "{err}");
+            assert!(err.contains("is not one"), "{err}");
+        }
+        assert!(!is_server_id(&"y".repeat(MAX_ID_BYTES + 1)));
+    }
+
     open_enum! {
         /// Test enum.
         Light { Red = "red", DeepBlue = "deep-blue" }
