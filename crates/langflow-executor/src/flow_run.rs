@@ -36,6 +36,10 @@ use crate::timings::{self, Timings};
 pub const STOPPED: &str = "stopped";
 /// How many of the guest's last log lines an error message quotes.
 const TAIL_LINES: usize = 12;
+/// After the runner's error frame: how long the host goes on reading the guest's stderr (until
+/// its exit, at most this) so that what the flow printed before it failed is logged. stdout and
+/// stderr travel apart, so the frame can arrive before lines written earlier.
+const LOG_DRAIN: Duration = Duration::from_secs(1);
 
 /// One event of a flow run, in the order the guest produced it.
 #[derive(Debug, Clone, PartialEq)]
@@ -595,6 +599,7 @@ impl FlowRun {
                 // Readable as the guest wrote it, but no line of it starts a line of the
                 // host's log (whatever logs the exception raised for it).
                 let message = outside_text::block(&self.redactor.apply(&message)).into_owned();
+                self.drain_logs().await;
                 let err = match kind.as_str() {
                     "missing_lfx" => ExecutorError::Unavailable(self.missing_lfx_message()),
                     "protocol" => ExecutorError::Execution(format!(
@@ -610,6 +615,37 @@ impl FlowRun {
             }
         }
         Ok(())
+    }
+
+    /// Reads on after the runner's error frame, logging only what the guest writes to stderr,
+    /// until the exec ends or [`LOG_DRAIN`] passes: lines the flow printed before it failed
+    /// may arrive after the frame (the two streams are read apart).
+    async fn drain_logs(&mut self) {
+        let Some(mut exec) = self.exec.take() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + LOG_DRAIN;
+        while let Ok(step) = tokio::time::timeout_at(deadline, exec.next()).await {
+            match step {
+                ExecStep::Frame(ExecFrame::Stderr(s)) => {
+                    for line in self.logs.push(s.as_bytes()) {
+                        self.log(&line);
+                    }
+                }
+                ExecStep::Frame(
+                    ExecFrame::Stdout(_) | ExecFrame::Heartbeat | ExecFrame::Error(_),
+                ) => {}
+                ExecStep::Frame(ExecFrame::Exit(c)) => {
+                    self.exit = Some(c);
+                    break;
+                }
+                ExecStep::End | ExecStep::HostDeadline | ExecStep::Broken(_) => break,
+            }
+        }
+        if let Some(line) = self.logs.finish() {
+            self.log(&line);
+        }
+        self.exec = Some(exec);
     }
 
     fn missing_lfx_message(&self) -> String {

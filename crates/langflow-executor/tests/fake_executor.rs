@@ -249,6 +249,28 @@ echo '{"frame":"complete","outputs":[]}'"#;
     assert_eq!(settled(&rig.fake).await.live, 0);
 }
 
+/// What a flow printed before it failed is logged even when its stderr arrives after the
+/// runner's error frame (the two streams are read apart; under load the frame can win).
+#[tokio::test(flavor = "multi_thread")]
+async fn stderr_that_arrives_after_the_error_frame_is_still_logged() {
+    let script = r#"printf '{"frame":"hello","lfx":"1.13.0","python":"3.11"}\n'
+printf '{"frame":"error","kind":"flow","type":"ValueError","message":"boom"}\n'
+sleep 0.3
+echo 'printed before the failure, arriving late' >&2
+exit 1"#;
+    let rig = start_rig(script, &[], "").await;
+    let (logs, _guard) = capture();
+    let mut run = rig.executor.start(&request(false), None).await.unwrap();
+    let err = run.next().await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Flow { .. }), "{err:?}");
+    let records = logs.0.lock().unwrap().join("\n");
+    assert!(
+        records.contains("guest: printed before the failure, arriving late"),
+        "{records}"
+    );
+    assert_eq!(settled(&rig.fake).await.live, 0);
+}
+
 /// Issue 45: what the host shows of a guest's lines never depends on whether a line ends (or
 /// starts) with part of the sandbox's key, so a failed run answers no guess at it: the last
 /// guest output and a flow error quote every guess as the guest wrote it.
