@@ -104,6 +104,50 @@ def test_graph_arun_gives_the_in_process_result(clean_fake: Fake) -> None:
     assert stats["requests"]["exec_stream"] == 1
 
 
+HOST_BUILT = """
+import asyncio, json, logging, sys
+from lfx.graph import Graph
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+
+async def main():
+    instantiate = sys.argv[2] == "instantiated"
+    texts = []
+    for _ in range(2):
+        graph = Graph.from_payload(json.load(open(sys.argv[1])), instantiate_components=instantiate)
+        outputs = await graph.arun([{"input_value": "hi"}])
+        texts += [r.results["message"].text for run in outputs for r in run.outputs]
+    print("RESULT " + json.dumps(texts))
+
+asyncio.run(main())
+"""
+
+
+def test_a_graph_built_on_the_host_is_said_once_and_one_built_without_instances_is_not(clean_fake: Fake) -> None:
+    """Issue 46: the executor tells the truth about what ran on the host before the hand-over:
+    one WARNING per process when the graph's components were instantiated there (module-level
+    code, class body, __init__), none for a graph built with instantiate_components=False, which
+    runs all the same."""
+    seen: dict[str, tuple[list[str], str]] = {}
+    for how in ("instantiated", "not"):
+        proc = subprocess.run(
+            [venv_bin("python"), "-c", HOST_BUILT, str(SHOUT), how],
+            capture_output=True,
+            text=True,
+            env=executor_env(clean_fake),
+            timeout=180,
+            cwd=E2E,
+            check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, (proc.returncode, proc.stderr[-3000:])
+        seen[how] = (json.loads(lines[-1].removeprefix("RESULT ")), proc.stderr)
+    assert seen["instantiated"][0] == seen["not"][0] == ["HI!", "HI!"], seen
+    warnings = [line for line in seen["instantiated"][1].splitlines() if "before handing the flow to the executor" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING executor: this process built 3 of the flow's 3"), seen["instantiated"][1][-3000:]
+    assert "before handing the flow" not in seen["not"][1], seen["not"][1][-3000:]
+    assert clean_fake.wait_settled()["created"] == 4
+
+
 def test_a_domains_run_gives_the_same_result_and_is_refused_without_a_gateway(clean_fake: Fake) -> None:
     # The runner takes the proxy variables from the job before the flow; the flow itself is
     # unchanged (the fake does not enforce egress: the enforced proof is the gateway crate's).

@@ -58,6 +58,7 @@ __all__ = ["CreateOSExecutor", "OpenSandboxExecutor", "RemoteComponent", "Remote
 _logger = logging.getLogger("langflow_sandbox_createos")
 _shutdown_registered: set[str] = set()
 _said_what_is_sandboxed = False
+_warned_host_built = False
 #: Background tasks of this module still running (the event loop holds only weak references).
 _background: set[Any] = set()
 _T = TypeVar("_T")
@@ -706,6 +707,29 @@ async def _say_what_is_sandboxed() -> None:
     _logger.log(logging.INFO if covered else logging.WARNING, "%s", text)
 
 
+def _warn_if_host_built(graph: Any) -> None:
+    """Once per process: a WARNING when the graph handed to the executor has components the
+    Langflow process already built (lfx's loaders and Langflow's run routes build the graph
+    with ``instantiate_components=True``, which runs each component's module-level code, class
+    body and constructor on the host). The vertex builds still run only in the guest; this
+    says, truthfully, what ran on the host before the hand-over (issue 46)."""
+    global _warned_host_built
+    if _warned_host_built:
+        return
+    built = [v for v in _vertices(graph) if getattr(v, "custom_component", None) is not None]
+    if not built:
+        return
+    _warned_host_built = True
+    _logger.warning(
+        "executor: this process built %d of the flow's %d components before handing the flow to "
+        "the executor (the graph was loaded with instantiate_components=True): each one's module-level "
+        "code, class body and __init__ ran in the Langflow process; their builds run only in the guest. "
+        "See the README's 'what is and is not sandboxed'. Said once per process",
+        len(built),
+        len(_vertices(graph)),
+    )
+
+
 def _report(span: Any, events: Any) -> None:
     """The run's outcome and phase timings on its span, as the native side decided them (the
     outcome only once the run ended; ``stopped`` when the reader stopped before the end)."""
@@ -743,6 +767,7 @@ class CreateOSExecutor(Executor):
         # first): the guests it destroys still reach the metrics and usage records.
         metrics.install()
         with metrics.run_scope("executor") as span:
+            _warn_if_host_built(unit.graph)
             try:
                 uploads, file_params, files_back = _files(unit.graph)
             except _Unbridged as exc:
