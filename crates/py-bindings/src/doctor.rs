@@ -356,6 +356,7 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
     )];
     let (settings, server, left_out) = opensandbox_server(env).await;
     lines.extend(server);
+    lines.extend(settings.as_ref().and_then(opensandbox::host_kernel_line));
     // The plan reads through an owned lookup: the values of every name set in the process and
     // of every OpenSandbox setting, as `env` gives them.
     let mut names: Vec<String> = std::env::vars_os()

@@ -710,8 +710,10 @@ async fn prepare(
         None => None,
     };
     // Exactly one create attempt (the pool's backoff spaces the next); it and the read-back
-    // end within the backoff budget.
-    let deadline = Instant::now() + backoff.budget;
+    // end within the backoff budget (plus the provider's own readiness budget, if any).
+    let deadline = Instant::now()
+        + backoff.budget
+        + cx.provider.readiness().map_or(Duration::ZERO, |r| r.budget);
     let guest = match Guest::create_once(cx, &want.spec, &want.key.prefix, deadline, slot).await {
         Ok(g) => g,
         Err(e) => {

@@ -733,7 +733,15 @@ impl Surface {
         if cx.observation().is_none() {
             cx = cx.with_observation(self.session.observation().clone(), self.kind);
         }
-        let budget = req.cx.backoff.budget;
+        // Before dispatch: the control-plane budget, plus the provider's own readiness
+        // budget where it has one (the guest's readiness wait is that setting's, whatever
+        // the control-plane budget says).
+        let budget = req.cx.backoff.budget
+            + req
+                .cx
+                .provider
+                .readiness()
+                .map_or(Duration::ZERO, |r| r.budget);
         let flow_slot = match req.flow.filter(|f| !f.is_empty()) {
             Some(flow) => Some(
                 ticket
