@@ -159,7 +159,9 @@ impl Executor {
             let env = Arc::clone(&self.opts.surface.env);
             let os = OpenSandboxSettings::from_lookup(move |k: &str| env(k))?;
             os.require_isolation_for("OpenSandbox executor")?;
-            executor.rootfs = None;
+            // The server's image (`OPEN_SANDBOX_IMAGE`), never CreateOS's rootfs setting or
+            // default.
+            executor.rootfs = Some(os.image.clone());
             if lookup(ENV_SHAPE).is_none_or(|v| v.trim().is_empty()) {
                 OPENSANDBOX_DEFAULT_SIZE.clone_into(&mut executor.shape);
             }
@@ -420,4 +422,46 @@ impl Executor {
 /// The cold runner's exec: it imports lfx at once and waits for the job (`--wait`).
 fn cold_runner() -> Command {
     Command::shell(format!("exec python3 -u {RUNNER_PATH} --wait {JOB_PATH}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_opensandbox(vars: &[(&'static str, &'static str)]) -> Executor {
+        let vars: Vec<(&'static str, &'static str)> = vars.to_vec();
+        Executor::with_options(ExecutorOptions {
+            surface: SurfaceOptions {
+                env: Arc::new(move |k: &str| {
+                    vars.iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| (*v).to_owned())
+                }),
+                ..SurfaceOptions::default()
+            },
+            provider: ProviderKind::OpenSandbox,
+            ..ExecutorOptions::default()
+        })
+    }
+
+    #[test]
+    fn on_opensandbox_the_sandbox_image_is_open_sandbox_image() {
+        let allow = ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true");
+        // Unset: the provider's default image, never CreateOS's `devbox:1`.
+        let plan = on_opensandbox(&[allow]).plan().unwrap();
+        assert_eq!(
+            plan.rootfs(),
+            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
+        );
+        // Set, also beside CreateOS's rootfs setting, which is not the server's.
+        let plan = on_opensandbox(&[
+            allow,
+            ("OPEN_SANDBOX_IMAGE", "registry.internal/lf-flows:3"),
+            ("CREATEOS_EXECUTOR_ROOTFS", "tpl_abc123"),
+        ])
+        .plan()
+        .unwrap();
+        assert_eq!(plan.rootfs(), "registry.internal/lf-flows:3");
+        assert_eq!(plan.executor.shape, OPENSANDBOX_DEFAULT_SIZE);
+    }
 }
