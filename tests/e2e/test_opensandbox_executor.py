@@ -78,6 +78,8 @@ def test_without_the_attestation_the_run_is_refused_and_creates_nothing(osfake: 
     assert "FROM THE CLI!" not in proc.stdout
     assert "OPEN_SANDBOX_ATTEST_ISOLATION" in out, out[-3000:]
     assert "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION" in out, out[-3000:]
+    # The provider-neutral class, not a CreateOS-named one.
+    assert '"exception_type": "SandboxRefusedError"' in out, out[-3000:]
     assert OS_KEY not in out
     assert osfake.stats()["created"] == 0
 
@@ -128,5 +130,6 @@ def test_the_sandbox_is_created_from_open_sandbox_image_and_waits_ready_seconds(
     out = proc.stdout + proc.stderr
     assert "FROM THE CLI!" not in proc.stdout
     assert "OPEN_SANDBOX_READY_SECONDS=2" in out and "OpenSandbox" in out, out[-3000:]
+    assert '"exception_type": "SandboxFailedError"' in out, out[-3000:]
     stats = osfake.wait_settled()
     assert stats["created"] == 2 and stats["commands"] >= 2, stats

@@ -73,7 +73,7 @@ def test_forked_child_whose_run_fails_leaves_no_guest(clean_fake: Fake, faults: 
     lines = proc.stdout.splitlines()
     assert "parent p1" in lines
     # One of the package's public errors, which lfx catches as its SandboxExecutionError.
-    assert any(line.startswith("child raised CreateOS") and line.endswith("Error True") for line in lines), lines
+    assert any(line.startswith("child raised Sandbox") and line.endswith("Error True") for line in lines), lines
     assert "child-exit 0" in lines
     # The child is gone; nothing else knows its guest. It must already be deleted.
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=10)

@@ -1223,7 +1223,7 @@ fn lines_of(pairs: Vec<(String, String)>) -> Vec<DoctorLine> {
 /// names `--surface` asked for (none: the enabled surfaces). `paths` (which Langflow paths
 /// reach the executor) and `exports` (metrics and usage records) are `(level, text)` findings
 /// only Python can make. Progress goes to stderr; the waits are bounded. Only an internal
-/// failure raises (`CreateOSExecutionError`).
+/// failure raises (`SandboxFailedError`).
 #[pyfunction]
 #[pyo3(signature = (lfx, lfx_problems, surfaces, paths, exports))]
 #[allow(clippy::needless_pass_by_value)] // a Python list arrives as an owned Vec
