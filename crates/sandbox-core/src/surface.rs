@@ -733,15 +733,7 @@ impl Surface {
         if cx.observation().is_none() {
             cx = cx.with_observation(self.session.observation().clone(), self.kind);
         }
-        // Before dispatch: the control-plane budget, plus the provider's own readiness
-        // budget where it has one (the guest's readiness wait is that setting's, whatever
-        // the control-plane budget says).
-        let budget = req.cx.backoff.budget
-            + req
-                .cx
-                .provider
-                .readiness()
-                .map_or(Duration::ZERO, |r| r.budget);
+        let budget = req.cx.backoff.budget;
         let flow_slot = match req.flow.filter(|f| !f.is_empty()) {
             Some(flow) => Some(
                 ticket
@@ -848,7 +840,9 @@ impl Surface {
         let acquired_at = Instant::now();
         let begin = Begin {
             origin,
-            deadline: deadline + quota_waited,
+            // A provider with its own readiness budget may have spent it past the control
+            // plane's: the calls after it get a control-plane budget of their own.
+            deadline: cx.after_ready(deadline + quota_waited),
         };
         let (guest, result) = start(guest, begin).await;
         let mut lease = self.lease(guest, (pool_use, origin), req, t_admit);

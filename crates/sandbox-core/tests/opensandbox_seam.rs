@@ -673,3 +673,47 @@ async fn a_lifetime_above_the_servers_maximum_names_the_setting_that_sets_it() {
         .unwrap();
     guest.destroy().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_the_server_answered_500_leaves_nothing_to_look_up() {
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // Every create is answered 500 with the server's own error body.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        faults: "create=500".into(),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let os = provider(&fake, &[]);
+    let cx = context_with_budget(Arc::new(os), Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let soon = tokio::time::Instant::now() + Duration::from_secs(1);
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", soon)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    eprintln!(
+        "DEBUG {:?} {:?} {err}",
+        started.elapsed(),
+        fake.stats().requests
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Each create was followed by one lookup of its nonce, which found nothing: no name is
+    // left for the reaper to keep listing by label, so shutdown has nothing to wait for.
+    let stats = fake.stats();
+    let creates = stats.requests.get("create").copied().unwrap_or(0);
+    assert!(creates >= 1);
+    assert_eq!(stats.requests.get("list").copied().unwrap_or(0), creates);
+    assert_eq!(cx.reaper.registered(), 0);
+    let shutdown = std::time::Instant::now();
+    cx.reaper.shutdown(Duration::from_secs(20)).await;
+    assert!(shutdown.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        fake.stats().requests.get("list").copied().unwrap_or(0),
+        creates
+    );
+}

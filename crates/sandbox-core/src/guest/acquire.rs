@@ -129,7 +129,8 @@ impl Guest {
                                     let _ = guest.destroy().await;
                                     return Err(e);
                                 }
-                                if let Err(e) = guest.verify_egress(&spec.egress, deadline).await {
+                                let after = cx.after_ready(deadline);
+                                if let Err(e) = guest.verify_egress(&spec.egress, after).await {
                                     if cx.provider.replaces_drifted_kept_guests() {
                                         // Nobody can use it; on this provider it would be
                                         // replaced by the next lookup anyway.

@@ -222,6 +222,17 @@ impl GuestContext {
             .map_or(fallback, |r| Instant::now() + r.budget)
     }
 
+    /// The deadline of the calls that follow a new guest's readiness wait: `deadline`, or, for
+    /// a provider with its own readiness budget (which may have run past `deadline`), at
+    /// least a control-plane budget from now.
+    pub(crate) fn after_ready(&self, deadline: Instant) -> Instant {
+        if self.provider.readiness().is_some() {
+            deadline.max(Instant::now() + self.backoff.budget)
+        } else {
+            deadline
+        }
+    }
+
     /// How a message about a guest that was not ready in time names the budget: `in time`
     /// for a provider without a setting of its own, else the setting and its value, and the
     /// advice to raise it (empty without one).

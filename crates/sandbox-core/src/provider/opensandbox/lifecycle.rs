@@ -196,7 +196,7 @@ impl OpenSandboxProvider {
             Ok(info) => info,
             Err(e) if e.is_retryable() => {
                 // The answer may be lost with the sandbox made: find it by nonce and destroy.
-                self.destroy_by_nonce(&nonce).await;
+                let _ = self.destroy_by_nonce(&nonce).await;
                 return Err(api_error(
                     "creating a sandbox (any sandbox it made was deleted)",
                     &e,
@@ -217,13 +217,16 @@ impl OpenSandboxProvider {
         }
     }
 
-    async fn destroy_by_nonce(&self, nonce: &str) {
+    /// Finds what a failed create under `nonce` made and deletes it. `true` when the lookup
+    /// answered and every sandbox it found was deleted: the create then left nothing.
+    pub(crate) async fn destroy_by_nonce(&self, nonce: &str) -> bool {
         for _ in 0..2 {
             if let Ok(found) = self.client.find_by_metadata(META_NONCE, nonce).await {
+                let mut all = true;
                 for sb in found {
-                    let _ = self.destroy(&sb.id).await;
+                    all &= self.destroy(&sb.id).await.is_ok();
                 }
-                return;
+                return all;
             }
             tokio::time::sleep(DELETE_RETRY_PAUSE).await;
         }
@@ -232,6 +235,7 @@ impl OpenSandboxProvider {
             "OpenSandbox: a create whose answer was lost could not be looked up; the orphan \
              sweep or the server-side timeout will remove what it made"
         );
+        false
     }
 
     /// What a create the server answered with `e` means, for a request from `image` living
