@@ -1,7 +1,7 @@
 //! The [`Executor`] and its options, and a flow run's start.
 //!
-//! One flow run in one guest: create (reaper-guarded) → upload the runner and the job ∥ read
-//! the egress back → streaming exec of the runner → each frame yielded as it arrives → the
+//! One flow run in one guest: create (reaper-guarded) → read the egress back → upload the
+//! runner, start it, and write the files and the job → streaming exec of the runner → each frame yielded as it arrives → the
 //! guest destroyed at the end, on an error, and when the consumer stops early. This module
 //! holds the start up to the runner's exec: the refusals that need no I/O (the run's
 //! [`Plan`]), the guest's acquisition, and the cold start of a guest created for the run (a
@@ -333,8 +333,8 @@ impl Executor {
         }
     }
 
-    /// Starts the runner on a guest created for this run at once, so it imports lfx while the
-    /// host reads the egress back, writes the run's files and waits for the body; the job is
+    /// Reads the egress back, then starts the runner on a guest created for this run, so it
+    /// imports lfx while the host writes the run's files and waits for the body; the job is
     /// uploaded once all of that is done (the runner waits for it), all by `deadline` (the
     /// create's too: one budget from when the run was admitted).
     async fn start_cold(
@@ -358,6 +358,13 @@ impl Executor {
             pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
+        // Nothing reaches a guest whose egress was not read back and matched: not the runner,
+        // not the run's files, not the job. (On a provider whose create answer shows the
+        // egress, CreateOS, this asks nothing.)
+        guest
+            .verify_egress(&spec.egress, deadline)
+            .await
+            .map_err(|e| StartError::Failed(e.into()))?;
         let mut dispatched = created;
         let runner = async {
             guest
@@ -374,15 +381,13 @@ impl Executor {
             dispatched = Instant::now();
             exec
         };
-        // The job goes only to a guest whose egress was read back and matched: until then the
-        // runner has the image's lfx to import and nothing of the flow.
+        // The runner imports the image's lfx while the run's files are written and the body
+        // completes; the job goes last.
         let job_written = async {
-            let (egress, uploads, body) = tokio::join!(
-                guest.verify_egress(&spec.egress, deadline),
+            let (uploads, body) = tokio::join!(
                 upload_files(guest, job.files, deadline),
                 job.body_within(plan),
             );
-            egress.map_err(ExecutorError::from)?;
             uploads.map_err(ExecutorError::from)?;
             let request = body?;
             let bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())?;
