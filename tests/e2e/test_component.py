@@ -431,7 +431,7 @@ def test_a_command_no_argument_can_carry_is_refused_before_any_guest(clean_fake:
     # The node itself raises lfx's "unavailable" class (lfx run wraps it in a build error).
     proc = run_script(env, REFUSED_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["CreateOSUnavailableError", "True"] * 2, proc.stdout
+    assert proc.stdout.split() == ["SandboxRefusedError", "True"] * 2, proc.stdout
     stats = clean_fake.stats()
     assert stats["created"] == 0
     assert sum(stats["requests"].values()) == 0, stats["requests"]

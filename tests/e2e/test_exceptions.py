@@ -15,7 +15,13 @@ import pytest
 from conftest import Fake, backend_env, run_python
 
 PUBLIC = "langflow_sandbox_createos.exceptions"
-NAMES = ("CreateOSError", "CreateOSUnavailableError", "CreateOSExecutionError")
+NAMES = ("SandboxError", "SandboxRefusedError", "SandboxFailedError")
+#: The 0.2.0 names, kept as the same class objects.
+ALIASES = {
+    "CreateOSError": "SandboxError",
+    "CreateOSUnavailableError": "SandboxRefusedError",
+    "CreateOSExecutionError": "SandboxFailedError",
+}
 
 
 def test_classes_live_in_the_public_module_and_extend_lfx_errors() -> None:
@@ -23,17 +29,31 @@ def test_classes_live_in_the_public_module_and_extend_lfx_errors() -> None:
 
     from langflow_sandbox_createos import exceptions
 
-    assert sorted(exceptions.__all__) == sorted(NAMES)
+    assert sorted(exceptions.__all__) == sorted([*NAMES, *ALIASES])
     for name in NAMES:
         cls = getattr(exceptions, name)
         assert cls.__module__ == PUBLIC, (name, cls.__module__)
-        assert cls.__name__.endswith("Error")
+        assert cls.__name__ == name
         assert issubclass(cls, SandboxExecutionError), name
-    assert issubclass(exceptions.CreateOSUnavailableError, SandboxUnavailableError)
-    assert issubclass(exceptions.CreateOSUnavailableError, exceptions.CreateOSError)
-    assert issubclass(exceptions.CreateOSExecutionError, exceptions.CreateOSError)
+    assert issubclass(exceptions.SandboxRefusedError, SandboxUnavailableError)
+    assert issubclass(exceptions.SandboxRefusedError, exceptions.SandboxError)
+    assert issubclass(exceptions.SandboxFailedError, exceptions.SandboxError)
     # An infrastructure failure must not read as "configured but unusable".
-    assert not issubclass(exceptions.CreateOSExecutionError, SandboxUnavailableError)
+    assert not issubclass(exceptions.SandboxFailedError, SandboxUnavailableError)
+
+
+def test_the_0_2_0_names_are_the_same_classes() -> None:
+    import langflow_sandbox_createos as pkg
+    from langflow_sandbox_createos import exceptions
+
+    for old, new in ALIASES.items():
+        assert getattr(exceptions, old) is getattr(exceptions, new), old
+        assert getattr(pkg, old) is getattr(pkg, new), old
+    # 0.2.0 code that catches the old names catches what is raised now.
+    try:
+        raise exceptions.SandboxRefusedError("refused")
+    except exceptions.CreateOSUnavailableError as exc:
+        assert type(exc).__name__ == "SandboxRefusedError"
 
 
 def test_the_extension_no_longer_defines_exception_classes() -> None:
@@ -49,11 +69,12 @@ import langflow_sandbox_createos as pkg
 assert "lfx" not in sys.modules, "importing the package imported lfx"
 assert "langflow_sandbox_createos.exceptions" not in sys.modules
 assert "langflow_sandbox_createos._native" not in sys.modules
-cls = pkg.CreateOSUnavailableError
-from langflow_sandbox_createos.exceptions import CreateOSUnavailableError
-assert cls is CreateOSUnavailableError
+cls = pkg.SandboxRefusedError
+from langflow_sandbox_createos.exceptions import CreateOSUnavailableError, SandboxRefusedError
+assert cls is SandboxRefusedError is CreateOSUnavailableError is pkg.CreateOSUnavailableError
 assert "langflow_sandbox_createos._native" not in sys.modules, "the exceptions loaded the extension"
-assert set(pkg.__all__) >= {"CreateOSError", "CreateOSUnavailableError", "CreateOSExecutionError"}
+assert set(pkg.__all__) >= {"CreateOSError", "CreateOSUnavailableError", "CreateOSExecutionError",
+                            "SandboxError", "SandboxRefusedError", "SandboxFailedError"}
 print("ok")
 """
 
@@ -97,7 +118,7 @@ def _through_lfx(env: dict[str, str]) -> dict[str, object]:
 def test_a_refusal_through_lfx_is_a_public_unavailable_error(clean_fake: Fake) -> None:
     raised = _through_lfx(backend_env(clean_fake, CREATEOS_SANDBOX_API_KEY=None))
     assert raised["module"] == PUBLIC, raised
-    assert raised["name"] == "CreateOSUnavailableError", raised
+    assert raised["name"] == "SandboxRefusedError", raised
     assert raised["unavailable"] is True and raised["execution"] is True, raised
     assert "CREATEOS_SANDBOX_API_KEY" in str(raised["message"]), raised
     assert clean_fake.stats()["created"] == 0
@@ -109,7 +130,7 @@ def test_an_infrastructure_failure_through_lfx_is_a_public_execution_error(clean
     env = backend_env(clean_fake, CREATEOS_CONTROL_PLANE_RETRY_SECONDS="3")
     raised = _through_lfx(env)
     assert raised["module"] == PUBLIC, raised
-    assert raised["name"] == "CreateOSExecutionError", raised
+    assert raised["name"] == "SandboxFailedError", raised
     assert raised["execution"] is True and raised["unavailable"] is False, raised
     assert env["CREATEOS_SANDBOX_API_KEY"] not in str(raised["message"])
     # Raised by the extension itself, not re-wrapped: no stray chained native exception.
@@ -119,10 +140,10 @@ def test_an_infrastructure_failure_through_lfx_is_a_public_execution_error(clean
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        pytest.param({"CREATEOS_SANDBOX_API_KEY": None}, "CreateOSUnavailableError", id="no-key"),
-        pytest.param({"CREATEOS_SANDBOX_API_KEY": "wrong-key-7"}, "CreateOSUnavailableError", id="rejected-key"),
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": None}, "SandboxRefusedError", id="no-key"),
+        pytest.param({"CREATEOS_SANDBOX_API_KEY": "wrong-key-7"}, "SandboxRefusedError", id="rejected-key"),
         # Refused before any request is made (and loopback anyway).
-        pytest.param({"CREATEOS_SANDBOX_BASE_URL": "ftp://127.0.0.1:1/"}, "CreateOSUnavailableError", id="bad-endpoint"),
+        pytest.param({"CREATEOS_SANDBOX_BASE_URL": "ftp://127.0.0.1:1/"}, "SandboxRefusedError", id="bad-endpoint"),
     ],
 )
 def test_reap_raises_the_public_classes(clean_fake: Fake, overrides: dict[str, str | None], expected: str) -> None:
@@ -147,7 +168,7 @@ def test_reap_raises_an_execution_error_when_the_listing_keeps_failing(clean_fak
     # The listing fails for good: give up after 3 s of retries instead of the default 30.
     proc = run_python(script, backend_env(clean_fake, CREATEOS_CONTROL_PLANE_RETRY_SECONDS="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == [PUBLIC, "CreateOSExecutionError"]
+    assert proc.stdout.split() == [PUBLIC, "SandboxFailedError"]
 
 
 def test_doctor_reports_an_unreadable_setting_instead_of_raising(clean_fake: Fake) -> None:

@@ -256,7 +256,7 @@ def test_an_answer_over_the_result_bound_is_refused_naming_the_setting(clean_fak
     reply = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.strip().startswith("{")))
     assert reply["success"] is False, reply
     text = json.dumps(reply)
-    for part in ("CreateOSExecutionError", "CREATEOS_EXECUTOR_MAX_RESULT_BYTES=4194304",
+    for part in ("SandboxFailedError", "CREATEOS_EXECUTOR_MAX_RESULT_BYTES=4194304",
                  "Raise CREATEOS_EXECUTOR_MAX_RESULT_BYTES", "guest destroyed"):
         assert part in text, (part, reply)
     stats = clean_fake.wait_settled()
@@ -371,9 +371,9 @@ def test_faults_at_each_call_destroy_the_guest_and_raise_lfx_errors(
     line = next((l for l in proc.stdout.splitlines() if l.split(" ")[0] in ("RAN", "UNAVAILABLE", "EXECUTION")), "")
     assert line.startswith(verdict), (line, proc.stderr[-3000:])
     if verdict == "UNAVAILABLE":
-        assert "CreateOSUnavailableError" in line
+        assert "SandboxRefusedError" in line
     if verdict == "EXECUTION":
-        assert "CreateOSExecutionError" in line
+        assert "SandboxFailedError" in line
     assert words in line
     assert clean_fake.key not in proc.stdout + proc.stderr
     clean_fake.set_faults("")
@@ -514,7 +514,7 @@ def measure(fake: Fake, mode: str) -> dict[str, Any]:
 def test_a_hostile_frame_fails_the_run_and_the_host_stays_bounded(clean_fake: Fake, mode: str, bound: str) -> None:
     result = measure(clean_fake, mode)
     print(f"{mode}: host peak RSS grew by {result['growth_kib'] / 1024:.1f} MiB")
-    assert result.get("error") == "CreateOSExecutionError", result
+    assert result.get("error") == "SandboxFailedError", result
     assert bound in result["message"], result
     assert "guest destroyed" in result["message"], result
     assert result["growth_kib"] * 1024 <= RSS_MULTIPLE * FRAME_CAP, result
@@ -871,7 +871,7 @@ def test_a_file_above_the_bound_is_refused_before_any_guest_is_created(clean_fak
     with (tmp_path / USER_ID / "huge.txt").open("wb") as f:
         f.truncate(64 * 1024 * 1024 + 1)
     remote = run_file_flow(executor_env(clean_fake), tmp_path, "huge.txt")
-    assert remote["error"] == "CreateOSUnavailableError", remote
+    assert remote["error"] == "SandboxRefusedError", remote
     assert "MAX_FILE_BYTES=67108864" in remote["message"] and '"huge.txt"' in remote["message"], remote
     assert "Nothing was created" in remote["message"], remote
     stats = clean_fake.stats()

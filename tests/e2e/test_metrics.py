@@ -460,7 +460,7 @@ def test_each_run_is_a_span_through_lfxs_outbound_call_helper(clean_fake: Fake) 
 
     env = backend_env(clean_fake, LANGFLOW_SANDBOX_BACKEND_PLUGINS=None)
     out = run_script(f"COMPONENT_INPUTS = {component_inputs()!r}\n" + SPAN_RUNS, env)
-    assert "REFUSED CreateOSUnavailableError" in out["stdout"], out["stdout"][-2000:]
+    assert "REFUSED SandboxRefusedError" in out["stdout"], out["stdout"][-2000:]
     spans = out["RESULT"]
     assert [s["name"] for s in spans] == ["createos.sandbox.run"] * 4, spans
     # The tracer lfx's helper uses, the one span scope lfx's export filter lets through.
@@ -471,7 +471,7 @@ def test_each_run_is_a_span_through_lfxs_outbound_call_helper(clean_fake: Fake) 
     assert ok["createos.guest"].startswith("lf-")
     assert failed["createos.outcome"] == "program_failed"
     assert [s["status"] for s in spans] == ["UNSET", "UNSET", "ERROR", "UNSET"]
-    assert refused["error.type"] == "CreateOSUnavailableError" and "createos.outcome" not in refused
+    assert refused["error.type"] == "SandboxRefusedError" and "createos.outcome" not in refused
     assert component["createos.surface"] == "component" and component["createos.outcome"] == "ok"
     assert component["createos.guest"].startswith("lf-")
     assert_nothing_secret(json.dumps(spans), clean_fake.key)

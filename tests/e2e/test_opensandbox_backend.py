@@ -275,7 +275,7 @@ def test_code_or_env_holding_a_plugin_secret_is_refused_before_any_sandbox(osfak
     seen = json.loads(lines[-1].removeprefix("RESULT "))
     for i, setting in enumerate(secrets):
         in_code, in_env = seen[2 * i], seen[2 * i + 1]
-        assert "UnavailableError: " in in_code, (setting, in_code)
+        assert in_code.startswith(("SandboxRefusedError: ", "CreateOSUnavailableError: ")), (setting, in_code)
         assert "the code to run holds" in in_code and setting in in_code, (setting, in_code)
         assert "`TOKEN`" in in_env and setting in in_env, (setting, in_env)
     assert "`OPEN_SANDBOX_DOMAIN`" in seen[-2] and "configures the sandbox itself" in seen[-2], seen
@@ -285,3 +285,38 @@ def test_code_or_env_holding_a_plugin_secret_is_refused_before_any_sandbox(osfak
         assert value not in shown, value
     stats = osfake.wait_settled()
     assert stats["created"] == 1, stats
+
+
+def test_ctrl_c_of_lfx_run_deletes_the_sandbox_and_exits_at_once(osfake: OsFake) -> None:
+    # lfx runs the sandbox call on a worker thread (asyncio.to_thread under anyio.run); only
+    # the main thread sees Python's KeyboardInterrupt. The run must still be cancelled: its
+    # sandbox deleted and the process gone well before the program's 90 s.
+    env = os_env(osfake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", str(FLOW), "import time\ntime.sleep(90)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+        # A shell starts background jobs with SIGINT ignored; Ctrl-C in a terminal is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (osfake.stats()["live"] == 1 and osfake.stats()["commands"] >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, osfake.stats()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode != 0
+    assert took < 15, took
+    stats = osfake.wait_settled(timeout=5)
+    assert stats["created"] == 1 and stats["live"] == 0, stats

@@ -95,6 +95,9 @@ def test_executor_refuses_a_server_that_cannot_enforce_the_names(
     assert stats["created"] == 1
     # The names were sent; the read-back refused them (dns mode), or nothing held them.
     assert held_policies(osfake) == [held]
+    # Nothing of the run reached the sandbox: no upload, and no command but the identity probe.
+    assert stats["requests"].get("files_upload", 0) == 0, stats["requests"]
+    assert stats["commands"] == 1, stats
 
 
 def test_executor_refuses_an_address_entry_before_any_sandbox(osfake: OsFake) -> None:
@@ -134,7 +137,11 @@ def test_component_refuses_a_server_that_cannot_enforce_the_names(osfake: OsFake
     assert "[egress]" in out, out[-3000:]
     assert '"162"' not in run.stdout
     assert OS_KEY not in out
-    assert osfake.wait_settled()["created"] == 1
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1
+    # The program was not uploaded: nothing reaches a sandbox whose read-back failed.
+    assert stats["requests"].get("files_upload", 0) == 0, stats["requests"]
+    assert stats["commands"] == 1, stats
 
 
 def test_component_refuses_an_address_entry_before_any_sandbox(osfake: OsFake, tmp_path: Path) -> None:

@@ -78,6 +78,8 @@ def test_without_the_attestation_the_run_is_refused_and_creates_nothing(osfake: 
     assert "FROM THE CLI!" not in proc.stdout
     assert "OPEN_SANDBOX_ATTEST_ISOLATION" in out, out[-3000:]
     assert "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION" in out, out[-3000:]
+    # The provider-neutral class, not a CreateOS-named one.
+    assert '"exception_type": "SandboxRefusedError"' in out, out[-3000:]
     assert OS_KEY not in out
     assert osfake.stats()["created"] == 0
 
@@ -110,3 +112,24 @@ def test_a_warm_pool_on_opensandbox_serves_the_next_flow_and_leaves_nothing(osfa
     stats = osfake.wait_settled()
     assert stats["created"] >= 2, stats
     assert OS_KEY not in proc.stdout + proc.stderr
+
+
+def test_the_sandbox_is_created_from_open_sandbox_image_and_waits_ready_seconds(osfake: OsFake) -> None:
+    # The server holds one image only; the executor must ask for OPEN_SANDBOX_IMAGE (never
+    # CreateOS's rootfs, whether CREATEOS_EXECUTOR_ROOTFS is set or not).
+    image = "registry.internal/lf-flows:1"
+    osfake.configure(images=[image])
+    env = os_executor_env(osfake, OPEN_SANDBOX_IMAGE=image, CREATEOS_EXECUTOR_ROOTFS="tpl_abc123")
+    assert lfx_run_json(env, SHOUT, "from the cli")["result"] == "FROM THE CLI!"
+    assert osfake.wait_settled()["created"] == 1
+    # Another image: on this Kubernetes server the pod cannot pull and stays Pending. The run
+    # waits OPEN_SANDBOX_READY_SECONDS (not CREATEOS_CONTROL_PLANE_RETRY_SECONDS), then fails
+    # naming OpenSandbox and that setting, and leaves no sandbox.
+    env = os_executor_env(osfake, OPEN_SANDBOX_READY_SECONDS="2", CREATEOS_CONTROL_PLANE_RETRY_SECONDS="60")
+    proc = run_refused(env)
+    out = proc.stdout + proc.stderr
+    assert "FROM THE CLI!" not in proc.stdout
+    assert "OPEN_SANDBOX_READY_SECONDS=2" in out and "OpenSandbox" in out, out[-3000:]
+    assert '"exception_type": "SandboxFailedError"' in out, out[-3000:]
+    stats = osfake.wait_settled()
+    assert stats["created"] == 2 and stats["commands"] >= 2, stats

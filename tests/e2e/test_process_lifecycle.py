@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -73,7 +74,7 @@ def test_forked_child_whose_run_fails_leaves_no_guest(clean_fake: Fake, faults: 
     lines = proc.stdout.splitlines()
     assert "parent p1" in lines
     # One of the package's public errors, which lfx catches as its SandboxExecutionError.
-    assert any(line.startswith("child raised CreateOS") and line.endswith("Error True") for line in lines), lines
+    assert any(line.startswith("child raised Sandbox") and line.endswith("Error True") for line in lines), lines
     assert "child-exit 0" in lines
     # The child is gone; nothing else knows its guest. It must already be deleted.
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=10)
@@ -109,6 +110,36 @@ def test_sigterm_to_lfx_run_destroys_the_guest(clean_fake: Fake) -> None:
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
     assert '"success"' not in stdout
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=15)
+    assert stats["created"] == 1
+
+
+def test_ctrl_c_of_lfx_run_destroys_the_guest_and_exits_at_once(clean_fake: Fake) -> None:
+    # lfx runs the sandbox call on a worker thread, which Python's KeyboardInterrupt never
+    # reaches: the run must still be cancelled, not waited for (120 s here).
+    env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", str(FLOW), SLEEPING_CODE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+        # A shell starts background jobs with SIGINT ignored; Ctrl-C in a terminal is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        clean_fake.wait_for(_exec_started, timeout=120)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode != 0 and '"success": true' not in stdout, (proc.returncode, stderr[-3000:])
+    assert took < 15, took
+    stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=5)
     assert stats["created"] == 1
 
 

@@ -103,7 +103,7 @@ def test_the_executor_refuses_a_flow_asking_for_a_plugin_setting_before_any_gues
     flows = [asking_for(tmp_path, name) for name in NAMES]
     seen, output = arun_each(executor_env(clean_fake, CREATEOS_ADMISSION_STORE=STORE), flows)
     for name, run in zip(NAMES, seen, strict=True):
-        assert run.get("type") == "CreateOSUnavailableError", (name, run)
+        assert run.get("type") == "SandboxRefusedError", (name, run)
         assert f"`{name}`" in run["message"] and "configures the sandbox itself" in run["message"], run
         assert "the field `api_key` of Secret Probe (vertex `secret`)" in run["message"], run
     assert_nothing_secret(output, clean_fake)
@@ -135,7 +135,7 @@ def test_the_executor_refuses_the_keys_value_under_another_name_and_sends_no_job
     try:
         env = executor_env(fake, EXEC_TEST_CREDENTIAL=fake.key)
         seen, output = arun_each(env, [SECRET_FLOW])
-        assert seen[0].get("type") == "CreateOSUnavailableError", seen
+        assert seen[0].get("type") == "SandboxRefusedError", seen
         message = seen[0]["message"]
         assert "the value the host resolved for the field `api_key` of vertex `secret`" in message, message
         assert "CREATEOS_SANDBOX_API_KEY" in message, message
@@ -195,7 +195,7 @@ def test_the_backend_refuses_code_or_env_carrying_a_plugin_secret(clean_fake: Fa
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     seen = json.loads(lines[-1].removeprefix("RESULT "))
-    assert seen[0].startswith("CreateOSUnavailableError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
+    assert seen[0].startswith("SandboxRefusedError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
     assert "`CREATEOS_GATEWAY_SECRET`" in seen[1] and "configures the sandbox itself" in seen[1], seen
     assert "`TOKEN`" in seen[2] and "CREATEOS_GATEWAY_SECRET" in seen[2], seen
     assert seen[3] == "ran", seen
@@ -206,7 +206,7 @@ def test_the_backend_refuses_code_or_env_carrying_a_plugin_secret(clean_fake: Fa
 @pytest.mark.parametrize("name", ["LANGFLOW_DATABASE_URL", "LANGFLOW_REDIS_URL"])
 def test_langflows_own_store_urls_are_withheld_too(clean_fake: Fake, tmp_path: Path, name: str) -> None:
     seen, _ = arun_each(executor_env(clean_fake, **{name: f"postgresql://lf:{STORE_PASSWORD}@db/lf"}), [asking_for(tmp_path, name)])
-    assert seen[0].get("type") == "CreateOSUnavailableError" and f"`{name}`" in seen[0]["message"], seen
+    assert seen[0].get("type") == "SandboxRefusedError" and f"`{name}`" in seen[0]["message"], seen
     assert clean_fake.stats()["created"] == 0
 
 

@@ -117,6 +117,7 @@ pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
             ),
         ),
     });
+    lines.extend(host_kernel_line(settings));
     lines.push(DoctorLine::new(
         DoctorLevel::Info,
         "not known without creating a sandbox (doctor creates none): the server's runtime \
@@ -125,6 +126,29 @@ pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
          sandbox before any code and refuses, naming the server setting",
     ));
     lines
+}
+
+/// `doctor`'s warning when the isolation is attested but `OPEN_SANDBOX_HOST_KERNEL` is unset:
+/// the in-guest probe then cannot tell a runc container (which shares its host's kernel) from
+/// a VM, so a false attestation would run code on a shared kernel. `None` otherwise. No I/O.
+pub fn host_kernel_line(settings: &OpenSandboxSettings) -> Option<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{
+        Attestation, ENV_ATTEST_ISOLATION, ENV_HOST_KERNEL,
+    };
+    (settings.attestation == Attestation::HardwareVirtualized && settings.host_kernels.is_empty())
+        .then(|| {
+            DoctorLine::about(
+                DoctorLevel::Warn,
+                ENV_HOST_KERNEL,
+                format!(
+                    "{ENV_HOST_KERNEL} is unset: with {ENV_ATTEST_ISOLATION}=hardware-virtualized \
+                     the in-guest probe refuses gVisor but cannot tell a runc container (the \
+                     host's kernel) from a VM, so a wrong attestation would run code on a shared \
+                     kernel; set it to `uname -r` of every server host or node \
+                     (comma-separated)"
+                ),
+            )
+        })
 }
 
 /// `doctor`'s check of the server: one listing of this deployment's sandboxes (by

@@ -36,6 +36,50 @@ fn isolation_is_declared_only_when_attested() {
     assert_eq!(caps.isolation, "none");
 }
 
+#[test]
+fn doctor_warns_of_an_attestation_without_the_host_kernel() {
+    use langflow_backend::DoctorLevel;
+    use langflow_backend::opensandbox::{host_kernel_line, isolation_lines};
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    let read = |pairs: &'static [(&'static str, &'static str)]| {
+        OpenSandboxSettings::from_lookup(move |n| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .unwrap()
+    };
+    let attested = read(&[("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized")]);
+    let line = host_kernel_line(&attested).expect("a warning");
+    assert_eq!(line.level, DoctorLevel::Warn);
+    assert_eq!(line.setting.as_deref(), Some("OPEN_SANDBOX_HOST_KERNEL"));
+    assert!(line.text.contains("uname -r"), "{}", line.text);
+    assert!(
+        isolation_lines(&attested)
+            .iter()
+            .any(|l| l.setting.as_deref() == Some("OPEN_SANDBOX_HOST_KERNEL"))
+    );
+    // Set, or nothing attested (the probe does not run): nothing to warn about.
+    let named = read(&[
+        ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
+        ("OPEN_SANDBOX_HOST_KERNEL", "6.1.0-18-amd64"),
+    ]);
+    assert!(host_kernel_line(&named).is_none());
+    assert!(host_kernel_line(&read(&[])).is_none());
+}
+
+#[test]
+fn a_cpu_that_is_not_a_quantity_is_refused_naming_the_setting() {
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    let e = OpenSandboxSettings::from_lookup(|n| (n == "OPEN_SANDBOX_CPU").then(|| "abc".into()))
+        .unwrap_err();
+    assert!(e.message().contains("OPEN_SANDBOX_CPU=abc"), "{e}");
+    // lfx's gate sees an unusable setting as no isolation at all, and refuses.
+    let caps = capabilities_with(|n| (n == "OPEN_SANDBOX_CPU").then(|| "abc".to_owned()));
+    assert_eq!(caps.isolation, "none");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_gets_its_own_sandbox_and_leaves_none() {
     let fake = FakeServer::start(FakeOptions {

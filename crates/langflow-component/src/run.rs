@@ -282,28 +282,24 @@ impl SandboxComponent {
         } else {
             String::new()
         };
+        // The egress is read back before anything of the run reaches the guest (acquire
+        // already did it for a kept guest); a guest whose egress differs gets nothing. On a
+        // provider whose create answer shows the egress (CreateOS) this asks nothing.
+        if !guest.is_kept() {
+            guest.verify_egress(&plan.egress, deadline).await?;
+        }
         let script = match &plan.program {
             Program::Shell(script) => format!("{prepare}{script}"),
             Program::Python(code) => {
                 let path = format!("/tmp/lf-main-{:012x}.py", random48());
-                let upload = guest.upload(&path, Bytes::copy_from_slice(code.as_bytes()), deadline);
-                if guest.is_kept() {
-                    // Acquire already read the egress back.
-                    upload.await?;
-                } else {
-                    let (up, eg) =
-                        tokio::join!(upload, guest.verify_egress(&plan.egress, deadline));
-                    eg?;
-                    up?;
-                }
+                guest
+                    .upload(&path, Bytes::copy_from_slice(code.as_bytes()), deadline)
+                    .await?;
                 // The program file is removed afterwards, so a kept guest does not collect
                 // them; the exit status is the program's.
                 format!("{prepare}python3 -u {path}; s=$?; rm -f {path}; exit $s")
             }
         };
-        if matches!(plan.program, Program::Shell(_)) && !guest.is_kept() {
-            guest.verify_egress(&plan.egress, deadline).await?;
-        }
         let upload_ms = ms(t1.elapsed());
         // A domains run's token is minted per run, for this guest, and sent with the exec.
         let input = ExecInput {

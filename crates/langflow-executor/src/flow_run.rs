@@ -16,6 +16,7 @@ use sandbox_core::exec::{EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit}
 use sandbox_core::guest::{ExecRun, ExecStep};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::provider::ProviderKind;
+use sandbox_core::provider::opensandbox::settings::ENV_IMAGE as OPENSANDBOX_IMAGE;
 use sandbox_core::surface::{End, Lease};
 use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
@@ -659,6 +660,14 @@ impl FlowRun {
                  {want}` failed, see the guest log lines above); the flow was not run. Bake a \
                  template instead: `python -m langflow_sandbox_createos template build \
                  FLOW.json` and set {ENV_ROOTFS} to the value it prints"
+            )
+        } else if self.provider == ProviderKind::OpenSandbox {
+            format!(
+                "lfx is not installed in the OpenSandbox image {:?}; the flow was not run. Set \
+                 {OPENSANDBOX_IMAGE} to an image with {want} and the flow's components (one \
+                 the server can pull), or set {ENV_INSTALL_LFX}=true to pip-install lfx in \
+                 every sandbox (slow, and it needs egress to PyPI)",
+                self.rootfs
             )
         } else {
             format!(

@@ -1,7 +1,7 @@
 //! The [`Executor`] and its options, and a flow run's start.
 //!
-//! One flow run in one guest: create (reaper-guarded) → upload the runner and the job ∥ read
-//! the egress back → streaming exec of the runner → each frame yielded as it arrives → the
+//! One flow run in one guest: create (reaper-guarded) → read the egress back → upload the
+//! runner, start it, and write the files and the job → streaming exec of the runner → each frame yielded as it arrives → the
 //! guest destroyed at the end, on an error, and when the consumer stops early. This module
 //! holds the start up to the runner's exec: the refusals that need no I/O (the run's
 //! [`Plan`]), the guest's acquisition, and the cold start of a guest created for the run (a
@@ -159,7 +159,9 @@ impl Executor {
             let env = Arc::clone(&self.opts.surface.env);
             let os = OpenSandboxSettings::from_lookup(move |k: &str| env(k))?;
             os.require_isolation_for("OpenSandbox executor")?;
-            executor.rootfs = None;
+            // The server's image (`OPEN_SANDBOX_IMAGE`), never CreateOS's rootfs setting or
+            // default.
+            executor.rootfs = Some(os.image.clone());
             if lookup(ENV_SHAPE).is_none_or(|v| v.trim().is_empty()) {
                 OPENSANDBOX_DEFAULT_SIZE.clone_into(&mut executor.shape);
             }
@@ -331,8 +333,8 @@ impl Executor {
         }
     }
 
-    /// Starts the runner on a guest created for this run at once, so it imports lfx while the
-    /// host reads the egress back, writes the run's files and waits for the body; the job is
+    /// Reads the egress back, then starts the runner on a guest created for this run, so it
+    /// imports lfx while the host writes the run's files and waits for the body; the job is
     /// uploaded once all of that is done (the runner waits for it), all by `deadline` (the
     /// create's too: one budget from when the run was admitted).
     async fn start_cold(
@@ -356,6 +358,13 @@ impl Executor {
             pool = plan.executor.warm_pool,
             "flow run: guest created"
         );
+        // Nothing reaches a guest whose egress was not read back and matched: not the runner,
+        // not the run's files, not the job. (On a provider whose create answer shows the
+        // egress, CreateOS, this asks nothing.)
+        guest
+            .verify_egress(&spec.egress, deadline)
+            .await
+            .map_err(|e| StartError::Failed(e.into()))?;
         let mut dispatched = created;
         let runner = async {
             guest
@@ -372,15 +381,13 @@ impl Executor {
             dispatched = Instant::now();
             exec
         };
-        // The job goes only to a guest whose egress was read back and matched: until then the
-        // runner has the image's lfx to import and nothing of the flow.
+        // The runner imports the image's lfx while the run's files are written and the body
+        // completes; the job goes last.
         let job_written = async {
-            let (egress, uploads, body) = tokio::join!(
-                guest.verify_egress(&spec.egress, deadline),
+            let (uploads, body) = tokio::join!(
                 upload_files(guest, job.files, deadline),
                 job.body_within(plan),
             );
-            egress.map_err(ExecutorError::from)?;
             uploads.map_err(ExecutorError::from)?;
             let request = body?;
             let bytes = job_for(&request.job(job.install), plan.grant.as_ref(), guest.name())?;
@@ -420,4 +427,46 @@ impl Executor {
 /// The cold runner's exec: it imports lfx at once and waits for the job (`--wait`).
 fn cold_runner() -> Command {
     Command::shell(format!("exec python3 -u {RUNNER_PATH} --wait {JOB_PATH}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_opensandbox(vars: &[(&'static str, &'static str)]) -> Executor {
+        let vars: Vec<(&'static str, &'static str)> = vars.to_vec();
+        Executor::with_options(ExecutorOptions {
+            surface: SurfaceOptions {
+                env: Arc::new(move |k: &str| {
+                    vars.iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| (*v).to_owned())
+                }),
+                ..SurfaceOptions::default()
+            },
+            provider: ProviderKind::OpenSandbox,
+            ..ExecutorOptions::default()
+        })
+    }
+
+    #[test]
+    fn on_opensandbox_the_sandbox_image_is_open_sandbox_image() {
+        let allow = ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true");
+        // Unset: the provider's default image, never CreateOS's `devbox:1`.
+        let plan = on_opensandbox(&[allow]).plan().unwrap();
+        assert_eq!(
+            plan.rootfs(),
+            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
+        );
+        // Set, also beside CreateOS's rootfs setting, which is not the server's.
+        let plan = on_opensandbox(&[
+            allow,
+            ("OPEN_SANDBOX_IMAGE", "registry.internal/lf-flows:3"),
+            ("CREATEOS_EXECUTOR_ROOTFS", "tpl_abc123"),
+        ])
+        .plan()
+        .unwrap();
+        assert_eq!(plan.rootfs(), "registry.internal/lf-flows:3");
+        assert_eq!(plan.executor.shape, OPENSANDBOX_DEFAULT_SIZE);
+    }
 }

@@ -2063,8 +2063,12 @@ fn on_opensandbox_the_plan_needs_attestation_or_the_opt_in_and_no_createos_key()
         let plan = opensandbox_executor(&[server[0], server[1], extra])
             .plan()
             .unwrap();
-        // The server's image, and the default size in the provider's catalog.
-        assert_eq!(plan.executor.rootfs, None);
+        // The server's image (OPEN_SANDBOX_IMAGE's default, never CreateOS's rootfs), and the
+        // default size in the provider's catalog.
+        assert_eq!(
+            plan.rootfs(),
+            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
+        );
         assert_eq!(
             plan.executor.shape,
             langflow_executor::OPENSANDBOX_DEFAULT_SIZE

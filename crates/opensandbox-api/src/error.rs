@@ -164,12 +164,25 @@ impl Error {
     /// timeouts. It says nothing about whether repeating is *safe*: a create that timed out
     /// may have created a sandbox (see [`crate::Client::find_by_metadata`]). An [`Error::Idle`]
     /// is not retryable: the sandbox stopped answering, and a command may have run.
+    ///
+    /// An image the server could not pull ([`Error::is_image_pull_failure`]) is not
+    /// retryable either, though it is a 500: the same image fails the same way until someone
+    /// changes the image or the registry.
     pub fn is_retryable(&self) -> bool {
         match self {
+            Error::Api(_) if self.is_image_pull_failure() => false,
             Error::Api(api) => matches!(api.status.as_u16(), 408 | 429 | 500..=599),
             Error::Transport { .. } | Error::Timeout { .. } => true,
             _ => false,
         }
+    }
+
+    /// Whether the server could not pull the sandbox's image (`<RUNTIME>::SANDBOX_IMAGE_PULL_FAILED`,
+    /// a 500 from the Docker runtime): the image does not exist, or the server's registry does
+    /// not have it or refuses it. Nothing was created.
+    pub fn is_image_pull_failure(&self) -> bool {
+        self.code()
+            .is_some_and(|c| c.ends_with("::SANDBOX_IMAGE_PULL_FAILED"))
     }
 
     /// The HTTP status of an API error.

@@ -4,7 +4,7 @@
 //! failures are raised as the public classes of `langflow_sandbox_createos.exceptions`
 //! ([`crate::errors`]):
 //!
-//! | call | `CreateOSUnavailableError` (nothing ran) | `CreateOSExecutionError` |
+//! | call | `SandboxRefusedError` (nothing ran) | `SandboxFailedError` |
 //! |---|---|---|
 //! | `run` | refusals: settings, key, policy, shape | infrastructure failure, outcome unknown, internal error |
 //! | `reap` | missing, malformed or rejected key or endpoint | the listing failed (transient), internal error |
@@ -107,8 +107,8 @@ impl NativeBackend {
     /// Runs `code` in a fresh guest and destroys it. Blocks with the GIL released.
     ///
     /// `settings` is lfx's `_SandboxSettings`. The guest's output and exit code come back as a
-    /// [`RunResult`]; a refusal raises `CreateOSUnavailableError`, an infrastructure failure
-    /// `CreateOSExecutionError`. Ctrl-C raises `KeyboardInterrupt` after the guest is
+    /// [`RunResult`]; a refusal raises `SandboxRefusedError`, an infrastructure failure
+    /// `SandboxFailedError`. Ctrl-C raises `KeyboardInterrupt` after the guest is
     /// destroyed.
     #[pyo3(signature = (code, env, settings))]
     fn run(
@@ -229,8 +229,8 @@ impl NativeBackend {
 
 /// Deletes this account's orphaned guests (one-shot `lf-` guests found paused), or with
 /// `dry_run` only lists them. Reads the `CREATEOS_*` settings; blocks with the GIL released;
-/// Ctrl-C interrupts. A missing or rejected key raises `CreateOSUnavailableError`, a failed
-/// listing `CreateOSExecutionError`; a delete that fails is in the report's `failed`.
+/// Ctrl-C interrupts. A missing or rejected key raises `SandboxRefusedError`, a failed
+/// listing `SandboxFailedError`; a delete that fails is in the report's `failed`.
 #[pyfunction]
 #[pyo3(signature = (dry_run = false))]
 pub fn reap(py: Python<'_>, dry_run: bool) -> PyResult<ReapReport> {

@@ -7,8 +7,8 @@
 //! parent's. Every call blocks with the GIL released and stays interruptible by Ctrl-C
 //! ([`crate::wait`]); failures are raised as the public classes of
 //! `langflow_sandbox_createos.exceptions` ([`crate::errors`]):
-//! `CreateOSUnavailableError` when nothing ran (a refusal naming the node's input or the
-//! setting), `CreateOSExecutionError` for an infrastructure failure.
+//! `SandboxRefusedError` when nothing ran (a refusal naming the node's input or the
+//! setting), `SandboxFailedError` for an infrastructure failure.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -402,8 +402,8 @@ impl From<ReapReport> for ReusedReapReport {
 /// ones are kept.
 /// Reads the `CREATEOS_*` settings (`provider="opensandbox"`: the `OPEN_SANDBOX_*` ones, and
 /// the kept sandboxes on that server); blocks with the GIL released; Ctrl-C interrupts. A
-/// missing or rejected key raises `CreateOSUnavailableError`, a failed listing
-/// `CreateOSExecutionError`.
+/// missing or rejected key raises `SandboxRefusedError`, a failed listing
+/// `SandboxFailedError`.
 #[pyfunction]
 #[pyo3(signature = (older_than, dry_run = false, provider = "createos"))]
 pub fn reap_reused(

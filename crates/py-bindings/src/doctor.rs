@@ -356,6 +356,7 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
     )];
     let (settings, server, left_out) = opensandbox_server(env).await;
     lines.extend(server);
+    lines.extend(settings.as_ref().and_then(opensandbox::host_kernel_line));
     // The plan reads through an owned lookup: the values of every name set in the process and
     // of every OpenSandbox setting, as `env` gives them.
     let mut names: Vec<String> = std::env::vars_os()
@@ -1222,7 +1223,7 @@ fn lines_of(pairs: Vec<(String, String)>) -> Vec<DoctorLine> {
 /// names `--surface` asked for (none: the enabled surfaces). `paths` (which Langflow paths
 /// reach the executor) and `exports` (metrics and usage records) are `(level, text)` findings
 /// only Python can make. Progress goes to stderr; the waits are bounded. Only an internal
-/// failure raises (`CreateOSExecutionError`).
+/// failure raises (`SandboxFailedError`).
 #[pyfunction]
 #[pyo3(signature = (lfx, lfx_problems, surfaces, paths, exports))]
 #[allow(clippy::needless_pass_by_value)] // a Python list arrives as an owned Vec

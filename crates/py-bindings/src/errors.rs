@@ -20,11 +20,13 @@ const EXCEPTIONS: &str = "langflow_sandbox_createos.exceptions";
 /// Which public class an error is raised as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// `CreateOSUnavailableError`: configured but unusable, or the policy cannot be honoured;
-    /// nothing ran (lfx's `SandboxUnavailableError`).
+    /// `SandboxRefusedError` (0.2.0's `CreateOSUnavailableError`, the same class): configured
+    /// but unusable, or the policy cannot be honoured; nothing ran (lfx's
+    /// `SandboxUnavailableError`).
     Unavailable,
-    /// `CreateOSExecutionError`: the infrastructure failed, or the outcome is unknown
-    /// (lfx's `SandboxExecutionError`, and not its `SandboxUnavailableError`).
+    /// `SandboxFailedError` (0.2.0's `CreateOSExecutionError`, the same class): the
+    /// infrastructure failed, or the outcome is unknown (lfx's `SandboxExecutionError`, and
+    /// not its `SandboxUnavailableError`).
     Execution,
 }
 
@@ -32,8 +34,8 @@ impl Kind {
     /// The class's name in [`EXCEPTIONS`].
     pub fn class_name(self) -> &'static str {
         match self {
-            Kind::Unavailable => "CreateOSUnavailableError",
-            Kind::Execution => "CreateOSExecutionError",
+            Kind::Unavailable => "SandboxRefusedError",
+            Kind::Execution => "SandboxFailedError",
         }
     }
 

@@ -33,6 +33,7 @@ mod errors;
 mod events;
 mod executor;
 mod gateway;
+mod interrupt;
 mod logbridge;
 mod opensandbox;
 mod payload;

@@ -3,8 +3,8 @@
 //!
 //! Same rules as [`crate::backend`]: the GIL is released while a run blocks, Ctrl-C interrupts
 //! it (the run's sandbox is deleted when its future is dropped), refusals raise
-//! `CreateOSUnavailableError` (lfx's `SandboxUnavailableError`) and infrastructure failures
-//! `CreateOSExecutionError`. A forked child builds its own backend and runtime. `shutdown()`
+//! `SandboxRefusedError` (lfx's `SandboxUnavailableError`) and infrastructure failures
+//! `SandboxFailedError`. A forked child builds its own backend and runtime. `shutdown()`
 //! and SIGTERM delete the sandboxes of runs still in flight, as for CreateOS's guests.
 
 use std::collections::BTreeMap;
@@ -54,8 +54,8 @@ pub fn opensandbox_capabilities() -> NativeCapabilities {
 /// Deletes this deployment's OpenSandbox sandboxes (metadata `created-by`, the
 /// `OPEN_SANDBOX_CREATED_BY` value) older than `older_than_seconds`, or with `dry_run` only
 /// lists them; returns their ids. Reads the `OPEN_SANDBOX_*` settings; blocks with the GIL
-/// released. A missing key or unusable domain raises `CreateOSUnavailableError`, a failed
-/// listing `CreateOSExecutionError`.
+/// released. A missing key or unusable domain raises `SandboxRefusedError`, a failed
+/// listing `SandboxFailedError`.
 #[pyfunction]
 #[pyo3(signature = (older_than_seconds = 1800.0, dry_run = false))]
 pub fn opensandbox_reap(

@@ -108,8 +108,10 @@ pub fn set_every_surface(shutdown: fn() -> futures::future::BoxFuture<'static, (
     let _ = EVERY_SURFACE.set(shutdown);
 }
 
-/// [`arm`] with the shutdown of every surface of the process (see [`set_every_surface`]).
+/// [`arm`] with the shutdown of every surface of the process (see [`set_every_surface`]); also
+/// arms the cancellation of runs blocked on any thread by Ctrl-C ([`crate::interrupt`]).
 pub fn arm_every_surface(py: Python<'_>, rt: &'static Runtime) -> Armed {
+    crate::interrupt::arm(py);
     let shutdown = EVERY_SURFACE.get().copied();
     arm(py, rt, move || async move {
         if let Some(shutdown) = shutdown {

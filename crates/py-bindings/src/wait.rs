@@ -6,6 +6,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use futures::FutureExt;
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 
 use crate::logbridge;
@@ -50,13 +51,15 @@ enum Done<T> {
 /// Every [`SLICE`] the waiting thread takes the GIL back briefly to run Python's signal
 /// handlers (only the main thread ever sees a signal) and to drain the log queue, so a Ctrl-C
 /// interrupts even a long run: the future is then dropped on the driver thread, which is
-/// what destroys an interrupted run's guest.
+/// what destroys an interrupted run's guest. On any other thread a Ctrl-C since the run
+/// started does the same ([`crate::interrupt`]).
 pub fn drive<F, Fut>(py: Python<'_>, rt: &'static Rt, make: F) -> Waited<Fut::Output>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future + 'static,
     Fut::Output: Send + 'static,
 {
+    let started = crate::interrupt::Generation::now();
     let (done, outcome) = mpsc::sync_channel::<Done<Fut::Output>>(1);
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
     let spawned = rt.spawn_run(move || async move {
@@ -86,7 +89,16 @@ where
             }
             Err(RecvTimeoutError::Timeout) => {
                 logbridge::drain(py);
-                if let Err(err) = py.check_signals() {
+                // A Ctrl-C since the run started ends it on any thread, as on the main thread
+                // (`crate::interrupt`: only the main thread runs Python's handlers).
+                let interrupted = py.check_signals().err().or_else(|| {
+                    started.interrupted().then(|| {
+                        PyKeyboardInterrupt::new_err(
+                            "interrupted (Ctrl-C): the run was cancelled and its guest destroyed",
+                        )
+                    })
+                });
+                if let Some(err) = interrupted {
                     let _ = cancel.send(());
                     // Bounded: the drop itself awaits nothing.
                     let _ = py.detach(move || outcome.recv_timeout(DROP_WAIT).is_ok());

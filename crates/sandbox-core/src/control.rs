@@ -52,6 +52,11 @@ pub struct CallError {
     pub message: String,
     /// The server's `Retry-After`, if any.
     pub retry_after: Option<Duration>,
+    /// The provider knows the call had no effect although its status alone does not say so
+    /// (OpenSandbox: a create the server answered with its own error, after which nothing
+    /// under the create's nonce was found, or what was found was deleted). Such a create
+    /// leaves nothing to look up later ([`CallError::is_declined`]).
+    pub not_created: bool,
 }
 
 impl CallError {
@@ -61,7 +66,15 @@ impl CallError {
             failure,
             message: message.into(),
             retry_after: None,
+            not_created: false,
         }
+    }
+
+    /// The same error, known to have had no effect (see [`CallError::not_created`]).
+    #[must_use]
+    pub fn with_nothing_created(mut self) -> Self {
+        self.not_created = true;
+        self
     }
 
     /// 429, 5xx, transport failures, timeouts and garbled responses: worth retrying when the
@@ -74,10 +87,11 @@ impl CallError {
         }
     }
 
-    /// The server said it did not take the request on (429 or 503), so even a non-idempotent
-    /// call is known not to have happened.
+    /// The server said it did not take the request on (429 or 503), or the provider made sure
+    /// it had no effect ([`CallError::not_created`]), so even a non-idempotent call is known
+    /// not to have happened.
     pub fn is_declined(&self) -> bool {
-        matches!(self.failure, CallFailure::Status(429 | 503))
+        self.not_created || matches!(self.failure, CallFailure::Status(429 | 503))
     }
 
     /// 404.

@@ -889,6 +889,9 @@ impl Provider for ObservedProvider {
     fn running_is_ready(&self) -> bool {
         self.inner.running_is_ready()
     }
+    fn readiness(&self) -> Option<crate::provider::Readiness> {
+        self.inner.readiness()
+    }
     fn pauses_idle_guests(&self) -> bool {
         self.inner.pauses_idle_guests()
     }

@@ -710,7 +710,8 @@ async fn prepare(
         None => None,
     };
     // Exactly one create attempt (the pool's backoff spaces the next); it and the read-back
-    // end within the backoff budget.
+    // end within the backoff budget (the readiness wait has the provider's own budget, if
+    // any, and the read-back a budget of its own after it).
     let deadline = Instant::now() + backoff.budget;
     let guest = match Guest::create_once(cx, &want.spec, &want.key.prefix, deadline, slot).await {
         Ok(g) => g,
@@ -723,7 +724,10 @@ async fn prepare(
             return Err(Refill::Failed(e.retry_after()));
         }
     };
-    match guest.verify_egress(&want.spec.egress, deadline).await {
+    match guest
+        .verify_egress(&want.spec.egress, cx.after_ready(deadline))
+        .await
+    {
         Ok(()) => {}
         Err(e) => {
             tracing::warn!(

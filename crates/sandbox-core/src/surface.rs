@@ -840,7 +840,9 @@ impl Surface {
         let acquired_at = Instant::now();
         let begin = Begin {
             origin,
-            deadline: deadline + quota_waited,
+            // A provider with its own readiness budget may have spent it past the control
+            // plane's: the calls after it get a control-plane budget of their own.
+            deadline: cx.after_ready(deadline + quota_waited),
         };
         let (guest, result) = start(guest, begin).await;
         let mut lease = self.lease(guest, (pool_use, origin), req, t_admit);

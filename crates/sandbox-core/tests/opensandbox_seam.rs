@@ -545,3 +545,199 @@ async fn a_background_process_outlives_its_start_and_the_sweep_spares_kept_guest
     assert_eq!(fake.stats().live, 0);
     fake.shutdown().await;
 }
+
+/// A context on `p` whose control-plane budget is `budget` (fast retries).
+fn context_with_budget(
+    p: std::sync::Arc<dyn Provider>,
+    budget: Duration,
+) -> sandbox_core::guest::GuestContext {
+    use sandbox_core::error::Redactor;
+    use sandbox_core::reaper::{Reaper, ReaperConfig};
+    use sandbox_core::retry::Backoff;
+    let backoff = Backoff {
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(50),
+        budget,
+    };
+    let reaper = Reaper::new(ReaperConfig {
+        backoff,
+        lookup_patience: Duration::from_millis(300),
+    });
+    sandbox_core::guest::GuestContext::with_provider(p, reaper, Redactor::new(KEY), backoff)
+}
+
+fn one_shot_spec(rootfs: &str) -> sandbox_core::guest::GuestSpec {
+    sandbox_core::guest::GuestSpec {
+        shape: "512Mi".into(),
+        rootfs: rootfs.into(),
+        envs: BTreeMap::new(),
+        egress: EgressPolicy::AllowAll,
+        auto_pause_after_seconds: 300,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_the_server_cannot_pull_is_refused_at_once_naming_the_setting() {
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // The fake holds only the default image; the real Docker server answers 500
+    // DOCKER::SANDBOX_IMAGE_PULL_FAILED for any other.
+    let fake = fake(Config::default()).await;
+    let os = provider(
+        &fake,
+        &[("OPEN_SANDBOX_IMAGE", "registry.internal/lf:missing")],
+    );
+    let cx = context_with_budget(Arc::new(os.clone()), Duration::from_secs(20));
+    let started = std::time::Instant::now();
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
+        .await
+        .unwrap_err();
+    let msg = err.message();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{msg}");
+    assert!(msg.contains("OPEN_SANDBOX_IMAGE"), "{msg}");
+    assert!(msg.contains("registry.internal/lf:missing"), "{msg}");
+    assert!(msg.contains("OpenSandbox"), "{msg}");
+    assert!(!msg.to_lowercase().contains("retrying later"), "{msg}");
+    assert!(started.elapsed() < Duration::from_secs(3), "not retried");
+    assert_eq!(fake.stats().requests.get("create"), Some(&1));
+    // The backend's own create says the same, once.
+    let spec = sandbox_core::provider::opensandbox::SandboxSpec {
+        egress: sandbox_core::provider::opensandbox::Egress::Unrestricted,
+        memory_mb: 512,
+        surface: "backend",
+        run_budget: Duration::from_secs(10),
+    };
+    let err = os.inner().create(&spec).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert!(err.message().contains("OPEN_SANDBOX_IMAGE"), "{err}");
+    assert_eq!(fake.stats().requests.get("create"), Some(&2));
+    assert_eq!(fake.stats().live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_waits_open_sandbox_ready_seconds_whatever_the_control_plane_budget() {
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // A Kubernetes pod that stays Pending 2.5 s.
+    let fake = fake(Config {
+        runtime: opensandbox_fake::Runtime::Kubernetes,
+        pending_ms: 2500,
+        ..Config::default()
+    })
+    .await;
+    // OPEN_SANDBOX_READY_SECONDS=6 waits it out, though the control-plane budget is 1 s. The
+    // surfaces see the provider through the observation's wrapper: it says the same.
+    let p: Arc<dyn Provider> = Arc::new(provider(&fake, &[("OPEN_SANDBOX_READY_SECONDS", "6")]));
+    let p =
+        sandbox_core::observe::ObservedProvider::wrap(p, sandbox_core::observe::Observation::new());
+    assert_eq!(
+        p.readiness().map(|r| (r.budget, r.setting)),
+        Some((Duration::from_secs(6), "OPEN_SANDBOX_READY_SECONDS"))
+    );
+    let cx = context_with_budget(p, Duration::from_secs(1));
+    let soon = tokio::time::Instant::now() + Duration::from_secs(1);
+    let guest = Guest::create(&cx, &one_shot_spec(""), "lf-", soon)
+        .await
+        .unwrap();
+    guest.destroy().await.unwrap();
+    // OPEN_SANDBOX_READY_SECONDS=1 gives up after about 1 s, though the budget is 20 s, and
+    // says which setting to raise.
+    let p: Arc<dyn Provider> = Arc::new(provider(&fake, &[("OPEN_SANDBOX_READY_SECONDS", "1")]));
+    let cx = context_with_budget(p, Duration::from_secs(20));
+    let started = std::time::Instant::now();
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    let msg = err.message();
+    assert!(msg.contains("OpenSandbox"), "{msg}");
+    assert!(msg.contains("OPEN_SANDBOX_READY_SECONDS=1"), "{msg}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.stats().live, 0, "the late sandbox was destroyed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lifetime_above_the_servers_maximum_names_the_setting_that_sets_it() {
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // The server's max_sandbox_timeout_seconds is 600; the default lifetime is 900 s.
+    let fake = fake(Config {
+        max_timeout_seconds: 600,
+        ..Config::default()
+    })
+    .await;
+    let os = provider(&fake, &[]);
+    let cx = context_with_budget(Arc::new(os.clone()), Duration::from_secs(20));
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
+        .await
+        .unwrap_err();
+    let msg = err.message();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{msg}");
+    assert!(
+        msg.contains("OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS=900s"),
+        "{msg}"
+    );
+    assert!(msg.contains("max_sandbox_timeout_seconds"), "{msg}");
+    // A setting within the maximum creates.
+    let os = provider(&fake, &[("OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS", "600")]);
+    let cx = context_with_budget(Arc::new(os), Duration::from_secs(20));
+    let guest = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
+        .await
+        .unwrap();
+    guest.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_the_server_answered_500_leaves_nothing_to_look_up() {
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // Every create is answered 500 with the server's own error body.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        faults: "create=500".into(),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let os = provider(&fake, &[]);
+    let cx = context_with_budget(Arc::new(os), Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let soon = tokio::time::Instant::now() + Duration::from_secs(1);
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", soon)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    eprintln!(
+        "DEBUG {:?} {:?} {err}",
+        started.elapsed(),
+        fake.stats().requests
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // Each create was followed by one lookup of its nonce, which found nothing: no name is
+    // left for the reaper to keep listing by label, so shutdown has nothing to wait for.
+    let stats = fake.stats();
+    let creates = stats.requests.get("create").copied().unwrap_or(0);
+    assert!(creates >= 1);
+    assert_eq!(stats.requests.get("list").copied().unwrap_or(0), creates);
+    assert_eq!(cx.reaper.registered(), 0);
+    let shutdown = std::time::Instant::now();
+    cx.reaper.shutdown(Duration::from_secs(20)).await;
+    assert!(shutdown.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        fake.stats().requests.get("list").copied().unwrap_or(0),
+        creates
+    );
+}

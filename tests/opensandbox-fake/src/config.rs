@@ -150,7 +150,15 @@ pub struct Config {
     pub expiry_failed_ms: u64,
     /// How command output is framed.
     pub output_framing: OutputFraming,
+    /// The images the server holds or can pull ([`DEFAULT_IMAGES`] by default; `"*"` accepts
+    /// any). Creating from another image fails as on a server whose registry does not have
+    /// it: Docker answers 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED`; on Kubernetes the sandbox
+    /// stays `Pending` (reason `IMAGE_PULL_BACKOFF`).
+    pub images: Vec<String>,
 }
+
+/// The images a default fake holds: the OpenSandbox provider's default image.
+pub const DEFAULT_IMAGES: &[&str] = &["python:3.12-slim"];
 
 impl Default for Config {
     fn default() -> Self {
@@ -171,6 +179,7 @@ impl Default for Config {
             snapshot_ms: 200,
             expiry_failed_ms: 300,
             output_framing: OutputFraming::Lines,
+            images: DEFAULT_IMAGES.iter().map(|i| (*i).to_owned()).collect(),
         }
     }
 }
@@ -223,6 +232,11 @@ impl Config {
         Duration::from_millis(self.ping_ms.max(1))
     }
 
+    /// Whether the server holds (or can pull) `image`.
+    pub fn holds_image(&self, image: &str) -> bool {
+        self.images.iter().any(|i| i == "*" || i == image)
+    }
+
     /// The runtime's error-code namespace.
     pub(crate) fn ns(&self) -> &'static str {
         match self.runtime {
@@ -268,6 +282,10 @@ mod tests {
         assert!(serde_json::from_str::<Config>(r#"{"nope":1}"#).is_err());
         let c: Config = serde_json::from_str(r#"{"policy_drift":"default-allow"}"#).unwrap();
         assert_eq!(c.policy_drift, PolicyDrift::DefaultAllow);
+        assert!(c.holds_image("python:3.12-slim"));
+        assert!(!c.holds_image("devbox:1"));
+        let c: Config = serde_json::from_str(r#"{"images":["*"]}"#).unwrap();
+        assert!(c.holds_image("devbox:1"));
     }
 
     #[test]

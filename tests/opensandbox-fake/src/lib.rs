@@ -36,7 +36,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
-    Config, EgressMode, NetworkMode, OutputFraming, PolicyDrift, Runtime, SecureRuntime,
+    Config, DEFAULT_IMAGES, EgressMode, NetworkMode, OutputFraming, PolicyDrift, Runtime,
+    SecureRuntime,
 };
 pub use faults::ROUTE_NAMES;
 

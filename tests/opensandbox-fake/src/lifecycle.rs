@@ -484,6 +484,23 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
             ));
         }
     }
+    // An image the server does not hold is pulled; here no registry has it. Docker pulls
+    // inside the create and answers 500 (the message is the server's, around docker's own).
+    let unpullable = image.as_deref().filter(|i| !cfg.holds_image(i));
+    if let Some(i) = unpullable
+        && cfg.runtime == Runtime::Docker
+    {
+        return Err(ApiError::new(
+            500,
+            "DOCKER::SANDBOX_IMAGE_PULL_FAILED",
+            format!(
+                "Failed to pull image {i}: 404 Client Error for \
+                 http+docker://localhost/v1.48/images/create?fromImage={i}: Not Found \
+                 (\"pull access denied for {i}, repository does not exist or may require \
+                 'docker login'\")"
+            ),
+        ));
+    }
     // Provision.
     let id = uuid4();
     let root = app.state_root.join("sandboxes").join(&id);
@@ -523,6 +540,13 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
             State::Running,
             "CONTAINER_RUNNING",
             "Sandbox container is running.",
+            None,
+        ),
+        // Kubernetes: the pod cannot pull its image and stays Pending.
+        Runtime::Kubernetes if unpullable.is_some() => (
+            State::Pending,
+            "IMAGE_PULL_BACKOFF",
+            "Back-off pulling the sandbox image.",
             None,
         ),
         Runtime::Kubernetes => (

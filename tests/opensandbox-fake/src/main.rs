@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use opensandbox_fake::{
-    Config, EgressMode, ExecdOptions, ExecdServer, FakeOptions, FakeServer, NetworkMode,
-    OutputFraming, PolicyDrift, Runtime, SecureRuntime,
+    Config, DEFAULT_IMAGES, EgressMode, ExecdOptions, ExecdServer, FakeOptions, FakeServer,
+    NetworkMode, OutputFraming, PolicyDrift, Runtime, SecureRuntime,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -95,6 +95,10 @@ struct Cli {
     /// lines (a frame per line) or chunks.
     #[arg(long, value_parser = enum_arg::<OutputFraming>, default_value = "lines")]
     output_framing: OutputFraming,
+    /// The images the server holds, comma-separated (`*`: any); creating from another one
+    /// fails as an image pull does (default: the provider's default image).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_IMAGES.iter().map(|i| (*i).to_owned()).collect::<Vec<String>>())]
+    images: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -202,6 +206,7 @@ async fn main() {
         snapshot_ms: cli.snapshot_ms,
         expiry_failed_ms: cli.expiry_failed_ms,
         output_framing: cli.output_framing,
+        images: cli.images,
     };
     let opts = FakeOptions {
         api_key: cli.api_key,

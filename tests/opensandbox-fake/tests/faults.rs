@@ -39,7 +39,7 @@ async fn a_lost_create_response_still_creates_the_sandbox() {
     bin.faults("create=reset-after#1").await;
     let r = bin
         .req(Method::POST, "/v1/sandboxes")
-        .json(&json!({"image": {"uri": "i"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 600, "metadata": {"lf-create-id": "nonce-1"}}))
+        .json(&json!({"image": {"uri": "python:3.12-slim"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 600, "metadata": {"lf-create-id": "nonce-1"}}))
         .send()
         .await;
     assert!(r.is_err(), "the connection is closed unanswered: {r:?}");

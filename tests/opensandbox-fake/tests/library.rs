@@ -18,8 +18,7 @@ async fn the_server_starts_counts_reconfigures_resets_and_stops() {
     assert!(fake.url().starts_with("http://127.0.0.1:"));
     assert!(!format!("{fake:?}").contains("lib-key"));
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let body =
-        json!({"image": {"uri": "i"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 600});
+    let body = json!({"image": {"uri": "python:3.12-slim"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 600});
     let r = http
         .post(format!("{}/v1/sandboxes", fake.url()))
         .header("OPEN-SANDBOX-API-KEY", fake.api_key())

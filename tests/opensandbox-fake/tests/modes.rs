@@ -64,7 +64,7 @@ async fn host_network_mode_shares_one_endpoint_and_misroutes_commands() {
     );
     // networkPolicy is refused on a host-mode server.
     let (st, v) = bin
-        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "i"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 60, "networkPolicy": deny_all()})))
+        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "python:3.12-slim"}, "entrypoint": ["x"], "resourceLimits": {}, "timeout": 60, "networkPolicy": deny_all()})))
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(
@@ -186,7 +186,7 @@ async fn no_sidecar_answers_502_backend_connection_failed() {
     bin.config(json!({"egress_mode": "none", "sidecar_absent": false}))
         .await;
     let (st, v) = bin
-        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "i"}, "entrypoint": ["x"], "resourceLimits": {}, "networkPolicy": deny_all()})))
+        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "python:3.12-slim"}, "entrypoint": ["x"], "resourceLimits": {}, "networkPolicy": deny_all()})))
         .await;
     assert_eq!(
         (st, v["code"].as_str()),
@@ -230,7 +230,7 @@ async fn dns_mode_and_a_drifting_policy_read_back_as_they_are() {
 async fn gvisor_refuses_policies_and_reports_its_kernel_in_guests() {
     let bin = Bin::spawn(&["--secure-runtime", "gvisor"]);
     let (st, v) = bin
-        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "i"}, "entrypoint": ["x"], "resourceLimits": {}, "networkPolicy": deny_all()})))
+        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": {"uri": "python:3.12-slim"}, "entrypoint": ["x"], "resourceLimits": {}, "networkPolicy": deny_all()})))
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(v["message"].as_str().unwrap().contains("gvisor"), "{v}");
@@ -485,4 +485,54 @@ async fn other_ports_and_unknown_execd_paths() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn an_image_the_server_does_not_hold_fails_its_pull() {
+    // Docker pulls inside the create: 500 DOCKER::SANDBOX_IMAGE_PULL_FAILED, nothing made.
+    let bin = Bin::spawn(&[]);
+    let body = json!({"image": {"uri": "devbox:1"}, "entrypoint": ["x"], "resourceLimits": {}});
+    let (st, v) = bin
+        .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+        .await;
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(v["code"], "DOCKER::SANDBOX_IMAGE_PULL_FAILED");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Failed to pull image devbox:1: "),
+        "{v}"
+    );
+    let (_, stats) = bin.call(Method::GET, "/_fake/stats", None).await;
+    assert_eq!(stats["live"], 0, "{stats}");
+    // The default image is held; more can be listed, or all accepted, at start or later.
+    bin.create(json!({})).await;
+    let (st, _) = bin
+        .call(
+            Method::POST,
+            "/_fake/config",
+            Some(json!({"images": ["devbox:1"]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, _) = bin
+        .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED);
+    let any = Bin::spawn(&["--images", "*"]);
+    let (st, _) = any.call(Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(st, StatusCode::ACCEPTED);
+    // Kubernetes: the pod cannot pull and the sandbox stays Pending.
+    let k8s = Bin::spawn(&["--runtime", "kubernetes", "--pending-ms", "100"]);
+    let v = k8s
+        .create(json!({"image": {"uri": "registry.invalid/nope:1"}}))
+        .await;
+    let id = v["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, v) = k8s
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(v["status"]["state"], "Pending", "{v}");
+    assert_eq!(v["status"]["reason"], "IMAGE_PULL_BACKOFF", "{v}");
 }

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backend import CreateOSBackend, create_backend
-    from .exceptions import CreateOSError, CreateOSExecutionError, CreateOSUnavailableError
+    from .exceptions import (
+        CreateOSError,
+        CreateOSExecutionError,
+        CreateOSUnavailableError,
+        SandboxError,
+        SandboxFailedError,
+        SandboxRefusedError,
+    )
 
     __version__: str
 
@@ -21,11 +28,21 @@ __all__ = [
     "CreateOSError",
     "CreateOSExecutionError",
     "CreateOSUnavailableError",
+    "SandboxError",
+    "SandboxFailedError",
+    "SandboxRefusedError",
     "__version__",
     "create_backend",
 ]
 
-_EXCEPTIONS = ("CreateOSError", "CreateOSExecutionError", "CreateOSUnavailableError")
+_EXCEPTIONS = (
+    "CreateOSError",
+    "CreateOSExecutionError",
+    "CreateOSUnavailableError",
+    "SandboxError",
+    "SandboxFailedError",
+    "SandboxRefusedError",
+)
 
 
 def __getattr__(name: str) -> Any:

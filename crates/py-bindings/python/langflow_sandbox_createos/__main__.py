@@ -21,7 +21,7 @@ def _doctor(surfaces: list[str], as_json: bool) -> int:
     settings, problems = lfx_settings.load()
     try:
         code, report, as_data = _native.doctor(settings, problems, surfaces, reach.findings(), metrics.findings())
-    except RuntimeError as exc:  # CreateOSExecutionError: an internal failure, not a finding
+    except RuntimeError as exc:  # SandboxFailedError: an internal failure, not a finding
         print(f"doctor failed: {exc}", file=sys.stderr)
         return 1
     print(as_data if as_json else report, flush=True)
@@ -109,7 +109,7 @@ def _reap(dry_run: bool) -> int:
 
     try:
         report = _native.reap(dry_run)
-    # CreateOSUnavailableError / CreateOSExecutionError, both RuntimeErrors: catching them by
+    # SandboxRefusedError / SandboxFailedError, both RuntimeErrors: catching them by
     # their base keeps lfx (which defines it) out of this command until something fails.
     except RuntimeError as exc:
         print(f"reap failed: {exc}", file=sys.stderr)
@@ -150,7 +150,7 @@ def _template_build(flow_path: str, name: str | None, dry_run: bool) -> int:
             return 0
         print(f"building template {template_name} for {flow_path}", file=sys.stderr)
         template_id = _native.template_build(template_name, dockerfile)
-    # CreateOSUnavailableError / CreateOSExecutionError, both RuntimeErrors.
+    # SandboxRefusedError / SandboxFailedError, both RuntimeErrors.
     except RuntimeError as exc:
         print(f"template build failed: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """Type stubs for the native extension ``langflow_sandbox_createos._native``.
 
 Failures are raised as the classes of ``langflow_sandbox_createos.exceptions``
-(``CreateOSUnavailableError`` / ``CreateOSExecutionError``), which this module does not define.
+(``SandboxRefusedError`` / ``SandboxFailedError``), which this module does not define.
 """
 
 from collections.abc import Awaitable, Sequence
@@ -145,7 +145,7 @@ class NativeBackend:
     ) -> RunResult:
         """Run ``code`` in a fresh guest; blocks with the GIL released, Ctrl-C interrupts.
 
-        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        Raises ``SandboxRefusedError`` (nothing ran) or ``SandboxFailedError``.
         """
     def shutdown(self) -> None:
         """Destroy this process's live guests. Idempotent."""
@@ -168,7 +168,7 @@ class NativeOpenSandboxBackend:
     ) -> RunResult:
         """Run ``code`` in a fresh OpenSandbox sandbox; blocks with the GIL released.
 
-        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        Raises ``SandboxRefusedError`` (nothing ran) or ``SandboxFailedError``.
         """
     def shutdown(self) -> None:
         """Delete the sandboxes of runs still in flight and forget the backend. Idempotent."""
@@ -182,7 +182,7 @@ def opensandbox_reap(older_than_seconds: float = 1800.0, dry_run: bool = False) 
     """Delete (or with ``dry_run`` list) this deployment's OpenSandbox sandboxes older than
     ``older_than_seconds``; returns their ids. Blocks with the GIL released.
 
-    Raises ``CreateOSUnavailableError`` (settings) or ``CreateOSExecutionError`` (listing).
+    Raises ``SandboxRefusedError`` (settings) or ``SandboxFailedError`` (listing).
     """
 
 def counters() -> list[tuple[str, dict[str, str], float]]:
@@ -216,7 +216,7 @@ def doctor(
     ones). ``paths`` and ``exports`` are ``(level, text)`` findings (which Langflow paths reach
     the executor; metrics and usage records). Progress goes to stderr; every wait is bounded
     and the GIL is released. Raises ``ValueError`` for an unknown surface and
-    ``CreateOSExecutionError`` for an internal failure only.
+    ``SandboxFailedError`` for an internal failure only.
     """
 
 def enable_events() -> None:
@@ -272,8 +272,8 @@ def reap(dry_run: bool = False) -> ReapReport:
     """Delete orphaned guests (one-shot ``lf-`` guests found paused), or only list them.
 
     Reads the ``CREATEOS_*`` settings; blocks with the GIL released; Ctrl-C interrupts. Raises
-    ``CreateOSUnavailableError`` when the key is missing or rejected and
-    ``CreateOSExecutionError`` when the listing fails.
+    ``SandboxRefusedError`` when the key is missing or rejected and
+    ``SandboxFailedError`` when the listing fails.
     """
 
 def _emit_log_records(count: int, message: str) -> None:
@@ -344,7 +344,7 @@ class NativeComponent:
         ``LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true`` does for every node).
         ``provider`` is the node's Provider (``createos`` or ``opensandbox``, any case).
 
-        Raises ``CreateOSUnavailableError`` (nothing ran) or ``CreateOSExecutionError``.
+        Raises ``SandboxRefusedError`` (nothing ran) or ``SandboxFailedError``.
         """
     def shutdown(self) -> None:
         """Destroy this process's fresh guests (reused guests are kept). Idempotent."""
@@ -385,8 +385,8 @@ def reap_reused(older_than: str, dry_run: bool = False, provider: str = "createo
     ``provider`` is ``createos`` (the ``CREATEOS_*`` settings) or ``opensandbox`` (the
     ``OPEN_SANDBOX_*`` settings; the kept sandboxes are found by their ``lf-name`` label).
 
-    Raises ``CreateOSUnavailableError`` when the key is missing or rejected and
-    ``CreateOSExecutionError`` when the listing fails.
+    Raises ``SandboxRefusedError`` when the key is missing or rejected and
+    ``SandboxFailedError`` when the listing fails.
     """
 
 @final
@@ -397,7 +397,7 @@ class FlowEvents:
     JSON the guest sent once it passed the host's bounds.
 
     An async iterator whose awaitables complete on the running asyncio loop. Raises the run's
-    failure (``CreateOSUnavailableError``, ``CreateOSExecutionError``, or the flow's own
+    failure (``SandboxRefusedError``, ``SandboxFailedError``, or the flow's own
     exception) from ``__anext__``.
     """
 
@@ -410,7 +410,7 @@ class FlowEvents:
         """``"legacy"`` (``Graph.arun``) or ``"stream"`` (``lfx run``, ``lfx serve``, Loop)."""
     def supply(self, request: str) -> None:
         """Hand the run the rest of its JSON request (the flow, inputs, options and what the
-        host resolved); its job is uploaded once it is there. Raises ``CreateOSExecutionError``
+        host resolved); its job is uploaded once it is there. Raises ``SandboxFailedError``
         for a malformed request (the run then ends, its guest destroyed) or a second call."""
     @property
     def outcome(self) -> str | None:
@@ -447,7 +447,7 @@ class NativeExecutor:
         ``files``); its guest is created, and its runner starts importing lfx, in the
         background, and :meth:`FlowEvents.supply` hands it the rest of the request.
 
-        Raises ``CreateOSExecutionError`` for a malformed head; every other failure is raised
+        Raises ``SandboxFailedError`` for a malformed head; every other failure is raised
         by the events.
         """
     def shutdown(self) -> None:
@@ -459,14 +459,14 @@ class NativeExecutor:
 def template_plan(requirements: list[str], lfx_version: str, name: str | None = None) -> tuple[str, str]:
     """``(name, dockerfile)`` of a template with ``lfx==lfx_version`` and ``requirements``. No I/O.
 
-    Raises ``CreateOSUnavailableError`` for a requirement that is not a plain specifier.
+    Raises ``SandboxRefusedError`` for a requirement that is not a plain specifier.
     """
 
 def template_build(name: str, dockerfile: str) -> str:
     """Build the template, printing its build log to stderr; return its id once ready.
 
-    Blocks with the GIL released; Ctrl-C interrupts. Raises ``CreateOSUnavailableError``
-    (missing or rejected key) or ``CreateOSExecutionError`` (the build failed).
+    Blocks with the GIL released; Ctrl-C interrupts. Raises ``SandboxRefusedError``
+    (missing or rejected key) or ``SandboxFailedError`` (the build failed).
     """
 
 def gateway_main(argv: list[str]) -> int:

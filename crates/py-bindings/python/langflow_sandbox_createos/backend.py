@@ -64,9 +64,9 @@ class CreateOSBackend:
     def run(self, code: str, *, env: dict[str, str] | None = None) -> SandboxResult:
         """Run ``code`` with ``python3`` in a fresh guest under lfx's sandbox settings.
 
-        Raises :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (an lfx
+        Raises :class:`~langflow_sandbox_createos.exceptions.SandboxRefusedError` (an lfx
         ``SandboxUnavailableError``: nothing ran) or
-        :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError` (an lfx
+        :class:`~langflow_sandbox_createos.exceptions.SandboxFailedError` (an lfx
         ``SandboxExecutionError``). A program that fails is a result, not an error.
         """
         with metrics.run_scope("backend") as span:

@@ -25,8 +25,8 @@ No component of the flow is instantiated or evaluated on the host. The chat mess
 stores in its guest come back as ``message`` events and are stored here, in Langflow's message
 store, under the same flow and owner scope as in-process (``_MessageSink``).
 
-Failures raise ``CreateOSUnavailableError`` (nothing ran; for example lfx missing in the guest
-image) or ``CreateOSExecutionError`` (infrastructure, timeout, unknown outcome); a flow that
+Failures raise ``SandboxRefusedError`` (nothing ran; for example lfx missing in the guest
+image) or ``SandboxFailedError`` (infrastructure, timeout, unknown outcome); a flow that
 fails in the guest raises the built-in exception it raised there.
 
 What the guest sends is hostile. The native side admits a frame only within the host's bounds
@@ -34,7 +34,7 @@ What the guest sends is hostile. The native side admits a frame only within the 
 module rebuilds the tagged lfx values in place, bounds the one conversion that could grow
 beyond its input (a ``DataFrame``'s cells), opens no host file a guest ``Message`` names, and
 escapes control characters in the names lfx logs. A frame it cannot read fails the run with
-``CreateOSExecutionError``.
+``SandboxFailedError``.
 """
 
 from __future__ import annotations
@@ -295,14 +295,14 @@ def _run_outputs(outputs: list[dict[str, Any]], ids: dict[str, str] | None = Non
 
 def _rebuilt(kind: str, rebuild: Callable[[Any], _T], data: Any) -> _T:
     """``rebuild(data)``; a failure (the guest sent what the host cannot rebuild) is raised as
-    ``CreateOSExecutionError``, not chained: the original text may quote the guest's raw bytes."""
+    ``SandboxFailedError``, not chained: the original text may quote the guest's raw bytes."""
     try:
         return rebuild(data)
     except Exception as exc:  # noqa: BLE001 - anything a hostile frame makes the rebuild raise
-        from .exceptions import CreateOSExecutionError
+        from .exceptions import SandboxFailedError
 
         reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
-        raise CreateOSExecutionError(
+        raise SandboxFailedError(
             f"the guest sent a {kind} event the host could not read ({reason}); the run was stopped "
             "and the guest destroyed, and the flow may have run"
         ) from None
@@ -311,7 +311,7 @@ def _rebuilt(kind: str, rebuild: Callable[[Any], _T], data: Any) -> _T:
 # --- What the host resolves for the run ---------------------------------------------------------
 
 
-class _Unbridged(Exception):  # noqa: N818 - raised as CreateOSUnavailableError
+class _Unbridged(Exception):  # noqa: N818 - raised as SandboxRefusedError
     """A component needs something of the host the executor cannot send to the guest."""
 
 
@@ -759,7 +759,7 @@ class CreateOSExecutor(Executor):
         from lfx.graph.graph.constants import Finish
 
         from . import _native
-        from .exceptions import CreateOSExecutionError, CreateOSUnavailableError
+        from .exceptions import SandboxFailedError, SandboxRefusedError
 
         from . import metrics
 
@@ -771,7 +771,7 @@ class CreateOSExecutor(Executor):
             try:
                 uploads, file_params, files_back = _files(unit.graph)
             except _Unbridged as exc:
-                raise CreateOSUnavailableError(str(exc)) from None
+                raise SandboxRefusedError(str(exc)) from None
             # The guest is created, and starts importing lfx, while the rest is prepared here.
             events = _native.NativeExecutor(self.provider).start(json.dumps(_head(unit, uploads)), _lfx_version())
             _register_shutdown(self.provider)
@@ -794,7 +794,7 @@ class CreateOSExecutor(Executor):
                             await sink.apply(data)
                         except Exception as exc:  # noqa: BLE001 - what the host store raised for a guest's message
                             reason = _safe(f"{type(exc).__name__}: {exc}", _MAX_REASON_CHARS)
-                            raise CreateOSExecutionError(
+                            raise SandboxFailedError(
                                 f"a chat message the flow stored in its guest could not be stored on the host ({reason}); "
                                 "the run was stopped and the guest destroyed, and the flow may have run"
                             ) from None
@@ -819,7 +819,7 @@ class OpenSandboxExecutor(CreateOSExecutor):
     """Runs each flow in a fresh sandbox of a self-hosted OpenSandbox server
     (``LANGFLOW_EXECUTOR_KIND=opensandbox``), exactly as :class:`CreateOSExecutor` does on
     CreateOS. The server is read from ``OPEN_SANDBOX_DOMAIN``/``OPEN_SANDBOX_API_KEY``; a run
-    is refused (``CreateOSUnavailableError``, nothing created) unless the server's isolation is
+    is refused (``SandboxRefusedError``, nothing created) unless the server's isolation is
     attested (``OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized``) or container isolation is
     accepted (``OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION=true``)."""
 

@@ -70,8 +70,8 @@ def run(**inputs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
     ``inputs`` are :meth:`~langflow_sandbox_createos._native.NativeComponent.run`'s keyword
     arguments, gathered by the component. Raises
-    :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (nothing ran) or
-    :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`. A program that
+    :class:`~langflow_sandbox_createos.exceptions.SandboxRefusedError` (nothing ran) or
+    :class:`~langflow_sandbox_createos.exceptions.SandboxFailedError`. A program that
     fails is a result (``exit_code`` and ``error``), not an exception.
     """
     with metrics.run_scope("component") as span:

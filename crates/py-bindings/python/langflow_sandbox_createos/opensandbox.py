@@ -46,9 +46,9 @@ class OpenSandboxBackend:
     def run(self, code: str, *, env: dict[str, str] | None = None) -> SandboxResult:
         """Run ``code`` with ``python3`` in a fresh sandbox under lfx's sandbox settings.
 
-        Raises :class:`~langflow_sandbox_createos.exceptions.CreateOSUnavailableError` (an lfx
+        Raises :class:`~langflow_sandbox_createos.exceptions.SandboxRefusedError` (an lfx
         ``SandboxUnavailableError``: nothing ran) or
-        :class:`~langflow_sandbox_createos.exceptions.CreateOSExecutionError`.
+        :class:`~langflow_sandbox_createos.exceptions.SandboxFailedError`.
         """
         with metrics.run_scope("backend") as span:
             out = self._native.run(code, env, _sandbox_settings())

@@ -6,8 +6,8 @@
 //! to a socket pair. A consumer that does not take the events makes the producer wait for room
 //! (so it stops reading the guest's output, and the guest's writes block), but never past the
 //! run's host deadline: then the run is stopped, the guest destroyed, and the consumer gets the
-//! events queued so far and a `CreateOSExecutionError`. A panic in the producer is caught: the
-//! run is closed (the guest destroyed) and the consumer gets a `CreateOSExecutionError`, never
+//! events queued so far and a `SandboxFailedError`. A panic in the producer is caught: the
+//! run is closed (the guest destroyed) and the consumer gets a `SandboxFailedError`, never
 //! a silent end. An event's JSON is built into Python objects only when it is taken
 //! ([`crate::payload`]), from the bytes the executor admitted. `__anext__` takes an event that is already there, or registers the socket's
 //! read end with the running asyncio loop (`loop.add_reader`): the loop's own thread then runs
@@ -80,8 +80,8 @@ pub(crate) async fn shutdown_executor() {
     }
 }
 
-/// The error an executor failure is raised as: refusals as `CreateOSUnavailableError`,
-/// infrastructure failures as `CreateOSExecutionError`, and a flow that failed in the guest as
+/// The error an executor failure is raised as: refusals as `SandboxRefusedError`,
+/// infrastructure failures as `SandboxFailedError`, and a flow that failed in the guest as
 /// the built-in exception it raised there (`ValueError`, `TypeError`, else `RuntimeError`), as
 /// it would have in-process.
 fn to_pyerr(py: Python<'_>, err: ExecutorError) -> PyErr {
@@ -130,7 +130,7 @@ impl NativeExecutor {
     /// uploaded `files`), enough to admit the run, refuse it and create its guest, whose runner
     /// starts importing lfx at once; the rest of the request follows with
     /// [`FlowEvents::supply`] (the job is uploaded once it is there). `lfx_version` is the
-    /// host's lfx version. A malformed head raises `CreateOSExecutionError`; every other failure
+    /// host's lfx version. A malformed head raises `SandboxFailedError`; every other failure
     /// comes out of the events.
     #[pyo3(signature = (head, lfx_version = None))]
     fn start(
@@ -247,8 +247,8 @@ pub fn template_plan(
 /// Builds `dockerfile` as the CreateOS template `name` with the `CREATEOS_SANDBOX_*` key and
 /// endpoint, printing each build log line to standard error as it arrives, and returns the
 /// ready template's id (the `CREATEOS_EXECUTOR_ROOTFS` value). Blocks with the GIL released;
-/// Ctrl-C interrupts. A failed build raises `CreateOSExecutionError`; a missing or rejected
-/// key `CreateOSUnavailableError`.
+/// Ctrl-C interrupts. A failed build raises `SandboxFailedError`; a missing or rejected
+/// key `SandboxRefusedError`.
 #[pyfunction]
 pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyResult<String> {
     logbridge::install();

@@ -284,7 +284,7 @@ impl FlowEvents {
     /// Hands the run the rest of its request: the JSON request document (`flow`, `inputs`,
     /// `options`, the resolved `variables`, `memory`, `file_params`, `host_context_ms`, ...).
     /// Its job is uploaded to the guest once it is there. A malformed request raises
-    /// `CreateOSExecutionError` and ends the run (its guest destroyed); a second call raises.
+    /// `SandboxFailedError` and ends the run (its guest destroyed); a second call raises.
     fn supply(&self, py: Python<'_>, request: &str) -> PyResult<()> {
         self.check_process()?;
         let sender = self

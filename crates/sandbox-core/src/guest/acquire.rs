@@ -116,19 +116,21 @@ impl Guest {
                                 let _ = guest.destroy().await;
                                 return Err(SandboxError::refused(msg).redacted(&cx.redactor));
                             }
+                            let ready_by = cx.ready_by(deadline);
                             if info.status != GuestStatus::Running
-                                && guest.until_running(info, deadline).await?.is_none()
+                                && guest.until_running(info, ready_by).await?.is_none()
                             {
                                 wait_reason = Some("it went away before it ran");
                             } else {
-                                if let Err(e) = guest.until_ready(deadline).await {
+                                if let Err(e) = guest.until_ready(ready_by).await {
                                     // Created by this call and never used: nobody else can
                                     // use it either.
                                     guest.set_destroy_reason(DestroyReason::Error);
                                     let _ = guest.destroy().await;
                                     return Err(e);
                                 }
-                                if let Err(e) = guest.verify_egress(&spec.egress, deadline).await {
+                                let after = cx.after_ready(deadline);
+                                if let Err(e) = guest.verify_egress(&spec.egress, after).await {
                                     if cx.provider.replaces_drifted_kept_guests() {
                                         // Nobody can use it; on this provider it would be
                                         // replaced by the next lookup anyway.
@@ -381,9 +383,17 @@ impl Guest {
         }
         cx.count();
         let ready = cx.provider.wait_ready(self.id.clone(), deadline);
-        match clipped(deadline, "readiness wait", ready).await {
+        let (within, advice) = cx.readiness_words();
+        match clipped(deadline, &format!("readiness wait ({within})"), ready).await {
             Ok(_) => Ok(()),
-            Err(e) => Err(cx.before_dispatch(&format!("readiness of guest {}", self.name), &e)),
+            Err(e) => {
+                let err = cx.before_dispatch(&format!("readiness of guest {}", self.name), &e);
+                Err(if advice.is_empty() || e.failure != CallFailure::Timeout {
+                    err
+                } else {
+                    SandboxError::new(err.kind(), format!("{}{advice}", err.message()))
+                })
+            }
         }
     }
 
@@ -434,11 +444,13 @@ impl Guest {
                 _ => {}
             }
             if Instant::now() + poll >= deadline {
+                let (within, advice) = cx.readiness_words();
                 return Err(SandboxError::new(
                     ErrorKind::Transient,
                     format!(
-                        "guest {name} did not become running in time (last status {}); nothing \
-                         was started. Retrying later may succeed",
+                        "{} guest {name} did not become running {within} (last status {}); \
+                         nothing was started.{advice} Retrying later may succeed",
+                        cx.provider.kind().display_name(),
                         info.status
                     ),
                 ));

@@ -124,7 +124,8 @@ impl Guest {
                     let hold = Hold::OneShot(guard);
                     let mut guest = Self::handle(cx, &name, &info.id, hold, true, sent);
                     guest.quota_waited = quota_waited;
-                    return guest.created_as(spec, info, until).await;
+                    // Readiness has the provider's own budget when it has one.
+                    return guest.created_as(spec, info, cx.ready_by(until)).await;
                 }
                 Err(e) => {
                     let retryable = e.is_transient();

@@ -213,6 +213,45 @@ impl GuestContext {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// When a guest whose create was just answered must be ready: the provider's own
+    /// readiness budget from now ([`provider::Readiness`], e.g. `OPEN_SANDBOX_READY_SECONDS`),
+    /// or `fallback` (the run's control-plane deadline) for a provider without one.
+    fn ready_by(&self, fallback: Instant) -> Instant {
+        self.provider
+            .readiness()
+            .map_or(fallback, |r| Instant::now() + r.budget)
+    }
+
+    /// The deadline of the calls that follow a new guest's readiness wait: `deadline`, or, for
+    /// a provider with its own readiness budget (which may have run past `deadline`), at
+    /// least a control-plane budget from now.
+    pub(crate) fn after_ready(&self, deadline: Instant) -> Instant {
+        if self.provider.readiness().is_some() {
+            deadline.max(Instant::now() + self.backoff.budget)
+        } else {
+            deadline
+        }
+    }
+
+    /// How a message about a guest that was not ready in time names the budget: `in time`
+    /// for a provider without a setting of its own, else the setting and its value, and the
+    /// advice to raise it (empty without one).
+    fn readiness_words(&self) -> (String, String) {
+        self.provider.readiness().map_or_else(
+            || ("in time".to_owned(), String::new()),
+            |r| {
+                (
+                    format!("within {}={}s", r.setting, r.budget.as_secs()),
+                    format!(
+                        " Raise {} if the server needs longer (a Kubernetes pod pulling its \
+                         image, a slow execd start).",
+                        r.setting
+                    ),
+                )
+            },
+        )
+    }
+
     fn closed(&self) -> bool {
         self.reaper.is_closed()
     }

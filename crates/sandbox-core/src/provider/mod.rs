@@ -177,6 +177,18 @@ pub struct Lifetime {
     pub idle_backstop: Duration,
 }
 
+/// How long a new guest may take from its create's answer until it is ready for a program,
+/// when the provider has its own setting for that (OpenSandbox's `OPEN_SANDBOX_READY_SECONDS`).
+/// The lifecycle then waits exactly this long, on every surface, and a guest not ready by then
+/// is refused with a message that names the setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// The budget.
+    pub budget: Duration,
+    /// The setting it comes from, named in the timeout's message.
+    pub setting: &'static str,
+}
+
 /// Labels a guest carries so that cleanup finds it (the orphan sweep, `reap`) and a lost create
 /// response can be adopted. The keys are this package's; a provider stores them where its
 /// control plane keeps such things (CreateOS: the name alone; OpenSandbox: metadata).
@@ -313,6 +325,13 @@ pub trait Provider: Send + Sync + 'static {
     /// guest runs, before any program.
     fn running_is_ready(&self) -> bool {
         false
+    }
+
+    /// The provider's own readiness budget ([`Readiness`]): `None` (the default, CreateOS,
+    /// whose create holds until the guest runs) leaves the wait to the run's control-plane
+    /// budget.
+    fn readiness(&self) -> Option<Readiness> {
+        None
     }
 
     /// Whether the control plane pauses a guest nobody uses (CreateOS's auto-pause). Then a

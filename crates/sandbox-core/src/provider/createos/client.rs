@@ -99,6 +99,7 @@ pub fn map_error(e: &ApiError, redactor: &Redactor) -> CallError {
         failure,
         message: redactor.apply(&e.to_string()),
         retry_after,
+        not_created: false,
     }
 }
 

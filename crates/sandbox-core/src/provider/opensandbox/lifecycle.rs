@@ -13,7 +13,9 @@ use opensandbox_api::{
 };
 
 use super::gates::{self, Egress, Probe};
-use super::settings::{Attestation, OpenSandboxSettings};
+use super::settings::{
+    Attestation, ENV_IMAGE, ENV_READY, ENV_SANDBOX_TIMEOUT, OpenSandboxSettings,
+};
 use crate::error::{ErrorKind, SandboxError};
 use crate::output::TailBuffer;
 use crate::withheld;
@@ -194,13 +196,13 @@ impl OpenSandboxProvider {
             Ok(info) => info,
             Err(e) if e.is_retryable() => {
                 // The answer may be lost with the sandbox made: find it by nonce and destroy.
-                self.destroy_by_nonce(&nonce).await;
+                let _ = self.destroy_by_nonce(&nonce).await;
                 return Err(api_error(
                     "creating a sandbox (any sandbox it made was deleted)",
                     &e,
                 ));
             }
-            Err(e) => return Err(Self::create_refusal(&e, policy.is_some())),
+            Err(e) => return Err(self.create_refusal(&e, &s.image, lifetime, policy.is_some())),
         };
         let sandbox = Sandbox {
             id: info.id.clone(),
@@ -215,13 +217,16 @@ impl OpenSandboxProvider {
         }
     }
 
-    async fn destroy_by_nonce(&self, nonce: &str) {
+    /// Finds what a failed create under `nonce` made and deletes it. `true` when the lookup
+    /// answered and every sandbox it found was deleted: the create then left nothing.
+    pub(crate) async fn destroy_by_nonce(&self, nonce: &str) -> bool {
         for _ in 0..2 {
             if let Ok(found) = self.client.find_by_metadata(META_NONCE, nonce).await {
+                let mut all = true;
                 for sb in found {
-                    let _ = self.destroy(&sb.id).await;
+                    all &= self.destroy(&sb.id).await.is_ok();
                 }
-                return;
+                return all;
             }
             tokio::time::sleep(DELETE_RETRY_PAUSE).await;
         }
@@ -230,10 +235,54 @@ impl OpenSandboxProvider {
             "OpenSandbox: a create whose answer was lost could not be looked up; the orphan \
              sweep or the server-side timeout will remove what it made"
         );
+        false
     }
 
-    pub(crate) fn create_refusal(e: &opensandbox_api::Error, with_policy: bool) -> SandboxError {
+    /// What a create the server answered with `e` means, for a request from `image` living
+    /// `lifetime` (with an egress policy or not): an image the server cannot pull, a lifetime
+    /// above its maximum, or a policy it cannot apply, is a refusal naming the setting to
+    /// change; anything else keeps its API kind.
+    pub(crate) fn create_refusal(
+        &self,
+        e: &opensandbox_api::Error,
+        image: &str,
+        lifetime: Duration,
+        with_policy: bool,
+    ) -> SandboxError {
+        if e.is_image_pull_failure() {
+            return SandboxError::refused(format!(
+                "the OpenSandbox server cannot pull the image {:?} ({ENV_IMAGE}); nothing was \
+                 created. Set {ENV_IMAGE} to an image the server holds or can pull (mirror it \
+                 into a registry the server reaches, or pull it on the server's host). The \
+                 server said: {}",
+                outside_text::snippet(image, 120),
+                outside_text::snippet(e.as_api().map_or("", |a| a.message.as_str()), 300)
+            ));
+        }
         let msg = e.to_string().to_ascii_lowercase();
+        if e.status().is_some_and(|s| s.as_u16() == 400)
+            && msg.contains("exceeds configured maximum")
+        {
+            let setting = self.settings.sandbox_timeout.as_secs();
+            let why = if lifetime.as_secs() > setting {
+                format!(
+                    "longer than {ENV_SANDBOX_TIMEOUT}={setting}s because the run's own timeout \
+                     needs it; shorten the run's timeout, or raise the server's limit"
+                )
+            } else {
+                format!(
+                    "{ENV_SANDBOX_TIMEOUT}={setting}s; set {ENV_SANDBOX_TIMEOUT} to at most the \
+                     server's [server] max_sandbox_timeout_seconds, or raise that"
+                )
+            };
+            return SandboxError::refused(format!(
+                "the OpenSandbox server refuses a sandbox lifetime of {}s, above its \
+                 max_sandbox_timeout_seconds ({}); the lifetime asked for is {why}; nothing was \
+                 created",
+                lifetime.as_secs(),
+                outside_text::snippet(e.as_api().map_or("", |a| a.message.as_str()), 200)
+            ));
+        }
         if with_policy && e.status().is_some_and(|s| s.as_u16() == 400) {
             if msg.contains("host") {
                 return SandboxError::refused(format!(
@@ -290,10 +339,28 @@ impl OpenSandboxProvider {
         budget: Duration,
     ) -> Result<(), SandboxError> {
         let started = Instant::now();
+        let late = |what: &str, e: &opensandbox_api::Error| {
+            if matches!(e, opensandbox_api::Error::WaitExpired { .. })
+                || e.kind() == ApiKind::Timeout
+            {
+                SandboxError::new(
+                    ErrorKind::Transient,
+                    format!(
+                        "OpenSandbox: sandbox {id} {what} within {ENV_READY}={}s ({}); it was \
+                         deleted and nothing was started. Raise {ENV_READY} if the server \
+                         needs longer (a Kubernetes pod pulling its image, a slow execd start)",
+                        budget.as_secs(),
+                        outside_text::snippet(&e.to_string(), 300)
+                    ),
+                )
+            } else {
+                api_error(&format!("waiting for sandbox {id}: {what}"), e)
+            }
+        };
         self.client
             .wait_until_running(id, budget, Duration::from_millis(200))
             .await
-            .map_err(|e| api_error(&format!("waiting for sandbox {id} to run"), &e))?;
+            .map_err(|e| late("was not Running", &e))?;
         let left = budget
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
@@ -301,7 +368,7 @@ impl OpenSandboxProvider {
             .execd(id)
             .wait_until_ready(left, Duration::from_millis(200))
             .await
-            .map_err(|e| api_error(&format!("waiting for execd in sandbox {id}"), &e))
+            .map_err(|e| late("had no execd answering /ping", &e))
     }
 
     /// Reads the egress policy back: `dns+nft`, `deny`, exactly the rules sent; 502 or 404

@@ -34,7 +34,7 @@ use crate::error::SandboxError;
 use crate::provider::{
     AgedGuest, CallError, CallFailure, Download, EgressCheck, ExecFrame, ExecRequest, ExecStream,
     GuestInfo, GuestSpec, GuestStatus, Isolation, Labels, ProcessSpec, Provider, ProviderKind,
-    Size, left,
+    Readiness, Size, left,
 };
 
 /// The metadata key holding [`GuestSpec::name`] (OpenSandbox has no unique name).
@@ -237,6 +237,13 @@ impl Provider for OpenSandbox {
         }
     }
 
+    fn readiness(&self) -> Option<Readiness> {
+        Some(Readiness {
+            budget: self.inner.settings().ready,
+            setting: super::settings::ENV_READY,
+        })
+    }
+
     fn check(&self) -> BoxFuture<'_, Result<String, CallError>> {
         let client = self.inner.client().clone();
         boxed(async move {
@@ -282,7 +289,7 @@ impl Provider for OpenSandbox {
             let lifetime = s
                 .sandbox_timeout
                 .max(spec.lifetime.budget + spec.lifetime.idle_backstop);
-            let mut request = CreateSandbox::from_image(image, s.entrypoint.clone())
+            let mut request = CreateSandbox::from_image(image.clone(), s.entrypoint.clone())
                 .lifetime(Lifetime::After(lifetime))
                 .resource("cpu", s.cpu.clone())
                 .resource("memory", format!("{mem_mib}Mi"))
@@ -304,16 +311,30 @@ impl Provider for OpenSandbox {
             if let Some(policy) = policy {
                 request = request.network_policy(policy);
             }
-            let sb = p.client().create_sandbox(&request).await.map_err(|e| {
-                // A server that cannot apply the policy (host network mode, gVisor, no
-                // egress sidecar) is refused with the server setting to change.
-                let refusal = OpenSandboxProvider::create_refusal(&e, has_policy);
-                if refusal.kind() == crate::error::ErrorKind::Refused {
-                    refused(&refusal)
-                } else {
-                    call_error("creating a sandbox", &e)
+            let sb = match p.client().create_sandbox(&request).await {
+                Ok(sb) => sb,
+                Err(e) => {
+                    // An image the server cannot pull, or a server that cannot apply the
+                    // policy (host network mode, gVisor, no egress sidecar), is refused with
+                    // the setting to change.
+                    let refusal = p.create_refusal(&e, &image, lifetime, has_policy);
+                    if refusal.kind() == crate::error::ErrorKind::Refused {
+                        return Err(refused(&refusal));
+                    }
+                    let err = call_error("creating a sandbox", &e);
+                    // The server answered with its own error (a 5xx with its code): the
+                    // request ended there, and nothing lands later. Whatever it made is found
+                    // by the nonce now, once, and deleted, so the lifecycle need not keep
+                    // looking for it (a lost answer, without the server's code, still is).
+                    if e.is_retryable()
+                        && e.code().is_some()
+                        && p.destroy_by_nonce(&spec.name).await
+                    {
+                        return Err(err.with_nothing_created());
+                    }
+                    return Err(err);
                 }
-            })?;
+            };
             if spec.labels.0.contains_key(Labels::KEPT) {
                 // No unique names: a kept guest's name may have been taken meanwhile by
                 // another worker. The oldest holder keeps it; a newer one is given up.

@@ -171,6 +171,19 @@ pub(crate) fn is_label_value(v: &str) -> bool {
         && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric()
 }
 
+/// Whether `v` is a CPU quantity the server takes: a positive whole or decimal number of
+/// cores (`1`, `0.5`), or of millicores with `m` (`500m`).
+pub(crate) fn is_cpu_quantity(v: &str) -> bool {
+    let (number, milli) = v.strip_suffix('m').map_or((v, false), |n| (n, true));
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let decimal = number.contains('.');
+    digits(whole)
+        && digits(fraction)
+        && !(decimal && (fraction.is_empty() || milli))
+        && number.bytes().any(|b| (b'1'..=b'9').contains(&b))
+}
+
 impl OpenSandboxSettings {
     /// Reads every setting through `lookup`; a bad value is a refusal naming its variable.
     /// A missing key is not an error here (see [`OpenSandboxSettings::client`]), so `doctor`
@@ -228,12 +241,20 @@ impl OpenSandboxSettings {
             .map(str::to_owned)
             .collect();
         let sandbox_timeout = seconds(l, ENV_SANDBOX_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT, 60, 86_400)?;
+        let cpu = non_blank(l, ENV_CPU).unwrap_or_else(|| "1".to_owned());
+        if !is_cpu_quantity(&cpu) {
+            return Err(SandboxError::refused(format!(
+                "{ENV_CPU}={} is not a CPU quantity; set it to a number of cores (1, 0.5) or \
+                 millicores (500m), or unset it for 1",
+                outside_text::snippet(&cpu, 40)
+            )));
+        }
         Ok(OpenSandboxSettings {
             domain: non_blank(l, ENV_DOMAIN),
             api_key: non_blank(l, ENV_API_KEY).map(SecretString::from),
             image: non_blank(l, ENV_IMAGE).unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
             entrypoint,
-            cpu: non_blank(l, ENV_CPU).unwrap_or_else(|| "1".to_owned()),
+            cpu,
             attestation,
             runtime_class,
             host_kernels,
@@ -369,9 +390,27 @@ mod tests {
             (ENV_RUNTIME_CLASS, "Kata FC!"),
             (ENV_CREATED_BY, "-bad-"),
             (ENV_ALLOW_CONTAINER_ISOLATION, "maybe"),
+            (ENV_CPU, "abc"),
+            (ENV_CPU, "0"),
+            (ENV_CPU, "-1"),
+            (ENV_CPU, "1.5m"),
+            (ENV_CPU, "2 cores"),
         ] {
             let e = settings(&[(k, v)]).unwrap_err();
             assert!(e.message().contains(k), "{k}: {e}");
+        }
+    }
+
+    #[test]
+    fn cpu_quantities_the_server_takes_are_accepted() {
+        for ok in ["1", "2", "0.5", ".5", "1.25", "500m", "1500m", "10"] {
+            assert!(is_cpu_quantity(ok), "{ok}");
+            assert_eq!(settings(&[(ENV_CPU, ok)]).unwrap().cpu, ok);
+        }
+        for bad in [
+            "", "m", "0", "0m", "0.0", ".", "1.", "abc", "1.5m", "1e3", "-1",
+        ] {
+            assert!(!is_cpu_quantity(bad), "{bad}");
         }
     }
 
