@@ -1259,7 +1259,7 @@ pub fn doctor(
     let rt = runtime::get()
         .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
     let report = match wait::drive(py, rt, move || async move {
-        gather(inputs, &|k| std::env::var(k).ok()).await
+        gather(inputs, &sandbox_core::vars::process_env).await
     }) {
         wait::Waited::Finished(report) => report,
         wait::Waited::Panicked => {

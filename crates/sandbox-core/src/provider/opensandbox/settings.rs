@@ -180,6 +180,7 @@ impl OpenSandboxSettings {
     ) -> Result<Self, SandboxError> {
         let lookup: Lookup = Arc::new(lookup);
         let l: &dyn Fn(&str) -> Option<String> = &*lookup;
+        crate::vars::check_secret_files(l)?;
         let attestation = match non_blank(l, ENV_ATTEST_ISOLATION) {
             None => Attestation::None,
             Some(v) if v.eq_ignore_ascii_case("hardware-virtualized") => {
@@ -270,7 +271,7 @@ impl OpenSandboxSettings {
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SandboxError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(crate::vars::process_env)
     }
 
     /// The isolation lfx's dispatcher is told: `hardware-virtualized` only when attested,
