@@ -1,0 +1,108 @@
+"""Secrets given as files (``<NAME>_FILE``, the Docker and Kubernetes secrets convention), and
+what ``doctor`` says of where each secret comes from.
+
+A secret in a file is not in the Langflow process's environment at all. The surfaces read it
+through the one lookup every reader shares (``sandbox_core::vars::process_env``): here the
+sandbox backend runs with its key from a file, both ways at once is a refusal naming both, and
+``doctor`` names each secret's source and warns where a flow field could read one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import Fake, backend_env, lfx_run, run_doctor, run_python
+
+OPEN_SANDBOX_KEY = "e2e-files-opensandbox-key-5be1"
+GATEWAY_SECRET = "e2e-files-gateway-secret-0123456789abcdef"
+
+
+def secret_file(tmp_path: Path, name: str, value: str) -> Path:
+    """A secret file as Docker and Kubernetes write them: the value and a line break."""
+    path = tmp_path / name
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_the_backend_reads_its_key_from_a_file(clean_fake: Fake, tmp_path: Path) -> None:
+    key = secret_file(tmp_path, "createos-key", clean_fake.key)
+    env = backend_env(clean_fake, CREATEOS_SANDBOX_API_KEY=None, CREATEOS_SANDBOX_API_KEY_FILE=str(key))
+    run = lfx_run(env, "print(6*7)")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.result == {"result": "42"}
+    assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_a_secret_set_both_ways_is_refused_naming_both(clean_fake: Fake, tmp_path: Path) -> None:
+    key = secret_file(tmp_path, "createos-key", clean_fake.key)
+    env = backend_env(clean_fake, CREATEOS_SANDBOX_API_KEY_FILE=str(key))
+    run = lfx_run(env, "print(6*7)")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    assert "CREATEOS_SANDBOX_API_KEY and CREATEOS_SANDBOX_API_KEY_FILE are both set" in out, out[-3000:]
+    assert clean_fake.stats()["created"] == 0
+
+
+def test_doctor_says_where_each_secret_comes_from(clean_fake: Fake, tmp_path: Path) -> None:
+    key = secret_file(tmp_path, "createos-key", clean_fake.key)
+    gateway = secret_file(tmp_path, "gateway-secret", GATEWAY_SECRET)
+    env = backend_env(
+        clean_fake,
+        CREATEOS_SANDBOX_API_KEY=None,
+        CREATEOS_SANDBOX_API_KEY_FILE=str(key),
+        CREATEOS_GATEWAY_SECRET_FILE=str(gateway),
+        OPEN_SANDBOX_API_KEY=OPEN_SANDBOX_KEY,
+    )
+    proc = run_doctor(env)
+    out = proc.stdout
+    assert proc.returncode == 0, (out[-3000:], proc.stderr[-2000:])
+    assert f"CREATEOS_SANDBOX_API_KEY: read from the file CREATEOS_SANDBOX_API_KEY_FILE names ({key})" in out, out
+    assert "CREATEOS_GATEWAY_SECRET: read from the file CREATEOS_GATEWAY_SECRET_FILE names" in out, out
+    assert "OPEN_SANDBOX_API_KEY: from the environment; no flow field can name it" in out, out
+    assert "are on lfx's deny-list in every process that imports the package" in out, out
+    # The key from the file is the one the control plane accepted.
+    assert clean_fake.stats()["requests"].get("whoami", 0) >= 1
+    for value in (clean_fake.key, GATEWAY_SECRET, OPEN_SANDBOX_KEY):
+        assert value not in out + proc.stderr
+
+
+def test_doctor_refuses_a_secret_set_both_ways_or_an_unreadable_file(clean_fake: Fake, tmp_path: Path) -> None:
+    gateway = secret_file(tmp_path, "gateway-secret", GATEWAY_SECRET)
+    env = backend_env(
+        clean_fake,
+        CREATEOS_GATEWAY_SECRET=GATEWAY_SECRET,
+        CREATEOS_GATEWAY_SECRET_FILE=str(gateway),
+        OPEN_SANDBOX_API_KEY_FILE=str(tmp_path / "absent"),
+    )
+    proc = run_doctor(env)
+    out = proc.stdout
+    assert proc.returncode == 1, (out[-3000:], proc.stderr[-2000:])
+    assert "CREATEOS_GATEWAY_SECRET and CREATEOS_GATEWAY_SECRET_FILE are both set" in out, out
+    assert "OPEN_SANDBOX_API_KEY_FILE=" in out and "cannot be opened" in out, out
+    assert GATEWAY_SECRET not in out + proc.stderr
+
+
+# doctor in a process where lfx's deny-list has an unknown shape: nothing covers the names.
+DOCTOR_UNKNOWN_SHAPE = """
+import sys, types
+fake = types.ModuleType("lfx.utils.env_var_security")
+fake._RESERVED_ENV_PREFIXES = ("LANGFLOW_",)
+fake._RESERVED_ENV_NAMES = frozenset()
+fake.is_protected_env_var = lambda name: name.upper().startswith(fake._RESERVED_ENV_PREFIXES)
+fake.safe_getenv = lambda name: None
+import lfx.utils
+sys.modules["lfx.utils.env_var_security"] = fake
+from langflow_sandbox_createos.__main__ import main
+sys.exit(main(["doctor", "--surface", "component"]))
+"""
+
+
+def test_doctor_warns_of_a_secret_in_the_environment_nothing_covers(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, OPEN_SANDBOX_API_KEY=OPEN_SANDBOX_KEY)
+    proc = run_python(DOCTOR_UNKNOWN_SHAPE, env)
+    out = proc.stdout
+    assert "this package's names could not be put on lfx's deny-list" in out, (out[-3000:], proc.stderr[-2000:])
+    assert "CREATEOS_SANDBOX_API_KEY sits in the environment and lfx's env-var fallback is on" in out, out
+    assert "OPEN_SANDBOX_API_KEY sits in the environment" in out, out
+    assert OPEN_SANDBOX_KEY not in out + proc.stderr
