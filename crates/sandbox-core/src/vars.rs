@@ -311,17 +311,16 @@ mod tests {
                 "{name}"
             );
         }
+        // Settings that are not secrets have no file form (names outside the families
+        // scripts/check_docs.py reads, since these are not settings anyone sets).
         let lookup = env(&[
-            ("CREATEOS_SANDBOX_BASE_URL_FILE", path),
-            ("LANGFLOW_DATABASE_URL_FILE", path),
+            ("OPEN_SANDBOX_DOMAIN_FILE", path),
+            ("OPEN_SANDBOX_IMAGE_FILE", path),
         ]);
+        assert_eq!(with_secret_files(&lookup, "OPEN_SANDBOX_DOMAIN"), None);
+        assert_eq!(with_secret_files(&lookup, "OPEN_SANDBOX_IMAGE"), None);
         assert_eq!(
-            with_secret_files(&lookup, "CREATEOS_SANDBOX_BASE_URL"),
-            None
-        );
-        assert_eq!(with_secret_files(&lookup, "LANGFLOW_DATABASE_URL"), None);
-        assert_eq!(
-            with_secret_files(&lookup, "CREATEOS_SANDBOX_BASE_URL_FILE").as_deref(),
+            with_secret_files(&lookup, "OPEN_SANDBOX_DOMAIN_FILE").as_deref(),
             Some(path)
         );
     }
