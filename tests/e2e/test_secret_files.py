@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Fake, backend_env, lfx_run, run_doctor, run_python
+import json
+
+from conftest import Fake, backend_env, lfx_run, run_doctor, run_python, start_fake
+from test_withheld import BACKEND_RUNS, SECRET_FLOW, arun_each, executor_env
 
 OPEN_SANDBOX_KEY = "e2e-files-opensandbox-key-5be1"
 GATEWAY_SECRET = "e2e-files-gateway-secret-0123456789abcdef"
@@ -42,6 +45,55 @@ def test_a_secret_set_both_ways_is_refused_naming_both(clean_fake: Fake, tmp_pat
     assert run.returncode == 1, out[-3000:]
     assert "CREATEOS_SANDBOX_API_KEY and CREATEOS_SANDBOX_API_KEY_FILE are both set" in out, out[-3000:]
     assert clean_fake.stats()["created"] == 0
+
+
+def test_the_backend_refuses_code_or_env_carrying_a_secret_read_from_a_file(clean_fake: Fake, tmp_path: Path) -> None:
+    key = secret_file(tmp_path, "createos-key", clean_fake.key)
+    gateway = secret_file(tmp_path, "gateway-secret", GATEWAY_SECRET)
+    env = backend_env(
+        clean_fake,
+        CREATEOS_SANDBOX_API_KEY=None,
+        CREATEOS_SANDBOX_API_KEY_FILE=str(key),
+        CREATEOS_GATEWAY_SECRET_FILE=str(gateway),
+    )
+    cases = [
+        (f"print('{clean_fake.key}')", None),
+        ("print('hi')", {"TOKEN": f"Bearer {GATEWAY_SECRET}"}),
+        ("print('hi')", None),
+    ]
+    proc = run_python(BACKEND_RUNS.replace("CASES", repr(json.dumps(cases))), env, timeout=180)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    assert seen[0].startswith("CreateOSUnavailableError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
+    assert "`TOKEN`" in seen[1] and "CREATEOS_GATEWAY_SECRET" in seen[1], seen
+    assert seen[2] == "ran", seen
+    for value in (clean_fake.key, GATEWAY_SECRET):
+        assert value not in "\n".join(seen) + proc.stderr
+    assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_the_executor_withholds_a_key_read_from_a_file(tmp_path: Path) -> None:
+    # The flow's own variable holds, on this host, the value of the key the executor read from
+    # its file: refused by value, and the guest gets no job.
+    log = tmp_path / "requests.jsonl"
+    fake = start_fake(request_log=log)
+    try:
+        key = secret_file(tmp_path, "createos-key", fake.key)
+        env = executor_env(fake, EXEC_TEST_CREDENTIAL=fake.key)
+        del env["CREATEOS_SANDBOX_API_KEY"], env["CREATEOS_API_KEY"]
+        env["CREATEOS_SANDBOX_API_KEY_FILE"] = str(key)
+        seen, _ = arun_each(env, [SECRET_FLOW])
+        assert seen[0].get("type") == "CreateOSUnavailableError", seen
+        assert "the value the host resolved for the field `api_key` of vertex `secret`" in seen[0]["message"], seen
+        assert "CREATEOS_SANDBOX_API_KEY" in seen[0]["message"], seen
+        assert fake.wait_settled()["live"] == 0
+        # The key from the file opened the session (the fake accepted it), and no job went out.
+        requests = [json.loads(line) for line in log.read_text().splitlines()]
+        assert any(r["route"] == "create" for r in requests), requests
+        assert not [r for r in requests if r["route"] == "upload" and "lfx_job.json" in json.dumps(r["query"])]
+    finally:
+        fake.stop()
 
 
 def test_doctor_says_where_each_secret_comes_from(clean_fake: Fake, tmp_path: Path) -> None:
