@@ -158,3 +158,11 @@ def test_doctor_warns_of_a_secret_in_the_environment_nothing_covers(clean_fake: 
     assert "CREATEOS_SANDBOX_API_KEY sits in the environment and lfx's env-var fallback is on" in out, out
     assert "OPEN_SANDBOX_API_KEY sits in the environment" in out, out
     assert OPEN_SANDBOX_KEY not in out + proc.stderr
+
+
+def test_doctor_refuses_langflow_copying_a_plugin_secret_into_users_variables(clean_fake: Fake) -> None:
+    env = backend_env(clean_fake, LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT="OPENAI_API_KEY,CREATEOS_SANDBOX_API_KEY")
+    proc = run_doctor(env)
+    assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-2000:])
+    assert "LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT lists CREATEOS_SANDBOX_API_KEY" in proc.stdout, proc.stdout
+    assert clean_fake.key not in proc.stdout + proc.stderr

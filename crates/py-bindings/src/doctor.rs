@@ -1208,6 +1208,27 @@ fn short(text: &str) -> String {
 /// `LANGFLOW_FALLBACK_TO_ENV_VAR`: whether Langflow resolves a field's unknown global variable
 /// from the process environment (lfx's default: true).
 const ENV_FALLBACK_TO_ENV_VAR: &str = "LANGFLOW_FALLBACK_TO_ENV_VAR";
+/// `LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT`: names Langflow copies from its environment into
+/// every user's global variables (added to lfx's own list), while
+/// `LANGFLOW_STORE_ENVIRONMENT_VARIABLES` is true (its default).
+const ENV_VARIABLES_FROM_ENVIRONMENT: &str = "LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT";
+const ENV_STORE_ENVIRONMENT_VARIABLES: &str = "LANGFLOW_STORE_ENVIRONMENT_VARIABLES";
+
+/// The names `LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT` lists, as lfx's settings read it (a JSON
+/// list, else comma-separated).
+fn variables_from_environment(raw: &str) -> Vec<String> {
+    let raw = raw.trim();
+    let names: Vec<String> = if raw.starts_with('[') {
+        serde_json::from_str(raw).unwrap_or_default()
+    } else {
+        raw.split(',').map(str::to_owned).collect()
+    };
+    names
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
 
 /// Where each secret setting comes from, through `raw` (the process environment without the
 /// file convention): its variable, its file, or a refusal (both set, a bad file). `guard` is
@@ -1296,6 +1317,30 @@ fn secret_lines(
                 name,
                 refusal.message(),
             )),
+        }
+    }
+    // Langflow's own copy of environment variables into every user's global variables: a
+    // withheld name there is a variable any flow of those users names, in-process.
+    let store =
+        sandbox_core::settings::non_blank(raw, ENV_STORE_ENVIRONMENT_VARIABLES).is_none_or(|v| {
+            sandbox_core::settings::parse_bool(ENV_STORE_ENVIRONMENT_VARIABLES, &v).unwrap_or(true)
+        });
+    if let Some(listed) = sandbox_core::settings::non_blank(raw, ENV_VARIABLES_FROM_ENVIRONMENT)
+        && store
+    {
+        for name in variables_from_environment(&listed) {
+            if sandbox_core::withheld::is_withheld_name(&name) && raw(&name).is_some() {
+                lines.push(DoctorLine::about(
+                    DoctorLevel::Refused,
+                    ENV_VARIABLES_FROM_ENVIRONMENT,
+                    format!(
+                        "{ENV_VARIABLES_FROM_ENVIRONMENT} lists {name}: Langflow copies its value \
+                         into every user's global variables at login, where any of their flows \
+                         reads it by name in the Langflow process; remove it from the list (and \
+                         delete the variable Langflow already stored)"
+                    ),
+                ));
+            }
         }
     }
     lines
@@ -1654,5 +1699,30 @@ mod tests {
                 .contains("CREATEOS_GATEWAY_SECRET and CREATEOS_GATEWAY_SECRET_FILE are both set")
         );
         std::fs::remove_file(&file).unwrap();
+
+        // Langflow told to copy a withheld variable into its users' global variables.
+        for listed in [
+            "OPENAI_API_KEY,CREATEOS_SANDBOX_API_KEY",
+            r#"["OPENAI_API_KEY", "CREATEOS_SANDBOX_API_KEY"]"#,
+        ] {
+            let copied = env(&[
+                ("CREATEOS_SANDBOX_API_KEY", "sk-in-the-env"),
+                ("LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT", listed),
+            ]);
+            let lines = secret_lines(&copied, Some(&(true, "extended".to_owned())));
+            let refused: Vec<&DoctorLine> = lines.iter().filter(|l| l.is_problem()).collect();
+            assert_eq!(refused.len(), 1, "{}", text(&lines));
+            assert!(
+                refused[0].text.contains("lists CREATEOS_SANDBOX_API_KEY"),
+                "{}",
+                refused[0].text
+            );
+            let off = env(&[
+                ("CREATEOS_SANDBOX_API_KEY", "sk-in-the-env"),
+                ("LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT", listed),
+                ("LANGFLOW_STORE_ENVIRONMENT_VARIABLES", "false"),
+            ]);
+            assert!(secret_lines(&off, None).iter().all(|l| !l.is_problem()));
+        }
     }
 }
