@@ -30,9 +30,8 @@ What it cannot do: code a flow runs in this process (a custom component, with
 
 from __future__ import annotations
 
-import inspect
-import logging
 import threading
+import types
 from typing import Any, cast
 
 __all__ = ["WITHHELD_NAMES", "WITHHELD_PREFIXES", "install", "status"]
@@ -71,12 +70,12 @@ def _shape_problem(mod: Any) -> str | None:
     check = getattr(mod, "is_protected_env_var", None)
     getenv = getattr(mod, "safe_getenv", None)
     for label, fn in (("is_protected_env_var", check), ("safe_getenv", getenv)):
-        if not inspect.isfunction(fn):
+        if not isinstance(fn, types.FunctionType):
             return f"{MODULE}.{label} is not a function"
-        params = list(inspect.signature(fn).parameters)
+        params = _parameters(fn)
         if params != ["name"]:
             return f"{MODULE}.{label} takes {params}, not ['name']"
-    assert check is not None and getenv is not None
+    assert isinstance(check, types.FunctionType) and isinstance(getenv, types.FunctionType)
     if "is_protected_env_var" not in getenv.__code__.co_names:
         return "safe_getenv does not call is_protected_env_var"
     if not {"_RESERVED_ENV_PREFIXES", "_RESERVED_ENV_NAMES"} <= set(check.__code__.co_names):
@@ -88,6 +87,15 @@ def _shape_problem(mod: Any) -> str | None:
     if not isinstance(names, frozenset) or not _upper_names(cast("frozenset[object]", names)):
         return "_RESERVED_ENV_NAMES is not a frozenset of upper-case names"
     return None
+
+
+def _parameters(fn: types.FunctionType) -> list[str]:
+    """Every parameter ``fn`` declares, by name (``*args`` and ``**kwargs`` included), read from
+    its code object (``inspect`` would cost the package's import more than all the rest)."""
+    code = fn.__code__
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # CO_VARARGS, CO_VARKEYWORDS
+    return list(code.co_varnames[:count])
 
 
 def _upper_names(items: tuple[object, ...] | frozenset[object]) -> bool:
@@ -153,6 +161,8 @@ def install() -> bool:
         if _status is None or not (_status[0] and again[0]):
             _status = again
         if first and not _status[0] and not _status[1].startswith(_NO_LFX):
+            import logging
+
             logging.getLogger(_LOGGER).warning(
                 "%s; a flow field naming CREATEOS_* or OPEN_SANDBOX_* can read that variable from this "
                 "process's environment (LANGFLOW_FALLBACK_TO_ENV_VAR); give the secrets as files "
