@@ -24,8 +24,9 @@ as protected. Anything else installs nothing (what was changed is put back) and 
 WARNING; ``doctor`` reports it (:func:`status`).
 
 What it cannot do: code a flow runs in this process (a custom component, with
-``LANGFLOW_ALLOW_CUSTOM_COMPONENTS`` on) reads ``os.environ`` itself. A secret given as a file
-(``CREATEOS_SANDBOX_API_KEY_FILE`` and the like) is not in the environment at all.
+``LANGFLOW_ALLOW_CUSTOM_COMPONENTS`` on) reads ``os.environ`` itself, and any file the process
+can read. A secret given as a file (``CREATEOS_SANDBOX_API_KEY_FILE`` and the like) is not in the
+environment at all, so neither a field nor a child process that inherits the environment sees it.
 """
 
 from __future__ import annotations
