@@ -13,7 +13,7 @@ from pathlib import Path
 
 import json
 
-from conftest import Fake, backend_env, lfx_run, run_doctor, run_python, start_fake
+from conftest import OS_KEY, Fake, OsFake, backend_env, lfx_run, run_doctor, run_python, start_fake
 from test_withheld import BACKEND_RUNS, SECRET_FLOW, arun_each, executor_env
 
 OPEN_SANDBOX_KEY = "e2e-files-opensandbox-key-5be1"
@@ -45,6 +45,40 @@ def test_a_secret_set_both_ways_is_refused_naming_both(clean_fake: Fake, tmp_pat
     assert run.returncode == 1, out[-3000:]
     assert "CREATEOS_SANDBOX_API_KEY and CREATEOS_SANDBOX_API_KEY_FILE are both set" in out, out[-3000:]
     assert clean_fake.stats()["created"] == 0
+
+
+def test_the_opensandbox_backend_reads_its_key_from_a_file(osfake_server: OsFake, tmp_path: Path) -> None:
+    from test_opensandbox_backend import os_env
+
+    osfake_server.reset()
+    key = secret_file(tmp_path, "opensandbox-key", OS_KEY)
+    env = os_env(osfake_server, OPEN_SANDBOX_API_KEY=None, OPEN_SANDBOX_API_KEY_FILE=str(key))
+    run = lfx_run(env, "print(6*7)")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.result == {"result": "42"}
+    assert osfake_server.wait_settled()["created"] == 1
+    # Both ways: refused naming both, no sandbox.
+    osfake_server.reset()
+    both = lfx_run(os_env(osfake_server, OPEN_SANDBOX_API_KEY_FILE=str(key)), "print(6*7)")
+    out = both.stdout + both.stderr
+    assert both.returncode == 1, out[-3000:]
+    assert "OPEN_SANDBOX_API_KEY and OPEN_SANDBOX_API_KEY_FILE are both set" in out, out[-3000:]
+    assert osfake_server.stats()["created"] == 0
+
+
+CAPABILITIES = """
+from langflow_sandbox_createos import _native
+print("RESULT", _native.capabilities().supports_domain_allowlist)
+"""
+
+
+def test_the_gateway_secret_from_a_file_makes_the_backend_declare_domain_allowlists(tmp_path: Path) -> None:
+    gateway = secret_file(tmp_path, "gateway-secret", GATEWAY_SECRET)
+    base = {"CREATEOS_GATEWAY_URL": "http://10.20.30.40:3128"}
+    from_file = run_python(CAPABILITIES, {**base, "CREATEOS_GATEWAY_SECRET_FILE": str(gateway)})
+    assert "RESULT True" in from_file.stdout, (from_file.stdout, from_file.stderr[-2000:])
+    without = run_python(CAPABILITIES, base)
+    assert "RESULT False" in without.stdout, (without.stdout, without.stderr[-2000:])
 
 
 def test_the_backend_refuses_code_or_env_carrying_a_secret_read_from_a_file(clean_fake: Fake, tmp_path: Path) -> None:

@@ -11,8 +11,8 @@
 //! environment a flow could read. [`process_env`] is the process environment with that applied,
 //! the lookup every surface, `doctor` and the withheld-value check read; [`with_secret_files`]
 //! applies it to any lookup. Both set is a refusal naming both ([`check_secret_files`], which
-//! the CreateOS and the OpenSandbox settings run first), as is a file that cannot be read or
-//! holds nothing.
+//! the CreateOS settings run first and the OpenSandbox client before it is built), as is a file
+//! that cannot be read or holds nothing.
 
 use std::io::Read as _;
 
@@ -414,6 +414,8 @@ mod tests {
         let e = crate::provider::opensandbox::OpenSandboxSettings::from_lookup(move |k| {
             with_secret_files(&osb_raw, k)
         })
+        .unwrap()
+        .client()
         .err()
         .unwrap();
         assert!(

@@ -153,7 +153,7 @@ class NativeBackend:
         """Drop state inherited from a parent process."""
 
 def capabilities() -> NativeCapabilities:
-    """The backend's capabilities. No I/O."""
+    """The backend's capabilities (a secret given as a file is read from it). No network I/O."""
 
 @final
 class NativeOpenSandboxBackend:
@@ -176,7 +176,8 @@ class NativeOpenSandboxBackend:
         """Drop state inherited from a parent process."""
 
 def opensandbox_capabilities() -> NativeCapabilities:
-    """The OpenSandbox backend's capabilities under the environment. No I/O."""
+    """The OpenSandbox backend's capabilities under the environment (a secret given as a file is
+    read from it). No network I/O."""
 
 def opensandbox_reap(older_than_seconds: float = 1800.0, dry_run: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` list) this deployment's OpenSandbox sandboxes older than

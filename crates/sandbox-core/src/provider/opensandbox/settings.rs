@@ -180,7 +180,6 @@ impl OpenSandboxSettings {
     ) -> Result<Self, SandboxError> {
         let lookup: Lookup = Arc::new(lookup);
         let l: &dyn Fn(&str) -> Option<String> = &*lookup;
-        crate::vars::check_secret_files(l)?;
         let attestation = match non_blank(l, ENV_ATTEST_ISOLATION) {
             None => Attestation::None,
             Some(v) if v.eq_ignore_ascii_case("hardware-virtualized") => {
@@ -299,8 +298,12 @@ impl OpenSandboxSettings {
     }
 
     /// Builds the HTTP client; a missing key or an unusable domain is a refusal naming the
-    /// variable (the client's own message never carries the key).
+    /// variable (the client's own message never carries the key), as is a secret set both as
+    /// its variable and its `_FILE`, or a `_FILE` that cannot be used
+    /// ([`crate::vars::check_secret_files`]: here, not when the settings are read, so that the
+    /// capabilities lfx asks for stay what the settings say and the run names the problem).
     pub fn client(&self) -> Result<opensandbox_api::Client, SandboxError> {
+        crate::vars::check_secret_files(&*self.lookup)?;
         if self.api_key.is_none() {
             return Err(SandboxError::refused(format!(
                 "{ENV_API_KEY} is not set; set it to the server's [server] api_key"
