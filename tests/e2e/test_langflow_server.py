@@ -113,9 +113,10 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def start_server(env: dict[str, str], workdir: Path, *, workers: int = 1) -> Server:
+def start_server(env: dict[str, str], workdir: Path, *, workers: int = 1, fallback_to_env_var: bool = False) -> Server:
     """``langflow run`` (frontend included) on a free loopback port; waits for ``/health``.
-    ``workers``: ``LANGFLOW_WORKERS``."""
+    ``workers``: ``LANGFLOW_WORKERS``; ``fallback_to_env_var``: Langflow's default (true) instead
+    of this suite's."""
     port = free_port()
     metrics_port = free_port()
     log = workdir / "langflow.log"
@@ -133,7 +134,7 @@ def start_server(env: dict[str, str], workdir: Path, *, workers: int = 1) -> Ser
         "LANGFLOW_SAVE_DB_IN_CONFIG_DIR": "true",
         # A variable that is not stored fails the run (rather than falling back to the server's
         # environment), so both servers show how that failure reads.
-        "LANGFLOW_FALLBACK_TO_ENV_VAR": "false",
+        "LANGFLOW_FALLBACK_TO_ENV_VAR": "true" if fallback_to_env_var else "false",
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -651,3 +652,68 @@ def test_an_uploaded_file_is_read_by_the_file_component_as_in_process(
     local, remote = both(plain_server, executor_server, slow_fake, run)
     assert local["answer"] == (200, ["slow suite notes: 17 pears\n"]), local
     assert remote == local
+
+
+# --- In the Langflow process itself: no field resolves the plugin's names (issue 45) ----------
+
+#: A variable on no deny-list, in the server's environment.
+PLAIN = ("E2E_SLOW_PLAIN_VARIABLE", "e2e-slow-plain-value-2c9d")
+OPEN_SANDBOX_KEY = "e2e-slow-opensandbox-key-81f4"
+
+
+@pytest.fixture(scope="module")
+def fallback_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
+    """Langflow as an operator who installed the wheel for its component runs it: Langflow's
+    default env-var fallback, custom components off, the keys in its environment, and nothing
+    selecting the backend or the executor."""
+    (workdir / "fallback").mkdir()
+    env = backend_env(
+        slow_fake,
+        LANGFLOW_SANDBOX_BACKEND=None,
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
+        LANGFLOW_ALLOW_CUSTOM_COMPONENTS="false",
+        OPEN_SANDBOX_API_KEY=OPEN_SANDBOX_KEY,
+        **dict([PLAIN]),
+    )
+    server = start_server(env, workdir / "fallback", fallback_to_env_var=True)
+    server.env = env
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def text_input_flow(name: str) -> dict[str, Any]:
+    """Text Input (its text loading the global variable ``name``) -> Chat Output, as a dump."""
+    from lfx.components.input_output import ChatOutput, TextInputComponent
+    from lfx.graph import Graph
+
+    text_in = TextInputComponent(_id="text_in")
+    text_in.set(input_value=name)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=text_in.text_response)
+    dump = json.loads(json.dumps(Graph(text_in, chat_out).dump()))
+    for node in dump["data"]["nodes"]:
+        if node["id"] == "text_in":
+            node["data"]["node"]["template"]["input_value"]["load_from_db"] = True
+    return dump
+
+
+def test_an_in_process_playground_run_of_a_text_input_naming_the_key_answers_without_it(
+    fallback_server: Server, slow_fake: Fake
+) -> None:
+    """Measured on Langflow 1.13.0: the Playground's build does not fall back to the
+    environment at all (it builds vertices with lfx's default ``fallback_to_env_vars=False``;
+    Langflow passes its ``LANGFLOW_FALLBACK_TO_ENV_VAR`` only to subflows, ``helpers.flow``), so
+    a name no stored variable has fails as "variable not found", ours like any other. The
+    fallback paths themselves (bare lfx, subflows) are covered in-process by
+    test_in_process_secrets.py, through the same lfx function."""
+    flow_id = upload_dump(fallback_server, text_input_flow(PLAIN[0]), "slow: in-process plain")
+    plain = json.dumps(playground_build(fallback_server, flow_id, ""))
+    assert f"{PLAIN[0]} variable not found" in plain and PLAIN[1] not in plain, plain[-2000:]
+    for name, value in (("CREATEOS_SANDBOX_API_KEY", slow_fake.key), ("OPEN_SANDBOX_API_KEY", OPEN_SANDBOX_KEY)):
+        flow_id = upload_dump(fallback_server, text_input_flow(name), f"slow: in-process {name}")
+        events = json.dumps(playground_build(fallback_server, flow_id, ""))
+        assert f"{name} variable not found" in events, (name, events[-2000:])
+        assert value not in events, (name, events[-2000:])
+    assert OPEN_SANDBOX_KEY not in fallback_server.log.read_text(errors="replace")

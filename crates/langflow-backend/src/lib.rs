@@ -68,9 +68,11 @@ pub struct Capabilities {
     pub max_timeout_seconds: Option<u32>,
 }
 
-/// The backend's capabilities under the process environment. No I/O.
+/// The backend's capabilities under the process environment (a secret given as a file, such as
+/// `CREATEOS_GATEWAY_SECRET_FILE`, is read from it: [`sandbox_core::vars::process_env`]). No
+/// network I/O.
 pub fn capabilities() -> Capabilities {
-    capabilities_with(&|k| std::env::var(k).ok())
+    capabilities_with(&sandbox_core::vars::process_env)
 }
 
 /// The backend's capabilities on CreateOS under the settings `lookup` reads. No I/O.

@@ -409,7 +409,7 @@ impl OpenSandboxBackend {
         env: Option<BTreeMap<String, String>>,
         policy: &LfxPolicy,
     ) -> Result<RunOutput, SurfaceError> {
-        self.run_with(code, env, policy, |k| std::env::var(k).ok())
+        self.run_with(code, env, policy, sandbox_core::vars::process_env)
             .await
     }
 
@@ -630,7 +630,7 @@ impl OpenSandboxBackend {
         older_than: Duration,
         dry_run: bool,
     ) -> Result<Vec<String>, SurfaceError> {
-        let provider = self.provider(|k| std::env::var(k).ok())?;
+        let provider = self.provider(sandbox_core::vars::process_env)?;
         let swept = provider
             .sweep(older_than, dry_run)
             .await

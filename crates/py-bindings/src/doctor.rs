@@ -504,6 +504,8 @@ struct Inputs {
     paths: Vec<DoctorLine>,
     /// What is exported (`metrics.findings()`).
     exports: Vec<DoctorLine>,
+    /// Where each secret comes from ([`secret_lines`]).
+    secrets: Vec<DoctorLine>,
 }
 
 /// Everything the report needs, gathered with the process environment.
@@ -634,6 +636,11 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
         area: Area::Shared,
         title: "Every surface: the deployment's admission store",
         lines: store,
+    });
+    sections.push(Section {
+        area: Area::Shared,
+        title: "Every surface: where the secrets come from, and what a flow in this process can read",
+        lines: inputs.secrets.clone(),
     });
     if checked(Surface::Backend) {
         let mut lines = langflow_backend::trust_gate(env);
@@ -1199,6 +1206,147 @@ fn short(text: &str) -> String {
     cut
 }
 
+/// `LANGFLOW_FALLBACK_TO_ENV_VAR`: whether Langflow resolves a field's unknown global variable
+/// from the process environment (lfx's default: true).
+const ENV_FALLBACK_TO_ENV_VAR: &str = "LANGFLOW_FALLBACK_TO_ENV_VAR";
+/// `LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT`: names Langflow copies from its environment into
+/// every user's global variables (added to lfx's own list), while
+/// `LANGFLOW_STORE_ENVIRONMENT_VARIABLES` is true (its default).
+const ENV_VARIABLES_FROM_ENVIRONMENT: &str = "LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT";
+const ENV_STORE_ENVIRONMENT_VARIABLES: &str = "LANGFLOW_STORE_ENVIRONMENT_VARIABLES";
+
+/// The names `LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT` lists, as lfx's settings read it (a JSON
+/// list, else comma-separated).
+fn variables_from_environment(raw: &str) -> Vec<String> {
+    let raw = raw.trim();
+    let names: Vec<String> = if raw.starts_with('[') {
+        serde_json::from_str(raw).unwrap_or_default()
+    } else {
+        raw.split(',').map(str::to_owned).collect()
+    };
+    names
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Where each secret setting comes from, through `raw` (the process environment without the
+/// file convention): its variable, its file, or a refusal (both set, a bad file). `guard` is
+/// what the Python side found of lfx's env-var deny-list in this process: whether it covers
+/// this package's names, and how. A secret in the environment of a process whose env-var
+/// fallback is on is a warning unless the deny-list covers it.
+fn secret_lines(
+    raw: &dyn Fn(&str) -> Option<String>,
+    guard: Option<&(bool, String)>,
+) -> Vec<DoctorLine> {
+    use sandbox_core::vars::{FILE_SETTINGS, SecretSource, file_var, secret_source};
+
+    let covered = guard.is_some_and(|(covered, _)| *covered);
+    let fallback_raw = sandbox_core::settings::non_blank(raw, ENV_FALLBACK_TO_ENV_VAR);
+    let fallback = fallback_raw.as_deref().is_none_or(|v| {
+        sandbox_core::settings::parse_bool(ENV_FALLBACK_TO_ENV_VAR, v).unwrap_or(true)
+    });
+    let fallback_said = match &fallback_raw {
+        None => format!("{ENV_FALLBACK_TO_ENV_VAR} unset: on"),
+        Some(v) => format!("{ENV_FALLBACK_TO_ENV_VAR}={v}"),
+    };
+    let mut lines = Vec::new();
+    match guard {
+        Some((true, what)) => lines.push(DoctorLine::new(
+            DoctorLevel::Ok,
+            format!(
+                "lfx's env-var fallback: this package's names (CREATEOS_*, OPEN_SANDBOX_*) are on \
+                 lfx's deny-list in every process that imports the package ({what}), so no flow \
+                 field resolves them from the environment; code a flow runs in the Langflow \
+                 process itself (a custom component) can still read the environment, and any \
+                 file this process can read"
+            ),
+        )),
+        Some((false, what)) => lines.push(DoctorLine::new(
+            DoctorLevel::Warn,
+            format!(
+                "lfx's env-var fallback: this package's names could not be put on lfx's \
+                 deny-list ({what}); a flow field naming CREATEOS_* or OPEN_SANDBOX_* reads \
+                 that variable from the Langflow process's environment"
+            ),
+        )),
+        None => {}
+    }
+    for &name in FILE_SETTINGS {
+        let var = file_var(name);
+        match secret_source(raw, name) {
+            Ok((_, SecretSource::Unset)) => {}
+            Ok((_, SecretSource::File(path))) => lines.push(DoctorLine::about(
+                DoctorLevel::Ok,
+                name,
+                format!(
+                    "{name}: read from the file {var} names ({}); not in the environment",
+                    outside_text::snippet(&path, 200)
+                ),
+            )),
+            Ok((_, SecretSource::Env)) if covered => lines.push(DoctorLine::about(
+                DoctorLevel::Info,
+                name,
+                format!(
+                    "{name}: from the environment; no flow field can name it (the deny-list \
+                     above), but in-process code can read the environment: set {var} (a file \
+                     holding the value) and unset {name} to keep it out"
+                ),
+            )),
+            Ok((_, SecretSource::Env)) if fallback => lines.push(DoctorLine::about(
+                DoctorLevel::Warn,
+                name,
+                format!(
+                    "{name} sits in the environment and lfx's env-var fallback is on \
+                     ({fallback_said}): a flow field that loads a global variable named {name} \
+                     gets its value in the Langflow process; set {var} (a file holding the \
+                     value) and unset {name}"
+                ),
+            )),
+            Ok((_, SecretSource::Env)) => lines.push(DoctorLine::about(
+                DoctorLevel::Info,
+                name,
+                format!(
+                    "{name}: from the environment ({fallback_said}; bare lfx, `lfx run` and \
+                     `lfx serve`, still resolves a field's variable from the environment): set \
+                     {var} (a file holding the value) and unset {name} to keep it out"
+                ),
+            )),
+            Err(refusal) => lines.push(DoctorLine::about(
+                DoctorLevel::Refused,
+                name,
+                refusal.message(),
+            )),
+        }
+    }
+    // Langflow's own copy of environment variables into every user's global variables: a
+    // withheld name there is a variable any flow of those users names, in-process.
+    let store =
+        sandbox_core::settings::non_blank(raw, ENV_STORE_ENVIRONMENT_VARIABLES).is_none_or(|v| {
+            sandbox_core::settings::parse_bool(ENV_STORE_ENVIRONMENT_VARIABLES, &v).unwrap_or(true)
+        });
+    if let Some(listed) = sandbox_core::settings::non_blank(raw, ENV_VARIABLES_FROM_ENVIRONMENT)
+        && store
+    {
+        for name in variables_from_environment(&listed) {
+            if sandbox_core::withheld::is_withheld_name(&name) && raw(&name).is_some() {
+                lines.push(DoctorLine::about(
+                    DoctorLevel::Refused,
+                    ENV_VARIABLES_FROM_ENVIRONMENT,
+                    format!(
+                        "{ENV_VARIABLES_FROM_ENVIRONMENT} lists {name}: Langflow copies its value \
+                         into every user's global variables at login, where any of their flows \
+                         reads it by name in the Langflow process; remove it from the list (and \
+                         delete the variable Langflow already stored)"
+                    ),
+                ));
+            }
+        }
+    }
+    lines
+}
+
 /// `(level, text)` pairs from Python as findings.
 fn lines_of(pairs: Vec<(String, String)>) -> Vec<DoctorLine> {
     pairs
@@ -1222,10 +1370,13 @@ fn lines_of(pairs: Vec<(String, String)>) -> Vec<DoctorLine> {
 /// setting and gives lfx's reason; the setting is `None` when lfx's error names none). `surfaces` are the
 /// names `--surface` asked for (none: the enabled surfaces). `paths` (which Langflow paths
 /// reach the executor) and `exports` (metrics and usage records) are `(level, text)` findings
-/// only Python can make. Progress goes to stderr; the waits are bounded. Only an internal
-/// failure raises (`SandboxFailedError`).
+/// only Python can make. `env_guard` is `(covered, how)`: whether lfx's env-var deny-list
+/// covers this package's names in the calling process (`env_fallback.status()`); with it, a
+/// secret in the environment is a warning only where nothing keeps a flow field from it.
+/// Progress goes to stderr; the waits are bounded. Only an internal failure raises
+/// (`SandboxFailedError`).
 #[pyfunction]
-#[pyo3(signature = (lfx, lfx_problems, surfaces, paths, exports))]
+#[pyo3(signature = (lfx, lfx_problems, surfaces, paths, exports, env_guard=None))]
 #[allow(clippy::needless_pass_by_value)] // a Python list arrives as an owned Vec
 pub fn doctor(
     py: Python<'_>,
@@ -1234,6 +1385,7 @@ pub fn doctor(
     surfaces: Vec<String>,
     paths: Vec<(String, String)>,
     exports: Vec<(String, String)>,
+    env_guard: Option<(bool, String)>,
 ) -> PyResult<(i32, String, String)> {
     logbridge::install();
     logbridge::sync_level(py);
@@ -1256,11 +1408,12 @@ pub fn doctor(
         asked,
         paths: lines_of(paths),
         exports: lines_of(exports),
+        secrets: secret_lines(&|k| std::env::var(k).ok(), env_guard.as_ref()),
     };
     let rt = runtime::get()
         .map_err(|e| errors::execution(py, format!("cannot start the async runtime: {e}")))?;
     let report = match wait::drive(py, rt, move || async move {
-        gather(inputs, &|k| std::env::var(k).ok()).await
+        gather(inputs, &sandbox_core::vars::process_env).await
     }) {
         wait::Waited::Finished(report) => report,
         wait::Waited::Panicked => {
@@ -1456,5 +1609,121 @@ mod tests {
         );
         assert_eq!(r.exit_code(), 0);
         assert_eq!(r.verdict(), "Result: no problems; component: ready");
+    }
+
+    #[test]
+    fn each_secret_says_where_it_comes_from_and_warns_where_a_flow_field_could_read_it() {
+        // No temporary-file crate here: a file of this test's own, removed at the end.
+        let file = std::env::temp_dir().join(format!("lfsc-doctor-secret-{}", std::process::id()));
+        std::fs::write(&file, b"sk-from-a-file-0123\n").unwrap();
+        let path = file.to_str().unwrap().to_owned();
+        let raw = env(&[
+            ("CREATEOS_SANDBOX_API_KEY_FILE", path.as_str()),
+            ("OPEN_SANDBOX_API_KEY", "osb-in-the-env"),
+        ]);
+        let text = |lines: &[DoctorLine]| {
+            lines
+                .iter()
+                .map(|l| format!("{:?} {}", l.level, l.text))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+
+        // Nothing covers the names, and the fallback is on by default: the env one warns.
+        let lines = secret_lines(&raw, Some(&(false, "unknown shape".to_owned())));
+        let shown = text(&lines);
+        assert!(
+            shown.contains("Warn lfx's env-var fallback") && shown.contains("unknown shape"),
+            "{shown}"
+        );
+        let key = lines
+            .iter()
+            .find(|l| l.setting.as_deref() == Some("CREATEOS_SANDBOX_API_KEY"))
+            .unwrap();
+        assert_eq!(key.level, DoctorLevel::Ok);
+        assert!(
+            key.text.contains("CREATEOS_SANDBOX_API_KEY_FILE") && key.text.contains(&path),
+            "{}",
+            key.text
+        );
+        let osb = lines
+            .iter()
+            .find(|l| l.setting.as_deref() == Some("OPEN_SANDBOX_API_KEY"))
+            .unwrap();
+        assert_eq!(osb.level, DoctorLevel::Warn);
+        assert!(
+            osb.text.contains("LANGFLOW_FALLBACK_TO_ENV_VAR unset: on")
+                && osb.text.contains("OPEN_SANDBOX_API_KEY_FILE"),
+            "{}",
+            osb.text
+        );
+        assert!(
+            !shown.contains("sk-from-a-file") && !shown.contains("osb-in-the-env"),
+            "{shown}"
+        );
+        // Unset secrets say nothing.
+        assert!(!shown.contains("CREATEOS_GATEWAY_SECRET"), "{shown}");
+
+        // Covered by the deny-list: said, not warned.
+        let lines = secret_lines(&raw, Some(&(true, "extended".to_owned())));
+        assert!(
+            lines.iter().all(|l| l.level != DoctorLevel::Warn),
+            "{}",
+            text(&lines)
+        );
+        assert!(lines[0].level == DoctorLevel::Ok && lines[0].text.contains("custom component"));
+
+        // The fallback off: said, not warned (bare lfx's own reading is named).
+        let off = env(&[
+            ("OPEN_SANDBOX_API_KEY", "osb-in-the-env"),
+            ("LANGFLOW_FALLBACK_TO_ENV_VAR", "false"),
+        ]);
+        let lines = secret_lines(&off, None);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].level, DoctorLevel::Info);
+        assert!(
+            lines[0].text.contains("LANGFLOW_FALLBACK_TO_ENV_VAR=false")
+                && lines[0].text.contains("lfx serve")
+        );
+
+        // Both ways is a problem naming both.
+        let both = env(&[
+            ("CREATEOS_GATEWAY_SECRET", "gw-secret-in-env"),
+            ("CREATEOS_GATEWAY_SECRET_FILE", path.as_str()),
+        ]);
+        let lines = secret_lines(&both, None);
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].is_problem());
+        assert!(
+            lines[0]
+                .text
+                .contains("CREATEOS_GATEWAY_SECRET and CREATEOS_GATEWAY_SECRET_FILE are both set")
+        );
+        std::fs::remove_file(&file).unwrap();
+
+        // Langflow told to copy a withheld variable into its users' global variables.
+        for listed in [
+            "OPENAI_API_KEY,CREATEOS_SANDBOX_API_KEY",
+            r#"["OPENAI_API_KEY", "CREATEOS_SANDBOX_API_KEY"]"#,
+        ] {
+            let copied = env(&[
+                ("CREATEOS_SANDBOX_API_KEY", "sk-in-the-env"),
+                ("LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT", listed),
+            ]);
+            let lines = secret_lines(&copied, Some(&(true, "extended".to_owned())));
+            let refused: Vec<&DoctorLine> = lines.iter().filter(|l| l.is_problem()).collect();
+            assert_eq!(refused.len(), 1, "{}", text(&lines));
+            assert!(
+                refused[0].text.contains("lists CREATEOS_SANDBOX_API_KEY"),
+                "{}",
+                refused[0].text
+            );
+            let off = env(&[
+                ("CREATEOS_SANDBOX_API_KEY", "sk-in-the-env"),
+                ("LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT", listed),
+                ("LANGFLOW_STORE_ENVIRONMENT_VARIABLES", "false"),
+            ]);
+            assert!(secret_lines(&off, None).iter().all(|l| !l.is_problem()));
+        }
     }
 }

@@ -45,10 +45,13 @@ pub async fn shutdown_all() {
 }
 
 /// What the OpenSandbox backend declares to lfx: `hardware-virtualized` only when
-/// `OPEN_SANDBOX_ATTEST_ISOLATION` says so. Reads the environment; no I/O, no thread.
+/// `OPEN_SANDBOX_ATTEST_ISOLATION` says so. Reads the environment (and a secret's `_FILE`); no
+/// network I/O, no thread.
 #[pyfunction]
 pub fn opensandbox_capabilities() -> NativeCapabilities {
-    NativeCapabilities::from(opensandbox::capabilities_with(|k| std::env::var(k).ok()))
+    NativeCapabilities::from(opensandbox::capabilities_with(
+        sandbox_core::vars::process_env,
+    ))
 }
 
 /// Deletes this deployment's OpenSandbox sandboxes (metadata `created-by`, the

@@ -50,7 +50,8 @@ impl From<langflow_backend::Capabilities> for NativeCapabilities {
     }
 }
 
-/// Returns the backend's capabilities. No I/O, no thread.
+/// Returns the backend's capabilities (a secret given as a file is read from it). No network
+/// I/O, no thread.
 #[pyfunction]
 pub fn capabilities() -> NativeCapabilities {
     NativeCapabilities::from(langflow_backend::capabilities())

@@ -267,6 +267,7 @@ fn valid_token(s: &str, extra: &[char]) -> bool {
 impl Settings {
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
+        crate::vars::check_secret_files(lookup)?;
         let (api_key, api_key_source) = match createos_api::api_key_from(lookup) {
             Some((k, from)) => (Some(k.expose_secret().trim().to_owned()), Some(from)),
             None => (None, None),
@@ -355,7 +356,7 @@ impl Settings {
 
     /// Reads the settings from the process environment.
     pub fn from_env() -> Result<Self, SandboxError> {
-        Self::from_lookup(&|k| std::env::var(k).ok())
+        Self::from_lookup(&crate::vars::process_env)
     }
 
     /// The key, or the refusal that applies when there is none.

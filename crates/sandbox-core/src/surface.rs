@@ -62,7 +62,8 @@ pub type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// secret.
 #[derive(Clone)]
 pub struct SurfaceOptions {
-    /// Where settings are read from (default: the process environment, at each run).
+    /// Where settings are read from (default: the process environment, at each run, with
+    /// secrets given as files read from them: [`crate::vars::process_env`]).
     pub env: EnvLookup,
     /// Timeout of each control call (ignored when `session` is given).
     pub request_timeout: Duration,
@@ -121,7 +122,7 @@ impl Default for SurfaceOptions {
     fn default() -> Self {
         let clocks = ExecLimits::for_seconds(1);
         Self {
-            env: Arc::new(|k| std::env::var(k).ok()),
+            env: Arc::new(crate::vars::process_env),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             backoff: Backoff::default(),
             kill_after: clocks.kill_after,

@@ -16,11 +16,13 @@ SURFACES = ("backend", "component", "executor", "opensandbox", "opensandbox-exec
 def _doctor(surfaces: list[str], as_json: bool) -> int:
     """Check every enabled surface (or those asked for); the exit code is the verdict's."""
     print("doctor: loading lfx's settings (this imports lfx: a few seconds)", file=sys.stderr, flush=True)
-    from . import _native, lfx_settings, metrics, reach
+    from . import _native, env_fallback, lfx_settings, metrics, reach
 
     settings, problems = lfx_settings.load()
     try:
-        code, report, as_data = _native.doctor(settings, problems, surfaces, reach.findings(), metrics.findings())
+        code, report, as_data = _native.doctor(
+            settings, problems, surfaces, reach.findings(), metrics.findings(), env_fallback.status()
+        )
     except RuntimeError as exc:  # SandboxFailedError: an internal failure, not a finding
         print(f"doctor failed: {exc}", file=sys.stderr)
         return 1

@@ -153,7 +153,7 @@ class NativeBackend:
         """Drop state inherited from a parent process."""
 
 def capabilities() -> NativeCapabilities:
-    """The backend's capabilities. No I/O."""
+    """The backend's capabilities (a secret given as a file is read from it). No network I/O."""
 
 @final
 class NativeOpenSandboxBackend:
@@ -176,7 +176,8 @@ class NativeOpenSandboxBackend:
         """Drop state inherited from a parent process."""
 
 def opensandbox_capabilities() -> NativeCapabilities:
-    """The OpenSandbox backend's capabilities under the environment. No I/O."""
+    """The OpenSandbox backend's capabilities under the environment (a secret given as a file is
+    read from it). No network I/O."""
 
 def opensandbox_reap(older_than_seconds: float = 1800.0, dry_run: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` list) this deployment's OpenSandbox sandboxes older than
@@ -207,6 +208,7 @@ def doctor(
     surfaces: list[str],
     paths: list[tuple[str, str]],
     exports: list[tuple[str, str]],
+    env_guard: tuple[bool, str] | None = None,
 ) -> tuple[int, str, str]:
     """Check the deployment without creating a guest: ``(exit_code, report, report_as_json)``.
 
@@ -214,7 +216,10 @@ def doctor(
     service, and ``lfx_problems`` then says why as ``(setting, message)`` pairs. ``surfaces``
     names the surfaces to check (``backend``, ``component``, ``executor``, ``opensandbox``; empty: the enabled
     ones). ``paths`` and ``exports`` are ``(level, text)`` findings (which Langflow paths reach
-    the executor; metrics and usage records). Progress goes to stderr; every wait is bounded
+    the executor; metrics and usage records). ``env_guard`` is ``env_fallback.status()``:
+    whether lfx's env-var deny-list covers this package's names in this process, and how; each
+    secret setting's source (its variable or its ``_FILE``) is reported, and one in the
+    environment warns unless that deny-list covers it. Progress goes to stderr; every wait is bounded
     and the GIL is released. Raises ``ValueError`` for an unknown surface and
     ``SandboxFailedError`` for an internal failure only.
     """

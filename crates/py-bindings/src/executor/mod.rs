@@ -258,7 +258,7 @@ pub fn template_build(py: Python<'_>, name: String, dockerfile: String) -> PyRes
     // Taken here, with the GIL held (see `process`'s fork rule).
     let session = session::session();
     let result = match crate::wait::drive(py, rt, move || async move {
-        let env: langflow_executor::EnvLookup = Arc::new(|k| std::env::var(k).ok());
+        let env: langflow_executor::EnvLookup = Arc::new(sandbox_core::vars::process_env);
         langflow_executor::template::build(&env, &session, &name, &dockerfile, |line| {
             // The build log goes to the terminal as it arrives (no Python object involved).
             let mut err = std::io::stderr().lock();

@@ -291,7 +291,7 @@ impl OpenSandboxSettings {
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SandboxError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(crate::vars::process_env)
     }
 
     /// The isolation lfx's dispatcher is told: `hardware-virtualized` only when attested,
@@ -319,8 +319,12 @@ impl OpenSandboxSettings {
     }
 
     /// Builds the HTTP client; a missing key or an unusable domain is a refusal naming the
-    /// variable (the client's own message never carries the key).
+    /// variable (the client's own message never carries the key), as is a secret set both as
+    /// its variable and its `_FILE`, or a `_FILE` that cannot be used
+    /// ([`crate::vars::check_secret_files`]: here, not when the settings are read, so that the
+    /// capabilities lfx asks for stay what the settings say and the run names the problem).
     pub fn client(&self) -> Result<opensandbox_api::Client, SandboxError> {
+        crate::vars::check_secret_files(&*self.lookup)?;
         if self.api_key.is_none() {
             return Err(SandboxError::refused(format!(
                 "{ENV_API_KEY} is not set; set it to the server's [server] api_key"
