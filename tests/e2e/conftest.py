@@ -295,7 +295,7 @@ def run_doctor(
 def make_template(fake: Fake, name: str) -> str:
     """A ready template ``name`` on ``fake``, with a Dockerfile like the one `template build`
     writes; its id. The fake builds it in a moment (bounded wait)."""
-    dockerfile = "FROM nodeops/sandbox:debian\nRUN python3 -m pip install 'lfx==1.13.0'\nRUN python3 -c 'import lfx'\n"
+    dockerfile = "FROM nodeops/sandbox:debian\nRUN python3 -m pip install 'lfx==1.13.0'\nRUN python3 -c 'from lfx.graph import Graph'\n"
     created = http_json("POST", f"{fake.url}/v1/templates", {"name": name, "dockerfile": dockerfile}, api_key=fake.key)
     deadline = time.monotonic() + 15
     while http_json("GET", f"{fake.url}/v1/templates/{name}", api_key=fake.key)["data"]["status"] != "ready":
