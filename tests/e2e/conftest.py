@@ -277,6 +277,43 @@ def run_python(script: str, env: dict[str, str], *, timeout: float = 120) -> sub
     )
 
 
+_BACKEND_RUNS = """
+import json, sys
+from importlib import import_module
+backend = import_module(sys.argv[1]).create_backend()
+seen = []
+for code, env in json.loads(sys.argv[2]):
+    try:
+        backend.run(code, env=env)
+        seen.append("ran")
+    except Exception as exc:
+        seen.append(f"{type(exc).__name__}: {exc}")
+print("RESULT " + json.dumps(seen))
+"""
+
+
+def backend_runs(
+    env: dict[str, str],
+    cases: list[tuple[str, dict[str, str] | None]],
+    *,
+    module: str = "langflow_sandbox_createos.backend",
+) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """Each ``(code, env)`` case through one backend (``module``'s ``create_backend``) in a fresh
+    interpreter: ``"ran"``, or ``"<ExceptionType>: <message>"`` for each, and the process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BACKEND_RUNS, module, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=E2E,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stderr[-3000:])
+    return json.loads(lines[-1].removeprefix("RESULT ")), proc
+
+
 def run_doctor(
     env: dict[str, str], *, timeout: float = 120, python: str = sys.executable, args: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, FLOW, OS_KEY, Fake, OsFake, backend_env, lfx_run, run_python, venv_bin
+from conftest import E2E, FLOW, OS_KEY, Fake, OsFake, backend_env, backend_runs, lfx_run, run_python, venv_bin
 
 
 @pytest.fixture
@@ -228,21 +228,6 @@ def test_sigterm_to_lfx_run_deletes_the_running_sandbox(osfake: OsFake) -> None:
 
 
 
-WITHHELD_RUNS = """
-import json
-from langflow_sandbox_createos.opensandbox import create_backend
-backend = create_backend()
-seen = []
-for code, env in json.loads(CASES):
-    try:
-        backend.run(code, env=env)
-        seen.append("ran")
-    except Exception as exc:
-        seen.append(f"{type(exc).__name__}: {exc}")
-print("RESULT " + json.dumps(seen))
-"""
-
-
 def test_code_or_env_holding_a_plugin_secret_is_refused_before_any_sandbox(osfake: OsFake) -> None:
     """Issue 45 item 4: the OpenSandbox backend makes the same withheld check as CreateOS's:
     either API key, the gateway secret or a store password, in the code or in an env value (or
@@ -269,10 +254,7 @@ def test_code_or_env_holding_a_plugin_secret_is_refused_before_any_sandbox(osfak
         cases.append(("print('hi')", {"TOKEN": f"Bearer {value}"}))
     cases.append(("print('hi')", {"OPEN_SANDBOX_DOMAIN": "x"}))
     cases.append(("print('the flow mentions langflow and its own key sk-own-0000')", {"OPENAI_API_KEY": "sk-own-0000"}))
-    proc = run_python(WITHHELD_RUNS.replace("CASES", repr(json.dumps(cases))), env, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    seen, proc = backend_runs(env, cases, module="langflow_sandbox_createos.opensandbox")
     for i, setting in enumerate(secrets):
         in_code, in_env = seen[2 * i], seen[2 * i + 1]
         assert in_code.startswith(("SandboxRefusedError: ", "CreateOSUnavailableError: ")), (setting, in_code)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import json
 
-from conftest import OS_KEY, Fake, OsFake, backend_env, lfx_run, run_doctor, run_python, start_fake
-from test_withheld import BACKEND_RUNS, SECRET_FLOW, arun_each, executor_env
+from conftest import OS_KEY, Fake, OsFake, backend_env, backend_runs, lfx_run, run_doctor, run_python, start_fake
+from test_withheld import SECRET_FLOW, arun_each, executor_env
 
 OPEN_SANDBOX_KEY = "e2e-files-opensandbox-key-5be1"
 GATEWAY_SECRET = "e2e-files-gateway-secret-0123456789abcdef"
@@ -95,11 +95,8 @@ def test_the_backend_refuses_code_or_env_carrying_a_secret_read_from_a_file(clea
         ("print('hi')", {"TOKEN": f"Bearer {GATEWAY_SECRET}"}),
         ("print('hi')", None),
     ]
-    proc = run_python(BACKEND_RUNS.replace("CASES", repr(json.dumps(cases))), env, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    seen = json.loads(lines[-1].removeprefix("RESULT "))
-    assert seen[0].startswith("CreateOSUnavailableError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
+    seen, proc = backend_runs(env, cases)
+    assert seen[0].startswith("SandboxRefusedError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
     assert "`TOKEN`" in seen[1] and "CREATEOS_GATEWAY_SECRET" in seen[1], seen
     assert seen[2] == "ran", seen
     for value in (clean_fake.key, GATEWAY_SECRET):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, Fake, backend_env, run_python, start_fake, venv_bin
+from conftest import E2E, Fake, backend_env, backend_runs, start_fake, venv_bin
 
 SECRET_FLOW = E2E / "flows" / "secret_flow.json"
 COMPONENT_FLOW = E2E / "flows" / "component_flow.json"
@@ -168,21 +168,6 @@ def test_the_component_refuses_code_carrying_the_key(clean_fake: Fake) -> None:
     assert clean_fake.stats()["created"] == 0
 
 
-BACKEND_RUNS = """
-import json
-from langflow_sandbox_createos.backend import create_backend
-backend = create_backend()
-seen = []
-for code, env in json.loads(CASES):
-    try:
-        backend.run(code, env=env)
-        seen.append("ran")
-    except Exception as exc:
-        seen.append(f"{type(exc).__name__}: {exc}")
-print("RESULT " + json.dumps(seen))
-"""
-
-
 def test_the_backend_refuses_code_or_env_carrying_a_plugin_secret(clean_fake: Fake) -> None:
     env = backend_env(clean_fake, CREATEOS_GATEWAY_SECRET=GATEWAY_SECRET)
     cases = [
@@ -191,10 +176,7 @@ def test_the_backend_refuses_code_or_env_carrying_a_plugin_secret(clean_fake: Fa
         ("print('hi')", {"TOKEN": f"Bearer {GATEWAY_SECRET}"}),
         ("print('hi')", {"OPENAI_API_KEY": "sk-the-flows-own-0000"}),
     ]
-    proc = run_python(BACKEND_RUNS.replace("CASES", repr(json.dumps(cases))), env, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    seen, proc = backend_runs(env, cases)
     assert seen[0].startswith("SandboxRefusedError: the code to run holds the value of CREATEOS_SANDBOX_API_KEY"), seen
     assert "`CREATEOS_GATEWAY_SECRET`" in seen[1] and "configures the sandbox itself" in seen[1], seen
     assert "`TOKEN`" in seen[2] and "CREATEOS_GATEWAY_SECRET" in seen[2], seen
@@ -228,10 +210,7 @@ def test_a_word_like_store_password_refuses_no_chat_flow_and_answers_no_word_lis
         ("langflow", None),
         ("print('hi')", {"DSN": COMPOSE_URL}),
     ]
-    proc = run_python(BACKEND_RUNS.replace("CASES", repr(json.dumps(cases))), backend, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    seen = json.loads(lines[-1].removeprefix("RESULT "))
+    seen, _ = backend_runs(backend, cases)
     assert seen[0] == "ran", seen
     assert "the password in LANGFLOW_DATABASE_URL" in seen[1], seen
     assert "`DSN`" in seen[2] and "LANGFLOW_DATABASE_URL" in seen[2], seen
