@@ -16,11 +16,12 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import E2E, REPO, run_python
+from conftest import E2E, REPO, http_json, lfx_serve, run_python
 
 SECRETS = {
     "CREATEOS_SANDBOX_API_KEY": "e2e-inproc-createos-key-7f3a9c",
@@ -111,6 +112,68 @@ def test_an_in_process_text_input_gets_no_plugin_secret_from_the_environment(cus
         assert seen[name] == denied, (name, seen[name])
     for value in SECRETS.values():
         assert value not in output, f"{value} leaked: {output[-3000:]}"
+
+
+def text_input_flow(name: str) -> dict[str, Any]:
+    """Text Input (its text loading the global variable ``name``) -> Chat Output, as a dump."""
+    from lfx.components.input_output import ChatOutput, TextInputComponent
+    from lfx.graph import Graph
+
+    text_in = TextInputComponent(_id="text_in")
+    text_in.set(input_value=name)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=text_in.text_response)
+    dump = json.loads(json.dumps(Graph(text_in, chat_out).dump(name=name)))
+    for node in dump["data"]["nodes"]:
+        if node["id"] == "text_in":
+            node["data"]["node"]["template"]["input_value"]["load_from_db"] = True
+    return dump
+
+
+SERVE_KEY = "e2e-inproc-serve-key"
+
+
+def post_run(url: str) -> tuple[int, str]:
+    """``POST url`` with an empty input; the status and the body as text (an error included)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=b'{"input_value": ""}', method="POST")
+    request.add_header("x-api-key", SERVE_KEY)
+    request.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_lfx_serve_answers_a_text_input_naming_the_key_without_it(tmp_path: Path) -> None:
+    """``lfx serve`` (no variable store: every unknown name falls back to the environment), with
+    nothing of this package selected: lfx imports it for its executor entry points."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    names = ["CREATEOS_SANDBOX_API_KEY", "OPEN_SANDBOX_API_KEY", PLAIN[0]]
+    for name in names:
+        (flows / f"{name.lower()}.json").write_text(json.dumps(text_input_flow(name)))
+    env = clean_env(**SECRETS, **dict([PLAIN]), LANGFLOW_API_KEY=SERVE_KEY)
+    log = tmp_path / "serve.log"
+    with lfx_serve(flows, env, log) as base:
+        listed = http_json("GET", f"{base}/flows", api_key=SERVE_KEY)
+        replies = {}
+        for flow in listed:
+            name = next(n for n in names if n.lower() in json.dumps(flow).lower())
+            replies[name] = post_run(f"{base}/flows/{flow['id']}/run")
+    assert set(replies) == set(names), listed
+    # The fallback is live: a name on no list answers with its value.
+    assert replies[PLAIN[0]][0] == 200 and PLAIN[1] in replies[PLAIN[0]][1], replies[PLAIN[0]]
+    # Ours: what lfx serve answers for a name on lfx's own list (the Text Input fails to build).
+    for name in names[:2]:
+        status, body = replies[name]
+        assert status >= 400 and "Text Input" in body, (name, status, body[-2000:])
+        assert SECRETS[name] not in body, (name, body[-2000:])
+    for value in SECRETS.values():
+        assert value not in log.read_text(errors="replace")
 
 
 # Each entry point lfx loads (the executors always, the backends when trusted), in a fresh

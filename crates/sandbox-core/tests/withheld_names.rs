@@ -12,6 +12,18 @@ const FAMILIES: &[&str] = &["CREATEOS_", "LANGFLOW_", "OPEN_SANDBOX_"];
 /// variables the plugin itself sets in a guest (which are withheld by prefix anyway).
 const NOT_SETTINGS: &[&str] = &["LANGFLOW_SANDBOX"];
 
+/// Langflow's own settings that `doctor` and the package's docstrings name to say where a flow
+/// could read the process environment in-process (the env-var fallback, custom components,
+/// Langflow's copy of environment variables into users' variables). Not this plugin's and not
+/// secrets; a flow asking for one gets nothing anyway, in-process and through the executor's
+/// host-side resolution alike, since lfx's own deny-list refuses every `LANGFLOW_*` name.
+const LANGFLOWS_OWN: &[&str] = &[
+    "LANGFLOW_ALLOW_CUSTOM_COMPONENTS",
+    "LANGFLOW_FALLBACK_TO_ENV_VAR",
+    "LANGFLOW_STORE_ENVIRONMENT_VARIABLES",
+    "LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT",
+];
+
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -74,7 +86,7 @@ fn every_setting_the_sources_read_is_withheld() {
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         for name in names(&text) {
-            if !NOT_SETTINGS.contains(&name.as_str()) {
+            if !NOT_SETTINGS.contains(&name.as_str()) && !LANGFLOWS_OWN.contains(&name.as_str()) {
                 seen.insert(name);
             }
         }

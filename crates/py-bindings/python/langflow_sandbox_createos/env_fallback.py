@@ -17,7 +17,9 @@ import (``__init__``), so it holds in every process that imports the package: lf
 executor service from every ``lfx.executors`` entry point, Langflow loads the component bundle at
 start-up, and lfx imports the sandbox backend it is told to trust. Idempotent and thread-safe.
 
-It patches lfx internals, so it is fingerprinted: the two functions must take one parameter
+The module is byte-identical in lfx 1.12.0, 1.12.8 and 1.13.0 (read from their wheels); what
+holds it to a shape is not a version list but a fingerprint. It patches lfx internals, so it is
+fingerprinted: the two functions must take one parameter
 ``name``, ``safe_getenv`` must call ``is_protected_env_var``, which must read both globals, a
 tuple and a frozenset of upper-case strings; and after the change every withheld name must read
 as protected. Anything else installs nothing (what was changed is put back) and logs one
