@@ -236,20 +236,23 @@ pub fn check_secret_files(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(),
     Ok(())
 }
 
+/// A lookup over fixed `(name, value)` pairs: the tests' stand-in for a process environment.
+#[cfg(test)]
+pub(crate) fn fixed_lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let m: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |k| m.get(k).cloned()
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::io::Write as _;
 
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
+    use crate::vars::fixed_lookup as env;
 
     fn secret_file(contents: &[u8]) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().unwrap();

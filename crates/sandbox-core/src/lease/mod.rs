@@ -1395,13 +1395,7 @@ pub async fn doctor_lines(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
+    use crate::vars::fixed_lookup as env;
 
     #[test]
     fn unset_is_per_process() {
