@@ -292,6 +292,25 @@ print("RESULT " + json.dumps(seen))
 """
 
 
+def script_result(
+    script: str, args: list[str], env: dict[str, str], *, timeout: float = 240
+) -> tuple[Any, subprocess.CompletedProcess[str]]:
+    """Run ``script`` with ``args`` in a fresh interpreter of this venv (bounded): the JSON of the
+    last line it printed starting ``RESULT ``, and the process (a failure when there is none)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=E2E,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    return json.loads(lines[-1].removeprefix("RESULT ")), proc
+
+
 def backend_runs(
     env: dict[str, str],
     cases: list[tuple[str, dict[str, str] | None]],
@@ -300,18 +319,7 @@ def backend_runs(
 ) -> tuple[list[str], subprocess.CompletedProcess[str]]:
     """Each ``(code, env)`` case through one backend (``module``'s ``create_backend``) in a fresh
     interpreter: ``"ran"``, or ``"<ExceptionType>: <message>"`` for each, and the process."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _BACKEND_RUNS, module, json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-        cwd=E2E,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, (proc.returncode, proc.stderr[-3000:])
-    return json.loads(lines[-1].removeprefix("RESULT ")), proc
+    return script_result(_BACKEND_RUNS, [module, json.dumps(cases)], env, timeout=180)
 
 
 def run_doctor(

@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import E2E, REPO, http_json, lfx_serve, run_python
+from conftest import REPO, http_json, lfx_serve, run_python, script_result
 
 SECRETS = {
     "CREATEOS_SANDBOX_API_KEY": "e2e-inproc-createos-key-7f3a9c",
@@ -79,18 +77,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_in_process(env: dict[str, str], names: list[str]) -> tuple[dict[str, Any], str]:
-    proc = subprocess.run(
-        [sys.executable, "-c", IN_PROCESS, *names],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=E2E,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
-    return json.loads(lines[-1].removeprefix("RESULT ")), proc.stdout + proc.stderr
+    seen, proc = script_result(IN_PROCESS, names, env, timeout=300)
+    return seen, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("custom_components", [None, "false"], ids=["custom-components-default", "custom-components-off"])

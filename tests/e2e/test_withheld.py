@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, Fake, backend_env, backend_runs, start_fake, venv_bin
+from conftest import E2E, Fake, backend_env, backend_runs, script_result, start_fake, venv_bin
 
 SECRET_FLOW = E2E / "flows" / "secret_flow.json"
 COMPONENT_FLOW = E2E / "flows" / "component_flow.json"
@@ -78,18 +78,8 @@ asyncio.run(main())
 
 
 def arun_each(env: dict[str, str], flows: list[Path]) -> tuple[list[dict[str, Any]], str]:
-    proc = subprocess.run(
-        [venv_bin("python"), "-c", ARUN_EACH, *map(str, flows)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-        cwd=E2E,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
-    return json.loads(lines[-1].removeprefix("RESULT ")), proc.stdout + proc.stderr
+    seen, proc = script_result(ARUN_EACH, [str(f) for f in flows], env)
+    return seen, proc.stdout + proc.stderr
 
 
 def assert_nothing_secret(text: str, fake: Fake) -> None:
