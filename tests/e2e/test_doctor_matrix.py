@@ -223,7 +223,14 @@ CASES = [
         opensandbox_only(),
         0,
         ("opensandbox",),
-        shows=("accepted OPEN_SANDBOX_API_KEY", "hardware-virtualized", "kata-qemu", "not known without creating a sandbox"),
+        # Attested without OPEN_SANDBOX_HOST_KERNEL: a warning, not a problem.
+        shows=(
+            "accepted OPEN_SANDBOX_API_KEY",
+            "hardware-virtualized",
+            "kata-qemu",
+            "not known without creating a sandbox",
+            "OPEN_SANDBOX_HOST_KERNEL is unset",
+        ),
         hides=("CREATEOS_SANDBOX_API_KEY", OS_KEY),
         plain=True,
     ),
@@ -239,10 +246,17 @@ CASES = [
     Case("opensandbox key unset", opensandbox_only(OPEN_SANDBOX_API_KEY=None), 1, ("opensandbox",), named=("OPEN_SANDBOX_API_KEY",)),
     Case(
         "opensandbox bad values, each named",
-        opensandbox_only(OPEN_SANDBOX_IDLE_SECONDS="soon", OPEN_SANDBOX_CREATED_BY="-bad-"),
+        opensandbox_only(OPEN_SANDBOX_IDLE_SECONDS="soon", OPEN_SANDBOX_CREATED_BY="-bad-", OPEN_SANDBOX_CPU="abc"),
         1,
         ("opensandbox",),
-        named=("OPEN_SANDBOX_IDLE_SECONDS", "OPEN_SANDBOX_CREATED_BY"),
+        named=("OPEN_SANDBOX_IDLE_SECONDS", "OPEN_SANDBOX_CREATED_BY", "OPEN_SANDBOX_CPU"),
+    ),
+    Case(
+        "opensandbox host kernel named: no warning",
+        opensandbox_only(OPEN_SANDBOX_HOST_KERNEL="6.1.0-18-amd64"),
+        0,
+        ("opensandbox",),
+        hides=("OPEN_SANDBOX_HOST_KERNEL is unset",),
     ),
     Case(
         "opensandbox isolation not attested: lfx refuses container",

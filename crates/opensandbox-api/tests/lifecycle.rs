@@ -87,6 +87,41 @@ async fn create_is_never_repeated_even_on_5xx() {
 }
 
 #[tokio::test]
+async fn an_image_pull_failure_is_not_worth_repeating() {
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes");
+            then.status(500).json_body(json!({
+                "code": "DOCKER::SANDBOX_IMAGE_PULL_FAILED",
+                "message": "Failed to pull image img: 404 Client Error: Not Found",
+            }));
+        })
+        .await;
+    let err = client(&server)
+        .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(err.is_image_pull_failure(), "{err}");
+    assert!(!err.is_retryable(), "the same image fails the same way");
+    // Another 500 is still worth repeating.
+    let other = MockServer::start_async().await;
+    other
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes");
+            then.status(500)
+                .json_body(json!({"code": "DOCKER::SANDBOX_START_FAILED", "message": "no"}));
+        })
+        .await;
+    let err = client(&other)
+        .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+        .await
+        .unwrap_err();
+    assert!(!err.is_image_pull_failure() && err.is_retryable(), "{err}");
+}
+
+#[tokio::test]
 async fn a_create_with_registry_credentials_never_shows_the_password() {
     let server = MockServer::start_async().await;
     server

@@ -417,3 +417,31 @@ async fn a_dropped_sandbox_is_deleted_in_the_background() {
     assert_none_left(&fake).await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_backend_waits_open_sandbox_ready_seconds_and_names_it() {
+    // A pod that cannot pull its image stays Pending: the wait ends at the setting, the
+    // sandbox is deleted, and the message names OpenSandbox and the setting.
+    let fake = fake(kata_k8s()).await;
+    let p = provider(
+        &fake,
+        &[
+            ("OPEN_SANDBOX_READY_SECONDS", "1"),
+            ("OPEN_SANDBOX_IMAGE", "registry.invalid/missing:1"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let err = p.create(&spec(Egress::Unrestricted)).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(
+        err.message().contains("OPEN_SANDBOX_READY_SECONDS=1s"),
+        "{err}"
+    );
+    assert!(err.message().starts_with("OpenSandbox"), "{err}");
+    assert_none_left(&fake).await;
+}
