@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,6 +321,50 @@ def backend_runs(
     """Each ``(code, env)`` case through one backend (``module``'s ``create_backend``) in a fresh
     interpreter: ``"ran"``, or ``"<ExceptionType>: <message>"`` for each, and the process."""
     return script_result(_BACKEND_RUNS, [module, json.dumps(cases)], env, timeout=180)
+
+
+@dataclass
+class Signalled:
+    """How an ``lfx run`` sent a signal mid-run ended."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    #: Seconds from the signal to the process's exit.
+    took: float
+
+
+def signal_lfx_run(
+    env: dict[str, str], code: str, signum: int, started: Callable[[], bool], *, settle: float = 0.0
+) -> Signalled:
+    """``lfx run`` of the backend flow running ``code``, sent ``signum`` ``settle`` seconds after
+    ``started()`` holds (polled for at most 120 s while the process runs), then waited for (60 s). SIGINT is
+    left at its default in the child, as in a terminal (a shell starts background jobs with it
+    ignored)."""
+    proc = subprocess.Popen(
+        [venv_bin("lfx"), "run", str(FLOW), code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=E2E,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not started():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.1)
+        time.sleep(settle)
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=60)
+        return Signalled(proc.returncode, stdout, stderr, time.monotonic() - sent)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def run_doctor(

@@ -12,13 +12,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from typing import Any
 
 import pytest
 
-from conftest import E2E, FLOW, OS_KEY, Fake, OsFake, backend_env, backend_runs, lfx_run, run_python, venv_bin
+from conftest import OS_KEY, Fake, OsFake, backend_env, backend_runs, lfx_run, run_python, signal_lfx_run
 
 
 @pytest.fixture
@@ -199,30 +198,11 @@ def _program_started(osfake: OsFake) -> bool:
 
 def test_sigterm_to_lfx_run_deletes_the_running_sandbox(osfake: OsFake) -> None:
     env = os_env(osfake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
-    proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", str(FLOW), "import time\ntime.sleep(100)\nprint('late')"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=E2E,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _program_started(osfake):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, osfake.stats()
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+    run = signal_lfx_run(env, "import time\ntime.sleep(100)\nprint('late')", signal.SIGTERM, lambda: _program_started(osfake))
     # It dies of SIGTERM, as it would have without the backend, reports no result, and its
     # sandbox is gone (not left to the server-side timeout).
-    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
-    assert '"success"' not in stdout
+    assert run.returncode == -signal.SIGTERM, (run.returncode, run.stdout[-2000:], run.stderr[-3000:])
+    assert '"success"' not in run.stdout
     stats = osfake.wait_settled(timeout=5)
     assert stats["created"] == 1 and stats["deleted"] == 1, stats
 
@@ -274,31 +254,8 @@ def test_ctrl_c_of_lfx_run_deletes_the_sandbox_and_exits_at_once(osfake: OsFake)
     # the main thread sees Python's KeyboardInterrupt. The run must still be cancelled: its
     # sandbox deleted and the process gone well before the program's 90 s.
     env = os_env(osfake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
-    proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", str(FLOW), "import time\ntime.sleep(90)"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=E2E,
-        # A shell starts background jobs with SIGINT ignored; Ctrl-C in a terminal is not.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (osfake.stats()["live"] == 1 and osfake.stats()["commands"] >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, osfake.stats()
-            time.sleep(0.1)
-        time.sleep(0.5)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    assert proc.returncode != 0
-    assert took < 15, took
+    run = signal_lfx_run(env, "import time\ntime.sleep(90)", signal.SIGINT, lambda: _program_started(osfake), settle=0.5)
+    assert run.returncode != 0
+    assert run.took < 15, run.took
     stats = osfake.wait_settled(timeout=5)
     assert stats["created"] == 1 and stats["live"] == 0, stats

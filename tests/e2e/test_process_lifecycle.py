@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import E2E, FAKE_KEY, FLOW, Fake, backend_env, venv_bin
+from conftest import E2E, FAKE_KEY, Fake, backend_env, signal_lfx_run
 
 # The parent runs once, waits until its guest is gone, then installs `argv[1]` as the fake's
 # faults and forks. The child's run must fail; the child then ends with os._exit at once,
@@ -90,25 +89,10 @@ def _exec_started(stats: dict) -> bool:
 
 def test_sigterm_to_lfx_run_destroys_the_guest(clean_fake: Fake) -> None:
     env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
-    proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", str(FLOW), SLEEPING_CODE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=E2E,
-    )
-    try:
-        clean_fake.wait_for(_exec_started, timeout=120)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+    run = signal_lfx_run(env, SLEEPING_CODE, signal.SIGTERM, lambda: _exec_started(clean_fake.stats()))
     # It dies of SIGTERM, as it would have without the backend, and reports no result.
-    assert proc.returncode == -signal.SIGTERM, (proc.returncode, stdout[-2000:], stderr[-3000:])
-    assert '"success"' not in stdout
+    assert run.returncode == -signal.SIGTERM, (run.returncode, run.stdout[-2000:], run.stderr[-3000:])
+    assert '"success"' not in run.stdout
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=15)
     assert stats["created"] == 1
 
@@ -117,28 +101,9 @@ def test_ctrl_c_of_lfx_run_destroys_the_guest_and_exits_at_once(clean_fake: Fake
     # lfx runs the sandbox call on a worker thread, which Python's KeyboardInterrupt never
     # reaches: the run must still be cancelled, not waited for (120 s here).
     env = backend_env(clean_fake, LANGFLOW_SANDBOX_TIMEOUT_SECONDS="120")
-    proc = subprocess.Popen(
-        [venv_bin("lfx"), "run", str(FLOW), SLEEPING_CODE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=E2E,
-        # A shell starts background jobs with SIGINT ignored; Ctrl-C in a terminal is not.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        clean_fake.wait_for(_exec_started, timeout=120)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    assert proc.returncode != 0 and '"success": true' not in stdout, (proc.returncode, stderr[-3000:])
-    assert took < 15, took
+    run = signal_lfx_run(env, SLEEPING_CODE, signal.SIGINT, lambda: _exec_started(clean_fake.stats()))
+    assert run.returncode != 0 and '"success": true' not in run.stdout, (run.returncode, run.stderr[-3000:])
+    assert run.took < 15, run.took
     stats = clean_fake.wait_for(lambda s: s["live"] == 0, timeout=5)
     assert stats["created"] == 1
 

@@ -42,14 +42,7 @@ __all__ = [
     "create_backend",
 ]
 
-_EXCEPTIONS = (
-    "CreateOSError",
-    "CreateOSExecutionError",
-    "CreateOSUnavailableError",
-    "SandboxError",
-    "SandboxFailedError",
-    "SandboxRefusedError",
-)
+_EXCEPTIONS = tuple(name for name in __all__ if name.endswith("Error"))
 
 
 def __getattr__(name: str) -> Any:
