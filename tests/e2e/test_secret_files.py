@@ -115,7 +115,7 @@ def test_the_executor_withholds_a_key_read_from_a_file(tmp_path: Path) -> None:
         del env["CREATEOS_SANDBOX_API_KEY"], env["CREATEOS_API_KEY"]
         env["CREATEOS_SANDBOX_API_KEY_FILE"] = str(key)
         seen, _ = arun_each(env, [SECRET_FLOW])
-        assert seen[0].get("type") == "CreateOSUnavailableError", seen
+        assert seen[0].get("type") == "SandboxRefusedError", seen
         assert "the value the host resolved for the field `api_key` of vertex `secret`" in seen[0]["message"], seen
         assert "CREATEOS_SANDBOX_API_KEY" in seen[0]["message"], seen
         assert fake.wait_settled()["live"] == 0
