@@ -211,8 +211,22 @@ impl ClientBuilder {
 /// The certificates of a PEM text given to [`ClientBuilder::ca_certificates_pem`]: at least
 /// one, each parsed.
 fn ca_certificates(pem: &[u8]) -> Result<Vec<reqwest::Certificate>> {
-    let certs = reqwest::Certificate::from_pem_bundle(pem)
-        .map_err(|e| Error::Config(format!("the CA certificates are not PEM: {e}")))?;
+    use rustls::pki_types::pem::PemObject as _;
+    let mut certs = Vec::new();
+    // Each one must make a trust anchor: a PEM block of garbage is refused here, by name,
+    // rather than as a bare "builder error" of the HTTP client.
+    let mut check = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+        let cert =
+            cert.map_err(|e| Error::Config(format!("the CA certificates are not PEM: {e}")))?;
+        check
+            .add(cert.clone())
+            .map_err(|e| Error::Config(format!("a CA certificate is unusable as a root: {e}")))?;
+        certs.push(
+            reqwest::Certificate::from_der(&cert)
+                .map_err(|e| Error::Config(format!("a CA certificate is unusable: {e}")))?,
+        );
+    }
     if certs.is_empty() {
         return Err(Error::Config(
             "the CA certificates hold no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),

@@ -162,6 +162,7 @@ fn ca_text_without_a_certificate_is_a_config_error() {
         "",
         "not a certificate",
         "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
     ] {
         let err = client("https://localhost:1", Some(bad)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{bad:?}: {err}");

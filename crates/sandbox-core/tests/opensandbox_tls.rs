@@ -182,6 +182,26 @@ fn a_ca_file_that_cannot_be_used_is_refused_naming_the_setting() {
 }
 
 #[test]
+fn a_pem_block_that_is_not_a_certificate_is_refused_naming_the_setting() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        f.path(),
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let path = f.path().display().to_string();
+    let refusal = settings(&[(ENV_CA_FILE, &path)]).unwrap_err();
+    eprintln!("refused as: {refusal}");
+    assert_eq!(refusal.kind(), ErrorKind::Refused);
+    assert!(
+        refusal
+            .message()
+            .starts_with(&format!("{ENV_CA_FILE}={path}: a certificate is unusable")),
+        "{refusal}"
+    );
+}
+
+#[test]
 fn plain_http_to_another_host_needs_the_opt_in() {
     let domain = "sandbox-server.internal:8080";
     let s = settings(&[(ENV_DOMAIN, domain)]).unwrap();

@@ -188,9 +188,29 @@ pub const TLS_FAILURE_HINT: &str = "the server's TLS certificate was not accepte
 /// read, is larger than 4 MiB or holds no PEM certificate is a refusal naming the setting.
 fn read_ca_file(raw: &str) -> Result<(PathBuf, Arc<[u8]>), SandboxError> {
     let path = Path::new(raw.trim());
-    match crate::lease::tls::read_roots(path, ENV_CA_FILE) {
-        Ok(crate::lease::tls::Roots::File { path, pem }) => Ok((path, pem.into())),
-        Ok(crate::lease::tls::Roots::System) => unreachable!("a file was read"),
+    let read = crate::lease::tls::read_roots(path, ENV_CA_FILE).and_then(|roots| match roots {
+        crate::lease::tls::Roots::File { path, pem } => Ok((path, pem)),
+        // read_roots reads a file or fails; never the system's roots.
+        crate::lease::tls::Roots::System => Err(format!("{ENV_CA_FILE}: no file was read")),
+    });
+    // Each certificate must also make a trust anchor (a PEM block of garbage reads as PEM).
+    let read = read.and_then(|(path, pem)| {
+        use rustls::pki_types::pem::PemObject as _;
+        let mut store = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            let cert =
+                cert.map_err(|e| format!("{ENV_CA_FILE}={}: not PEM ({e})", path.display()))?;
+            store.add(cert).map_err(|e| {
+                format!(
+                    "{ENV_CA_FILE}={}: a certificate is unusable ({e})",
+                    path.display()
+                )
+            })?;
+        }
+        Ok((path, pem))
+    });
+    match read {
+        Ok((path, pem)) => Ok((path, pem.into())),
         Err(e) => Err(SandboxError::refused(format!(
             "{}; set {ENV_CA_FILE} to a PEM file of the CA certificate(s) that signed the \
              server's certificate (-----BEGIN CERTIFICATE-----), or unset it to trust the \
@@ -383,10 +403,10 @@ impl OpenSandboxSettings {
             .unwrap_or(opensandbox_api::DEFAULT_DOMAIN)
     }
 
-    /// Builds the HTTP client; a missing key or an unusable domain is a refusal naming the
-    /// variable (plain `http://` to a host that is not loopback names [`ENV_CA_FILE`]'s route
-    /// and [`ENV_ALLOW_PLAIN_HTTP`]); the CA file's certificates are trusted besides the
-    /// system's roots (the client's own message never carries the key), as is a secret set both as
+    /// Builds the HTTP client, trusting the CA file's certificates besides the system's roots.
+    /// A missing key or an unusable domain is a refusal naming the variable (the client's own
+    /// message never carries the key; plain `http://` to a host that is not loopback names
+    /// [`ENV_CA_FILE`]'s route and [`ENV_ALLOW_PLAIN_HTTP`]), as is a secret set both as
     /// its variable and its `_FILE`, or a `_FILE` that cannot be used
     /// ([`crate::vars::check_secret_files`]: here, not when the settings are read, so that the
     /// capabilities lfx asks for stay what the settings say and the run names the problem).
@@ -427,9 +447,14 @@ impl OpenSandboxSettings {
         if let Some(pem) = &self.ca_pem {
             builder = builder.ca_certificates_pem(pem.to_vec());
         }
+        let from = if self.ca_pem.is_some() {
+            format!("{ENV_DOMAIN}/{ENV_API_KEY}/{ENV_CA_FILE}")
+        } else {
+            format!("{ENV_DOMAIN}/{ENV_API_KEY}")
+        };
         builder.build().map_err(|e| {
             SandboxError::refused(format!(
-                "the OpenSandbox client cannot be built from {ENV_DOMAIN}/{ENV_API_KEY}: {}",
+                "the OpenSandbox client cannot be built from {from}: {}",
                 outside_text::snippet(&e.to_string(), 400)
             ))
         })
