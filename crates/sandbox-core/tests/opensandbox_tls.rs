@@ -201,6 +201,75 @@ fn a_pem_block_that_is_not_a_certificate_is_refused_naming_the_setting() {
     );
 }
 
+/// This machine's address on its default route, when it has one that is not loopback (nothing
+/// is sent: a UDP socket's connect only picks the source address).
+fn own_address() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// A plain TCP forwarder on `ip` to `upstream`: its port.
+async fn forwarder(ip: std::net::IpAddr, upstream: String) -> u16 {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_opt_in_a_run_over_plain_http_to_another_address_goes_ahead() {
+    let Some(ip) = own_address() else {
+        eprintln!("no address but loopback on this machine: skipped");
+        return;
+    };
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        config: Config {
+            ping_ms: 200,
+            pending_ms: 200,
+            ..Config::default()
+        },
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let port = forwarder(ip, fake.addr().to_string()).await;
+    let domain = std::net::SocketAddr::new(ip, port).to_string();
+    // Without the opt-in: refused before anything is sent.
+    let e = OpenSandboxProvider::new(settings(&[(ENV_DOMAIN, &domain)]).unwrap()).unwrap_err();
+    assert!(e.message().contains(ENV_ALLOW_PLAIN_HTTP), "{e}");
+    assert_eq!(fake.stats().created, 0);
+    // With it: the run goes ahead, over plain http.
+    let s = settings(&[(ENV_DOMAIN, &domain), (ENV_ALLOW_PLAIN_HTTP, "true")]).unwrap();
+    assert!(s.plain_http_in_use());
+    let p = OpenSandboxProvider::new(s).unwrap();
+    assert!(p.client().base_url().starts_with("http://"));
+    let mut sb = p.create(&spec()).await.unwrap();
+    let out = sb
+        .run_python(
+            "print('in clear')\n",
+            &BTreeMap::new(),
+            Duration::from_secs(10),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "in clear\n");
+    sb.destroy().await;
+    fake.shutdown().await;
+}
+
 #[test]
 fn plain_http_to_another_host_needs_the_opt_in() {
     let domain = "sandbox-server.internal:8080";
