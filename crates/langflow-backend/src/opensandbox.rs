@@ -48,8 +48,9 @@ pub const ENTRY_POINT: &str = "opensandbox";
 /// How long `doctor` waits for the OpenSandbox server (one listing, retries included).
 pub const SERVER_CHECK: Duration = Duration::from_secs(5);
 
-/// `doctor`'s findings about the OpenSandbox settings that read (`settings`): the server and
-/// the key (present or not, never its value). No I/O.
+/// `doctor`'s findings about the OpenSandbox settings that read (`settings`): the server, the
+/// key (present or not, never its value), the CA file and the plain-HTTP opt-in
+/// ([`transport_lines`]). No I/O.
 pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
     use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
     let mut lines = Vec::new();
@@ -82,6 +83,68 @@ pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
             format!("{ENV_API_KEY} is not set; set it to the server's [server] api_key"),
         )
     });
+    lines.extend(transport_lines(settings));
+    lines
+}
+
+/// `doctor`'s findings about how the server is reached: the CA file in use (a file that does
+/// not read never gets here: the settings refuse it, naming `OPEN_SANDBOX_CA_FILE`), and
+/// `OPEN_SANDBOX_ALLOW_PLAIN_HTTP`, a warning whenever it lets the key and programs cross the
+/// network in clear. No I/O.
+pub fn transport_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
+    use sandbox_core::provider::opensandbox::settings::{
+        ENV_ALLOW_PLAIN_HTTP, ENV_CA_FILE, ENV_DOMAIN,
+    };
+    let mut lines = Vec::new();
+    let https = settings
+        .domain
+        .as_deref()
+        .is_some_and(|d| d.trim().to_ascii_lowercase().starts_with("https://"));
+    if let Some(path) = &settings.ca_file {
+        let shown = outside_text::snippet(&path.display().to_string(), 200);
+        lines.push(if https {
+            DoctorLine::about(
+                DoctorLevel::Ok,
+                ENV_CA_FILE,
+                format!(
+                    "{ENV_CA_FILE}={shown}: its CA certificates are trusted for the server, \
+                     besides the system's roots"
+                ),
+            )
+        } else {
+            DoctorLine::about(
+                DoctorLevel::Warn,
+                ENV_CA_FILE,
+                format!(
+                    "{ENV_CA_FILE}={shown} is set but {ENV_DOMAIN} is not an https:// URL, so \
+                     it is not used; set {ENV_DOMAIN}=https://<host>[:port] of the server's TLS \
+                     proxy"
+                ),
+            )
+        });
+    }
+    if settings.plain_http_in_use() {
+        lines.push(DoctorLine::about(
+            DoctorLevel::Warn,
+            ENV_ALLOW_PLAIN_HTTP,
+            format!(
+                "{ENV_ALLOW_PLAIN_HTTP}=true: the API key and every program cross the network \
+                 to {} in clear, readable and changeable by anyone on the path; put TLS in \
+                 front of the server (docs/opensandbox.md, \"A server on another host\") and \
+                 unset it",
+                outside_text::snippet(settings.domain.as_deref().unwrap_or_default(), 120)
+            ),
+        ));
+    } else if settings.allow_plain_http {
+        lines.push(DoctorLine::about(
+            DoctorLevel::Info,
+            ENV_ALLOW_PLAIN_HTTP,
+            format!(
+                "{ENV_ALLOW_PLAIN_HTTP}=true has no effect: the server is reached over https \
+                 or on this machine"
+            ),
+        ));
+    }
     lines
 }
 
@@ -153,7 +216,8 @@ pub fn host_kernel_line(settings: &OpenSandboxSettings) -> Option<DoctorLine> {
 
 /// `doctor`'s check of the server: one listing of this deployment's sandboxes (by
 /// `created-by`), bounded by [`SERVER_CHECK`]: reachable, the key accepted, and how many
-/// are live. A problem names `OPEN_SANDBOX_DOMAIN` or `OPEN_SANDBOX_API_KEY`.
+/// are live. A problem names `OPEN_SANDBOX_DOMAIN` or `OPEN_SANDBOX_API_KEY`, or
+/// `OPEN_SANDBOX_CA_FILE` when the server's certificate was not accepted.
 pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
     use opensandbox_api::{ErrorKind as ApiKind, SandboxFilter};
     use sandbox_core::provider::opensandbox::lifecycle::META_CREATED_BY;
@@ -173,6 +237,15 @@ pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
                  deployment (created-by={}) on the first page",
                 page.items.len(),
                 settings.created_by
+            ),
+        )],
+        Ok(Err(e)) if e.is_tls_failure() => vec![DoctorLine::about(
+            DoctorLevel::Refused,
+            sandbox_core::provider::opensandbox::settings::ENV_CA_FILE,
+            format!(
+                "server: {shown}: {} ({})",
+                sandbox_core::provider::opensandbox::settings::TLS_FAILURE_HINT,
+                outside_text::snippet(&e.to_string(), 200)
             ),
         )],
         Ok(Err(e)) if e.kind() == ApiKind::Auth => vec![DoctorLine::about(

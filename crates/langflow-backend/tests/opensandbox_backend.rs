@@ -69,6 +69,52 @@ fn doctor_warns_of_an_attestation_without_the_host_kernel() {
     assert!(host_kernel_line(&read(&[])).is_none());
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_names_the_ca_file_when_the_tls_handshake_fails_and_warns_of_plain_http() {
+    use langflow_backend::DoctorLevel;
+    use langflow_backend::opensandbox::{server_lines, transport_lines};
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    // A plain-http server on an https:// URL: the handshake fails, and doctor names the CA
+    // file and the domain (a private CA's proxy fails the same way, in opensandbox-api's and
+    // sandbox-core's TLS tests).
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let https = format!("https://localhost:{}", fake.addr().port());
+    let settings = OpenSandboxSettings::from_lookup(lookup(https, &[])).unwrap();
+    let lines = server_lines(&settings).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].level, DoctorLevel::Refused);
+    assert_eq!(lines[0].setting.as_deref(), Some("OPEN_SANDBOX_CA_FILE"));
+    assert!(
+        lines[0].text.contains("OPEN_SANDBOX_DOMAIN"),
+        "{}",
+        lines[0].text
+    );
+    fake.shutdown().await;
+
+    let plain = OpenSandboxSettings::from_lookup(lookup(
+        "http://10.20.30.40:8080".into(),
+        &[("OPEN_SANDBOX_ALLOW_PLAIN_HTTP", "true")],
+    ))
+    .unwrap();
+    let lines = transport_lines(&plain);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].level, DoctorLevel::Warn);
+    assert!(lines[0].text.contains("10.20.30.40"), "{}", lines[0].text);
+    // Without the opt-in the server check refuses, naming both ways out.
+    let refused =
+        OpenSandboxSettings::from_lookup(lookup("http://10.20.30.40:8080".into(), &[])).unwrap();
+    let lines = server_lines(&refused).await;
+    assert_eq!(lines[0].level, DoctorLevel::Refused);
+    for name in ["OPEN_SANDBOX_CA_FILE", "OPEN_SANDBOX_ALLOW_PLAIN_HTTP"] {
+        assert!(lines[0].text.contains(name), "{name}: {}", lines[0].text);
+    }
+}
+
 #[test]
 fn a_cpu_that_is_not_a_quantity_is_refused_naming_the_setting() {
     use sandbox_core::provider::opensandbox::OpenSandboxSettings;

@@ -41,6 +41,7 @@ pub struct ClientBuilder {
     retry: Option<RetryPolicy>,
     user_agent: Option<String>,
     allow_insecure_http: bool,
+    ca_pem: Option<Vec<u8>>,
     env: Option<EnvLookup>,
 }
 
@@ -53,6 +54,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("retry", &self.retry)
             .field("allow_insecure_http", &self.allow_insecure_http)
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
             .finish_non_exhaustive()
     }
 }
@@ -112,6 +114,17 @@ impl ClientBuilder {
         self
     }
 
+    /// Trust the CA certificates in `pem` (one or more `-----BEGIN CERTIFICATE-----` blocks)
+    /// for an `https://` server, in addition to the system's roots: a server behind a reverse
+    /// proxy whose certificate a private CA signed. Give the CA that signed the server's
+    /// certificate, not the server's certificate itself. Text without a certificate, or a
+    /// certificate that cannot be parsed, is an [`Error::Config`] at [`ClientBuilder::build`].
+    #[must_use]
+    pub fn ca_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
     /// Read [`ENV_DOMAIN`] and [`ENV_API_KEY`] through `lookup` instead of the process
     /// environment (for tests and embedders).
     #[must_use]
@@ -143,7 +156,8 @@ impl ClientBuilder {
         if base.scheme() == "http" && !self.allow_insecure_http && !is_loopback(&base) {
             return Err(Error::Config(format!(
                 "refusing to send the API key over plain http to {}: set {ENV_DOMAIN} to an \
-                 https:// URL, or opt in with ClientBuilder::allow_insecure_http(true)",
+                 https:// URL (a private CA's server: ClientBuilder::ca_certificates_pem), or \
+                 opt in with ClientBuilder::allow_insecure_http(true)",
                 base.host_str().unwrap_or_default()
             )));
         }
@@ -179,15 +193,46 @@ impl ClientBuilder {
                 .map_err(|_| Error::Config("the user agent is not a valid header value".into()))?;
         // No redirects (a `Location` could carry the key elsewhere) and no proxy from the
         // environment (`HTTP_PROXY` would see the key of a plain-http server).
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
-            .connect_timeout(connect_timeout)
+            .connect_timeout(connect_timeout);
+        if let Some(pem) = &self.ca_pem {
+            http = http.tls_certs_merge(ca_certificates(pem)?);
+        }
+        let http = http
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
         let transport = Transport::new(http, base, key, timeout, retry, user_agent);
         Ok(Client::from_transport(transport))
     }
+}
+
+/// The certificates of a PEM text given to [`ClientBuilder::ca_certificates_pem`]: at least
+/// one, each parsed.
+fn ca_certificates(pem: &[u8]) -> Result<Vec<reqwest::Certificate>> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut certs = Vec::new();
+    // Each one must make a trust anchor: a PEM block of garbage is refused here, by name,
+    // rather than as a bare "builder error" of the HTTP client.
+    let mut check = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+        let cert =
+            cert.map_err(|e| Error::Config(format!("the CA certificates are not PEM: {e}")))?;
+        check
+            .add(cert.clone())
+            .map_err(|e| Error::Config(format!("a CA certificate is unusable as a root: {e}")))?;
+        certs.push(
+            reqwest::Certificate::from_der(&cert)
+                .map_err(|e| Error::Config(format!("a CA certificate is unusable: {e}")))?,
+        );
+    }
+    if certs.is_empty() {
+        return Err(Error::Config(
+            "the CA certificates hold no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+        ));
+    }
+    Ok(certs)
 }
 
 /// The answer of `renew-expiration`.

@@ -67,6 +67,16 @@ pub(crate) fn base_url(domain: &str) -> Result<Url> {
     Ok(url)
 }
 
+/// Whether a client for `domain` (as [`ENV_DOMAIN`] reads) would send the API key in clear to
+/// another machine: a plain `http` URL, or a bare `host[:port]` (which the SDK reads as plain
+/// `http`), whose host is not loopback. Such a domain is refused unless
+/// [`crate::ClientBuilder::allow_insecure_http`] opts in. An unusable domain is an
+/// [`Error::Config`].
+pub fn is_plain_http_off_loopback(domain: &str) -> Result<bool> {
+    let url = base_url(domain)?;
+    Ok(url.scheme() == "http" && !is_loopback(&url))
+}
+
 /// A domain as it may be shown: anything after `?` or `#` dropped and a `user:pw@` hidden.
 pub(crate) fn shown_domain(domain: &str) -> String {
     let kept = domain.split(['?', '#']).next().unwrap_or_default();
@@ -124,6 +134,24 @@ mod tests {
         ] {
             assert_eq!(is_loopback(&Url::parse(u).unwrap()), want, "{u}");
         }
+    }
+
+    #[test]
+    fn plain_http_off_loopback_is_told_apart() {
+        for (domain, want) in [
+            ("sandbox-server.internal:8080", true),
+            ("http://10.0.0.5:8080", true),
+            ("localhost:8080", false),
+            ("http://127.0.0.1:8080", false),
+            ("https://sandbox-server.internal", false),
+        ] {
+            assert_eq!(
+                is_plain_http_off_loopback(domain).unwrap(),
+                want,
+                "{domain}"
+            );
+        }
+        assert!(is_plain_http_off_loopback("ftp://x").is_err());
     }
 
     #[test]

@@ -168,9 +168,13 @@ impl Error {
     /// An image the server could not pull ([`Error::is_image_pull_failure`]) is not
     /// retryable either, though it is a 500: the same image fails the same way until someone
     /// changes the image or the registry.
+    ///
+    /// Nor is a TLS failure ([`Error::is_tls_failure`]): a certificate the client's roots do
+    /// not vouch for is refused the same way on every attempt.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Api(_) if self.is_image_pull_failure() => false,
+            Error::Transport { .. } if self.is_tls_failure() => false,
             Error::Api(api) => matches!(api.status.as_u16(), 408 | 429 | 500..=599),
             Error::Transport { .. } | Error::Timeout { .. } => true,
             _ => false,
@@ -219,6 +223,15 @@ impl Error {
         matches!(self, Error::Protocol { source: Some(s), .. } if s.is::<RedirectRefused>())
     }
 
+    /// Whether the TLS handshake with the server failed (an [`ErrorKind::Transport`] error whose
+    /// source is a [`TlsFailure`]): most often a certificate that no trusted root vouches for
+    /// (a private CA the client was not given: see
+    /// [`crate::ClientBuilder::ca_certificates_pem`]), one for another name, or expired; also
+    /// a server that does not speak TLS on an `https://` URL. Not retryable.
+    pub fn is_tls_failure(&self) -> bool {
+        matches!(self, Error::Transport { source, .. } if source.is::<TlsFailure>())
+    }
+
     pub(crate) fn protocol(message: impl Into<String>) -> Self {
         Error::Protocol {
             message: message.into(),
@@ -258,6 +271,22 @@ impl fmt::Display for RedirectRefused {
 }
 
 impl std::error::Error for RedirectRefused {}
+
+/// The source of the [`Error::Transport`] a failed TLS handshake becomes (see
+/// [`Error::is_tls_failure`]): the TLS library's reason, on one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFailure {
+    /// What the TLS library said (`invalid peer certificate: UnknownIssuer`).
+    pub reason: String,
+}
+
+impl fmt::Display for TlsFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TLS handshake failed: {}", self.reason)
+    }
+}
+
+impl std::error::Error for TlsFailure {}
 
 /// A non-2xx answer: the status, the server's `{code, message}`, its `X-Request-ID` and the
 /// start of the body, all scrubbed, escaped and bounded.

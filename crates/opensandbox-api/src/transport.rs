@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::error::{ApiError, Error, RedirectRefused, Result, Route};
+use crate::error::{ApiError, Error, RedirectRefused, Result, Route, TlsFailure};
 use crate::retry::RetryPolicy;
 use crate::scrub::{MAX_SNIPPET_CHARS, Scrubber, escape_line};
 
@@ -218,9 +218,15 @@ impl Transport {
             cause = c.source();
         }
         let message = scrub.snippet(&message, MAX_SNIPPET_CHARS, false);
+        let source: crate::error::BoxError = match tls_reason(e) {
+            Some(reason) => Box::new(TlsFailure {
+                reason: scrub.snippet(&reason, MAX_SNIPPET_CHARS, false),
+            }),
+            None => message.clone().into(),
+        };
         Error::Transport {
             route: call.route(),
-            source: message.clone().into(),
+            source,
             message,
         }
     }
@@ -402,6 +408,30 @@ impl Transport {
         })
         .boxed()
     }
+}
+
+/// The TLS library's reason, when `e` is a failed TLS handshake: a `rustls::Error` somewhere in
+/// its chain, itself or inside `io::Error`s (the connector wraps it in two; an `io::Error`'s
+/// `source` skips the error it wraps, so each is opened with `get_ref`).
+fn tls_reason(e: &reqwest::Error) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let mut inner: &(dyn std::error::Error + 'static) = c;
+        loop {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+            {
+                Some(wrapped) => inner = wrapped,
+                None => break,
+            }
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// At most `cap` bytes of an answer's body, and whether there was more (the rest is left

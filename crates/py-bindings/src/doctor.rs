@@ -413,6 +413,8 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
 const OPEN_SANDBOX_SETTINGS: &[&str] = &[
     "OPEN_SANDBOX_DOMAIN",
     "OPEN_SANDBOX_API_KEY",
+    "OPEN_SANDBOX_CA_FILE",
+    "OPEN_SANDBOX_ALLOW_PLAIN_HTTP",
     "OPEN_SANDBOX_IMAGE",
     "OPEN_SANDBOX_ENTRYPOINT",
     "OPEN_SANDBOX_CPU",
@@ -433,6 +435,8 @@ const OPEN_SANDBOX_SETTINGS: &[&str] = &[
 const OPEN_SANDBOX_CONNECTION: &[&str] = &[
     "OPEN_SANDBOX_DOMAIN",
     "OPEN_SANDBOX_API_KEY",
+    "OPEN_SANDBOX_CA_FILE",
+    "OPEN_SANDBOX_ALLOW_PLAIN_HTTP",
     "OPEN_SANDBOX_CREATED_BY",
 ];
 
@@ -1530,6 +1534,43 @@ mod tests {
             kept.iter().any(|l| l.text.starts_with("warm pool: 3")),
             "{kept:?}"
         );
+    }
+
+    #[test]
+    fn a_bad_ca_file_is_a_problem_and_plain_http_a_warning() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let find = |lines: &[DoctorLine], setting: &str| {
+            lines
+                .iter()
+                .find(|l| l.setting.as_deref() == Some(setting))
+                .cloned()
+                .unwrap_or_else(|| panic!("no line about {setting}: {lines:?}"))
+        };
+        // A CA file that does not exist: a problem naming it; the rest still reads and the
+        // server is not asked with it left out.
+        let e = env(&[
+            ("OPEN_SANDBOX_CA_FILE", "/nonexistent/ca.pem"),
+            ("OPEN_SANDBOX_DOMAIN", "https://sandbox.example.internal"),
+        ]);
+        let (settings, lines, left_out) = rt.block_on(opensandbox_server(&e));
+        assert!(settings.is_some());
+        assert_eq!(left_out, ["OPEN_SANDBOX_CA_FILE"]);
+        let ca = find(&lines, "OPEN_SANDBOX_CA_FILE");
+        assert!(ca.is_problem(), "{ca:?}");
+        assert!(ca.text.contains("/nonexistent/ca.pem"), "{}", ca.text);
+        // Plain http to another host with the opt-in: a warning that says what travels in
+        // clear; without it, a refusal of the run (the server check names both routes).
+        let e = env(&[
+            ("OPEN_SANDBOX_DOMAIN", "sandbox-server.internal:8080"),
+            ("OPEN_SANDBOX_ALLOW_PLAIN_HTTP", "true"),
+        ]);
+        let (_, lines, _) = rt.block_on(opensandbox_server(&e));
+        let warn = find(&lines, "OPEN_SANDBOX_ALLOW_PLAIN_HTTP");
+        assert_eq!(warn.level, DoctorLevel::Warn, "{warn:?}");
+        assert!(warn.text.contains("in clear"), "{}", warn.text);
     }
 
     fn line(level: DoctorLevel, text: &str) -> DoctorLine {

@@ -518,7 +518,9 @@ fn default_pg_root() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-fn read_roots(path: &Path, param: &str) -> Result<Roots, String> {
+/// The certificates of the PEM file at `path`, given as `param`: at most 4 MiB, at least one
+/// certificate, each PEM block parsed. A problem is a message starting `{param}={path}: `.
+pub(crate) fn read_roots(path: &Path, param: &str) -> Result<Roots, String> {
     use std::io::Read as _;
     let file = std::fs::File::open(path)
         .map_err(|e| format!("{param}={}: cannot be read ({e})", path.display()))?;

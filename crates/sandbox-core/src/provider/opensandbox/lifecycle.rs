@@ -85,6 +85,14 @@ pub struct OpenSandboxProvider {
 }
 
 pub(crate) fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError {
+    if e.is_tls_failure() {
+        // The same handshake fails the same way until a setting changes: not transient.
+        return SandboxError::refused(format!(
+            "OpenSandbox: {what} failed: {} ({})",
+            super::settings::TLS_FAILURE_HINT,
+            outside_text::snippet(&e.to_string(), 400)
+        ));
+    }
     let kind = match e.kind() {
         ApiKind::Auth | ApiKind::InvalidRequest | ApiKind::NotFound | ApiKind::Conflict => {
             ErrorKind::Rejected

@@ -75,6 +75,8 @@ impl OpenSandbox {
 fn call_error(what: &str, e: &opensandbox_api::Error) -> CallError {
     let failure = match e {
         _ if e.is_redirect() => CallFailure::Redirect,
+        // A failed TLS handshake fails again until a setting changes.
+        _ if e.is_tls_failure() => CallFailure::Config,
         _ if e.status().is_some() => CallFailure::Status(e.status().map_or(0, |s| s.as_u16())),
         _ => match e.kind() {
             ApiKind::Transport => CallFailure::Transport,
@@ -84,10 +86,15 @@ fn call_error(what: &str, e: &opensandbox_api::Error) -> CallError {
             _ => CallFailure::Protocol,
         },
     };
+    let hint = if e.is_tls_failure() {
+        format!(" ({})", super::settings::TLS_FAILURE_HINT)
+    } else {
+        String::new()
+    };
     let mut err = CallError::new(
         failure,
         format!(
-            "OpenSandbox: {what}: {}",
+            "OpenSandbox: {what}: {}{hint}",
             outside_text::snippet(&e.to_string(), 600)
         ),
     );

@@ -6,6 +6,7 @@
 //! in an error or in `Debug`.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,13 @@ use crate::vars::{non_blank, read_flag};
 pub const ENV_DOMAIN: &str = opensandbox_api::ENV_DOMAIN;
 /// `OPEN_SANDBOX_API_KEY`: the server's API key, as the official SDK reads it.
 pub const ENV_API_KEY: &str = opensandbox_api::ENV_API_KEY;
+/// `OPEN_SANDBOX_CA_FILE`: a PEM file of CA certificates trusted for an `https://` server in
+/// addition to the system's roots (a reverse proxy whose certificate a private CA signed).
+pub const ENV_CA_FILE: &str = "OPEN_SANDBOX_CA_FILE";
+/// `OPEN_SANDBOX_ALLOW_PLAIN_HTTP`: lets `OPEN_SANDBOX_DOMAIN` be plain `http://` to a host
+/// that is not loopback (the 1.1.1 server speaks plain HTTP only). The API key and every
+/// program then cross the network in clear; off by default.
+pub const ENV_ALLOW_PLAIN_HTTP: &str = "OPEN_SANDBOX_ALLOW_PLAIN_HTTP";
 /// `OPEN_SANDBOX_IMAGE`: the sandbox image (needs `python3`, `sh` and `timeout`).
 pub const ENV_IMAGE: &str = "OPEN_SANDBOX_IMAGE";
 /// `OPEN_SANDBOX_ENTRYPOINT`: the sandbox's entry process, split on spaces.
@@ -87,6 +95,11 @@ pub struct OpenSandboxSettings {
     pub domain: Option<String>,
     /// `OPEN_SANDBOX_API_KEY`, when set.
     pub api_key: Option<SecretString>,
+    /// `OPEN_SANDBOX_CA_FILE`, when set (its certificates were read with the settings).
+    pub ca_file: Option<PathBuf>,
+    /// Whether plain `http://` to a host that is not loopback is accepted
+    /// (`OPEN_SANDBOX_ALLOW_PLAIN_HTTP`).
+    pub allow_plain_http: bool,
     /// The image.
     pub image: String,
     /// The entry process.
@@ -114,6 +127,8 @@ pub struct OpenSandboxSettings {
     /// Whether a host-network-mode server is accepted (only through
     /// [`OpenSandboxSettings::for_single_sandbox_harness`]; no setting turns it on).
     host_network_accepted: bool,
+    /// The PEM text of [`OpenSandboxSettings::ca_file`], read when the settings were read.
+    ca_pem: Option<Arc<[u8]>>,
     lookup: Lookup,
 }
 
@@ -122,6 +137,8 @@ impl fmt::Debug for OpenSandboxSettings {
         f.debug_struct("OpenSandboxSettings")
             .field("domain", &self.domain)
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
+            .field("ca_file", &self.ca_file)
+            .field("allow_plain_http", &self.allow_plain_http)
             .field("image", &self.image)
             .field("entrypoint", &self.entrypoint)
             .field("cpu", &self.cpu)
@@ -156,6 +173,49 @@ fn seconds(
              range or unset it for the default ({}s)",
             outside_text::snippet(&raw, 40),
             default.as_secs()
+        ))),
+    }
+}
+
+/// What to change when the TLS handshake with the server failed
+/// ([`opensandbox_api::Error::is_tls_failure`]): it names [`ENV_CA_FILE`] and [`ENV_DOMAIN`].
+pub const TLS_FAILURE_HINT: &str = "the server's TLS certificate was not accepted: set \
+     OPEN_SANDBOX_CA_FILE to a PEM file of the CA that signed it (the CA's certificate, not the \
+     server's own), and check that OPEN_SANDBOX_DOMAIN names a host the certificate is for and \
+     a port where the server (or its reverse proxy) speaks TLS";
+
+/// The CA file named by [`ENV_CA_FILE`], read: its path and PEM text. A file that cannot be
+/// read, is larger than 4 MiB or holds no PEM certificate is a refusal naming the setting.
+fn read_ca_file(raw: &str) -> Result<(PathBuf, Arc<[u8]>), SandboxError> {
+    let path = Path::new(raw.trim());
+    let read = crate::lease::tls::read_roots(path, ENV_CA_FILE).and_then(|roots| match roots {
+        crate::lease::tls::Roots::File { path, pem } => Ok((path, pem)),
+        // read_roots reads a file or fails; never the system's roots.
+        crate::lease::tls::Roots::System => Err(format!("{ENV_CA_FILE}: no file was read")),
+    });
+    // Each certificate must also make a trust anchor (a PEM block of garbage reads as PEM).
+    let read = read.and_then(|(path, pem)| {
+        use rustls::pki_types::pem::PemObject as _;
+        let mut store = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            let cert =
+                cert.map_err(|e| format!("{ENV_CA_FILE}={}: not PEM ({e})", path.display()))?;
+            store.add(cert).map_err(|e| {
+                format!(
+                    "{ENV_CA_FILE}={}: a certificate is unusable ({e})",
+                    path.display()
+                )
+            })?;
+        }
+        Ok((path, pem))
+    });
+    match read {
+        Ok((path, pem)) => Ok((path, pem.into())),
+        Err(e) => Err(SandboxError::refused(format!(
+            "{}; set {ENV_CA_FILE} to a PEM file of the CA certificate(s) that signed the \
+             server's certificate (-----BEGIN CERTIFICATE-----), or unset it to trust the \
+             system's roots only",
+            outside_text::snippet(&e, 300)
         ))),
     }
 }
@@ -249,9 +309,18 @@ impl OpenSandboxSettings {
                 outside_text::snippet(&cpu, 40)
             )));
         }
+        let (ca_file, ca_pem) = match non_blank(l, ENV_CA_FILE) {
+            Some(raw) => {
+                let (path, pem) = read_ca_file(&raw)?;
+                (Some(path), Some(pem))
+            }
+            None => (None, None),
+        };
         Ok(OpenSandboxSettings {
             domain: non_blank(l, ENV_DOMAIN),
             api_key: non_blank(l, ENV_API_KEY).map(SecretString::from),
+            ca_file,
+            allow_plain_http: read_flag(l, ENV_ALLOW_PLAIN_HTTP)?,
             image: non_blank(l, ENV_IMAGE).unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
             entrypoint,
             cpu,
@@ -265,6 +334,7 @@ impl OpenSandboxSettings {
             idle: seconds(l, ENV_IDLE, DEFAULT_IDLE, 4, 3600)?,
             created_by,
             host_network_accepted: false,
+            ca_pem,
             lookup,
         })
     }
@@ -318,8 +388,25 @@ impl OpenSandboxSettings {
         )))
     }
 
-    /// Builds the HTTP client; a missing key or an unusable domain is a refusal naming the
-    /// variable (the client's own message never carries the key), as is a secret set both as
+    /// Whether the server is reached over plain `http://` on a host that is not loopback, accepted
+    /// by [`ENV_ALLOW_PLAIN_HTTP`]: the API key and every program cross the network in clear.
+    /// False when the domain does not read.
+    pub fn plain_http_in_use(&self) -> bool {
+        self.allow_plain_http
+            && opensandbox_api::is_plain_http_off_loopback(self.domain_or_default())
+                .unwrap_or(false)
+    }
+
+    fn domain_or_default(&self) -> &str {
+        self.domain
+            .as_deref()
+            .unwrap_or(opensandbox_api::DEFAULT_DOMAIN)
+    }
+
+    /// Builds the HTTP client, trusting the CA file's certificates besides the system's roots.
+    /// A missing key or an unusable domain is a refusal naming the variable (the client's own
+    /// message never carries the key; plain `http://` to a host that is not loopback names
+    /// [`ENV_CA_FILE`]'s route and [`ENV_ALLOW_PLAIN_HTTP`]), as is a secret set both as
     /// its variable and its `_FILE`, or a `_FILE` that cannot be used
     /// ([`crate::vars::check_secret_files`]: here, not when the settings are read, so that the
     /// capabilities lfx asks for stay what the settings say and the run names the problem).
@@ -330,20 +417,47 @@ impl OpenSandboxSettings {
                 "{ENV_API_KEY} is not set; set it to the server's [server] api_key"
             )));
         }
+        let domain = self.domain_or_default();
+        if opensandbox_api::is_plain_http_off_loopback(domain).unwrap_or(false) {
+            if !self.allow_plain_http {
+                return Err(SandboxError::refused(format!(
+                    "{ENV_DOMAIN}={} is plain http to another host: the API key and every \
+                     program would cross the network in clear. Put TLS in front of the server \
+                     (a reverse proxy) and set {ENV_DOMAIN}=https://<host>[:port], with \
+                     {ENV_CA_FILE}=<the CA's PEM file> when a private CA signed its \
+                     certificate; or, on a network you trust, accept the risk with \
+                     {ENV_ALLOW_PLAIN_HTTP}=true",
+                    outside_text::snippet(domain, 120)
+                )));
+            }
+            tracing::warn!(
+                "{ENV_ALLOW_PLAIN_HTTP}=true: the OpenSandbox API key and every program cross \
+                 the network to {} in clear",
+                outside_text::snippet(domain, 120)
+            );
+        }
         let lookup = Arc::clone(&self.lookup);
-        opensandbox_api::Client::builder()
+        let mut builder = opensandbox_api::Client::builder()
             .env_lookup(move |name| lookup(name))
+            .allow_insecure_http(self.allow_plain_http)
             .user_agent(concat!(
                 "langflow-sandbox-createos/",
                 env!("CARGO_PKG_VERSION")
+            ));
+        if let Some(pem) = &self.ca_pem {
+            builder = builder.ca_certificates_pem(pem.to_vec());
+        }
+        let from = if self.ca_pem.is_some() {
+            format!("{ENV_DOMAIN}/{ENV_API_KEY}/{ENV_CA_FILE}")
+        } else {
+            format!("{ENV_DOMAIN}/{ENV_API_KEY}")
+        };
+        builder.build().map_err(|e| {
+            SandboxError::refused(format!(
+                "the OpenSandbox client cannot be built from {from}: {}",
+                outside_text::snippet(&e.to_string(), 400)
             ))
-            .build()
-            .map_err(|e| {
-                SandboxError::refused(format!(
-                    "the OpenSandbox client cannot be built from {ENV_DOMAIN}/{ENV_API_KEY}: {}",
-                    outside_text::snippet(&e.to_string(), 400)
-                ))
-            })
+        })
     }
 }
 
