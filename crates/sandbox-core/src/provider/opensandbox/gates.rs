@@ -71,6 +71,46 @@ pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, Sandbox
     }
 }
 
+/// Refuses a policy that allows the OpenSandbox server itself: an allow rule naming the host of
+/// `server_url` (the client's base URL), or a `*.` wildcard it falls under. Such a guest could
+/// drive the server's API, and through its execd proxy (which 1.1.1 does not authenticate)
+/// any other sandbox whose id it learns (issue 45).
+pub fn refuse_server_in_allowlist(
+    policy: Option<&NetworkPolicy>,
+    server_url: &str,
+) -> Result<(), SandboxError> {
+    let Some(policy) = policy else {
+        return Ok(());
+    };
+    let Some(host) = url::Url::parse(server_url).ok().and_then(|u| {
+        u.host_str()
+            .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+    }) else {
+        return Ok(());
+    };
+    for rule in &policy.egress {
+        if rule.action != PolicyAction::Allow {
+            continue;
+        }
+        let target = rule.target.trim_end_matches('.').to_ascii_lowercase();
+        let covers = match target.strip_prefix("*.") {
+            Some(suffix) => host.ends_with(&format!(".{suffix}")),
+            None => target == host,
+        };
+        if covers {
+            return Err(SandboxError::refused(format!(
+                "the egress allowlist entry {} covers the OpenSandbox server itself ({}): a \
+                 guest could drive the server's API and, through its execd proxy, other \
+                 sandboxes; remove the entry from the allowlist, or reach the server under a \
+                 name the allowlist does not cover (OPEN_SANDBOX_DOMAIN)",
+                outside_text::snippet(&rule.target, 80),
+                outside_text::snippet(&host, 80)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Deny-all with one allow rule per name, each once, in the order first given.
 fn deny_all_but(names: Vec<String>) -> NetworkPolicy {
     let mut policy = NetworkPolicy::deny_all();
@@ -277,6 +317,35 @@ pub fn check_attested_probe(probe: &Probe, host_kernels: &[String]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 45: an allowlist cannot let a guest reach the server's own API or proxy.
+    #[test]
+    fn an_allowlist_covering_the_server_is_refused() {
+        let policy = |names: &[&str]| {
+            policy_of(&EgressPolicy::Domains(
+                names.iter().map(|n| (*n).to_owned()).collect(),
+            ))
+            .unwrap()
+        };
+        let server = "https://sandboxes.corp.internal:8443/v1";
+        for covering in [
+            &["sandboxes.corp.internal"][..],
+            &["pypi.org", "*.corp.internal"],
+        ] {
+            let e = refuse_server_in_allowlist(policy(covering).as_ref(), server).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("covers the OpenSandbox server itself"),
+                "{e}"
+            );
+        }
+        for fine in [&["pypi.org"][..], &["*.pythonhosted.org", "internal"]] {
+            refuse_server_in_allowlist(policy(fine).as_ref(), server).unwrap();
+        }
+        refuse_server_in_allowlist(None, server).unwrap();
+        refuse_server_in_allowlist(Some(&NetworkPolicy::deny_all()), "http://127.0.0.1:8080/v1")
+            .unwrap();
+    }
 
     fn status(mode: &str, default: &str, rules: &[&str]) -> PolicyStatus {
         serde_json::from_value(serde_json::json!({

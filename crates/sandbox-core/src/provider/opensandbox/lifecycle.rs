@@ -184,6 +184,7 @@ impl OpenSandboxProvider {
     /// failure after the create, the sandbox is destroyed and nothing is left.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         let policy = gates::policy_for(&spec.egress)?;
+        gates::refuse_server_in_allowlist(policy.as_ref(), self.client.base_url())?;
         let s = &self.settings;
         // The server-side lifetime must outlive one run, whatever the setting says.
         let lifetime = s

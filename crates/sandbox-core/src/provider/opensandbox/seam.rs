@@ -286,6 +286,8 @@ impl Provider for OpenSandbox {
         let p = self.inner.clone();
         boxed(async move {
             let policy = gates::policy_of(&spec.egress).map_err(|e| refused(&e))?;
+            gates::refuse_server_in_allowlist(policy.as_ref(), p.client().base_url())
+                .map_err(|e| refused(&e))?;
             let mem_mib = mem_of(&spec.size).map_err(|e| refused(&e))?;
             let s = p.settings();
             let image = if spec.image.is_empty() {
