@@ -253,29 +253,20 @@ class LfxRun:
 
 def lfx_run(env: dict[str, str], code: str, *, timeout: float = 240) -> LfxRun:
     """Run the Python Interpreter flow with ``lfx run`` (bounded)."""
-    proc = subprocess.run(
-        [venv_bin("lfx"), "run", str(FLOW), code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_bounded([venv_bin("lfx"), "run", str(FLOW), code], env, timeout=timeout)
     return LfxRun(proc.returncode, proc.stdout, proc.stderr)
 
 
-def run_python(script: str, env: dict[str, str], *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run a Python snippet in a fresh interpreter of this venv (bounded)."""
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=E2E,
-        check=False,
-    )
+def run_bounded(argv: list[str], env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in the e2e folder with ``env``, its output captured as text (bounded)."""
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=E2E, check=False)
+
+
+def run_python(
+    script: str, env: dict[str, str], *, timeout: float = 120, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet (with ``args``) in a fresh interpreter of this venv (bounded)."""
+    return run_bounded([sys.executable, "-c", script, *args], env, timeout=timeout)
 
 
 _BACKEND_RUNS = """
@@ -298,15 +289,7 @@ def script_result(
 ) -> tuple[Any, subprocess.CompletedProcess[str]]:
     """Run ``script`` with ``args`` in a fresh interpreter of this venv (bounded): the JSON of the
     last line it printed starting ``RESULT ``, and the process (a failure when there is none)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=E2E,
-        check=False,
-    )
+    proc = run_python(script, env, timeout=timeout, args=tuple(args))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     return json.loads(lines[-1].removeprefix("RESULT ")), proc
