@@ -35,6 +35,7 @@
 //!   implement it); [`createos`] (= [`provider::createos`]) implements it over `createos-api`.
 
 pub mod admission;
+pub mod certs;
 pub mod classify;
 pub mod control;
 pub mod egress;

@@ -35,9 +35,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::StoreKind;
 
-/// The largest root-certificate file read (a bundle of every public root is about 200 KiB).
-const MAX_ROOTS_FILE: u64 = 4 << 20;
-
 /// How much of the connection to the store is secured, in libpq's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsMode {
@@ -518,35 +515,9 @@ fn default_pg_root() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// The certificates of the PEM file at `path`, given as `param`: at most 4 MiB, at least one
-/// certificate, each PEM block parsed. A problem is a message starting `{param}={path}: `.
+/// The certificates of the PEM file at `path`, given as `param` ([`crate::certs::read_pem`]).
 pub(crate) fn read_roots(path: &Path, param: &str) -> Result<Roots, String> {
-    use std::io::Read as _;
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("{param}={}: cannot be read ({e})", path.display()))?;
-    let mut pem = Vec::new();
-    file.take(MAX_ROOTS_FILE + 1)
-        .read_to_end(&mut pem)
-        .map_err(|e| format!("{param}={}: cannot be read ({e})", path.display()))?;
-    if pem.len() as u64 > MAX_ROOTS_FILE {
-        return Err(format!(
-            "{param}={}: larger than {} MiB, not a certificate file",
-            path.display(),
-            MAX_ROOTS_FILE >> 20
-        ));
-    }
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem).collect();
-    match certs {
-        Ok(c) if !c.is_empty() => {}
-        Ok(_) => {
-            return Err(format!(
-                "{param}={}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                path.display()
-            ));
-        }
-        Err(e) => return Err(format!("{param}={}: not PEM ({e})", path.display())),
-    }
-    Ok(Roots::File {
+    crate::certs::read_pem(path, param).map(|pem| Roots::File {
         path: path.to_owned(),
         pem,
     })

@@ -188,11 +188,7 @@ pub const TLS_FAILURE_HINT: &str = "the server's TLS certificate was not accepte
 /// read, is larger than 4 MiB or holds no PEM certificate is a refusal naming the setting.
 fn read_ca_file(raw: &str) -> Result<(PathBuf, Arc<[u8]>), SandboxError> {
     let path = Path::new(raw.trim());
-    let read = crate::lease::tls::read_roots(path, ENV_CA_FILE).and_then(|roots| match roots {
-        crate::lease::tls::Roots::File { path, pem } => Ok((path, pem)),
-        // read_roots reads a file or fails; never the system's roots.
-        crate::lease::tls::Roots::System => Err(format!("{ENV_CA_FILE}: no file was read")),
-    });
+    let read = crate::certs::read_pem(path, ENV_CA_FILE).map(|pem| (path.to_owned(), pem));
     // Each certificate must also make a trust anchor (a PEM block of garbage reads as PEM).
     let read = read.and_then(|(path, pem)| {
         use rustls::pki_types::pem::PemObject as _;
