@@ -103,6 +103,17 @@ fn spec() -> SandboxSpec {
     }
 }
 
+/// Runs `code` in a new sandbox of `p` and deletes it; the program's stdout.
+async fn run_once(p: &OpenSandboxProvider, code: &str) -> String {
+    let mut sb = p.create(&spec()).await.unwrap();
+    let out = sb
+        .run_python(code, &BTreeMap::new(), Duration::from_secs(10), 1 << 20)
+        .await
+        .unwrap();
+    sb.destroy().await;
+    out.stdout
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_behind_a_private_ca_runs_with_the_ca_file_and_is_refused_without() {
     let fake = FakeServer::start(FakeOptions {
@@ -144,18 +155,7 @@ async fn a_server_behind_a_private_ca_runs_with_the_ca_file_and_is_refused_witho
     let s = settings(&[(ENV_DOMAIN, &domain), (ENV_CA_FILE, &ca_path)]).unwrap();
     assert_eq!(s.ca_file.as_deref(), Some(ca.path()));
     let p = OpenSandboxProvider::new(s).unwrap();
-    let mut sb = p.create(&spec()).await.unwrap();
-    let out = sb
-        .run_python(
-            "print(6*7)\n",
-            &BTreeMap::new(),
-            Duration::from_secs(10),
-            1 << 20,
-        )
-        .await
-        .unwrap();
-    assert_eq!(out.stdout, "42\n");
-    sb.destroy().await;
+    assert_eq!(run_once(&p, "print(6*7)\n").await, "42\n");
     for _ in 0..50 {
         if fake.stats().live == 0 {
             break;
@@ -255,18 +255,7 @@ async fn with_the_opt_in_a_run_over_plain_http_to_another_address_goes_ahead() {
     assert!(s.plain_http_in_use());
     let p = OpenSandboxProvider::new(s).unwrap();
     assert!(p.client().base_url().starts_with("http://"));
-    let mut sb = p.create(&spec()).await.unwrap();
-    let out = sb
-        .run_python(
-            "print('in clear')\n",
-            &BTreeMap::new(),
-            Duration::from_secs(10),
-            1 << 20,
-        )
-        .await
-        .unwrap();
-    assert_eq!(out.stdout, "in clear\n");
-    sb.destroy().await;
+    assert_eq!(run_once(&p, "print('in clear')\n").await, "in clear\n");
     fake.shutdown().await;
 }
 
