@@ -85,6 +85,7 @@ def opensandbox_only(**extra: str | None) -> dict[str, str | None]:
         "LANGFLOW_SANDBOX_BACKEND": "opensandbox",
         "OPEN_SANDBOX_DOMAIN": OSFAKE,
         "OPEN_SANDBOX_API_KEY": OS_KEY,
+        "OPEN_SANDBOX_SERVER_UNREACHABLE": "true",
         "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
         "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
     }
@@ -290,6 +291,14 @@ CASES = [
         ("opensandbox-executor",),
         named=("OPEN_SANDBOX_DOMAIN",),
         shows=(UNREACHABLE,),
+    ),
+    Case(
+        "opensandbox executor, open egress to a loopback server without the operator's word",
+        opensandbox_executor_only(OPEN_SANDBOX_SERVER_UNREACHABLE=None),
+        1,
+        ("opensandbox-executor",),
+        named=("OPEN_SANDBOX_SERVER_UNREACHABLE",),
+        shows=("every flow run is refused", "CREATEOS_EXECUTOR_EGRESS=none"),
     ),
     Case(
         "opensandbox executor, isolation neither attested nor accepted",

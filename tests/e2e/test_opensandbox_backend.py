@@ -35,6 +35,7 @@ def os_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
             "LANGFLOW_SANDBOX_BACKEND": "opensandbox",
             "OPEN_SANDBOX_DOMAIN": osfake.url,
             "OPEN_SANDBOX_API_KEY": OS_KEY,
+            "OPEN_SANDBOX_SERVER_UNREACHABLE": "true",
             "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
             "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
             "PYTHONUNBUFFERED": "1",

@@ -33,6 +33,7 @@ def os_executor_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
             "LANGFLOW_EXECUTOR_KIND": "opensandbox",
             "OPEN_SANDBOX_DOMAIN": osfake.url,
             "OPEN_SANDBOX_API_KEY": OS_KEY,
+            "OPEN_SANDBOX_SERVER_UNREACHABLE": "true",
             "OPEN_SANDBOX_ATTEST_ISOLATION": "hardware-virtualized",
             "OPEN_SANDBOX_RUNTIME_CLASS": "kata-qemu",
             "PYTHONUNBUFFERED": "1",
@@ -82,6 +83,26 @@ def test_without_the_attestation_the_run_is_refused_and_creates_nothing(osfake: 
     assert '"exception_type": "SandboxRefusedError"' in out, out[-3000:]
     assert OS_KEY not in out
     assert osfake.stats()["created"] == 0
+
+
+def test_open_egress_on_a_loopback_server_needs_the_operators_word_or_a_policy(osfake: OsFake) -> None:
+    """Issue 45: the executor's default (unrestricted egress) would let a guest reach the server.
+
+    Reached over loopback, no egress rule can name the address a guest would use, so the run is
+    refused before any sandbox exists, naming ``OPEN_SANDBOX_SERVER_UNREACHABLE``; deny-all
+    egress (read back from the sidecar) runs the same flow.
+    """
+    proc = run_refused(os_executor_env(osfake, OPEN_SANDBOX_SERVER_UNREACHABLE=None))
+    out = proc.stdout + proc.stderr
+    assert "FROM THE CLI!" not in proc.stdout
+    assert "OPEN_SANDBOX_SERVER_UNREACHABLE=true" in out, out[-3000:]
+    assert '"exception_type": "SandboxRefusedError"' in out, out[-3000:]
+    assert osfake.stats()["created"] == 0
+    env = os_executor_env(osfake, OPEN_SANDBOX_SERVER_UNREACHABLE=None, CREATEOS_EXECUTOR_EGRESS="none")
+    assert lfx_run_json(env, SHOUT, "denied")["result"] == "DENIED!"
+    stats = osfake.wait_settled()
+    assert stats["created"] == 1
+    assert stats["policies"][-1] == {"defaultAction": "deny", "egress": []}, stats["policies"]
 
 
 def test_the_container_opt_in_runs_the_flow_without_the_attestation(osfake: OsFake) -> None:

@@ -84,7 +84,44 @@ pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
         )
     });
     lines.extend(transport_lines(settings));
+    lines.push(unrestricted_egress_line(settings));
     lines
+}
+
+/// What unrestricted egress (a surface's open network) means on this server: a rule denying
+/// the server, which needs the egress sidecar; nothing, on the operator's word that no sandbox
+/// can route to the server (a warning: nothing checks it); or a refusal, for a server reached
+/// over loopback without that word. No I/O.
+pub fn unrestricted_egress_line(settings: &OpenSandboxSettings) -> DoctorLine {
+    use sandbox_core::egress::EgressPolicy;
+    use sandbox_core::provider::opensandbox::gates::policy_of;
+    use sandbox_core::provider::opensandbox::settings::ENV_SERVER_UNREACHABLE;
+    match policy_of(&EgressPolicy::AllowAll, &settings.server_guard()) {
+        Ok(None) => DoctorLine::about(
+            DoctorLevel::Warn,
+            ENV_SERVER_UNREACHABLE,
+            format!(
+                "{ENV_SERVER_UNREACHABLE}=true: a run with unrestricted egress sends no policy,                  on your word that no sandbox can route to the server's API or execd proxy                  (nothing checks it; docs/opensandbox.md, \"Egress\")"
+            ),
+        ),
+        Ok(Some(policy)) => DoctorLine::about(
+            DoctorLevel::Info,
+            ENV_SERVER_UNREACHABLE,
+            format!(
+                "a run with unrestricted egress sends allow-by-default with a rule denying {}                  (the server), and is refused unless the egress sidecar reads it back",
+                policy
+                    .egress
+                    .first()
+                    .map(|r| outside_text::snippet(&r.target, 120))
+                    .unwrap_or_default()
+            ),
+        ),
+        Err(e) => DoctorLine::about(
+            DoctorLevel::Info,
+            ENV_SERVER_UNREACHABLE,
+            format!("a run with unrestricted egress is refused: {}", e.message()),
+        ),
+    }
 }
 
 /// `doctor`'s findings about how the server is reached: the CA file in use (a file that does

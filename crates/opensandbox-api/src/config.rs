@@ -22,8 +22,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `User-Agent`.
 pub const DEFAULT_USER_AGENT: &str = concat!("opensandbox-rust/", env!("CARGO_PKG_VERSION"));
 
-/// The API base (`…/v1`) for a domain as the SDK reads it.
-pub(crate) fn base_url(domain: &str) -> Result<Url> {
+/// The API base (`…/v1`) for a domain as the SDK reads it (`host[:port]` is `http://`).
+pub fn base_url(domain: &str) -> Result<Url> {
     let domain = domain.trim();
     if domain.is_empty() {
         return Err(Error::Config(format!("{ENV_DOMAIN} is blank")));
@@ -88,10 +88,13 @@ pub(crate) fn shown_domain(domain: &str) -> String {
 }
 
 /// Whether the URL's host is `localhost`, in `127.0.0.0/8` or `::1`.
-pub(crate) fn is_loopback(url: &Url) -> bool {
+pub fn is_loopback(url: &Url) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        // `::ffff:127.0.0.1` is the IPv4 loopback too.
+        Some(url::Host::Ipv6(ip)) => {
+            IpAddr::V6(ip).is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
         Some(url::Host::Domain(name)) => {
             name.trim_end_matches('.').eq_ignore_ascii_case("localhost")
         }
@@ -129,6 +132,8 @@ mod tests {
             ("http://localhost/", true),
             ("http://127.8.0.1/", true),
             ("http://[::1]/", true),
+            ("http://[::ffff:127.0.0.1]/", true),
+            ("http://[::ffff:10.0.0.1]/", false),
             ("http://a.localhost/", false),
             ("http://10.0.0.1/", false),
         ] {

@@ -376,8 +376,33 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
         provider: ProviderKind::OpenSandbox,
         ..ExecutorOptions::default()
     });
-    match executor.plan() {
-        Ok(plan) => {
+    // Unrestricted egress (the executor's default) must keep guests from the server: a
+    // server over loopback without the operator's word refuses every such run.
+    let open_refused = match (executor.plan(), &settings) {
+        (Ok(plan), Some(s))
+            if plan.executor.egress == sandbox_core::egress::EgressPolicy::AllowAll =>
+        {
+            sandbox_core::provider::opensandbox::gates::policy_of(
+                &plan.executor.egress,
+                &s.server_guard(),
+            )
+            .err()
+        }
+        _ => None,
+    };
+    match (executor.plan(), open_refused) {
+        (Ok(_), Some(e)) => {
+            lines.push(DoctorLine::about(
+                DoctorLevel::Refused,
+                "OPEN_SANDBOX_SERVER_UNREACHABLE",
+                format!(
+                    "every flow run is refused (CREATEOS_EXECUTOR_EGRESS is unrestricted): {}; or \
+                     set CREATEOS_EXECUTOR_EGRESS=none or CREATEOS_EXECUTOR_ALLOWED_DOMAINS",
+                    e.message()
+                ),
+            ));
+        }
+        (Ok(plan), None) => {
             let isolation = match &settings {
                 Some(s) if s.declared_isolation() == "hardware-virtualized" => {
                     "hardware-virtualized, attested (the RuntimeClass and the in-guest probe are \
@@ -397,7 +422,7 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
                 ),
             ));
         }
-        Err(e) => lines.push(DoctorLine::new(DoctorLevel::Refused, e.to_string())),
+        (Err(e), _) => lines.push(DoctorLine::new(DoctorLevel::Refused, e.to_string())),
     }
     lines.push(DoctorLine::new(
         DoctorLevel::Info,
@@ -415,6 +440,7 @@ const OPEN_SANDBOX_SETTINGS: &[&str] = &[
     "OPEN_SANDBOX_API_KEY",
     "OPEN_SANDBOX_CA_FILE",
     "OPEN_SANDBOX_ALLOW_PLAIN_HTTP",
+    "OPEN_SANDBOX_SERVER_UNREACHABLE",
     "OPEN_SANDBOX_IMAGE",
     "OPEN_SANDBOX_ENTRYPOINT",
     "OPEN_SANDBOX_CPU",

@@ -33,6 +33,9 @@ fn provider(fake: &FakeServer, extra: &[(&str, &str)]) -> OpenSandboxProvider {
         ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
         ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
         ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+        // The fake's "sandboxes" are processes of this host: nothing tells them apart from the
+        // server. Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
+        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
         ("OPEN_SANDBOX_READY_SECONDS".into(), "20".into()),
     ]);
     for (k, v) in extra {

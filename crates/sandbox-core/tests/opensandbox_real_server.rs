@@ -93,6 +93,9 @@ impl Harness {
             ("OPEN_SANDBOX_READY_SECONDS".into(), "30".into()),
             ("OPEN_SANDBOX_IDLE_SECONDS".into(), "10".into()),
             ("OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS".into(), "600".into()),
+            // The harness's server listens on loopback only and runs the harness's own
+            // programs: unrestricted egress runs without a sidecar, on this word.
+            ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
         ]);
         for (k, v) in extra {
             vars.insert((*k).into(), (*v).into());

@@ -33,6 +33,9 @@ fn provider(fake: &FakeServer, extra: &[(&str, &str)]) -> OpenSandbox {
         ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
         ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
         ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+        // The fake's "sandboxes" are processes of this host: nothing tells them apart from the
+        // server. Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
+        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
     ]);
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
@@ -210,6 +213,9 @@ async fn the_single_sandbox_harness_settings_still_run_the_identity_canary() {
         ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
         ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
         ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+        // The fake's "sandboxes" are processes of this host: nothing tells them apart from the
+        // server. Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
+        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
     ]);
     let settings = OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap();
     assert!(!settings.host_network_accepted());
@@ -740,4 +746,130 @@ async fn a_create_the_server_answered_500_leaves_nothing_to_look_up() {
         fake.stats().requests.get("list").copied().unwrap_or(0),
         creates
     );
+}
+
+/// This host's address on its default route, if it has one that is not loopback: what a test
+/// names a fake bound to `0.0.0.0` by, so the plugin sees a server on another host.
+fn routable_address() -> Option<std::net::IpAddr> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("192.0.2.1:9").ok()?; // TEST-NET-1: no packet is sent by connect().
+    let ip = probe.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Issue 45: unrestricted egress never lets a guest reach the server. On a server this host
+/// reaches over loopback, only the operator's word (`OPEN_SANDBOX_SERVER_UNREACHABLE`) lets
+/// it run, with no policy; without it nothing is created. On a server elsewhere, the sandbox
+/// gets allow-by-default with a rule denying the server, read back like any policy, and a
+/// server without the sidecar is refused naming the way out.
+#[tokio::test(flavor = "multi_thread")]
+async fn unrestricted_egress_denies_the_server_or_needs_the_operators_word() {
+    let fake = fake(Config::default()).await;
+    let guarded = provider(&fake, &[("OPEN_SANDBOX_SERVER_UNREACHABLE", "")]);
+    let e = guarded
+        .create(spec("lf-seam-g1", EgressPolicy::AllowAll))
+        .await
+        .unwrap_err();
+    assert_eq!(e.failure, CallFailure::Config, "{e}");
+    assert!(
+        e.message.contains("OPEN_SANDBOX_SERVER_UNREACHABLE=true"),
+        "{e}"
+    );
+    assert!(e.message.contains("loopback"), "{e}");
+    assert_eq!(fake.stats().created, 0);
+    // With the word: no policy, as before.
+    let fenced = provider(&fake, &[]);
+    let info = fenced
+        .create(spec("lf-seam-g2", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    fenced.destroy(info.id).await.unwrap();
+    assert_eq!(fake.stats().policies, [serde_json::Value::Null]);
+    fake.shutdown().await;
+
+    let Some(ip) = routable_address() else {
+        eprintln!("skipped the remote half: this host has no address off loopback");
+        return;
+    };
+    let remote = FakeServer::start_at(
+        FakeOptions {
+            api_key: KEY.into(),
+            config: Config {
+                ping_ms: 200,
+                ..Config::default()
+            },
+            ..FakeOptions::default()
+        },
+        std::net::SocketAddr::new(std::net::IpAddr::from([0, 0, 0, 0]), 0),
+    )
+    .await
+    .unwrap();
+    let port = remote.addr().port();
+    let host = std::net::SocketAddr::new(ip, port).to_string();
+    let domain = format!("http://{host}");
+    let p = provider_at(&domain, &[]);
+    let info = p
+        .create(spec("lf-seam-g3", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    p.wait_ready(info.id.clone(), deadline()).await.unwrap();
+    assert_eq!(
+        p.verify_egress(info.id.clone(), EgressPolicy::AllowAll)
+            .await
+            .unwrap(),
+        EgressCheck::Matches
+    );
+    let held = remote.stats().policies;
+    let shown = ip.to_string();
+    assert_eq!(
+        held,
+        [serde_json::json!({"defaultAction": "allow",
+            "egress": [{"action": "deny", "target": shown}]})]
+    );
+    p.destroy(info.id).await.unwrap();
+    // No sidecar to enforce the rule: the read-back differs, naming the server's [egress] and
+    // the operator's word.
+    remote
+        .set_config(Config {
+            sidecar_absent: true,
+            ..remote.config()
+        })
+        .unwrap();
+    let info = p
+        .create(spec("lf-seam-g4", EgressPolicy::AllowAll))
+        .await
+        .unwrap();
+    match p
+        .verify_egress(info.id.clone(), EgressPolicy::AllowAll)
+        .await
+        .unwrap()
+    {
+        EgressCheck::Differs(why) => {
+            assert!(why.contains("[egress]"), "{why}");
+            assert!(
+                why.contains("OPEN_SANDBOX_SERVER_UNREACHABLE=true"),
+                "{why}"
+            );
+        }
+        EgressCheck::Matches => panic!("no sidecar accepted"),
+    }
+    p.destroy(info.id).await.unwrap();
+    assert_eq!(remote.stats().live, 0);
+    remote.shutdown().await;
+}
+
+/// The provider for a server at `domain` (plain http off loopback allowed: a test fake), the
+/// server guard on.
+fn provider_at(domain: &str, extra: &[(&str, &str)]) -> OpenSandbox {
+    let mut vars: BTreeMap<String, String> = BTreeMap::from([
+        ("OPEN_SANDBOX_DOMAIN".into(), domain.to_owned()),
+        ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
+        ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
+        ("OPEN_SANDBOX_ALLOW_PLAIN_HTTP".into(), "true".into()),
+    ]);
+    for (k, v) in extra {
+        vars.insert((*k).into(), (*v).into());
+    }
+    OpenSandbox::new(OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap())
+        .unwrap()
 }

@@ -87,6 +87,7 @@ fn settings(vars: &[(&str, &str)]) -> Result<OpenSandboxSettings, sandbox_core::
             "true".into(),
         ),
         ("OPEN_SANDBOX_READY_SECONDS".into(), "20".into()),
+        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
     ]);
     for (k, v) in vars {
         map.insert((*k).into(), (*v).into());

@@ -123,7 +123,7 @@ pub struct Stats {
 /// How many created sandboxes' policies [`Stats::policies`] keeps.
 pub const MAX_POLICIES: usize = 64;
 
-/// A running fake server bound to `127.0.0.1`.
+/// A running fake server, bound to `127.0.0.1` unless started with [`FakeServer::start_at`].
 pub struct FakeServer {
     app: Arc<App>,
     tasks: Vec<JoinHandle<()>>,
@@ -146,6 +146,12 @@ impl FakeServer {
 
     /// Starts a server on `127.0.0.1:port` (`0` picks a free port).
     pub async fn start_on(opts: FakeOptions, port: u16) -> std::io::Result<FakeServer> {
+        Self::start_at(opts, SocketAddr::from(([127, 0, 0, 1], port))).await
+    }
+
+    /// Starts a server on `addr` (port `0` picks a free port): `0.0.0.0` lets a test reach it
+    /// by an address that is not loopback. [`FakeServer::url`] names the bound address.
+    pub async fn start_at(opts: FakeOptions, addr: SocketAddr) -> std::io::Result<FakeServer> {
         let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
         opts.config.validate().map_err(invalid)?;
         let faults = Faults::parse(&opts.faults).map_err(invalid)?;
@@ -168,7 +174,7 @@ impl FakeServer {
             )),
             None => None,
         };
-        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let host = Arc::new(Host {
             config: Mutex::new(opts.config.clone()),
@@ -211,7 +217,8 @@ impl FakeServer {
         })
     }
 
-    /// `http://127.0.0.1:PORT` (the API is under `/v1` and at the root).
+    /// `http://127.0.0.1:PORT`, or the address given to [`FakeServer::start_at`] (the API is
+    /// under `/v1` and at the root).
     pub fn url(&self) -> String {
         format!("http://{}", self.app.addr)
     }

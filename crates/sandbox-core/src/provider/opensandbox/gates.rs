@@ -4,7 +4,7 @@
 
 use opensandbox_api::{EnforcementMode, NetworkPolicy, PolicyAction, PolicyStatus, RuntimeClass};
 
-use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS};
+use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS, ENV_SERVER_UNREACHABLE};
 use crate::egress::{EgressPolicy, domain_entry};
 use crate::error::SandboxError;
 
@@ -22,13 +22,75 @@ pub enum Egress {
     Unrestricted,
 }
 
-/// The `networkPolicy` to send for `egress` (none for [`Egress::Unrestricted`]). An address
-/// or CIDR rule is refused: the lifecycle API does not support them and `dns` mode could not
-/// enforce them; a rule that is not a domain is refused (by [`domain_entry`], naming
-/// `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: the backend's setting).
-pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError> {
+/// What every egress policy must keep a guest from: the OpenSandbox server itself, whose API
+/// and execd proxy (which 1.1.1 does not authenticate) would let a guest drive any other
+/// sandbox whose id it learns (issue 45).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerGuard {
+    /// The server's URL as the client reaches it (`OPEN_SANDBOX_DOMAIN`, read).
+    url: Option<url::Url>,
+    /// `OPEN_SANDBOX_SERVER_UNREACHABLE`: the operator's word that no sandbox can route to the
+    /// server (it listens on loopback only, or a firewall drops the sandbox network's traffic
+    /// to it).
+    unreachable: bool,
+}
+
+impl ServerGuard {
+    /// The guard for a client whose base URL is `server_url`.
+    pub fn new(server_url: &str, unreachable: bool) -> Self {
+        ServerGuard {
+            url: url::Url::parse(server_url).ok(),
+            unreachable,
+        }
+    }
+
+    /// The server's host as a rule names it: lowercased, without a trailing dot or an IPv6
+    /// literal's brackets.
+    pub fn host(&self) -> Option<String> {
+        let host = self.url.as_ref()?.host_str()?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Some(host.trim_end_matches('.').to_ascii_lowercase())
+    }
+
+    /// The policy for unrestricted egress: none when the operator says the server is out of
+    /// every sandbox's reach; otherwise allow by default with a deny rule for the server's
+    /// host, which the sidecar must read back. A server reached over loopback is refused: no
+    /// rule can name the address a guest would use for it (the sandbox bridge's gateway).
+    fn open_policy(&self) -> Result<Option<NetworkPolicy>, SandboxError> {
+        if self.unreachable {
+            return Ok(None);
+        }
+        let (Some(url), Some(host)) = (self.url.as_ref(), self.host()) else {
+            return Err(SandboxError::refused(format!(
+                "unrestricted egress needs a rule that keeps guests from the OpenSandbox server,                  and the server's host cannot be read from OPEN_SANDBOX_DOMAIN; fix the domain,                  or, if no sandbox can route to the server, set {ENV_SERVER_UNREACHABLE}=true"
+            )));
+        };
+        if opensandbox_api::is_loopback(url) {
+            return Err(SandboxError::refused(format!(
+                "unrestricted egress would let a guest reach the OpenSandbox server, which this                  process reaches over loopback ({}): no egress rule can name the address a                  guest would use (the sandbox bridge's gateway). If the server listens on                  loopback only, or a firewall keeps the sandbox network from it, set                  {ENV_SERVER_UNREACHABLE}=true; otherwise deny egress or allow a list of                  domains",
+                outside_text::snippet(&host, 80)
+            )));
+        }
+        Ok(Some(
+            NetworkPolicy {
+                default_action: PolicyAction::Allow,
+                egress: Vec::new(),
+            }
+            .deny(host),
+        ))
+    }
+}
+
+/// The `networkPolicy` to send for `egress` ([`ServerGuard::open_policy`] for
+/// [`Egress::Unrestricted`]). An address or CIDR rule is refused: the lifecycle API does not
+/// support them and `dns` mode could not enforce them; a rule that is not a domain is refused
+/// (by [`domain_entry`], naming `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: the backend's setting).
+pub fn policy_for(
+    egress: &Egress,
+    guard: &ServerGuard,
+) -> Result<Option<NetworkPolicy>, SandboxError> {
     match egress {
-        Egress::Unrestricted => Ok(None),
+        Egress::Unrestricted => guard.open_policy(),
         Egress::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
         Egress::Domains(domains) => {
             let names = domains
@@ -48,13 +110,16 @@ pub fn policy_for(egress: &Egress) -> Result<Option<NetworkPolicy>, SandboxError
 }
 
 /// The `networkPolicy` for sandbox-core's neutral decision (what the component and the
-/// executor ask for through the provider seam): none for allow-all, deny-all as itself, a
-/// domain allowlist ([`EgressPolicy::Domains`]) as deny plus one allow rule per domain, each
-/// checked again by [`domain_entry`]. Address rules are refused: OpenSandbox allowlists hold
-/// domain names only.
-pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, SandboxError> {
+/// executor ask for through the provider seam): [`ServerGuard::open_policy`] for allow-all,
+/// deny-all as itself, a domain allowlist ([`EgressPolicy::Domains`]) as deny plus one allow
+/// rule per domain, each checked again by [`domain_entry`]. Address rules are refused:
+/// OpenSandbox allowlists hold domain names only.
+pub fn policy_of(
+    policy: &EgressPolicy,
+    guard: &ServerGuard,
+) -> Result<Option<NetworkPolicy>, SandboxError> {
     match policy {
-        EgressPolicy::AllowAll => Ok(None),
+        EgressPolicy::AllowAll => guard.open_policy(),
         EgressPolicy::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
         EgressPolicy::Domains(domains) => {
             let mut names = Vec::with_capacity(domains.len());
@@ -77,15 +142,9 @@ pub fn policy_of(policy: &EgressPolicy) -> Result<Option<NetworkPolicy>, Sandbox
 /// any other sandbox whose id it learns (issue 45).
 pub fn refuse_server_in_allowlist(
     policy: Option<&NetworkPolicy>,
-    server_url: &str,
+    guard: &ServerGuard,
 ) -> Result<(), SandboxError> {
-    let Some(policy) = policy else {
-        return Ok(());
-    };
-    let Some(host) = url::Url::parse(server_url).ok().and_then(|u| {
-        u.host_str()
-            .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
-    }) else {
+    let (Some(policy), Some(host)) = (policy, guard.host()) else {
         return Ok(());
     };
     for rule in &policy.egress {
@@ -122,8 +181,9 @@ fn deny_all_but(names: Vec<String>) -> NetworkPolicy {
     policy
 }
 
-/// Checks the sidecar's read-back against what was sent: `dns+nft`, `deny` by default and
-/// exactly the rules sent, in any order.
+/// Checks the sidecar's read-back against what was sent: `dns+nft`, the default action sent
+/// (`deny`, or `allow` with the rule that denies the server) and exactly the rules sent, in
+/// any order.
 pub fn check_policy_readback(sent: &NetworkPolicy, got: &PolicyStatus) -> Result<(), SandboxError> {
     if got.enforcement_mode != EnforcementMode::DnsNft {
         return Err(SandboxError::refused(format!(
@@ -139,11 +199,12 @@ pub fn check_policy_readback(sent: &NetworkPolicy, got: &PolicyStatus) -> Result
              image and that the sidecar runs",
         ));
     };
-    if policy.default_action != PolicyAction::Deny {
+    if policy.default_action != sent.default_action {
         return Err(SandboxError::refused(format!(
-            "the OpenSandbox egress sidecar reads back defaultAction {:?}, not deny; the \
+            "the OpenSandbox egress sidecar reads back defaultAction {:?}, not {}; the \
              sandbox was destroyed: check the server's [egress] configuration",
-            outside_text::snippet(policy.default_action.as_str(), 40)
+            outside_text::snippet(policy.default_action.as_str(), 40),
+            sent.default_action.as_str()
         )));
     }
     let mut want: Vec<(&str, &str)> = sent
@@ -175,12 +236,22 @@ pub fn check_policy_readback(sent: &NetworkPolicy, got: &PolicyStatus) -> Result
     Ok(())
 }
 
-/// The refusal for a `networkpolicy` read-back that answered 502 or 404: no sidecar.
-pub fn no_sidecar(detail: &str) -> SandboxError {
+/// The refusal for a `networkpolicy` read-back that answered 502 or 404: no sidecar. `sent`
+/// is the policy that needed one: for unrestricted egress (allow by default, the server
+/// denied) the way out is [`ENV_SERVER_UNREACHABLE`], for the others unrestricted egress.
+pub fn no_sidecar(sent: &NetworkPolicy, detail: &str) -> SandboxError {
+    let otherwise = if sent.default_action == PolicyAction::Allow {
+        format!(
+            "; unrestricted egress needs the sidecar to keep guests from the server itself, \
+             unless no sandbox can route to the server: then set {ENV_SERVER_UNREACHABLE}=true"
+        )
+    } else {
+        ", or allow unrestricted egress".to_owned()
+    };
     SandboxError::refused(format!(
         "the OpenSandbox server runs no egress sidecar for this sandbox ({}); configure an \
          [egress] image with mode = \"dns+nft\" on the server (and Docker bridge networking or \
-         Kubernetes), or allow unrestricted egress",
+         Kubernetes){otherwise}",
         outside_text::snippet(detail, 200)
     ))
 }
@@ -318,16 +389,22 @@ pub fn check_attested_probe(probe: &Probe, host_kernels: &[String]) -> Result<()
 mod tests {
     use super::*;
 
+    /// A server on another host, reachable by guests as far as the plugin knows.
+    fn remote() -> ServerGuard {
+        ServerGuard::new("https://sandboxes.corp.internal:8443/v1", false)
+    }
+
     /// Issue 45: an allowlist cannot let a guest reach the server's own API or proxy.
     #[test]
     fn an_allowlist_covering_the_server_is_refused() {
         let policy = |names: &[&str]| {
-            policy_of(&EgressPolicy::Domains(
-                names.iter().map(|n| (*n).to_owned()).collect(),
-            ))
+            policy_of(
+                &EgressPolicy::Domains(names.iter().map(|n| (*n).to_owned()).collect()),
+                &remote(),
+            )
             .unwrap()
         };
-        let server = "https://sandboxes.corp.internal:8443/v1";
+        let server = &remote();
         for covering in [
             &["sandboxes.corp.internal"][..],
             &["pypi.org", "*.corp.internal"],
@@ -343,8 +420,92 @@ mod tests {
             refuse_server_in_allowlist(policy(fine).as_ref(), server).unwrap();
         }
         refuse_server_in_allowlist(None, server).unwrap();
-        refuse_server_in_allowlist(Some(&NetworkPolicy::deny_all()), "http://127.0.0.1:8080/v1")
-            .unwrap();
+        let local = ServerGuard::new("http://127.0.0.1:8080/v1", false);
+        refuse_server_in_allowlist(Some(&NetworkPolicy::deny_all()), &local).unwrap();
+    }
+
+    /// Issue 45: unrestricted egress keeps guests from the server: a deny rule for its host
+    /// (read back like any policy), nothing only where the operator says no sandbox can route
+    /// to it, and a refusal naming that setting for a server reached over loopback, which no
+    /// rule can name for a guest.
+    #[test]
+    fn unrestricted_egress_denies_the_server_or_is_refused() {
+        let open = NetworkPolicy {
+            default_action: PolicyAction::Allow,
+            egress: Vec::new(),
+        };
+        for url in [
+            "https://sandboxes.corp.internal:8443/v1",
+            "https://SandBoxes.Corp.Internal.:8443",
+        ] {
+            let guard = ServerGuard::new(url, false);
+            let want = Some(open.clone().deny("sandboxes.corp.internal"));
+            assert_eq!(policy_for(&Egress::Unrestricted, &guard).unwrap(), want);
+            assert_eq!(policy_of(&EgressPolicy::AllowAll, &guard).unwrap(), want);
+        }
+        let v6 = ServerGuard::new("https://[fd00::5]:8443", false);
+        assert_eq!(
+            policy_of(&EgressPolicy::AllowAll, &v6).unwrap(),
+            Some(open.clone().deny("fd00::5"))
+        );
+        for url in [
+            "http://127.0.0.1:8080",
+            "http://localhost:8080/v1",
+            "http://[::1]:8080",
+        ] {
+            let e = policy_of(&EgressPolicy::AllowAll, &ServerGuard::new(url, false)).unwrap_err();
+            assert!(
+                e.message().contains("OPEN_SANDBOX_SERVER_UNREACHABLE=true"),
+                "{e}"
+            );
+            assert!(e.message().contains("loopback"), "{e}");
+            let e = policy_for(&Egress::Unrestricted, &ServerGuard::new(url, false)).unwrap_err();
+            assert!(
+                e.message().contains("OPEN_SANDBOX_SERVER_UNREACHABLE"),
+                "{e}"
+            );
+            // The operator's word: no policy, no sidecar needed.
+            let fenced = ServerGuard::new(url, true);
+            assert_eq!(policy_of(&EgressPolicy::AllowAll, &fenced).unwrap(), None);
+            assert_eq!(policy_for(&Egress::Unrestricted, &fenced).unwrap(), None);
+        }
+        // The other policies do not change with the word.
+        let fenced = ServerGuard::new("http://127.0.0.1:8080", true);
+        assert_eq!(
+            policy_of(&EgressPolicy::DenyAll, &fenced).unwrap(),
+            Some(NetworkPolicy::deny_all())
+        );
+        // The open policy reads back as allow plus the deny rule, and nothing else.
+        let sent = open.clone().deny("sandboxes.corp.internal");
+        let back = |default: &str, rules: &[(&str, &str)]| -> PolicyStatus {
+            serde_json::from_value(serde_json::json!({
+                "status": "ok", "mode": "enforcing", "enforcementMode": "dns+nft",
+                "policy": {"defaultAction": default, "egress": rules.iter()
+                    .map(|(a, t)| serde_json::json!({"action": a, "target": t}))
+                    .collect::<Vec<_>>()},
+            }))
+            .unwrap()
+        };
+        check_policy_readback(
+            &sent,
+            &back("allow", &[("deny", "sandboxes.corp.internal")]),
+        )
+        .unwrap();
+        for (default, rules) in [
+            ("allow", &[][..]),
+            ("allow", &[("allow", "sandboxes.corp.internal")][..]),
+            ("deny", &[("deny", "sandboxes.corp.internal")][..]),
+        ] {
+            assert!(check_policy_readback(&sent, &back(default, rules)).is_err());
+        }
+        // No sidecar: the refusal names the way out that fits the policy.
+        let e = no_sidecar(&sent, "502");
+        assert!(
+            e.message().contains("OPEN_SANDBOX_SERVER_UNREACHABLE=true"),
+            "{e}"
+        );
+        let e = no_sidecar(&NetworkPolicy::deny_all(), "502");
+        assert!(e.message().contains("allow unrestricted egress"), "{e}");
     }
 
     fn status(mode: &str, default: &str, rules: &[&str]) -> PolicyStatus {
@@ -362,16 +523,18 @@ mod tests {
 
     #[test]
     fn policies_are_deny_all_with_domains_and_refuse_addresses() {
-        assert_eq!(policy_for(&Egress::Unrestricted).unwrap(), None);
         assert_eq!(
-            policy_for(&Egress::DenyAll).unwrap(),
+            policy_for(&Egress::DenyAll, &remote()).unwrap(),
             Some(NetworkPolicy::deny_all())
         );
-        let p = policy_for(&Egress::Domains(vec![
-            "PyPI.org.".into(),
-            "*.example.com".into(),
-            "pypi.org".into(),
-        ]))
+        let p = policy_for(
+            &Egress::Domains(vec![
+                "PyPI.org.".into(),
+                "*.example.com".into(),
+                "pypi.org".into(),
+            ]),
+            &remote(),
+        )
         .unwrap()
         .unwrap();
         assert_eq!(
@@ -381,7 +544,7 @@ mod tests {
                 .allow("*.example.com")
         );
         for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "a b", "", "1.2.3"] {
-            let e = policy_for(&Egress::Domains(vec![bad.into()])).unwrap_err();
+            let e = policy_for(&Egress::Domains(vec![bad.into()]), &remote()).unwrap_err();
             assert!(
                 e.message().contains("LANGFLOW_SANDBOX_ALLOWED_DOMAINS"),
                 "{bad}: {e}"
@@ -391,10 +554,10 @@ mod tests {
 
     #[test]
     fn the_neutral_domain_policy_is_deny_plus_one_rule_per_domain() {
-        let p = policy_of(&EgressPolicy::Domains(vec![
-            "*.example.com".into(),
-            "pypi.org".into(),
-        ]))
+        let p = policy_of(
+            &EgressPolicy::Domains(vec!["*.example.com".into(), "pypi.org".into()]),
+            &remote(),
+        )
         .unwrap()
         .unwrap();
         assert_eq!(
@@ -403,18 +566,17 @@ mod tests {
                 .allow("*.example.com")
                 .allow("pypi.org")
         );
-        assert_eq!(policy_of(&EgressPolicy::AllowAll).unwrap(), None);
         assert_eq!(
-            policy_of(&EgressPolicy::DenyAll).unwrap(),
+            policy_of(&EgressPolicy::DenyAll, &remote()).unwrap(),
             Some(NetworkPolicy::deny_all())
         );
         // A hand-built variant is checked again.
-        let e = policy_of(&EgressPolicy::Domains(vec!["10.0.0.1".into()])).unwrap_err();
+        let e = policy_of(&EgressPolicy::Domains(vec!["10.0.0.1".into()]), &remote()).unwrap_err();
         assert!(e.message().contains("address rule"), "{e}");
         let rules = EgressPolicy::Rules(vec![
             crate::egress::validate_address_rule("10.0.0.0/8").unwrap(),
         ]);
-        assert!(policy_of(&rules).is_err());
+        assert!(policy_of(&rules, &remote()).is_err());
     }
 
     #[test]

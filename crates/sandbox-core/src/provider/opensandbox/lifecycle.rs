@@ -151,6 +151,12 @@ impl OpenSandboxProvider {
         &self.client
     }
 
+    /// What every egress policy must keep guests from: this client's server, unless the
+    /// operator says no sandbox can route to it (`OPEN_SANDBOX_SERVER_UNREACHABLE`).
+    pub fn server_guard(&self) -> gates::ServerGuard {
+        gates::ServerGuard::new(self.client.base_url(), self.settings.server_unreachable)
+    }
+
     /// Deletes sandbox `id`: a 404 is gone; a failure is tried once more (the client already
     /// repeats transport errors and 5xx within its policy).
     pub async fn destroy(&self, id: &str) -> Result<Deletion, SandboxError> {
@@ -183,8 +189,9 @@ impl OpenSandboxProvider {
     /// Creates a sandbox for `spec` and checks it before any user code; on any refusal or
     /// failure after the create, the sandbox is destroyed and nothing is left.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
-        let policy = gates::policy_for(&spec.egress)?;
-        gates::refuse_server_in_allowlist(policy.as_ref(), self.client.base_url())?;
+        let guard = self.server_guard();
+        let policy = gates::policy_for(&spec.egress, &guard)?;
+        gates::refuse_server_in_allowlist(policy.as_ref(), &guard)?;
         let s = &self.settings;
         // The server-side lifetime must outlive one run, whatever the setting says.
         let lifetime = s
@@ -380,8 +387,8 @@ impl OpenSandboxProvider {
             .map_err(|e| late("had no execd answering /ping", &e))
     }
 
-    /// Reads the egress policy back: `dns+nft`, `deny`, exactly the rules sent; 502 or 404
-    /// (no sidecar) is a refusal.
+    /// Reads the egress policy back: `dns+nft`, the default action sent, exactly the rules
+    /// sent; 502 or 404 (no sidecar) is a refusal.
     pub(crate) async fn check_egress(
         &self,
         id: &str,
@@ -390,7 +397,7 @@ impl OpenSandboxProvider {
         match self.client.get_network_policy(id).await {
             Ok(got) => gates::check_policy_readback(sent, &got),
             Err(e) if e.status().is_some_and(|c| matches!(c.as_u16(), 404 | 502)) => {
-                Err(gates::no_sidecar(&e.to_string()))
+                Err(gates::no_sidecar(sent, &e.to_string()))
             }
             Err(e) => Err(api_error("reading the egress policy back", &e)),
         }

@@ -285,9 +285,9 @@ impl Provider for OpenSandbox {
     fn create(&self, spec: GuestSpec) -> BoxFuture<'_, Result<GuestInfo, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let policy = gates::policy_of(&spec.egress).map_err(|e| refused(&e))?;
-            gates::refuse_server_in_allowlist(policy.as_ref(), p.client().base_url())
-                .map_err(|e| refused(&e))?;
+            let guard = p.server_guard();
+            let policy = gates::policy_of(&spec.egress, &guard).map_err(|e| refused(&e))?;
+            gates::refuse_server_in_allowlist(policy.as_ref(), &guard).map_err(|e| refused(&e))?;
             let mem_mib = mem_of(&spec.size).map_err(|e| refused(&e))?;
             let s = p.settings();
             let image = if spec.image.is_empty() {
@@ -412,7 +412,7 @@ impl Provider for OpenSandbox {
     ) -> BoxFuture<'_, Result<EgressCheck, CallError>> {
         let p = self.inner.clone();
         boxed(async move {
-            let sent = match gates::policy_of(&policy) {
+            let sent = match gates::policy_of(&policy, &p.server_guard()) {
                 Ok(Some(sent)) => sent,
                 Ok(None) => return Ok(EgressCheck::Matches),
                 Err(e) => return Ok(EgressCheck::Differs(e.message().to_owned())),

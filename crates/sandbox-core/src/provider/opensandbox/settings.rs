@@ -45,6 +45,11 @@ pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
 /// server whose isolation is not attested (containers only). lfx's backend seam refuses such
 /// a server whatever this says.
 pub const ENV_ALLOW_CONTAINER_ISOLATION: &str = "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION";
+/// `OPEN_SANDBOX_SERVER_UNREACHABLE`: the operator's word that no sandbox can route to the
+/// server's API or its execd proxy (it listens on loopback only, or a firewall keeps the
+/// sandbox network from it). Without it, unrestricted egress sends a rule denying the server
+/// and needs the egress sidecar to enforce it.
+pub const ENV_SERVER_UNREACHABLE: &str = "OPEN_SANDBOX_SERVER_UNREACHABLE";
 /// `OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS`: the server-side lifetime of every sandbox, the
 /// backstop that deletes it if this process dies (must be longer than one run).
 pub const ENV_SANDBOX_TIMEOUT: &str = "OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS";
@@ -90,6 +95,10 @@ pub enum Attestation {
 
 /// The OpenSandbox provider's settings.
 #[derive(Clone)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "each flag is an independent operator opt-in named by its own variable"
+)]
 pub struct OpenSandboxSettings {
     /// `OPEN_SANDBOX_DOMAIN`, when set.
     pub domain: Option<String>,
@@ -114,6 +123,9 @@ pub struct OpenSandboxSettings {
     pub host_kernels: Vec<String>,
     /// Whether the component and executor may run with container isolation.
     pub allow_container_isolation: bool,
+    /// Whether the operator says no sandbox can route to the server
+    /// ([`ENV_SERVER_UNREACHABLE`]).
+    pub server_unreachable: bool,
     /// The server-side lifetime of a sandbox.
     pub sandbox_timeout: Duration,
     /// The renewal bound.
@@ -146,6 +158,7 @@ impl fmt::Debug for OpenSandboxSettings {
             .field("runtime_class", &self.runtime_class)
             .field("host_kernels", &self.host_kernels)
             .field("allow_container_isolation", &self.allow_container_isolation)
+            .field("server_unreachable", &self.server_unreachable)
             .field("sandbox_timeout", &self.sandbox_timeout)
             .field("max_renew", &self.max_renew)
             .field("ready", &self.ready)
@@ -324,6 +337,7 @@ impl OpenSandboxSettings {
             runtime_class,
             host_kernels,
             allow_container_isolation: read_flag(l, ENV_ALLOW_CONTAINER_ISOLATION)?,
+            server_unreachable: read_flag(l, ENV_SERVER_UNREACHABLE)?,
             sandbox_timeout,
             max_renew: seconds(l, ENV_MAX_RENEW, DEFAULT_MAX_RENEW, 60, 86_400)?,
             ready: seconds(l, ENV_READY, DEFAULT_READY, 1, 3600)?,
@@ -391,6 +405,16 @@ impl OpenSandboxSettings {
         self.allow_plain_http
             && opensandbox_api::is_plain_http_off_loopback(self.domain_or_default())
                 .unwrap_or(false)
+    }
+
+    /// What every egress policy must keep guests from: the server `OPEN_SANDBOX_DOMAIN` names
+    /// (the SDK's default when unset), unless [`ENV_SERVER_UNREACHABLE`] says no sandbox can
+    /// route to it.
+    pub fn server_guard(&self) -> super::gates::ServerGuard {
+        let url = opensandbox_api::base_url(self.domain_or_default())
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        super::gates::ServerGuard::new(&url, self.server_unreachable)
     }
 
     fn domain_or_default(&self) -> &str {
