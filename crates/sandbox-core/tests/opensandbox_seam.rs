@@ -28,20 +28,13 @@ async fn fake(config: Config) -> FakeServer {
     .unwrap()
 }
 
+/// The provider for `fake`, with the operator's word that no sandbox reaches the server:
+/// the fake's "sandboxes" are processes of this host, so nothing tells them apart from it.
+/// Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
 fn provider(fake: &FakeServer, extra: &[(&str, &str)]) -> OpenSandbox {
-    let mut vars: BTreeMap<String, String> = BTreeMap::from([
-        ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
-        ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
-        ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
-        // The fake's "sandboxes" are processes of this host: nothing tells them apart from the
-        // server. Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
-        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
-    ]);
-    for (k, v) in extra {
-        vars.insert((*k).into(), (*v).into());
-    }
-    OpenSandbox::new(OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap())
-        .unwrap()
+    let mut vars = vec![("OPEN_SANDBOX_SERVER_UNREACHABLE", "true")];
+    vars.extend_from_slice(extra);
+    provider_at(&fake.url(), &vars)
 }
 
 fn spec(name: &str, egress: EgressPolicy) -> GuestSpec {
@@ -209,15 +202,7 @@ async fn the_single_sandbox_harness_settings_still_run_the_identity_canary() {
         ..Config::default()
     })
     .await;
-    let vars: BTreeMap<String, String> = BTreeMap::from([
-        ("OPEN_SANDBOX_DOMAIN".into(), fake.url()),
-        ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
-        ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
-        // The fake's "sandboxes" are processes of this host: nothing tells them apart from the
-        // server. Tests of the server guard unset it (`("OPEN_SANDBOX_SERVER_UNREACHABLE", "")`).
-        ("OPEN_SANDBOX_SERVER_UNREACHABLE".into(), "true".into()),
-    ]);
-    let settings = OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap();
+    let settings = settings_at(&fake.url(), &[("OPEN_SANDBOX_SERVER_UNREACHABLE", "true")]);
     assert!(!settings.host_network_accepted());
     let p = OpenSandbox::new(settings.for_single_sandbox_harness()).unwrap();
     // One sandbox: the shared endpoint is accepted and the canary answers with its own id.
@@ -807,7 +792,8 @@ async fn unrestricted_egress_denies_the_server_or_needs_the_operators_word() {
     let port = remote.addr().port();
     let host = std::net::SocketAddr::new(ip, port).to_string();
     let domain = format!("http://{host}");
-    let p = provider_at(&domain, &[]);
+    // Plain http off loopback: a test fake.
+    let p = provider_at(&domain, &[("OPEN_SANDBOX_ALLOW_PLAIN_HTTP", "true")]);
     let info = p
         .create(spec("lf-seam-g3", EgressPolicy::AllowAll))
         .await
@@ -858,18 +844,20 @@ async fn unrestricted_egress_denies_the_server_or_needs_the_operators_word() {
     remote.shutdown().await;
 }
 
-/// The provider for a server at `domain` (plain http off loopback allowed: a test fake), the
-/// server guard on.
+/// The provider for a server at `domain`, with `extra` settings on top.
 fn provider_at(domain: &str, extra: &[(&str, &str)]) -> OpenSandbox {
+    OpenSandbox::new(settings_at(domain, extra)).unwrap()
+}
+
+/// The settings for a server at `domain`, with `extra` settings on top.
+fn settings_at(domain: &str, extra: &[(&str, &str)]) -> OpenSandboxSettings {
     let mut vars: BTreeMap<String, String> = BTreeMap::from([
         ("OPEN_SANDBOX_DOMAIN".into(), domain.to_owned()),
         ("OPEN_SANDBOX_API_KEY".into(), KEY.into()),
         ("OPEN_SANDBOX_IDLE_SECONDS".into(), "4".into()),
-        ("OPEN_SANDBOX_ALLOW_PLAIN_HTTP".into(), "true".into()),
     ]);
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
-    OpenSandbox::new(OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap())
-        .unwrap()
+    OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).unwrap()
 }
