@@ -1,0 +1,139 @@
+"""The host builds no flow code when the executor is on (issue 46, ``CREATEOS_EXECUTOR_HOST_BUILDS``).
+
+The marker flow (``flows/marker_flow.json``: Chat Input -> Marker -> Chat Output) writes a marker
+file, named after the writing process's pid, at module level, in its component's class body, in
+``__init__`` and in its build method, and answers with the four markers of the process it built
+in. ``LFSC_MARKER_DIR`` is set for the host process only (a guest's environment is the executor's
+own), so every file in it was written by the Langflow process: with the hook, none; without it,
+the host's module, class and ``__init__`` markers. The answer names the guest's markers, which the
+guest wrote in its own temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import E2E, Fake, backend_env, http_json, lfx_serve, run_bounded, run_doctor, script_result, venv_bin
+
+MARKER = E2E / "flows" / "marker_flow.json"
+SERVE_KEY = "e2e-hostbuild-serve-key"
+
+
+def hook_env(fake: Fake, markers: Path, **overrides: str | None) -> dict[str, str]:
+    """The executor on against the fake, the hook asked for, the host's markers in ``markers``."""
+    settings: dict[str, str | None] = {
+        "LANGFLOW_SANDBOX_BACKEND": None,
+        "LANGFLOW_SANDBOX_BACKEND_PLUGINS": None,
+        "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": None,
+        "LANGFLOW_EXECUTOR_KIND": "createos",
+        "CREATEOS_EXECUTOR_HOST_BUILDS": "none",
+        "LFSC_MARKER_DIR": str(markers),
+    }
+    settings.update(overrides)
+    return backend_env(fake, **settings)
+
+
+def guest_markers(answer: str) -> str:
+    """The pid of the one process the answer says wrote all four markers (the guest's runner)."""
+    marks = re.findall(r"\b(module|class|init|build)-(\d+)\b", answer)
+    assert [where for where, _ in marks] == ["module", "class", "init", "build"], answer
+    pids = {pid for _, pid in marks}
+    assert len(pids) == 1, answer
+    return pids.pop()
+
+
+def host_markers(host: Path) -> list[str]:
+    """The markers the host process wrote (only it has ``LFSC_MARKER_DIR``)."""
+    return sorted(p.name for p in host.iterdir()) if host.exists() else []
+
+
+def lfx_run_marker(env: dict[str, str]) -> dict[str, Any]:
+    proc = run_bounded([venv_bin("lfx"), "run", str(MARKER), "hi"], env, timeout=180)
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.strip().startswith("{"):
+            return json.loads(line)
+    pytest.fail(f"no JSON from lfx run (rc={proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
+
+
+def test_lfx_run_evaluates_no_flow_code_on_the_host(clean_fake: Fake, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    out = lfx_run_marker(hook_env(clean_fake, host))
+    assert out.get("success") is True, out
+    guest_markers(out["result"])
+    assert host_markers(host) == []
+    assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_without_the_hook_the_host_evaluates_the_code_and_the_guest_builds(clean_fake: Fake, tmp_path: Path) -> None:
+    """What the hook changes: without it, the host writes the module, class and __init__ markers
+    (never the build's), and the answer is the same guest's."""
+    host = tmp_path / "host"
+    out = lfx_run_marker(hook_env(clean_fake, host, CREATEOS_EXECUTOR_HOST_BUILDS=None))
+    assert out.get("success") is True, out
+    guest = guest_markers(out["result"])
+    written = host_markers(host)
+    assert sorted(name.split("-")[0] for name in written) == ["class", "init", "module"], written
+    assert guest not in {name.split("-")[1] for name in written}
+
+
+def test_lfx_serve_evaluates_no_flow_code_on_the_host(clean_fake: Fake, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    env = hook_env(clean_fake, host, LANGFLOW_API_KEY=SERVE_KEY)
+    with lfx_serve(MARKER, env, tmp_path / "serve.log") as base:
+        flows = http_json("GET", f"{base}/flows", api_key=SERVE_KEY)
+        flow_id = flows[0]["id"]
+        answers = [
+            http_json("POST", f"{base}/flows/{flow_id}/run", {"input_value": "hi"}, api_key=SERVE_KEY) for _ in range(2)
+        ]
+    for answer in answers:
+        assert answer.get("success") is True, answer
+        guest_markers(answer["result"])
+    assert host_markers(host) == []
+    assert clean_fake.wait_settled()["created"] == 2
+
+
+UNKNOWN_VERSION = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+from lfx.graph.graph.base import Graph
+from langflow_sandbox_createos import hostbuild, reach
+before = Graph.__dict__["from_payload"]
+os.environ["CREATEOS_EXECUTOR_HOST_BUILDS"] = "none"  # asked for only now: the process started unhooked
+hostbuild.LFX_VERSIONS = frozenset({"0.0.1"})  # the fingerprint: a version the hook does not know
+results = [hostbuild.install("lfx", Graph), hostbuild.install("lfx", Graph)]
+print("RESULT " + json.dumps({
+    "unchanged": Graph.__dict__["from_payload"] is before,
+    "results": results,
+    "doctor": [text for _, text in reach.findings() if text.startswith("lfx run and lfx serve")],
+}))
+"""
+
+
+def test_an_unknown_lfx_version_installs_nothing_warns_once_and_doctor_says_not_covered(
+    clean_fake: Fake, tmp_path: Path
+) -> None:
+    """The fingerprint: with an lfx version the hook does not know (the known list monkeypatched in
+    the process), nothing is wrapped, one WARNING names why however often it is asked, and what
+    doctor prints says the path is not covered, and why."""
+    env = hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS=None)
+    result, proc = script_result(UNKNOWN_VERSION, [], env)
+    assert result["unchanged"] is True, result
+    why = result["results"][0]["lfx run and lfx serve"]
+    assert "is not a version this hook was checked against" in why, result
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "lfx run and lfx serve" in warnings[0] and "0.0.1" in warnings[0], proc.stderr[-3000:]
+    assert len(result["doctor"]) == 1 and "not covered" in result["doctor"][0], result
+    assert "is not a version this hook was checked against" in result["doctor"][0], result
+
+
+def test_doctor_says_per_route_what_is_covered(clean_fake: Fake, tmp_path: Path) -> None:
+    on = run_doctor(hook_env(clean_fake, tmp_path / "host"), args=("--surface", "executor"))
+    assert re.search(r"lfx run and lfx serve: covered", on.stdout), on.stdout[-4000:]
+    off = run_doctor(hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS=None), args=("--surface", "executor"))
+    assert re.search(r"lfx run and lfx serve: not covered", off.stdout), off.stdout[-4000:]
+    assert "CREATEOS_EXECUTOR_HOST_BUILDS=none" in off.stdout
