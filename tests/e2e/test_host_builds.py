@@ -109,7 +109,7 @@ results = [hostbuild.install("lfx", Graph), hostbuild.install("lfx", Graph)]
 print("RESULT " + json.dumps({
     "unchanged": Graph.__dict__["from_payload"] is before,
     "results": results,
-    "doctor": [text for _, text in reach.findings() if text.startswith("lfx run and lfx serve")],
+    "doctor": [text for _, text in reach.findings() if text.startswith("lfx run and lfx serve: ") and "covered" in text],
 }))
 """
 
@@ -137,3 +137,45 @@ def test_doctor_says_per_route_what_is_covered(clean_fake: Fake, tmp_path: Path)
     off = run_doctor(hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS=None), args=("--surface", "executor"))
     assert re.search(r"lfx run and lfx serve: not covered", off.stdout), off.stdout[-4000:]
     assert "CREATEOS_EXECUTOR_HOST_BUILDS=none" in off.stdout
+
+
+SAME_JOB = """
+import json, sys
+from lfx.execution.types import Unit
+from lfx.graph import Graph
+from langflow_sandbox_createos import executor
+
+payload = json.load(open(sys.argv[1]))
+jobs = []
+for instantiate in (True, False):
+    graph = Graph.from_payload(json.loads(json.dumps(payload)), flow_id="f-1", instantiate_components=instantiate)
+    unit = Unit(graph=graph, inputs=[{"input_value": "hi"}], runtime_options={"session_id": "s-1"})
+    request = executor._request(unit)
+    head = executor._head(unit, [])
+    built = sum(v.custom_component is not None for v in graph.vertices)
+    jobs.append({"request": request, "head": head, "files": executor._files(graph)[:2], "built": built})
+print("RESULT " + json.dumps({"same": jobs[0]["request"] == jobs[1]["request"] and jobs[0]["head"] == jobs[1]["head"]
+    and jobs[0]["files"] == jobs[1]["files"], "built": [j["built"] for j in jobs],
+    "code": "_MODULE_MARK = _mark" in json.dumps(jobs[1]["request"]["flow"])}))
+"""
+
+
+def test_a_graph_built_without_instances_is_the_same_job_for_the_guest(clean_fake: Fake, tmp_path: Path) -> None:
+    """What the executor sends (the flow's dump, the head, the files) is the same for a graph
+    built with and without component instances, and the dump still carries the component's code."""
+    env = hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS=None)
+    result, _ = script_result(SAME_JOB, [str(MARKER)], env)
+    assert result == {"same": True, "built": [3, 0], "code": True}, result
+
+
+def test_a_value_that_is_not_none_or_components_refuses_every_run(clean_fake: Fake, tmp_path: Path) -> None:
+    """Fail closed: the operator asked for something the executor cannot tell, so no run goes
+    ahead, the refusal names the setting, and doctor counts it as a problem."""
+    env = hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS="nnone")
+    out = lfx_run_marker(env)
+    assert out.get("success") is False and out.get("exception_type") == "SandboxRefusedError", out
+    assert "CREATEOS_EXECUTOR_HOST_BUILDS='nnone' is not one of components, none" in out["exception_message"], out
+    assert clean_fake.stats()["created"] == 0
+    doctor = run_doctor(env, args=("--surface", "executor"))
+    assert doctor.returncode == 1, doctor.stdout[-3000:]
+    assert "CREATEOS_EXECUTOR_HOST_BUILDS='nnone' is not one of components, none" in doctor.stdout, doctor.stdout[-3000:]

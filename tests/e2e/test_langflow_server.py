@@ -323,6 +323,72 @@ def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
 
 
+# --- The host builds no flow code (issue 46, CREATEOS_EXECUTOR_HOST_BUILDS=none) -----------------
+
+MARKER = E2E / "flows" / "marker_flow.json"
+
+
+@pytest.fixture(scope="module")
+def hooked_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
+    """The executor server with ``CREATEOS_EXECUTOR_HOST_BUILDS=none``; the marker flow's
+    component writes what the server process evaluates into ``hooked-markers`` (only the
+    server's environment names it: a guest's is the executor's own)."""
+    (workdir / "hooked").mkdir()
+    env = backend_env(
+        slow_fake,
+        LANGFLOW_SANDBOX_BACKEND=None,
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
+        LANGFLOW_EXECUTOR_KIND="createos",
+        CREATEOS_EXECUTOR_HOST_BUILDS="none",
+        LFSC_MARKER_DIR=str(workdir / "hooked-markers"),
+    )
+    server = start_server(env, workdir / "hooked")
+    server.env = env
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def marker_pids(answer: Any) -> set[str]:
+    """The pids of the processes the answer says built the Marker (each names four markers)."""
+    import re
+
+    found = re.findall(r"module-(\d+) class-(\d+) init-(\d+) build-(\d+)", json.dumps(answer))
+    assert found, answer
+    assert all(len(set(marks)) == 1 for marks in found), found
+    return {marks[0] for marks in found}
+
+
+def test_no_flow_code_runs_in_the_server_through_api_v1_run_and_v2_sync(hooked_server: Server, slow_fake: Fake) -> None:
+    """The marker flow through /api/v1/run and the v2 sync mode: every marker from a guest, none
+    from the Langflow process; and doctor, with the server's settings, says both are covered."""
+    flow_id = upload_flow(hooked_server, MARKER, "slow: marker")
+    slow_fake.reset()
+    v1 = hooked_server.call(
+        "POST",
+        f"/api/v1/run/{flow_id}",
+        {"input_value": "hi", "input_type": "chat", "output_type": "chat"},
+        api_key=True,
+        timeout=240,
+    )
+    v2 = hooked_server.call(
+        "POST", "/api/v2/workflows", {"flow_id": flow_id, "input_value": "hi", "mode": "sync"}, api_key=True, timeout=240
+    )
+    guests = marker_pids(v1) | marker_pids(v2)
+    assert len(guests) == 2, (v1, v2)
+    markers = Path(hooked_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
+    assert written == [], f"the Langflow process evaluated flow code: {written}\n{hooked_server.tail()}"
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 2)
+    assert stats["created"] == 2, stats
+    proc = run_doctor(hooked_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    for route in ("v1 run (/api/v1/run): covered", "v2 sync (/api/v2/workflows, sync mode): covered"):
+        assert route in proc.stdout, proc.stdout[-4000:]
+    assert "v2 stream (/api/v2/workflows, stream mode): not covered" in proc.stdout, proc.stdout
+
+
 def scrape(server: Server) -> tuple[str, dict[str, list[tuple[dict[str, str], float]]]]:
     """Langflow's metrics endpoint: its text and our ``createos_`` samples by name."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -59,7 +59,7 @@ _KINDS = ("createos", "opensandbox")
 #: The lfx versions whose ``Graph.from_payload`` was read and tested.
 LFX_VERSIONS = frozenset({"1.13.0"})
 #: The langflow-base versions whose routes were read and tested.
-LANGFLOW_VERSIONS = frozenset({"1.13.0"})
+BASE_VERSIONS = frozenset({"1.13.0"})
 #: ``Graph.from_payload``'s parameters (name:kind, ``cls`` first), as in lfx 1.13.0.
 FROM_PAYLOAD_PARAMS = (
     "cls:POSITIONAL_OR_KEYWORD, payload:POSITIONAL_OR_KEYWORD, flow_id:POSITIONAL_OR_KEYWORD, "
@@ -178,16 +178,13 @@ def _version(distribution: str) -> str | None:
 
 def _versions_problem(seam: str) -> str | None:
     """Why the installed versions are not ones this hook knows (``None`` when they are)."""
-    lfx = _version("lfx")
-    if lfx not in LFX_VERSIONS:
-        return f"lfx {lfx or 'is not installed'} is not a version this hook was checked against ({', '.join(sorted(LFX_VERSIONS))})"
-    if seam == "langflow":
-        base = _version("langflow-base")
-        if base not in LANGFLOW_VERSIONS:
-            return (
-                f"langflow-base {base or 'is not installed'} is not a version this hook was checked against "
-                f"({', '.join(sorted(LANGFLOW_VERSIONS))})"
-            )
+    checks = [("lfx", LFX_VERSIONS)] + ([("langflow-base", BASE_VERSIONS)] if seam == "langflow" else [])
+    for distribution, known in checks:
+        found = _version(distribution)
+        if found is None:
+            return f"{distribution} is not installed here"
+        if found not in known:
+            return f"{distribution} {found} is not a version this hook was checked against ({', '.join(sorted(known))})"
     return None
 
 
@@ -222,9 +219,9 @@ def _calls_from_payload(node: ast.AST) -> tuple[int, int]:
 def _caller_problem(caller: Caller) -> tuple[str | None, str | None]:
     """``(file, None)`` when ``caller`` is found as expected in the installed source (read, not
     imported), else ``(None, why)``."""
-    from .reach import _source  # pyright: ignore[reportPrivateUsage] - the package's one source reader
+    from .sources import source
 
-    text, where = _source(caller.package, caller.relative)
+    text, where = source(caller.package, caller.relative)
     shown = f"{caller.package}/{caller.relative}:{caller.function}"
     if text is None:
         return None, where
@@ -251,7 +248,7 @@ def _patched_problem(graph_class: Any) -> str | None:
     raw = graph_class.__dict__.get("from_payload")
     if not isinstance(raw, classmethod):
         return "lfx's Graph.from_payload is not a classmethod"
-    function: Any = raw.__func__
+    function: Any = getattr(raw, "__func__", None)
     if getattr(function, "__lfsc_hostbuild__", False):
         return None
     params = _params_of(function)
@@ -288,13 +285,13 @@ def plan(seam: str, graph_class: Any = None) -> dict[str, tuple[list[str] | None
 def _patched_source_problem() -> str | None:
     """``_patched_problem`` read from the installed source (for ``doctor``, which does not build
     lfx's graph machinery)."""
-    from .reach import _function, _source  # pyright: ignore[reportPrivateUsage]
+    from .sources import function, source
 
-    text, where = _source("lfx", "graph/graph/base.py")
+    text, where = source("lfx", "graph/graph/base.py")
     if text is None:
         return where
     try:
-        node = _function(ast.parse(text), "Graph.from_payload")
+        node = function(ast.parse(text), "Graph.from_payload")
     except (SyntaxError, ValueError) as exc:
         return f"{where} could not be parsed ({type(exc).__name__})"
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -307,7 +304,7 @@ def _patched_source_problem() -> str | None:
 
 def _wrap(original: Any) -> Any:
     def from_payload(cls: Any, payload: Any, *args: Any, **kwargs: Any) -> Any:
-        caller = sys._getframe(1).f_code  # noqa: SLF001 - which function builds this graph
+        caller = sys._getframe(1).f_code  # noqa: SLF001  # pyright: ignore[reportPrivateUsage] - which function builds this graph
         if (
             "instantiate_components" not in kwargs
             and (os.path.realpath(caller.co_filename), caller.co_name) in _deferred
@@ -405,6 +402,23 @@ def boot() -> None:
     sys.meta_path.insert(0, _AfterGraphImport())
 
 
+#: The wheel's start-up file, in site-packages (installs the lfx path: :func:`boot`).
+START_UP_FILE = "langflow_sandbox_createos_hostbuild.pth"
+
+
+def _start_up_file_installed() -> bool:
+    """Whether Python reads the start-up file when this environment starts."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(os.path.exists(os.path.join(folder, START_UP_FILE)) for folder in folders)
+
+
+def _warm_registry() -> bool:
+    """Whether Langflow's opt-in warm graph registry is on (``LANGFLOW_WARM_REGISTRY_ENABLED``)."""
+    return os.environ.get("LANGFLOW_WARM_REGISTRY_ENABLED", "").strip().lower() in ("1", "true", "yes", "on", "t", "y")
+
+
 def status() -> dict[str, tuple[bool, str]]:
     """For ``doctor``, per path: (covered, why). Read from the installed sources, as the hook's
     own fingerprint reads them; ``covered`` needs the setting too."""
@@ -414,8 +428,16 @@ def status() -> dict[str, tuple[bool, str]]:
         for name, (files, why) in plan(seam).items():
             if why is not None:
                 out[name] = (False, f"the hook does not install here: {why}")
+            elif seam == "lfx" and not _start_up_file_installed():
+                out[name] = (False, f"the hook's start-up file {START_UP_FILE} is not in this environment's site-packages")
             elif problem is not None:
                 out[name] = (False, problem)
+            elif seam == "langflow" and _warm_registry():
+                out[name] = (
+                    False,
+                    "LANGFLOW_WARM_REGISTRY_ENABLED is on: a warm hit copies a prepared graph and builds its "
+                    "components (Graph.copy_for_run), which the hook does not change; turn the warm registry off",
+                )
             elif value != "none":
                 out[name] = (False, f"{SETTING} is {value!r}: set {SETTING}=none to build the graph without them")
             else:
