@@ -351,6 +351,11 @@ def hooked_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
         server.stop()
 
 
+#: A word of the executor's WARNING when the graph it received had components built on the
+#: host (one word: the server's log wraps lines at spaces).
+HOST_BUILT = "instantiate_components=True"
+
+
 def marker_pids(answer: Any) -> set[str]:
     """The pids of the processes the answer says built the Marker (each names four markers)."""
     import re
@@ -381,12 +386,36 @@ def test_no_flow_code_runs_in_the_server_through_api_v1_run_and_v2_sync(hooked_s
     markers = Path(hooked_server.env["LFSC_MARKER_DIR"])
     written = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
     assert written == [], f"the Langflow process evaluated flow code: {written}\n{hooked_server.tail()}"
+    assert HOST_BUILT not in hooked_server.log.read_text(errors="replace"), hooked_server.tail()
     stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 2)
     assert stats["created"] == 2, stats
     proc = run_doctor(hooked_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
     for route in ("v1 run (/api/v1/run): covered", "v2 sync (/api/v2/workflows, sync mode): covered"):
         assert route in proc.stdout, proc.stdout[-4000:]
     assert "v2 stream (/api/v2/workflows, stream mode): not covered" in proc.stdout, proc.stdout
+
+
+def test_without_the_hook_the_server_builds_the_marker_before_the_hand_over(
+    executor_server: Server, slow_fake: Fake
+) -> None:
+    """The control: the same flow on the executor server without the setting still builds in a
+    guest, and the server says it built the components first; doctor says v1 run is not covered."""
+    flow_id = upload_flow(executor_server, MARKER, "slow: marker, no hook")
+    answer = executor_server.call(
+        "POST",
+        f"/api/v1/run/{flow_id}",
+        {"input_value": "hi", "input_type": "chat", "output_type": "chat"},
+        api_key=True,
+        timeout=240,
+    )
+    assert len(marker_pids(answer)) == 1, answer
+    deadline = time.monotonic() + 30
+    while HOST_BUILT not in executor_server.log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert HOST_BUILT in executor_server.log.read_text(errors="replace"), executor_server.tail()
+    slow_fake.wait_for(lambda s: s["live"] == 0)
+    proc = run_doctor(executor_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    assert "v1 run (/api/v1/run): not covered" in proc.stdout and "CREATEOS_EXECUTOR_HOST_BUILDS=none" in proc.stdout, proc.stdout
 
 
 def scrape(server: Server) -> tuple[str, dict[str, list[tuple[dict[str, str], float]]]]:
