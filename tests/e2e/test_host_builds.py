@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, Fake, backend_env, http_json, lfx_serve, run_bounded, run_doctor, script_result, venv_bin
+from conftest import E2E, Fake, OsFake, backend_env, http_json, lfx_serve, run_bounded, run_doctor, script_result, venv_bin
 
 MARKER = E2E / "flows" / "marker_flow.json"
 SERVE_KEY = "e2e-hostbuild-serve-key"
@@ -67,6 +67,20 @@ def test_lfx_run_evaluates_no_flow_code_on_the_host(clean_fake: Fake, tmp_path: 
     guest_markers(out["result"])
     assert host_markers(host) == []
     assert clean_fake.wait_settled()["created"] == 1
+
+
+def test_lfx_run_on_opensandbox_evaluates_no_flow_code_on_the_host(osfake_guests: OsFake, tmp_path: Path) -> None:
+    """The second provider: the same hook, the same answer from a sandbox of the OpenSandbox fake."""
+    from test_opensandbox_executor import os_executor_env
+
+    osfake_guests.reset()
+    host = tmp_path / "host"
+    env = os_executor_env(osfake_guests, CREATEOS_EXECUTOR_HOST_BUILDS="none", LFSC_MARKER_DIR=str(host))
+    out = lfx_run_marker(env)
+    assert out.get("success") is True, out
+    guest_markers(out["result"])
+    assert host_markers(host) == []
+    assert osfake_guests.wait_settled()["created"] == 1
 
 
 def test_without_the_hook_the_host_evaluates_the_code_and_the_guest_builds(clean_fake: Fake, tmp_path: Path) -> None:

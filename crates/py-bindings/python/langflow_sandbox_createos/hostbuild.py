@@ -43,7 +43,7 @@ import sys
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["PATHS", "SETTING", "boot", "install", "register", "setting", "status"]
 
@@ -248,7 +248,7 @@ def _patched_problem(graph_class: Any) -> str | None:
     raw = graph_class.__dict__.get("from_payload")
     if not isinstance(raw, classmethod):
         return "lfx's Graph.from_payload is not a classmethod"
-    function: Any = getattr(raw, "__func__", None)
+    function: Any = cast("Any", raw).__func__
     if getattr(function, "__lfsc_hostbuild__", False):
         return None
     params = _params_of(function)
