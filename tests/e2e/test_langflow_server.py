@@ -395,6 +395,45 @@ def test_no_flow_code_runs_in_the_server_through_api_v1_run_and_v2_sync(hooked_s
     assert "v2 stream (/api/v2/workflows, stream mode): not covered" in proc.stdout, proc.stdout
 
 
+UNKNOWN_LANGFLOW = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+from lfx.graph.graph.base import Graph
+from langflow_sandbox_createos import hostbuild, reach
+before = Graph.__dict__["from_payload"]
+hostbuild.BASE_VERSIONS = frozenset({"0.0.1"})  # the fingerprint: a Langflow the hook does not know
+results = [hostbuild.register(None), hostbuild.install("langflow", Graph)]
+print("RESULT " + json.dumps({
+    "unchanged": Graph.__dict__["from_payload"] is before,
+    "results": results[1],
+    "deferred": sorted(name for _, name in hostbuild._deferred),
+    "doctor": [text for _, text in reach.findings() if text.startswith(("v1 run (", "v2 sync ("))],
+}))
+"""
+
+
+def test_an_unknown_langflow_installs_nothing_warns_once_and_doctor_says_not_covered(workdir: Path) -> None:
+    """The fingerprint against the server's Langflow, its known versions monkeypatched: the
+    plugin's register() (what every worker runs) wraps nothing, one WARNING names both routes and
+    why, and doctor's lines say v1 run and v2 sync are not covered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_"))}
+    env.update(LANGFLOW_EXECUTOR_KIND="createos", CREATEOS_EXECUTOR_HOST_BUILDS="none")
+    proc = subprocess.run(
+        [str(Path(SERVER_VENV) / "bin" / "python"), "-c", UNKNOWN_LANGFLOW],
+        capture_output=True, text=True, env=env, timeout=300, cwd=workdir, check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    # The start-up file installed lfx's own path (lfx is known); nothing of Langflow's was added.
+    assert result["unchanged"] is True and result["deferred"] == ["aload_flow_from_json"], result
+    assert all("langflow-base 1.13.0 is not a version this hook was checked against" in why for why in result["results"].values())
+    assert sorted(result["results"]) == ["v1 run (/api/v1/run)", "v2 sync (/api/v2/workflows, sync mode)"], result
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING") and "0.0.1" in line]
+    assert len(warnings) == 1 and "v1 run" in warnings[0] and "v2 sync" in warnings[0], proc.stderr[-3000:]
+    assert len(result["doctor"]) == 2 and all("not covered" in line for line in result["doctor"]), result
+
+
 def test_without_the_hook_the_server_builds_the_marker_before_the_hand_over(
     executor_server: Server, slow_fake: Fake
 ) -> None:
