@@ -395,6 +395,37 @@ def test_no_flow_code_runs_in_the_server_through_api_v1_run_and_v2_sync(hooked_s
     assert "v2 stream (/api/v2/workflows, stream mode): not covered" in proc.stdout, proc.stdout
 
 
+def v2_stream(server: Server, flow_id: str, text: str) -> str:
+    """A run as the 1.13 Playground sends it: ``POST /api/v2/workflows`` in stream mode; the
+    whole event stream, as text."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/workflows",
+        data=json.dumps({"flow_id": flow_id, "input_value": text, "mode": "stream"}).encode(),
+        headers={"Content-Type": "application/json", "x-api-key": server.api_key},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - loopback
+        return response.read().decode(errors="replace")
+
+
+def test_the_v2_stream_is_not_covered_and_builds_in_the_server_as_doctor_says(hooked_server: Server, slow_fake: Fake) -> None:
+    """What doctor says of the v2 stream mode (the 1.13 Playground's route), checked against the
+    server: it reaches no executor (no guest) and the server process builds the marker itself, so
+    "not covered" is the truth. This test turns red when Langflow or this package changes that."""
+    flow_id = upload_flow(hooked_server, MARKER, "slow: marker, v2 stream")
+    slow_fake.reset()
+    events = v2_stream(hooked_server, flow_id, "hi")
+    markers = Path(hooked_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name.split("-")[0] for p in markers.iterdir()) if markers.exists() else []
+    assert "build" in written and "module" in written, (written, events[-3000:])
+    assert slow_fake.stats()["created"] == 0
+    for path in markers.iterdir():  # the next test of this server starts from no host marker
+        path.unlink()
+    proc = run_doctor(hooked_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    said = [line for line in proc.stdout.splitlines() if "v2 stream (/api/v2/workflows, stream mode)" in line]
+    assert len(said) == 1 and "not covered" in said[0] and "never reaches the executor" in said[0], proc.stdout[-4000:]
+
+
 UNKNOWN_LANGFLOW = """
 import json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
