@@ -111,14 +111,22 @@ def test_lfx_serve_evaluates_no_flow_code_on_the_host(clean_fake: Fake, tmp_path
     assert clean_fake.wait_settled()["created"] == 2
 
 
-UNKNOWN_VERSION = """
-import json, logging, os, sys
+UNKNOWN = """
+import dataclasses, json, logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
 from lfx.graph.graph.base import Graph
 from langflow_sandbox_createos import hostbuild, reach
 before = Graph.__dict__["from_payload"]
 os.environ["CREATEOS_EXECUTOR_HOST_BUILDS"] = "none"  # asked for only now: the process started unhooked
-hostbuild.LFX_VERSIONS = frozenset({"0.0.1"})  # the fingerprint: a version the hook does not know
+what = sys.argv[1]
+if what == "version":  # an lfx the hook does not know
+    hostbuild.LFX_VERSIONS = frozenset({"0.0.1"})
+elif what == "signature":  # a Graph.from_payload whose parameters are not the expected ones
+    hostbuild.FROM_PAYLOAD_PARAMS = hostbuild.FROM_PAYLOAD_PARAMS + ", flavour:KEYWORD_ONLY"
+else:  # a caller whose parameters changed
+    path = hostbuild.PATHS[0]
+    caller = dataclasses.replace(path.callers[0], params="flow:POSITIONAL_OR_KEYWORD")
+    hostbuild.PATHS = (dataclasses.replace(path, callers=(caller,)), *hostbuild.PATHS[1:])
 results = [hostbuild.install("lfx", Graph), hostbuild.install("lfx", Graph)]
 print("RESULT " + json.dumps({
     "unchanged": Graph.__dict__["from_payload"] is before,
@@ -128,21 +136,29 @@ print("RESULT " + json.dumps({
 """
 
 
-def test_an_unknown_lfx_version_installs_nothing_warns_once_and_doctor_says_not_covered(
-    clean_fake: Fake, tmp_path: Path
+@pytest.mark.parametrize(
+    ("what", "why"),
+    [
+        ("version", "lfx 1.13.0 is not a version this hook was checked against (0.0.1)"),
+        ("signature", "lfx's Graph.from_payload has the parameters"),
+        ("caller", "lfx/load/load.py:aload_flow_from_json has the parameters"),
+    ],
+)
+def test_an_unknown_fingerprint_installs_nothing_warns_once_and_doctor_says_not_covered(
+    clean_fake: Fake, tmp_path: Path, what: str, why: str
 ) -> None:
-    """The fingerprint: with an lfx version the hook does not know (the known list monkeypatched in
-    the process), nothing is wrapped, one WARNING names why however often it is asked, and what
-    doctor prints says the path is not covered, and why."""
+    """The fingerprint: with an lfx version the hook does not know, a ``Graph.from_payload`` of
+    other parameters, or a caller of other parameters (each monkeypatched in the process), nothing
+    is wrapped, one WARNING names the path and why however often it is asked, and what doctor
+    prints says the path is not covered, and why."""
     env = hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_HOST_BUILDS=None)
-    result, proc = script_result(UNKNOWN_VERSION, [], env)
+    result, proc = script_result(UNKNOWN, [what], env)
     assert result["unchanged"] is True, result
-    why = result["results"][0]["lfx run and lfx serve"]
-    assert "is not a version this hook was checked against" in why, result
+    assert why in result["results"][0]["lfx run and lfx serve"], result
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
-    assert len(warnings) == 1 and "lfx run and lfx serve" in warnings[0] and "0.0.1" in warnings[0], proc.stderr[-3000:]
+    assert len(warnings) == 1 and "lfx run and lfx serve" in warnings[0] and why in warnings[0], proc.stderr[-3000:]
     assert len(result["doctor"]) == 1 and "not covered" in result["doctor"][0], result
-    assert "is not a version this hook was checked against" in result["doctor"][0], result
+    assert why in result["doctor"][0], result
 
 
 def test_doctor_says_per_route_what_is_covered(clean_fake: Fake, tmp_path: Path) -> None:
