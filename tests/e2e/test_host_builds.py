@@ -209,3 +209,13 @@ def test_a_value_that_is_not_none_or_components_refuses_every_run(clean_fake: Fa
     doctor = run_doctor(env, args=("--surface", "executor"))
     assert doctor.returncode == 1, doctor.stdout[-3000:]
     assert "CREATEOS_EXECUTOR_HOST_BUILDS='nnone' is not one of components, none" in doctor.stdout, doctor.stdout[-3000:]
+
+
+def test_the_first_run_log_line_says_which_routes_are_covered(clean_fake: Fake, tmp_path: Path) -> None:
+    """The executor's first log line in the process (``lfx run -v`` prints it) lists the covered
+    routes and the others, as doctor does."""
+    env = hook_env(clean_fake, tmp_path / "host")
+    proc = run_bounded([venv_bin("lfx"), "run", "-v", str(MARKER), "hi"], env, timeout=180)
+    said = [line for line in (proc.stderr + proc.stdout).splitlines() if "no flow code evaluated in this process" in line]
+    assert len(said) == 1, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "no flow code evaluated in this process): lfx run and lfx serve; not covered (doctor says why): v1 run; v2 sync; v1 build" in said[0], said
