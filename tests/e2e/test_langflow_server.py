@@ -323,6 +323,171 @@ def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
 
 
+# --- The host builds no flow code (issue 46, CREATEOS_EXECUTOR_HOST_BUILDS=none) -----------------
+
+MARKER = E2E / "flows" / "marker_flow.json"
+
+
+@pytest.fixture(scope="module")
+def hooked_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
+    """The executor server with ``CREATEOS_EXECUTOR_HOST_BUILDS=none``; the marker flow's
+    component writes what the server process evaluates into ``hooked-markers`` (only the
+    server's environment names it: a guest's is the executor's own)."""
+    (workdir / "hooked").mkdir()
+    env = backend_env(
+        slow_fake,
+        LANGFLOW_SANDBOX_BACKEND=None,
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
+        LANGFLOW_EXECUTOR_KIND="createos",
+        CREATEOS_EXECUTOR_HOST_BUILDS="none",
+        LFSC_MARKER_DIR=str(workdir / "hooked-markers"),
+    )
+    server = start_server(env, workdir / "hooked")
+    server.env = env
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: A word of the executor's WARNING when the graph it received had components built on the
+#: host (one word: the server's log wraps lines at spaces).
+HOST_BUILT = "instantiate_components=True"
+
+
+def marker_pids(answer: Any) -> set[str]:
+    """The pids of the processes the answer says built the Marker (each names four markers)."""
+    import re
+
+    found = re.findall(r"module-(\d+) class-(\d+) init-(\d+) build-(\d+)", json.dumps(answer))
+    assert found, answer
+    assert all(len(set(marks)) == 1 for marks in found), found
+    return {marks[0] for marks in found}
+
+
+def test_no_flow_code_runs_in_the_server_through_api_v1_run_and_v2_sync(hooked_server: Server, slow_fake: Fake) -> None:
+    """The marker flow through /api/v1/run and the v2 sync mode: every marker from a guest, none
+    from the Langflow process; and doctor, with the server's settings, says both are covered."""
+    flow_id = upload_flow(hooked_server, MARKER, "slow: marker")
+    slow_fake.reset()
+    v1 = hooked_server.call(
+        "POST",
+        f"/api/v1/run/{flow_id}",
+        {"input_value": "hi", "input_type": "chat", "output_type": "chat"},
+        api_key=True,
+        timeout=240,
+    )
+    v2 = hooked_server.call(
+        "POST", "/api/v2/workflows", {"flow_id": flow_id, "input_value": "hi", "mode": "sync"}, api_key=True, timeout=240
+    )
+    guests = marker_pids(v1) | marker_pids(v2)
+    assert len(guests) == 2, (v1, v2)
+    markers = Path(hooked_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
+    assert written == [], f"the Langflow process evaluated flow code: {written}\n{hooked_server.tail()}"
+    assert HOST_BUILT not in hooked_server.log.read_text(errors="replace"), hooked_server.tail()
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 2)
+    assert stats["created"] == 2, stats
+    proc = run_doctor(hooked_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    for route in ("v1 run (/api/v1/run): covered", "v2 sync (/api/v2/workflows, sync mode): covered"):
+        assert route in proc.stdout, proc.stdout[-4000:]
+    assert "v2 stream (/api/v2/workflows, stream mode): not covered" in proc.stdout, proc.stdout
+
+
+def v2_stream(server: Server, flow_id: str, text: str) -> str:
+    """A run as the 1.13 Playground sends it: ``POST /api/v2/workflows`` in stream mode; the
+    whole event stream, as text."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/workflows",
+        data=json.dumps({"flow_id": flow_id, "input_value": text, "mode": "stream"}).encode(),
+        headers={"Content-Type": "application/json", "x-api-key": server.api_key},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - loopback
+        return response.read().decode(errors="replace")
+
+
+def test_the_v2_stream_is_not_covered_and_builds_in_the_server_as_doctor_says(hooked_server: Server, slow_fake: Fake) -> None:
+    """What doctor says of the v2 stream mode (the 1.13 Playground's route), checked against the
+    server: it reaches no executor (no guest) and the server process builds the marker itself, so
+    "not covered" is the truth. This test turns red when Langflow or this package changes that."""
+    flow_id = upload_flow(hooked_server, MARKER, "slow: marker, v2 stream")
+    slow_fake.reset()
+    events = v2_stream(hooked_server, flow_id, "hi")
+    markers = Path(hooked_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name.split("-")[0] for p in markers.iterdir()) if markers.exists() else []
+    assert "build" in written and "module" in written, (written, events[-3000:])
+    assert slow_fake.stats()["created"] == 0
+    for path in markers.iterdir():  # the next test of this server starts from no host marker
+        path.unlink()
+    proc = run_doctor(hooked_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    said = [line for line in proc.stdout.splitlines() if "v2 stream (/api/v2/workflows, stream mode)" in line]
+    assert len(said) == 1 and "not covered" in said[0] and "never reaches the executor" in said[0], proc.stdout[-4000:]
+
+
+UNKNOWN_LANGFLOW = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+from lfx.graph.graph.base import Graph
+from langflow_sandbox_createos import hostbuild, reach
+before = Graph.__dict__["from_payload"]
+hostbuild.BASE_VERSIONS = frozenset({"0.0.1"})  # the fingerprint: a Langflow the hook does not know
+results = [hostbuild.register(None), hostbuild.install("langflow", Graph)]
+print("RESULT " + json.dumps({
+    "unchanged": Graph.__dict__["from_payload"] is before,
+    "results": results[1],
+    "deferred": sorted(name for _, name in hostbuild._deferred),
+    "doctor": [text for _, text in reach.findings() if text.startswith(("v1 run (", "v2 sync ("))],
+}))
+"""
+
+
+def test_an_unknown_langflow_installs_nothing_warns_once_and_doctor_says_not_covered(workdir: Path) -> None:
+    """The fingerprint against the server's Langflow, its known versions monkeypatched: the
+    plugin's register() (what every worker runs) wraps nothing, one WARNING names both routes and
+    why, and doctor's lines say v1 run and v2 sync are not covered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_"))}
+    env.update(LANGFLOW_EXECUTOR_KIND="createos", CREATEOS_EXECUTOR_HOST_BUILDS="none")
+    proc = subprocess.run(
+        [str(Path(SERVER_VENV) / "bin" / "python"), "-c", UNKNOWN_LANGFLOW],
+        capture_output=True, text=True, env=env, timeout=300, cwd=workdir, check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    # The start-up file installed lfx's own path (lfx is known); nothing of Langflow's was added.
+    assert result["unchanged"] is True and result["deferred"] == ["aload_flow_from_json"], result
+    assert all("langflow-base 1.13.0 is not a version this hook was checked against" in why for why in result["results"].values())
+    assert sorted(result["results"]) == ["v1 run (/api/v1/run)", "v2 sync (/api/v2/workflows, sync mode)"], result
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING") and "0.0.1" in line]
+    assert len(warnings) == 1 and "v1 run" in warnings[0] and "v2 sync" in warnings[0], proc.stderr[-3000:]
+    assert len(result["doctor"]) == 2 and all("not covered" in line for line in result["doctor"]), result
+
+
+def test_without_the_hook_the_server_builds_the_marker_before_the_hand_over(
+    executor_server: Server, slow_fake: Fake
+) -> None:
+    """The control: the same flow on the executor server without the setting still builds in a
+    guest, and the server says it built the components first; doctor says v1 run is not covered."""
+    flow_id = upload_flow(executor_server, MARKER, "slow: marker, no hook")
+    answer = executor_server.call(
+        "POST",
+        f"/api/v1/run/{flow_id}",
+        {"input_value": "hi", "input_type": "chat", "output_type": "chat"},
+        api_key=True,
+        timeout=240,
+    )
+    assert len(marker_pids(answer)) == 1, answer
+    deadline = time.monotonic() + 30
+    while HOST_BUILT not in executor_server.log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert HOST_BUILT in executor_server.log.read_text(errors="replace"), executor_server.tail()
+    slow_fake.wait_for(lambda s: s["live"] == 0)
+    proc = run_doctor(executor_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    assert "v1 run (/api/v1/run): not covered" in proc.stdout and "CREATEOS_EXECUTOR_HOST_BUILDS=none" in proc.stdout, proc.stdout
+
+
 def scrape(server: Server) -> tuple[str, dict[str, list[tuple[dict[str, str], float]]]]:
     """Langflow's metrics endpoint: its text and our ``createos_`` samples by name."""
     from prometheus_client.parser import text_string_to_metric_families

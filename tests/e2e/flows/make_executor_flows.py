@@ -17,6 +17,9 @@
   Output.
 - ``big_flow.json``: Chat Input -> Big (answers with as many ``x`` as the input says) -> Chat
   Output; a 5 MB answer is a 20 MB vertex frame, which the runner sends in pieces.
+- ``marker_flow.json``: Chat Input -> Marker (writes a marker file, named after the writing
+  process, at module level, in its class body, in ``__init__`` and in its build method; answers
+  with the four) -> Chat Output: which process evaluated the flow's code (issue 46).
 
 The components live in ``components/``, one per module: a dumped node embeds its module's
 source, which is what the guest rebuilds.
@@ -43,6 +46,7 @@ from lfx.components.input_output import ChatInput, ChatOutput  # noqa: E402
 from rows_component import RowsComponent  # noqa: E402
 from secret_component import SecretProbeComponent  # noqa: E402
 from lfx.graph import Graph  # noqa: E402
+from marker_component import MarkerComponent  # noqa: E402
 from shout_component import ShoutComponent  # noqa: E402
 from slow_component import SlowComponent  # noqa: E402
 from stream_component import StreamWordsComponent  # noqa: E402
@@ -117,6 +121,10 @@ def big() -> Graph:
     return chat_through(lambda: BigComponent(_id="big"), "size", "text")
 
 
+def marker() -> Graph:
+    return chat_through(lambda: MarkerComponent(_id="marker"), "text", "build_markers")
+
+
 FLOWS = {
     "shout": shout,
     "slow": slow,
@@ -127,6 +135,7 @@ FLOWS = {
     "history": history,
     "file": file,
     "big": big,
+    "marker": marker,
 }
 
 if __name__ == "__main__":

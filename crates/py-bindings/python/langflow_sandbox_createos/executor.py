@@ -767,6 +767,11 @@ class CreateOSExecutor(Executor):
         # first): the guests it destroys still reach the metrics and usage records.
         metrics.install()
         with metrics.run_scope("executor") as span:
+            from .hostbuild import setting
+
+            bad = setting()[1]
+            if bad is not None:  # fail closed: the operator asked for something this cannot tell
+                raise SandboxRefusedError(f"{bad}; nothing was created")
             _warn_if_host_built(unit.graph)
             try:
                 uploads, file_params, files_back = _files(unit.graph)

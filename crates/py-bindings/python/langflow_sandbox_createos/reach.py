@@ -6,16 +6,24 @@ from the installed code itself, not from a version table: the source of the func
 the path is parsed (never imported, never run) and searched for a use of the seam. When a path's
 code cannot be found or read, its answer is ``None``: not known, and to be treated as not
 sandboxed. ``doctor`` and the executor's first-run log line print these answers.
+
+Reaching the executor is half of it: before the hand-over, the path may build the graph's
+components in the Langflow process (their source, class body and constructor). :func:`coverage`
+says, per route an operator can call, whether it is *covered*: its run reaches the executor and
+the host evaluates none of the flow's code (``CREATEOS_EXECUTOR_HOST_BUILDS=none`` with the
+hook's fingerprint matched, :mod:`.hostbuild`), or not, and why.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 from dataclasses import dataclass
 
-__all__ = ["Route", "routes"]
+from .sources import function as _function
+from .sources import source as _source
+
+__all__ = ["Route", "coverage", "routes"]
 
 #: Names through which code hands a run to lfx's executor seam.
 _SEAM_NAMES = frozenset(
@@ -36,39 +44,6 @@ class Route:
     reaches: bool | None
     #: Where that was read (``package/path.py:function``), or why it could not be.
     evidence: str
-
-
-def _source(package: str, relative: str) -> tuple[str | None, str]:
-    """The text of ``relative`` inside the installed ``package`` (located without importing it)."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return None, f"{package} is not installed"
-    for root in spec.submodule_search_locations:
-        path = os.path.join(root, relative)
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read(), path
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
-            return None, f"{package}/{relative} could not be read ({type(exc).__name__})"
-    return None, f"{package}/{relative} was not found"
-
-
-def _function(tree: ast.AST, qualname: str) -> ast.AST | None:
-    """The (async) function ``qualname`` (``Class.method`` or ``function``) in ``tree``."""
-    node: ast.AST | None = tree
-    for part in qualname.split("."):
-        found = None
-        for child in ast.iter_child_nodes(node) if node is not None else ():
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
-                found = child
-                break
-        node = found
-    return node
 
 
 def _uses_seam(node: ast.AST) -> bool:
@@ -119,6 +94,66 @@ def routes() -> list[Route]:
         _route("Loop subgraphs", "lfx", "base/flow_controls/loop_utils.py", ("execute_loop_body",)),
         _route(PLAYGROUND, "langflow", "api/build.py", ("_generate_flow_events", "generate_flow_events")),
     ]
+
+
+#: The routes that drive Langflow's streaming build (``_generate_flow_events``), by name.
+STREAMING_ROUTES = (
+    "v1 build (/api/v1/build/{flow_id}/flow)",
+    "v1 public (/api/v1/build_public_tmp/{flow_id}/flow)",
+    "v2 stream (/api/v2/workflows, stream mode)",
+    "v2 public (public v2 workflow runs)",
+    "v2 background (/api/v2/workflows, background mode)",
+    "voice (the voice mode's builds)",
+)
+
+
+def coverage(found: list[Route] | None = None, hooks: dict[str, tuple[bool, str]] | None = None) -> list[tuple[str, bool, str]]:
+    """Per route an operator can call: (route, covered, why). Covered means every vertex builds
+    in a guest and the Langflow process evaluates none of the flow's code."""
+    from . import hostbuild
+
+    found = routes() if found is None else found
+    hooks = hostbuild.status() if hooks is None else hooks
+    by_name = {route.name: route for route in found}
+    arun = by_name.get("Graph.arun (Langflow's /api/v1/run, the v2 workflow sync mode)")
+    cli = by_name.get("lfx run and lfx serve")
+    playground = by_name.get(PLAYGROUND)
+    out: list[tuple[str, bool, str]] = []
+
+    def hooked(route: str, reach_route: Route | None, hook: str) -> None:
+        if reach_route is None or reach_route.reaches is not True:
+            evidence = reach_route.evidence if reach_route is not None else "not read"
+            out.append((route, False, f"cannot tell that it reaches the executor ({evidence})"))
+            return
+        covered, why = hooks.get(hook, (False, "the hook does not know this path"))
+        if covered:
+            out.append((route, True, f"every vertex builds in a guest; the host builds no component first ({why})"))
+        else:
+            out.append(
+                (
+                    route,
+                    False,
+                    "its vertices build in a guest, but the Langflow process evaluates each component's source, "
+                    f"class body and constructor before the hand-over ({why})",
+                )
+            )
+
+    hooked("v1 run (/api/v1/run)", arun, "v1 run (/api/v1/run)")
+    hooked("v2 sync (/api/v2/workflows, sync mode)", arun, "v2 sync (/api/v2/workflows, sync mode)")
+    hooked("lfx run and lfx serve", cli, "lfx run and lfx serve")
+    for route in STREAMING_ROUTES:
+        if playground is None or playground.reaches is None:
+            evidence = playground.evidence if playground is not None else "not read"
+            why = f"cannot tell whether Langflow's streaming build reaches the executor ({evidence})"
+        elif playground.reaches:
+            why = f"Langflow's streaming build reaches the executor, but the hook does not cover it (read from {playground.evidence})"
+        else:
+            why = (
+                "Langflow's streaming build never reaches the executor: it builds every vertex in the Langflow "
+                f"process (read from {playground.evidence})"
+            )
+        out.append((route, False, why))
+    return out
 
 
 #: lfx's selector of the executor, and this package's kinds (one per provider).
@@ -172,6 +207,15 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
             out.append(
                 ("info", f"{route.name}: cannot tell whether it reaches the executor ({route.evidence}); treat it as not sandboxed by it")
             )
+    selected = executor_selected()
+    from . import hostbuild
+
+    bad = hostbuild.setting()[1]
+    if bad is not None:
+        out.append(("refused", f"{bad}: the executor refuses every run until it is fixed"))
+    for route, covered, why in coverage(found):
+        level = "ok" if covered else ("warn" if selected else "info")
+        out.append((level, f"{route}: {'covered' if covered else 'not covered'}: {why}"))
     if any(route.reaches is not True for route in found):
         if _backend_selected():
             out.append(
@@ -192,6 +236,11 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
     return out
 
 
+def _short(route: str) -> str:
+    """A route's name without its parenthesis (``v1 run``)."""
+    return route.split(" (", 1)[0]
+
+
 def first_run_message(found: list[Route] | None = None) -> tuple[bool, str]:
     """The executor's first-run log line: (every known path covered, the text)."""
     found = routes() if found is None else found
@@ -208,4 +257,12 @@ def first_run_message(found: list[Route] | None = None) -> tuple[bool, str]:
         )
     if unknown:
         parts.append("not known (treat as not sandboxed): " + "; ".join(unknown))
+    per_route = coverage(found)
+    covered_routes = [route for route, covered, _ in per_route if covered]
+    parts.append(
+        "covered (every vertex in a guest, no flow code evaluated in this process): "
+        + ("; ".join(_short(route) for route in covered_routes) or "none")
+        + "; not covered (doctor says why): "
+        + "; ".join(_short(route) for route, covered, _ in per_route if not covered)
+    )
     return not missed, ". ".join(parts)
