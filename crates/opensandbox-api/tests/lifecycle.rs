@@ -122,6 +122,44 @@ async fn an_image_pull_failure_is_not_worth_repeating() {
 }
 
 #[tokio::test]
+async fn a_kubernetes_pod_failed_on_its_image_is_an_image_pull_failure() {
+    // The 1.1.1 server on Kubernetes waits in the create; OpenSandbox's controller marks the
+    // BatchSandbox Failed with the kubelet's waiting reason, and the create answers this.
+    for (reason, pull) in [
+        ("ErrImagePull", true),
+        ("ImagePullBackOff", true),
+        ("CrashLoopBackOff", false),
+        ("CreateContainerConfigError", false),
+    ] {
+        let server = MockServer::start_async().await;
+        server
+            .mock_async(|when, then| {
+                when.method(POST).path("/v1/sandboxes");
+                then.status(500).json_body(json!({
+                    "code": "KUBERNETES::POD_FAILED",
+                    "message": format!(
+                        "Sandbox 6b1f failed: 1/1 observed pods failed; primary reason={reason}; \
+                         sample pod=6b1f-0"
+                    ),
+                }));
+            })
+            .await;
+        let err = client(&server)
+            .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.is_image_pull_failure(), pull, "{reason}: {err}");
+        assert_eq!(err.is_retryable(), !pull, "{reason}: {err}");
+    }
+    assert!(opensandbox_api::is_image_pull_message(
+        "FAILED: 1/1 observed pods failed; primary reason=ImagePullBackOff; sample pod=x"
+    ));
+    assert!(!opensandbox_api::is_image_pull_message(
+        "Sandbox is running"
+    ));
+}
+
+#[tokio::test]
 async fn a_create_with_registry_credentials_never_shows_the_password() {
     let server = MockServer::start_async().await;
     server
