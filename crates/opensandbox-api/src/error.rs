@@ -186,7 +186,7 @@ impl Error {
     ///
     /// - Docker: a 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` from the create.
     /// - Kubernetes: the create waits for the pod, and OpenSandbox's controller marks the
-    ///   BatchSandbox `Failed` as soon as a container waits in `ErrImagePull` or
+    ///   `BatchSandbox` `Failed` as soon as a container waits in `ErrImagePull` or
     ///   `ImagePullBackOff`; the create then answers a 500 `KUBERNETES::POD_FAILED` whose
     ///   message carries the controller's summary (`Sandbox <id> failed: 1/1 observed pods
     ///   failed; primary reason=ErrImagePull; sample pod=...`) and deletes the workload.

@@ -88,7 +88,9 @@ impl Harness {
             bridge: match std::env::var("OPENSANDBOX_HARNESS_NETWORK").as_deref() {
                 Ok("bridge") => true,
                 Ok("host") | Err(_) => false,
-                Ok(other) => panic!("OPENSANDBOX_HARNESS_NETWORK must be bridge or host, not {other:?}"),
+                Ok(other) => {
+                    panic!("OPENSANDBOX_HARNESS_NETWORK must be bridge or host, not {other:?}")
+                }
             },
             times: Vec::new(),
         })

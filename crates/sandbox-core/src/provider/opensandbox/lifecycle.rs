@@ -250,7 +250,7 @@ impl OpenSandboxProvider {
     /// The refusal for an image the server cannot pull (Docker's pull failure, or a
     /// Kubernetes pod in `ErrImagePull`/`ImagePullBackOff`), with the server's own words.
     /// `left` says what became of the sandbox.
-    fn image_pull_refusal(&self, image: &str, said: &str, left: &str) -> SandboxError {
+    fn image_pull_refusal(image: &str, said: &str, left: &str) -> SandboxError {
         SandboxError::refused(format!(
             "the OpenSandbox server cannot pull the image {:?} ({ENV_IMAGE}); {left}. Set {ENV_IMAGE} to an image the server holds or can pull (mirror it \
              into a registry the server reaches, or pull it on the server's host). The \
@@ -272,7 +272,7 @@ impl OpenSandboxProvider {
         with_policy: bool,
     ) -> SandboxError {
         if e.is_image_pull_failure() {
-            return self.image_pull_refusal(
+            return Self::image_pull_refusal(
                 image,
                 e.as_api().map_or("", |a| a.message.as_str()),
                 "nothing was created",
@@ -394,7 +394,7 @@ impl OpenSandboxProvider {
                     .collect::<Vec<_>>()
                     .join(": ");
                 if opensandbox_api::is_image_pull_message(&said) {
-                    return Err(self.image_pull_refusal(
+                    return Err(Self::image_pull_refusal(
                         &self.settings.image,
                         &said,
                         "its sandbox is deleted and nothing ran",
