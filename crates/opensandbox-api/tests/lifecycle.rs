@@ -695,3 +695,44 @@ async fn ids_that_would_name_another_resource_are_refused_before_sending() {
     any.assert_calls_async(1).await;
     assert_no_key(&format!("{c:?}"));
 }
+
+#[tokio::test]
+async fn a_create_may_take_longer_than_one_buffered_request() {
+    // A Kubernetes server answers the create only once the pod runs (up to 60 s by default),
+    // and Docker pulls a missing image inside it: the client's timeout (1 s here) bounds the
+    // other calls, not the create.
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes");
+            then.status(202)
+                .delay(Duration::from_millis(1500))
+                .json_body(sandbox(SB, "Running"));
+        })
+        .await;
+    server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("/v1/sandboxes/{SB}"));
+            then.status(200)
+                .delay(Duration::from_millis(1500))
+                .json_body(sandbox(SB, "Running"));
+        })
+        .await;
+    let c = opensandbox_api::Client::builder()
+        .domain(server.base_url())
+        .api_key(KEY)
+        .timeout(Duration::from_secs(1))
+        .retry(opensandbox_api::RetryPolicy {
+            max_retries: 0,
+            ..common::fast_retry()
+        })
+        .build()
+        .unwrap();
+    let info = c
+        .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+        .await
+        .expect("the create's answer is waited for");
+    assert_eq!(info.id, SB);
+    let err = c.get_sandbox(SB).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+}
