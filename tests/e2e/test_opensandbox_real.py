@@ -17,7 +17,8 @@ doctor warns about exactly that). The TLS case puts nginx in front of the server
 docs' recipe (a private CA, ``OPEN_SANDBOX_CA_FILE``) on this machine's own non-loopback
 address, and is skipped without ``nginx`` and ``openssl``.
 
-Every test checks that the server holds no sandbox afterwards (its own listing, and Docker's
+Guest Reuse (``lfx serve``, the component's kept sandbox, then ``reap``) and the executor's
+warm pool run too. Every test checks that the server holds no sandbox afterwards (its own listing, and Docker's
 containers when ``DOCKER_HOST`` reaches the server's daemon).
 """
 
@@ -139,13 +140,15 @@ def executor_env(**overrides: str | None) -> dict[str, str]:
     return real_env(**{"LANGFLOW_EXECUTOR_KIND": "opensandbox", **CONTAINER, **overrides})
 
 
-def component_flow(tmp_path: Path) -> Path:
+def component_flow(tmp_path: Path, *, session_mode: str = "", flow_id: str = "") -> Path:
     """A flow whose CreateOS Sandbox node has Provider = OpenSandbox and Allow Network on (this
-    server has no egress sidecar for the default deny-all)."""
+    server has no egress sidecar for the default deny-all); Guest Reuse ``session_mode`` and
+    the flow's id when given."""
     from test_opensandbox_component import BUILD
 
-    out = tmp_path / "component-opensandbox.json"
-    subprocess.run([sys.executable, "-c", BUILD, str(out), "OpenSandbox"], check=True, timeout=120, cwd=E2E)
+    out = tmp_path / f"component-opensandbox-{session_mode or 'off'}.json"
+    args = [str(out), "OpenSandbox", *([session_mode, flow_id] if session_mode else [])]
+    subprocess.run([sys.executable, "-c", BUILD, *args], check=True, timeout=120, cwd=E2E)
     data = json.loads(out.read_text())
     for node in data["data"]["nodes"]:
         if node["id"] == "createos_sandbox":
@@ -330,3 +333,34 @@ def test_every_surface_through_the_tls_recipe(tls_front: tuple[str, Path], tmp_p
     refused = lfx(executor_env(OPEN_SANDBOX_DOMAIN=domain), SHOUT, "no ca")
     assert "OPEN_SANDBOX_CA_FILE" in refused.stdout + refused.stderr, refused.stdout[-3000:]
 
+
+
+# ---- Guest Reuse and the warm pool -------------------------------------------------------------
+
+
+def test_guest_reuse_keeps_one_sandbox_with_its_files_and_reap_deletes_it(tmp_path: Path) -> None:
+    from test_component import COUNTER, FLOW_ID, reap, served
+
+    flow = component_flow(tmp_path, session_mode="flow", flow_id=FLOW_ID)
+    env = real_env(**CONTAINER)
+    with served(env, tmp_path, flow) as server:
+        seen = [server.results(COUNTER, session_id=f"caller-{n}") for n in range(3)]
+    assert [r["result"] for r in seen] == ["RUN_COUNT 1", "RUN_COUNT 2", "RUN_COUNT 3"], seen
+    assert len({r["sandbox_id"] for r in seen}) == 1
+    assert [r["reused_guest"] for r in seen] == [False, True, True]
+    assert [s["id"] for s in server_sandboxes()] == [seen[0]["sandbox_id"]]
+    gone = reap(env, "--provider", "opensandbox", "--older-than", "0s")
+    assert gone.returncode == 0 and f"deleted reused guest {seen[0]['sandbox_name']}" in gone.stdout, gone.stdout
+
+
+def test_a_warm_pool_serves_the_next_flow_and_leaves_nothing() -> None:
+    from test_executor import POOLED_ARUN
+
+    from conftest import script_result
+
+    script = POOLED_ARUN.replace("sys.argv[1]", repr(str(SHOUT))).replace(
+        "_native.NativeExecutor()", '_native.NativeExecutor("opensandbox")'
+    )
+    result, _ = script_result(script, [], executor_env(CREATEOS_EXECUTOR_WARM_POOL="1"), timeout=300)
+    assert result["texts"] == [["FIRST!"], ["SECOND!"]], result
+    assert (result["pool"]["hits"], result["pool"]["misses"]) == (1, 1), result
