@@ -69,11 +69,20 @@ def test_a_failing_program_is_a_result(osfake: OsFake) -> None:
     osfake.wait_settled()
 
 
-def test_lfx_refuses_without_the_attestation(osfake: OsFake) -> None:
+def test_lfx_refuses_without_the_attestation_naming_the_setting(osfake: OsFake) -> None:
+    # lfx's own refusal ("reports 'container' isolation, not a hardware-virtualized boundary")
+    # names no setting; the backend refuses first, naming OPEN_SANDBOX_ATTEST_ISOLATION.
     run = lfx_run(os_env(osfake, OPEN_SANDBOX_ATTEST_ISOLATION=None), "print(1)")
     assert run.returncode != 0
     assert run.json["success"] is False
-    assert "hardware-virtualized" in run.json["exception_message"] or "isolation" in run.json["exception_message"]
+    message = run.json["exception_message"]
+    assert "OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized" in message, message
+    assert "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION" not in message, message
+    # The component's and executor's opt-in does not move lfx's seam, and the refusal says so.
+    run = lfx_run(os_env(osfake, OPEN_SANDBOX_ATTEST_ISOLATION=None, OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION="true"), "print(1)")
+    message = run.json["exception_message"]
+    assert "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION=true is set, but" in message, message
+    assert "OPEN_SANDBOX_ATTEST_ISOLATION=hardware-virtualized" in message, message
     assert osfake.stats()["created"] == 0
 
 

@@ -143,10 +143,22 @@ def test_the_sandbox_is_created_from_open_sandbox_image_and_waits_ready_seconds(
     env = os_executor_env(osfake, OPEN_SANDBOX_IMAGE=image, CREATEOS_EXECUTOR_ROOTFS="tpl_abc123")
     assert lfx_run_json(env, SHOUT, "from the cli")["result"] == "FROM THE CLI!"
     assert osfake.wait_settled()["created"] == 1
-    # Another image: on this Kubernetes server the pod cannot pull and stays Pending. The run
-    # waits OPEN_SANDBOX_READY_SECONDS (not CREATEOS_CONTROL_PLANE_RETRY_SECONDS), then fails
-    # naming OpenSandbox and that setting, and leaves no sandbox.
-    env = os_executor_env(osfake, OPEN_SANDBOX_READY_SECONDS="2", CREATEOS_CONTROL_PLANE_RETRY_SECONDS="60")
+    # Another image: this Kubernetes server's pod cannot pull it. The 1.1.1 create answers 500
+    # KUBERNETES::POD_FAILED ("... primary reason=ErrImagePull ..."): refused at once, naming
+    # OPEN_SANDBOX_IMAGE, not retried as a transient failure, and nothing is left.
+    proc = run_refused(os_executor_env(osfake, OPEN_SANDBOX_IMAGE="registry.internal/other:2"))
+    out = proc.stdout + proc.stderr
+    assert "FROM THE CLI!" not in proc.stdout
+    assert "OPEN_SANDBOX_IMAGE" in out and "ErrImagePull" in out, out[-3000:]
+    assert "retrying later" not in out.lower(), out[-3000:]
+    assert '"exception_type": "SandboxRefusedError"' in out, out[-3000:]
+    # A pod that stays Pending (a busy cluster): the run waits OPEN_SANDBOX_READY_SECONDS (not
+    # CREATEOS_CONTROL_PLANE_RETRY_SECONDS), then fails naming OpenSandbox and that setting,
+    # and leaves no sandbox.
+    osfake.configure(pending_ms=60_000)
+    env = os_executor_env(
+        osfake, OPEN_SANDBOX_IMAGE=image, OPEN_SANDBOX_READY_SECONDS="2", CREATEOS_CONTROL_PLANE_RETRY_SECONDS="60"
+    )
     proc = run_refused(env)
     out = proc.stdout + proc.stderr
     assert "FROM THE CLI!" not in proc.stdout

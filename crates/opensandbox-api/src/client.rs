@@ -24,6 +24,10 @@ use crate::retry::RetryPolicy;
 use crate::transport::{Call, Replay, Transport};
 use crate::wire::format_timestamp;
 
+/// How much longer than one buffered request (the client's timeout) a create may take: a
+/// Kubernetes server holds the create until the pod runs (`sandbox_create_timeout_seconds`, 60 s
+/// by default), and a Docker server pulls a missing image inside it.
+pub const CREATE_EXTRA_TIME: Duration = Duration::from_secs(90);
 /// The most pages [`Client::list_all_sandboxes`] walks (a server that always says "next page"
 /// cannot keep it busy forever).
 pub const MAX_PAGES: u32 = 1000;
@@ -286,10 +290,16 @@ impl Client {
     /// Docker answers with `Running` once the container started (execd may not be up yet:
     /// wait with [`crate::Execd::wait_until_ready`]); Kubernetes answers `Pending` (wait with
     /// [`Client::wait_until_running`]).
+    ///
+    /// The create may take [`CREATE_EXTRA_TIME`] longer than the client's timeout: a Kubernetes
+    /// server answers it only once the pod runs (within its `sandbox_create_timeout_seconds`,
+    /// 60 s by default), and Docker pulls an image it does not hold inside it. Cut short at the
+    /// client's timeout, such a create would still make its sandbox after the client gave up.
     pub async fn create_sandbox(&self, request: &CreateSandbox) -> Result<SandboxInfo> {
         let (body, secrets) = request.to_wire()?;
         let mut call = Call::new(Method::POST, &["sandboxes"], Replay::Never)?.json(&body)?;
         call.secrets = secrets;
+        call.timeout = Some(self.transport().timeout + CREATE_EXTRA_TIME);
         self.call(call).await
     }
 

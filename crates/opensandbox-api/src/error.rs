@@ -181,12 +181,24 @@ impl Error {
         }
     }
 
-    /// Whether the server could not pull the sandbox's image (`<RUNTIME>::SANDBOX_IMAGE_PULL_FAILED`,
-    /// a 500 from the Docker runtime): the image does not exist, or the server's registry does
-    /// not have it or refuses it. Nothing was created.
+    /// Whether the server could not pull the sandbox's image: the image does not exist, or the
+    /// server's registry does not have it or refuses it. Nothing was left behind.
+    ///
+    /// - Docker: a 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED` from the create.
+    /// - Kubernetes: the create waits for the pod, and OpenSandbox's controller marks the
+    ///   `BatchSandbox` `Failed` as soon as a container waits in `ErrImagePull` or
+    ///   `ImagePullBackOff`; the create then answers a 500 `KUBERNETES::POD_FAILED` whose
+    ///   message carries the controller's summary (`Sandbox <id> failed: 1/1 observed pods
+    ///   failed; primary reason=ErrImagePull; sample pod=...`) and deletes the workload.
+    ///   [`is_image_pull_message`] tells such a message from a crash or a configuration error.
     pub fn is_image_pull_failure(&self) -> bool {
-        self.code()
-            .is_some_and(|c| c.ends_with("::SANDBOX_IMAGE_PULL_FAILED"))
+        match self.code() {
+            Some(c) if c.ends_with("::SANDBOX_IMAGE_PULL_FAILED") => true,
+            Some("KUBERNETES::POD_FAILED") => self
+                .as_api()
+                .is_some_and(|a| is_image_pull_message(&a.message)),
+            _ => false,
+        }
     }
 
     /// The HTTP status of an API error.
@@ -287,6 +299,16 @@ impl fmt::Display for TlsFailure {
 }
 
 impl std::error::Error for TlsFailure {}
+
+/// Whether a Kubernetes pod failure summary (a `KUBERNETES::POD_FAILED` message, or a `Failed`
+/// sandbox's status message) names an image pull as the reason: OpenSandbox's controller
+/// writes `primary reason=ErrImagePull` or `primary reason=ImagePullBackOff` (the kubelet's
+/// waiting reasons) when a container cannot get its image.
+pub fn is_image_pull_message(message: &str) -> bool {
+    ["ErrImagePull", "ImagePullBackOff"]
+        .iter()
+        .any(|r| message.contains(&format!("reason={r}")))
+}
 
 /// A non-2xx answer: the status, the server's `{code, message}`, its `X-Request-ID` and the
 /// start of the body, all scrubbed, escaped and bounded.

@@ -122,6 +122,44 @@ async fn an_image_pull_failure_is_not_worth_repeating() {
 }
 
 #[tokio::test]
+async fn a_kubernetes_pod_failed_on_its_image_is_an_image_pull_failure() {
+    // The 1.1.1 server on Kubernetes waits in the create; OpenSandbox's controller marks the
+    // BatchSandbox Failed with the kubelet's waiting reason, and the create answers this.
+    for (reason, pull) in [
+        ("ErrImagePull", true),
+        ("ImagePullBackOff", true),
+        ("CrashLoopBackOff", false),
+        ("CreateContainerConfigError", false),
+    ] {
+        let server = MockServer::start_async().await;
+        server
+            .mock_async(|when, then| {
+                when.method(POST).path("/v1/sandboxes");
+                then.status(500).json_body(json!({
+                    "code": "KUBERNETES::POD_FAILED",
+                    "message": format!(
+                        "Sandbox 6b1f failed: 1/1 observed pods failed; primary reason={reason}; \
+                         sample pod=6b1f-0"
+                    ),
+                }));
+            })
+            .await;
+        let err = client(&server)
+            .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.is_image_pull_failure(), pull, "{reason}: {err}");
+        assert_eq!(err.is_retryable(), !pull, "{reason}: {err}");
+    }
+    assert!(opensandbox_api::is_image_pull_message(
+        "FAILED: 1/1 observed pods failed; primary reason=ImagePullBackOff; sample pod=x"
+    ));
+    assert!(!opensandbox_api::is_image_pull_message(
+        "Sandbox is running"
+    ));
+}
+
+#[tokio::test]
 async fn a_create_with_registry_credentials_never_shows_the_password() {
     let server = MockServer::start_async().await;
     server
@@ -656,4 +694,45 @@ async fn ids_that_would_name_another_resource_are_refused_before_sending() {
     c.delete_sandbox("a/../b").await.unwrap();
     any.assert_calls_async(1).await;
     assert_no_key(&format!("{c:?}"));
+}
+
+#[tokio::test]
+async fn a_create_may_take_longer_than_one_buffered_request() {
+    // A Kubernetes server answers the create only once the pod runs (up to 60 s by default),
+    // and Docker pulls a missing image inside it: the client's timeout (1 s here) bounds the
+    // other calls, not the create.
+    let server = MockServer::start_async().await;
+    server
+        .mock_async(|when, then| {
+            when.method(POST).path("/v1/sandboxes");
+            then.status(202)
+                .delay(Duration::from_millis(1500))
+                .json_body(sandbox(SB, "Running"));
+        })
+        .await;
+    server
+        .mock_async(|when, then| {
+            when.method(GET).path(format!("/v1/sandboxes/{SB}"));
+            then.status(200)
+                .delay(Duration::from_millis(1500))
+                .json_body(sandbox(SB, "Running"));
+        })
+        .await;
+    let c = opensandbox_api::Client::builder()
+        .domain(server.base_url())
+        .api_key(KEY)
+        .timeout(Duration::from_secs(1))
+        .retry(opensandbox_api::RetryPolicy {
+            max_retries: 0,
+            ..common::fast_retry()
+        })
+        .build()
+        .unwrap();
+    let info = c
+        .create_sandbox(&CreateSandbox::from_image("img", ["sh"]))
+        .await
+        .expect("the create's answer is waited for");
+    assert_eq!(info.id, SB);
+    let err = c.get_sandbox(SB).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
 }

@@ -56,6 +56,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<backend::NativeBackend>()?;
     m.add_class::<opensandbox::NativeOpenSandboxBackend>()?;
     m.add_function(wrap_pyfunction!(opensandbox::opensandbox_capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        opensandbox::opensandbox_isolation_refusal,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(opensandbox::opensandbox_reap, m)?)?;
     m.add_class::<results::NativeCapabilities>()?;
     m.add_class::<results::RunResult>()?;

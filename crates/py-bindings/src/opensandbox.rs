@@ -54,6 +54,38 @@ pub fn opensandbox_capabilities() -> NativeCapabilities {
     ))
 }
 
+/// Why lfx's backend seam will refuse this backend, naming the settings, or `None` when the
+/// isolation is attested. lfx's own refusal ("reports 'container' isolation, not a
+/// hardware-virtualized boundary") names no setting; the Python glue raises this instead,
+/// before lfx decides. Reads the environment; no I/O beyond a secret's `_FILE`.
+#[pyfunction]
+pub fn opensandbox_isolation_refusal() -> Option<String> {
+    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    use sandbox_core::provider::opensandbox::settings::{
+        Attestation, ENV_ALLOW_CONTAINER_ISOLATION, ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS,
+    };
+    let settings = OpenSandboxSettings::from_lookup(sandbox_core::vars::process_env).ok()?;
+    if settings.attestation == Attestation::HardwareVirtualized {
+        return None;
+    }
+    let container = if settings.allow_container_isolation {
+        format!(
+            " ({ENV_ALLOW_CONTAINER_ISOLATION}=true is set, but it is for the CreateOS Sandbox \
+             component and the executor: lfx's sandbox backend runs code only in a \
+             hardware-virtualized sandbox)"
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "the OpenSandbox backend refuses to run code: its isolation is not attested, so it is \
+         a container, and lfx's sandbox backend runs code only in a hardware-virtualized \
+         sandbox{container}. If the OpenSandbox server's [secure_runtime] is Kata or \
+         Firecracker, set {ENV_ATTEST_ISOLATION}=hardware-virtualized (and {ENV_RUNTIME_CLASS} \
+         on Kubernetes); nothing was created"
+    ))
+}
+
 /// Deletes this deployment's OpenSandbox sandboxes (metadata `created-by`, the
 /// `OPEN_SANDBOX_CREATED_BY` value) older than `older_than_seconds`, or with `dry_run` only
 /// lists them; returns their ids. Reads the `OPEN_SANDBOX_*` settings; blocks with the GIL

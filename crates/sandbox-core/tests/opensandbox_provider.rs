@@ -423,16 +423,20 @@ async fn a_dropped_sandbox_is_deleted_in_the_background() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_backend_waits_open_sandbox_ready_seconds_and_names_it() {
-    // A pod that cannot pull its image stays Pending: the wait ends at the setting, the
-    // sandbox is deleted, and the message names OpenSandbox and the setting.
-    let fake = fake(kata_k8s()).await;
-    let p = provider(
-        &fake,
-        &[
-            ("OPEN_SANDBOX_READY_SECONDS", "1"),
-            ("OPEN_SANDBOX_IMAGE", "registry.invalid/missing:1"),
-        ],
-    );
+    // A pod that stays Pending (a busy cluster): the wait ends at the setting, the sandbox is
+    // deleted, and the message names OpenSandbox and the setting.
+    let fake = FakeServer::start(FakeOptions {
+        api_key: KEY.into(),
+        config: Config {
+            ping_ms: 200,
+            pending_ms: 60_000,
+            ..kata_k8s()
+        },
+        ..FakeOptions::default()
+    })
+    .await
+    .unwrap();
+    let p = provider(&fake, &[("OPEN_SANDBOX_READY_SECONDS", "1")]);
     let started = std::time::Instant::now();
     let err = p.create(&spec(Egress::Unrestricted)).await.unwrap_err();
     assert!(

@@ -7,17 +7,21 @@
 //! (`GuestContext`, `Guest::create`, exec, capture, upload, download, destroy, the orphan
 //! sweep), so the gates run as a surface runs them.
 //!
-//! What this server is, and so what can honestly be exercised: Docker in `host` network mode
-//! (the only networking this machine has), runc containers, no egress sidecar. So:
+//! What this server is, and so what can honestly be exercised: Docker in `bridge` network
+//! mode (`scripts/opensandbox-server`, which the harness uses where it can start a Docker
+//! daemon with a bridge) or, where it cannot, `host` mode (`OPENSANDBOX_HARNESS_NETWORK=host`);
+//! runc containers; no egress sidecar. So:
 //!
-//! - the gates that must fire here do, and each leaves no sandbox: the shared execd endpoint
-//!   of host mode (default settings), an egress policy (the server refuses it in host mode),
-//!   and an isolation attestation whose probe finds the host's kernel (`runc`);
-//! - the rest runs with unrestricted egress, container isolation (reported as such, which lfx
-//!   refuses; the component and the executor need `OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION`,
-//!   set here), and the settings of a single-sandbox harness
-//!   (`OpenSandboxSettings::for_single_sandbox_harness`: the endpoint check is skipped, the
-//!   identity canary still runs). One sandbox lives at a time.
+//! - the gates that must fire here do, and each leaves no sandbox: in host mode the shared
+//!   execd endpoint (default settings); an egress policy (a host-mode server refuses it, and so
+//!   does a bridge-mode server without an `[egress]` image); and an isolation attestation
+//!   whose probe finds the host's kernel (`runc`);
+//! - the rest runs with unrestricted egress and container isolation (reported as such, which
+//!   lfx refuses; the component and the executor need `OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION`,
+//!   set here). In bridge mode with the provider's own settings (each sandbox has its own
+//!   endpoint, and the endpoint check passes); in host mode with the settings of a
+//!   single-sandbox harness (`OpenSandboxSettings::for_single_sandbox_harness`: the endpoint
+//!   check is skipped, the identity canary still runs). One sandbox lives at a time.
 //!
 //! Steps: the three refusals; create and readiness (`Running`, `/ping`, the canary); exec
 //! streamed, exit codes and the guest's timeout; upload and download (whole, and over a cap);
@@ -28,7 +32,8 @@
 //!
 //! Settings: `OPENSANDBOX_HARNESS_URL`, `OPENSANDBOX_HARNESS_API_KEY`,
 //! `OPENSANDBOX_HARNESS_IMAGE` (an image already on the Docker host, with `sh` and
-//! `timeout`).
+//! `timeout`), `OPENSANDBOX_HARNESS_NETWORK` (`bridge` or `host`, the server's
+//! `[docker] network_mode`; default `host`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,6 +61,8 @@ struct Harness {
     url: String,
     key: String,
     image: String,
+    /// The server's `[docker] network_mode` is `bridge` (else `host`).
+    bridge: bool,
     times: Vec<(String, Duration)>,
 }
 
@@ -78,6 +85,13 @@ impl Harness {
             url,
             key: required("OPENSANDBOX_HARNESS_API_KEY"),
             image: required("OPENSANDBOX_HARNESS_IMAGE"),
+            bridge: match std::env::var("OPENSANDBOX_HARNESS_NETWORK").as_deref() {
+                Ok("bridge") => true,
+                Ok("host") | Err(_) => false,
+                Ok(other) => {
+                    panic!("OPENSANDBOX_HARNESS_NETWORK must be bridge or host, not {other:?}")
+                }
+            },
             times: Vec::new(),
         })
     }
@@ -101,6 +115,17 @@ impl Harness {
             vars.insert((*k).into(), (*v).into());
         }
         OpenSandboxSettings::from_lookup(move |n| vars.get(n).cloned()).expect("settings")
+    }
+
+    /// The settings a guest runs with here: the provider's own in bridge mode; in host mode
+    /// those of a single-sandbox harness (the shared endpoint's check skipped).
+    fn run_settings(&self, extra: &[(&str, &str)]) -> OpenSandboxSettings {
+        let settings = self.settings(extra);
+        if self.bridge {
+            settings
+        } else {
+            settings.for_single_sandbox_harness()
+        }
     }
 
     /// Notes how long `name` took since `start`, and prints it.
@@ -203,35 +228,43 @@ async fn steps(h: &mut Harness) {
     );
 
     // --- the gates that must fire on this server, each leaving nothing ---
-    // Default settings: the shared execd endpoint of host network mode is refused in the
-    // readiness check, before any user code, and the guest is destroyed.
     let strict = provider(h.settings(&[]));
     assert_eq!(strict.isolation(), Isolation::Container);
     let (cx, _reaper) = context(strict.clone(), &key);
-    let start = Instant::now();
-    let err = Guest::create(
-        &cx,
-        &spec(EgressPolicy::AllowAll),
-        ONE_SHOT_PREFIX,
-        soon(60),
-    )
-    .await
-    .expect_err("a host-mode server is refused");
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    assert!(err.message().contains("network_mode"), "{err}");
-    assert!(ours(&*strict).await.is_empty(), "the refused guest is left");
-    h.took("refused: host-mode endpoint (guest destroyed)", start);
-    eprintln!("provider:   {}", err.message());
+    if !h.bridge {
+        // Default settings: the shared execd endpoint of host network mode is refused in the
+        // readiness check, before any user code, and the guest is destroyed.
+        let start = Instant::now();
+        let err = Guest::create(
+            &cx,
+            &spec(EgressPolicy::AllowAll),
+            ONE_SHOT_PREFIX,
+            soon(60),
+        )
+        .await
+        .expect_err("a host-mode server is refused");
+        assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+        assert!(err.message().contains("network_mode"), "{err}");
+        assert!(ours(&*strict).await.is_empty(), "the refused guest is left");
+        h.took("refused: host-mode endpoint (guest destroyed)", start);
+        eprintln!("provider:   {}", err.message());
+    }
 
-    // An egress policy: the server itself rejects it in host mode; nothing is made.
+    // An egress policy: a host-mode server rejects it, and so does a bridge-mode server
+    // without an [egress] image; nothing is made.
     let start = Instant::now();
     let err = Guest::create(&cx, &spec(EgressPolicy::DenyAll), ONE_SHOT_PREFIX, soon(60))
         .await
-        .expect_err("an egress policy on a host-mode server is refused");
+        .expect_err("an egress policy on a server without a sidecar is refused");
     assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    assert!(err.message().contains("network_mode = \"bridge\""), "{err}");
+    let names = if h.bridge {
+        "[egress] image"
+    } else {
+        "network_mode = \"bridge\""
+    };
+    assert!(err.message().contains(names), "{err}");
     assert!(ours(&*strict).await.is_empty(), "a guest is left");
-    h.took("refused: egress policy in host mode (no create)", start);
+    h.took("refused: egress policy, no sidecar (no create)", start);
     eprintln!("provider:   {}", err.message());
 
     // An isolation attestation on runc: the probe finds the kernel the operator names as the
@@ -240,13 +273,10 @@ async fn steps(h: &mut Harness) {
         .expect("the host kernel release")
         .trim()
         .to_owned();
-    let attested = provider(
-        h.settings(&[
-            ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
-            ("OPEN_SANDBOX_HOST_KERNEL", host_kernel.as_str()),
-        ])
-        .for_single_sandbox_harness(),
-    );
+    let attested = provider(h.run_settings(&[
+        ("OPEN_SANDBOX_ATTEST_ISOLATION", "hardware-virtualized"),
+        ("OPEN_SANDBOX_HOST_KERNEL", host_kernel.as_str()),
+    ]));
     assert_eq!(attested.isolation(), Isolation::HardwareVirtualized);
     let (acx, _areaper) = context(attested.clone(), &key);
     let start = Instant::now();
@@ -268,9 +298,7 @@ async fn steps(h: &mut Harness) {
     eprintln!("provider:   {}", err.message());
 
     // --- a guest through the lifecycle: container isolation knowingly accepted ---
-    let settings = h
-        .settings(&[("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true")])
-        .for_single_sandbox_harness();
+    let settings = h.run_settings(&[("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true")]);
     settings
         .require_isolation_for("executor")
         .expect("the opt-in lets the executor run");
@@ -495,13 +523,10 @@ async fn steps(h: &mut Harness) {
     h.took("orphan sweep (age 1 h: none; 1 s: it)", start);
 
     // --- the server's own expiry (`timeout`, 60 s, its minimum), seen through the provider ---
-    let ttl_provider = OpenSandbox::new(
-        h.settings(&[
-            ("OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS", "60"),
-            ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true"),
-        ])
-        .for_single_sandbox_harness(),
-    )
+    let ttl_provider = OpenSandbox::new(h.run_settings(&[
+        ("OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS", "60"),
+        ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true"),
+    ]))
     .unwrap();
     let client = ttl_provider.inner().client().clone();
     let prov: Arc<dyn Provider> = Arc::new(ttl_provider);

@@ -608,6 +608,51 @@ async fn an_image_the_server_cannot_pull_is_refused_at_once_naming_the_setting()
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_kubernetes_pod_that_cannot_pull_its_image_is_the_same_refusal() {
+    use opensandbox_fake::Runtime;
+    use sandbox_core::error::ErrorKind;
+    use sandbox_core::guest::Guest;
+    use std::sync::Arc;
+
+    // The 1.1.1 server on Kubernetes waits in the create; OpenSandbox's controller marks the
+    // pod Failed in ErrImagePull and the create answers 500 KUBERNETES::POD_FAILED ("...
+    // primary reason=ErrImagePull ..."). Before, that was a transient failure retried for the
+    // whole control-plane budget, saying "retrying later may succeed".
+    let fake = fake(Config {
+        runtime: Runtime::Kubernetes,
+        ..Config::default()
+    })
+    .await;
+    let os = provider(
+        &fake,
+        &[("OPEN_SANDBOX_IMAGE", "registry.internal/lf:missing")],
+    );
+    let cx = context_with_budget(Arc::new(os.clone()), Duration::from_secs(20));
+    let started = std::time::Instant::now();
+    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
+        .await
+        .unwrap_err();
+    let msg = err.message();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{msg}");
+    assert!(msg.contains("OPEN_SANDBOX_IMAGE"), "{msg}");
+    assert!(msg.contains("registry.internal/lf:missing"), "{msg}");
+    assert!(msg.contains("primary reason=ErrImagePull"), "{msg}");
+    assert!(!msg.to_lowercase().contains("retrying later"), "{msg}");
+    assert!(started.elapsed() < Duration::from_secs(3), "not retried");
+    assert_eq!(fake.stats().requests.get("create"), Some(&1));
+    let spec = sandbox_core::provider::opensandbox::SandboxSpec {
+        egress: sandbox_core::provider::opensandbox::Egress::Unrestricted,
+        memory_mb: 512,
+        surface: "backend",
+        run_budget: Duration::from_secs(10),
+    };
+    let err = os.inner().create(&spec).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert!(err.message().contains("OPEN_SANDBOX_IMAGE"), "{err}");
+    assert_eq!(fake.stats().live, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn readiness_waits_open_sandbox_ready_seconds_whatever_the_control_plane_budget() {
     use sandbox_core::error::ErrorKind;
     use sandbox_core::guest::Guest;

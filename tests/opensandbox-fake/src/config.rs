@@ -152,8 +152,8 @@ pub struct Config {
     pub output_framing: OutputFraming,
     /// The images the server holds or can pull ([`DEFAULT_IMAGES`] by default; `"*"` accepts
     /// any). Creating from another image fails as on a server whose registry does not have
-    /// it: Docker answers 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED`; on Kubernetes the sandbox
-    /// stays `Pending` (reason `IMAGE_PULL_BACKOFF`).
+    /// it: Docker answers 500 `DOCKER::SANDBOX_IMAGE_PULL_FAILED`, Kubernetes 500
+    /// `KUBERNETES::POD_FAILED` (`... primary reason=ErrImagePull ...`); nothing is created.
     pub images: Vec<String>,
 }
 

@@ -486,20 +486,35 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
     }
     // An image the server does not hold is pulled; here no registry has it. Docker pulls
     // inside the create and answers 500 (the message is the server's, around docker's own).
-    let unpullable = image.as_deref().filter(|i| !cfg.holds_image(i));
-    if let Some(i) = unpullable
-        && cfg.runtime == Runtime::Docker
-    {
-        return Err(ApiError::new(
-            500,
-            "DOCKER::SANDBOX_IMAGE_PULL_FAILED",
-            format!(
-                "Failed to pull image {i}: 404 Client Error for \
-                 http+docker://localhost/v1.48/images/create?fromImage={i}: Not Found \
-                 (\"pull access denied for {i}, repository does not exist or may require \
-                 'docker login'\")"
+    // Kubernetes: the 1.1.1 create waits for the pod, OpenSandbox's controller marks the
+    // BatchSandbox Failed as soon as its container waits in ErrImagePull, and the create
+    // answers 500 KUBERNETES::POD_FAILED with the controller's summary, after deleting the
+    // workload (server: kubernetes_service._wait_for_sandbox_ready; controller:
+    // batchsandbox_status.go summarizePodFailures).
+    if let Some(i) = image.as_deref().filter(|i| !cfg.holds_image(i)) {
+        return Err(match cfg.runtime {
+            Runtime::Docker => ApiError::new(
+                500,
+                "DOCKER::SANDBOX_IMAGE_PULL_FAILED",
+                format!(
+                    "Failed to pull image {i}: 404 Client Error for \
+                     http+docker://localhost/v1.48/images/create?fromImage={i}: Not Found \
+                     (\"pull access denied for {i}, repository does not exist or may require \
+                     'docker login'\")"
+                ),
             ),
-        ));
+            Runtime::Kubernetes => {
+                let id = uuid4();
+                ApiError::new(
+                    500,
+                    "KUBERNETES::POD_FAILED",
+                    format!(
+                        "Sandbox {id} failed: 1/1 observed pods failed; primary \
+                         reason=ErrImagePull; sample pod={id}-0"
+                    ),
+                )
+            }
+        });
     }
     // Provision.
     let id = uuid4();
@@ -540,13 +555,6 @@ pub(crate) fn create(app: &Arc<App>, bytes: &[u8]) -> Res {
             State::Running,
             "CONTAINER_RUNNING",
             "Sandbox container is running.",
-            None,
-        ),
-        // Kubernetes: the pod cannot pull its image and stays Pending.
-        Runtime::Kubernetes if unpullable.is_some() => (
-            State::Pending,
-            "IMAGE_PULL_BACKOFF",
-            "Back-off pulling the sandbox image.",
             None,
         ),
         Runtime::Kubernetes => (

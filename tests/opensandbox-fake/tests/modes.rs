@@ -523,16 +523,29 @@ async fn an_image_the_server_does_not_hold_fails_its_pull() {
     let any = Bin::spawn(&["--images", "*"]);
     let (st, _) = any.call(Method::POST, "/v1/sandboxes", Some(body)).await;
     assert_eq!(st, StatusCode::ACCEPTED);
-    // Kubernetes: the pod cannot pull and the sandbox stays Pending.
+    // Kubernetes: the create waits for the pod, which fails in ErrImagePull; the server
+    // answers 500 with the controller's summary and keeps nothing.
     let k8s = Bin::spawn(&["--runtime", "kubernetes", "--pending-ms", "100"]);
-    let v = k8s
-        .create(json!({"image": {"uri": "registry.invalid/nope:1"}}))
+    let (st, v) = k8s
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({
+                "image": {"uri": "registry.invalid/nope:1"},
+                "entrypoint": ["sh"],
+                "resourceLimits": {"cpu": "1", "memory": "256Mi"},
+            })),
+        )
         .await;
-    let id = v["id"].as_str().unwrap().to_owned();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let (_, v) = k8s
-        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
-        .await;
-    assert_eq!(v["status"]["state"], "Pending", "{v}");
-    assert_eq!(v["status"]["reason"], "IMAGE_PULL_BACKOFF", "{v}");
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
+    assert_eq!(v["code"], "KUBERNETES::POD_FAILED", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("primary reason=ErrImagePull"),
+        "{v}"
+    );
+    let (_, v) = k8s.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(v["items"], json!([]), "{v}");
 }

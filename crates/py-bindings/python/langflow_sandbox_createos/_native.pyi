@@ -20,6 +20,7 @@ __all__ = [
     "ReapReport",
     "capabilities",
     "opensandbox_capabilities",
+    "opensandbox_isolation_refusal",
     "opensandbox_reap",
     "counters",
     "forked",
@@ -178,6 +179,10 @@ class NativeOpenSandboxBackend:
 def opensandbox_capabilities() -> NativeCapabilities:
     """The OpenSandbox backend's capabilities under the environment (a secret given as a file is
     read from it). No network I/O."""
+
+def opensandbox_isolation_refusal() -> str | None:
+    """Why lfx's backend seam would refuse the OpenSandbox backend (its isolation is not
+    attested), naming the settings; ``None`` when it is attested. No network I/O."""
 
 def opensandbox_reap(older_than_seconds: float = 1800.0, dry_run: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` list) this deployment's OpenSandbox sandboxes older than

@@ -15,6 +15,7 @@ from lfx.utils.sandbox.base import Capabilities, SandboxResult, _sandbox_setting
 
 from . import _native, metrics
 from .backend import output_text
+from .exceptions import SandboxRefusedError
 
 __all__ = ["OpenSandboxBackend", "create_backend"]
 
@@ -33,8 +34,17 @@ class OpenSandboxBackend:
         atexit.register(self.shutdown)
 
     def capabilities(self) -> Capabilities:
-        """What lfx's policy gate may rely on: ``container`` unless the operator attests
-        ``hardware-virtualized`` (then lfx's dispatcher accepts it). No I/O."""
+        """What lfx's policy gate may rely on: ``hardware-virtualized`` when the operator attests
+        it (then lfx's dispatcher accepts it). No I/O.
+
+        Unattested, the backend is a container, which lfx's dispatcher refuses with a message
+        that names no setting; it raises
+        :class:`~langflow_sandbox_createos.exceptions.SandboxRefusedError` (an lfx
+        ``SandboxUnavailableError``: nothing ran) naming ``OPEN_SANDBOX_ATTEST_ISOLATION``
+        instead. lfx asks for the capabilities only to decide, right before a run."""
+        refusal = _native.opensandbox_isolation_refusal()
+        if refusal is not None:
+            raise SandboxRefusedError(refusal)
         caps = _native.opensandbox_capabilities()
         return Capabilities(
             isolation=caps.isolation,

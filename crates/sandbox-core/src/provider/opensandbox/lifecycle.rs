@@ -254,6 +254,19 @@ impl OpenSandboxProvider {
         false
     }
 
+    /// The refusal for an image the server cannot pull (Docker's pull failure, or a
+    /// Kubernetes pod in `ErrImagePull`/`ImagePullBackOff`), with the server's own words.
+    /// `left` says what became of the sandbox.
+    fn image_pull_refusal(image: &str, said: &str, left: &str) -> SandboxError {
+        SandboxError::refused(format!(
+            "the OpenSandbox server cannot pull the image {:?} ({ENV_IMAGE}); {left}. Set {ENV_IMAGE} to an image the server holds or can pull (mirror it \
+             into a registry the server reaches, or pull it on the server's host). The \
+             server said: {}",
+            outside_text::snippet(image, 120),
+            outside_text::snippet(said, 300)
+        ))
+    }
+
     /// What a create the server answered with `e` means, for a request from `image` living
     /// `lifetime` (with an egress policy or not): an image the server cannot pull, a lifetime
     /// above its maximum, or a policy it cannot apply, is a refusal naming the setting to
@@ -266,14 +279,11 @@ impl OpenSandboxProvider {
         with_policy: bool,
     ) -> SandboxError {
         if e.is_image_pull_failure() {
-            return SandboxError::refused(format!(
-                "the OpenSandbox server cannot pull the image {:?} ({ENV_IMAGE}); nothing was \
-                 created. Set {ENV_IMAGE} to an image the server holds or can pull (mirror it \
-                 into a registry the server reaches, or pull it on the server's host). The \
-                 server said: {}",
-                outside_text::snippet(image, 120),
-                outside_text::snippet(e.as_api().map_or("", |a| a.message.as_str()), 300)
-            ));
+            return Self::image_pull_refusal(
+                image,
+                e.as_api().map_or("", |a| a.message.as_str()),
+                "nothing was created",
+            );
         }
         let msg = e.to_string().to_ascii_lowercase();
         if e.status().is_some_and(|s| s.as_u16() == 400)
@@ -373,10 +383,33 @@ impl OpenSandboxProvider {
                 api_error(&format!("waiting for sandbox {id}: {what}"), e)
             }
         };
-        self.client
+        if let Err(e) = self
+            .client
             .wait_until_running(id, budget, Duration::from_millis(200))
             .await
-            .map_err(|e| late("was not Running", &e))?;
+        {
+            // A Kubernetes pod that cannot get its image: OpenSandbox's controller marks the
+            // sandbox Failed with the kubelet's reason in the status message. The same image
+            // fails the same way, so it is the create's image-pull refusal, not a late start.
+            if matches!(&e, opensandbox_api::Error::UnexpectedState { state, .. } if state == "Failed")
+                && let Ok(info) = self.client.get_sandbox(id).await
+            {
+                let said = [&info.status.reason, &info.status.message]
+                    .into_iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                if opensandbox_api::is_image_pull_message(&said) {
+                    return Err(Self::image_pull_refusal(
+                        &self.settings.image,
+                        &said,
+                        "its sandbox is deleted and nothing ran",
+                    ));
+                }
+            }
+            return Err(late("was not Running", &e));
+        }
         let left = budget
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
