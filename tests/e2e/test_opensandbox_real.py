@@ -42,7 +42,17 @@ import pytest
 from conftest import E2E, LfxRun, lfx_run, run_bounded, run_doctor, signal_lfx_run, venv_bin
 
 SHOUT = E2E / "flows" / "shout_flow.json"
-_SERVER_VARS = ("OPEN_SANDBOX_DOMAIN", "OPEN_SANDBOX_API_KEY", "OPEN_SANDBOX_API_KEY_FILE", "OPEN_SANDBOX_IMAGE")
+#: What ``scripts/opensandbox-server env`` sets for the plugin. ``OPEN_SANDBOX_SERVER_UNREACHABLE``
+#: is true of that server (it and every published execd port listen on loopback only); the TLS
+#: case's nginx listens on this machine's own address, which sandboxes can route to, so there the
+#: word is this test machine's, not a setup to copy.
+_SERVER_VARS = (
+    "OPEN_SANDBOX_DOMAIN",
+    "OPEN_SANDBOX_API_KEY",
+    "OPEN_SANDBOX_API_KEY_FILE",
+    "OPEN_SANDBOX_IMAGE",
+    "OPEN_SANDBOX_SERVER_UNREACHABLE",
+)
 
 
 def _why_skipped() -> str | None:
