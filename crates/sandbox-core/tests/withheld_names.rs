@@ -17,11 +17,13 @@ const NOT_SETTINGS: &[&str] = &["LANGFLOW_SANDBOX"];
 /// Langflow's copy of environment variables into users' variables). Not this plugin's and not
 /// secrets; a flow asking for one gets nothing anyway, in-process and through the executor's
 /// host-side resolution alike, since lfx's own deny-list refuses every `LANGFLOW_*` name.
+/// `LANGFLOW_WARM_REGISTRY_ENABLED`: `doctor` says a warm registry builds flow code on the host.
 const LANGFLOWS_OWN: &[&str] = &[
     "LANGFLOW_ALLOW_CUSTOM_COMPONENTS",
     "LANGFLOW_FALLBACK_TO_ENV_VAR",
     "LANGFLOW_STORE_ENVIRONMENT_VARIABLES",
     "LANGFLOW_VARIABLES_TO_GET_FROM_ENVIRONMENT",
+    "LANGFLOW_WARM_REGISTRY_ENABLED",
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
