@@ -18,8 +18,10 @@
 //!
 //! Client certificates (`sslcert`, `ssl_certfile`, ...) are refused with the reason: a setting
 //! the store cannot honour is never dropped silently. One TLS stack serves every connection of
-//! both stores ([`handshake`]): rustls with the aws-lc-rs provider the HTTP client already uses.
-//! What each connection negotiated is kept ([`Transport`]) for `doctor`.
+//! both stores ([`client_config`] and the crate's own handshake): rustls with the aws-lc-rs
+//! provider the HTTP client already uses. What each connection negotiated is kept
+//! ([`Transport`]) for `doctor`. The types (what a URL asks for, what a connection negotiated)
+//! are sandbox-core's (`sandbox_core::lease::tls`), which shows them.
 
 use std::io;
 use std::path::{Path, PathBuf};
