@@ -24,6 +24,11 @@
 //! - [`sigterm`]: destroying the process's guests on SIGTERM when nobody else handles it;
 //! - [`logbridge`]: `tracing` events forwarded to Python's `logging` from the waiting thread.
 //!
+//! This is the one place that assembles the process: importing the module installs the
+//! admission store's driver (`sandbox-store`, behind the default `store` feature) into
+//! sandbox-core, which never names it. Built without the feature, a set
+//! `CREATEOS_ADMISSION_STORE` refuses every run, naming it.
+//!
 //! Importing the module starts no thread and does no I/O.
 
 mod backend;
@@ -49,6 +54,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     perprocess::note_import();
+    #[cfg(feature = "store")]
+    sandbox_store::install();
     sigterm::set_every_surface(|| Box::pin(shutdown_every_surface()));
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LOGGER_NAME", logbridge::LOGGER_NAME)?;

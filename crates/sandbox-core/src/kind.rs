@@ -1,5 +1,6 @@
-//! Which surface a guest or a run belongs to: a label of every figure, log line and usage
-//! record, below everything that counts or reports ([`crate::surface`] re-exports it).
+//! Which surface a guest or a run belongs to, and which provider it ran on: labels of every
+//! figure, log line and usage record, below everything that counts or reports
+//! ([`crate::surface`] re-exports [`SurfaceKind`], [`crate::provider`] [`ProviderKind`]).
 
 use std::fmt;
 
@@ -51,6 +52,54 @@ impl SurfaceKind {
 }
 
 impl fmt::Display for SurfaceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The providers a user can choose (`LANGFLOW_SANDBOX_BACKEND`, `LANGFLOW_EXECUTOR_KIND`, the
+/// component's provider input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ProviderKind {
+    /// CreateOS Firecracker microVMs (the default: existing flows are unchanged).
+    #[default]
+    CreateOs,
+    /// A self-hosted OpenSandbox server.
+    OpenSandbox,
+}
+
+impl ProviderKind {
+    /// Every provider, in the order settings and docs list them.
+    pub const ALL: [ProviderKind; 2] = [ProviderKind::CreateOs, ProviderKind::OpenSandbox];
+
+    /// The spelling in settings, entry points and logs: `createos`, `opensandbox`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::CreateOs => "createos",
+            ProviderKind::OpenSandbox => "opensandbox",
+        }
+    }
+
+    /// The name messages give it: `CreateOS`, `OpenSandbox` (an error or status names the
+    /// provider the guest ran on, so that an operator of one is not sent to the other).
+    pub fn display_name(self) -> &'static str {
+        match self {
+            ProviderKind::CreateOs => "CreateOS",
+            ProviderKind::OpenSandbox => "OpenSandbox",
+        }
+    }
+
+    /// The provider a setting's value names (trimmed, any case); `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
+        let v = value.trim();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str().eq_ignore_ascii_case(v))
+    }
+}
+
+impl fmt::Display for ProviderKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }

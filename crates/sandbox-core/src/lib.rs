@@ -47,6 +47,7 @@ pub mod kind;
 pub mod lease;
 pub mod names;
 pub mod observe;
+pub mod observed;
 pub mod orphans;
 pub mod output;
 pub mod plan;

@@ -668,8 +668,10 @@ async fn readiness_waits_open_sandbox_ready_seconds_whatever_the_control_plane_b
     // OPEN_SANDBOX_READY_SECONDS=6 waits it out, though the control-plane budget is 1 s. The
     // surfaces see the provider through the observation's wrapper: it says the same.
     let p: Arc<dyn Provider> = Arc::new(provider(&fake, &[("OPEN_SANDBOX_READY_SECONDS", "6")]));
-    let p =
-        sandbox_core::observe::ObservedProvider::wrap(p, sandbox_core::observe::Observation::new());
+    let p = sandbox_core::observed::ObservedProvider::wrap(
+        p,
+        sandbox_core::observe::Observation::new(),
+    );
     assert_eq!(
         p.readiness().map(|r| (r.budget, r.setting)),
         Some((Duration::from_secs(6), "OPEN_SANDBOX_READY_SECONDS"))

@@ -114,6 +114,7 @@ async fn role(base: &url::Url) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_each_sslmode_does_what_libpq_does() {
+    sandbox_store::install();
     let Some((base, ca)) = postgres() else { return };
     // verify-full with the CA: encrypted, and the server agrees.
     let user = role(&base).await;
@@ -170,6 +171,7 @@ async fn postgres_each_sslmode_does_what_libpq_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_certificate_that_does_not_check_out_refuses_naming_the_fix() {
+    sandbox_store::install();
     let Some((base, ca)) = postgres() else { return };
     // The test CA is in no system store: verify-full against the system's roots fails.
     let e = round_trip(&with(
@@ -209,6 +211,7 @@ async fn postgres_a_certificate_that_does_not_check_out_refuses_naming_the_fix()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_checks_the_certificate_against_the_given_ca_or_is_told_not_to() {
+    sandbox_store::install();
     let Some(url) = var("CREATEOS_TEST_REDISS_URL") else {
         return;
     };
@@ -330,6 +333,7 @@ async fn transport_of(url: &str) -> Result<Transport, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_password_and_md5_are_refused_outside_tls_and_scram_is_not() {
+    sandbox_store::install();
     let Some((base, _)) = postgres() else { return };
     auth_roles(&base).await;
     for (role, what) in [
@@ -401,6 +405,7 @@ async fn postgres_password_and_md5_are_refused_outside_tls_and_scram_is_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_says_what_it_negotiated() {
+    sandbox_store::install();
     let (Some(plain), Some(tls), Some(ca)) = (
         var("CREATEOS_TEST_REDIS_URL"),
         var("CREATEOS_TEST_REDISS_URL"),
@@ -500,6 +505,7 @@ fn host_port(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_self_signed_certificate_given_as_its_own_root_is_accepted_by_both_stores() {
+    sandbox_store::install();
     let servers = [
         ("redis", var("CREATEOS_TEST_REDIS_URL")),
         ("postgres", var("CREATEOS_TEST_POSTGRES_URL")),

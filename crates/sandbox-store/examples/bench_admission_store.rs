@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! eval "$(bash scripts/stores start)"
-//! cargo run --release -p sandbox-core --example bench_admission_store -- [OPS] [GAP_MS] [CAP]
+//! cargo run --release -p sandbox-store --example bench_admission_store -- [OPS] [GAP_MS] [CAP]
 //! ```
 //!
 //! Reads `CREATEOS_TEST_REDIS_URL` and `CREATEOS_TEST_POSTGRES_URL` (each optional). For each
@@ -145,6 +145,7 @@ fn report(name: &str, lat: &[Duration], own: f64, srv: f64, ops: usize, rate: f6
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    sandbox_store::install();
     let ops: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

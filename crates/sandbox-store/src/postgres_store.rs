@@ -20,13 +20,15 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 
-use super::tls::Transport;
-use super::{
+use sandbox_core::LOG_TARGET;
+use sandbox_core::error::Redactor;
+use sandbox_core::lease::tls::Transport;
+use sandbox_core::lease::{
     Acquired, Ask, LeaseStore, Leases, PG_LINE, PG_TABLE, STORE_CALL_TIMEOUT, StoreConfig,
-    StoreError, StoreFuture, WAIT_TICKET, ms,
+    StoreError, StoreFuture, WAIT_TICKET,
 };
-use crate::LOG_TARGET;
-use crate::error::Redactor;
+
+use crate::ms;
 
 /// The PostgreSQL store: one table ([`PG_TABLE`], created if missing) of `(key, lease_id,
 /// holder, expires_at)`, one of the runs waiting in line ([`PG_LINE`]: `(key, ticket,
@@ -182,16 +184,14 @@ impl PostgresStore {
             .map_err(|_| StoreError("postgres: not a PostgreSQL connection URL".into()))?;
         cfg.connect_timeout(STORE_CALL_TIMEOUT);
         cfg.application_name("langflow-sandbox-createos");
-        let tls = config
-            .tls
-            .client_config()
+        let tls = crate::tls::client_config(&config.tls)
             .map_err(|e| StoreError(format!("postgres: {e}")))?;
         Ok(Self {
             config: cfg,
             tls,
             conn: AsyncMutex::new(None),
             transport: Mutex::new(None),
-            secrets: config.secrets.clone(),
+            secrets: config.secrets().clone(),
             source: config.source,
         })
     }
@@ -202,9 +202,9 @@ impl PostgresStore {
         if let Some(method) = refused_auth(e) {
             return StoreError(method.refusal(self.source));
         }
-        let text = crate::error::outside_text(&pg_text(e), &self.secrets);
-        StoreError(super::tls::explain(
-            super::StoreKind::Postgres,
+        let text = sandbox_core::error::outside_text(&pg_text(e), &self.secrets);
+        StoreError(crate::tls::explain(
+            sandbox_core::lease::StoreKind::Postgres,
             format!("postgres: {text}"),
         ))
     }
@@ -374,7 +374,7 @@ impl PostgresStore {
         let secrets = self.secrets.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                let text = crate::error::outside_text(&pg_text(&e), &secrets);
+                let text = sandbox_core::error::outside_text(&pg_text(&e), &secrets);
                 tracing::debug!(target: LOG_TARGET, error = %text, "admission store: connection ended");
             }
         });
@@ -685,7 +685,7 @@ impl AsyncWrite for Guarded {
 // tokio-postgres over rustls.
 
 /// tokio-postgres's TLS hook: one handshake with one host, through the store's one TLS stack
-/// ([`super::tls::handshake`]); what it negotiated is noted on the socket.
+/// ([`crate::tls::handshake`]); what it negotiated is noted on the socket.
 struct PgTlsConnect {
     config: Arc<rustls::ClientConfig>,
     name: String,
@@ -700,7 +700,7 @@ impl tokio_postgres::tls::TlsConnect<Guarded> for PgTlsConnect {
         Box::pin(async move {
             stream.watch = Watch::Done;
             let negotiated = Arc::clone(&stream.negotiated);
-            let (tls, transport) = super::tls::handshake(self.config, &self.name, stream).await?;
+            let (tls, transport) = crate::tls::handshake(self.config, &self.name, stream).await?;
             *negotiated.lock().unwrap_or_else(PoisonError::into_inner) = Some(transport);
             Ok(PgTlsStream(tls))
         })
@@ -896,7 +896,11 @@ mod tests {
     }
 
     fn store(url: &str) -> PostgresStore {
-        let pairs = [(super::super::ENV_ADMISSION_STORE.to_owned(), url.to_owned())];
+        crate::install();
+        let pairs = [(
+            sandbox_core::lease::ENV_ADMISSION_STORE.to_owned(),
+            url.to_owned(),
+        )];
         let config = StoreConfig::from_lookup(&move |k| {
             pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         })

@@ -1,7 +1,7 @@
 //! The Redis store: leases as members of one sorted set per key, scored by their expiry.
 //!
 //! The connection is made here (TCP, then TLS through the store's one TLS stack,
-//! [`super::tls::handshake`], as the URL asks) and handed to the redis crate's multiplexed
+//! [`crate::tls::handshake`], as the URL asks) and handed to the redis crate's multiplexed
 //! connection, so both stores check certificates the same way and `doctor` can say what was
 //! negotiated. A call that finds its connection gone reconnects and asks once more (every call
 //! is idempotent: an acquire of the same id is the same lease).
@@ -14,12 +14,14 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::tls::Transport;
-use super::{
+use sandbox_core::lease::tls::Transport;
+use sandbox_core::lease::{
     Acquired, Ask, LeaseStore, Leases, STORE_CALL_TIMEOUT, StoreConfig, StoreError, StoreFuture,
-    WAIT_TICKET, ms,
+    WAIT_TICKET,
 };
-use crate::error::Redactor;
+
+use crate::ms;
+use sandbox_core::error::Redactor;
 
 // KEYS[1] the cap's leases, KEYS[2] its line of waiting runs (scored by arrival, ms), KEYS[3]
 // the line's expiries (ms); ARGV cap, id, ttl, ticket (ms), queue (1: a refused run joins or
@@ -137,9 +139,7 @@ impl RedisStore {
                 ));
             }
         };
-        let tls = config
-            .tls
-            .client_config()
+        let tls = crate::tls::client_config(&config.tls)
             .map_err(|e| StoreError(format!("redis: {e}")))?;
         Ok(Self {
             host,
@@ -148,7 +148,7 @@ impl RedisStore {
             tls,
             conn: AsyncMutex::new(None),
             transport: Mutex::new(None),
-            secrets: config.secrets.clone(),
+            secrets: config.secrets().clone(),
             acquire: redis::Script::new(REDIS_ACQUIRE),
             renew: redis::Script::new(REDIS_RENEW),
             count: redis::Script::new(REDIS_COUNT),
@@ -159,9 +159,9 @@ impl RedisStore {
     /// and the certificate hint.
     fn err(&self, e: &redis::RedisError) -> StoreError {
         // A RedisError's text names the command and the server's reply, never the URL.
-        let text = crate::error::outside_text(&e.to_string(), &self.secrets);
-        StoreError(super::tls::explain(
-            super::StoreKind::Redis,
+        let text = sandbox_core::error::outside_text(&e.to_string(), &self.secrets);
+        StoreError(crate::tls::explain(
+            sandbox_core::lease::StoreKind::Redis,
             format!("redis: {text}"),
         ))
     }
@@ -200,12 +200,12 @@ impl RedisStore {
         let (stream, transport): (Box<dyn Stream>, Transport) = match &self.tls {
             None => (Box::new(tcp), Transport::PlainTcp),
             Some(config) => {
-                let (tls, transport) = super::tls::handshake(Arc::clone(config), host, tcp)
+                let (tls, transport) = crate::tls::handshake(Arc::clone(config), host, tcp)
                     .await
                     .map_err(|e| {
-                    let text = crate::error::outside_text(&e.to_string(), &self.secrets);
-                    StoreError(super::tls::explain(
-                        super::StoreKind::Redis,
+                    let text = sandbox_core::error::outside_text(&e.to_string(), &self.secrets);
+                    StoreError(crate::tls::explain(
+                        sandbox_core::lease::StoreKind::Redis,
                         format!("redis: TLS with {host}:{port} failed: {text}"),
                     ))
                 })?;

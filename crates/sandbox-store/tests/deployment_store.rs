@@ -14,8 +14,9 @@ use sandbox_core::admission::{Admission, Caps};
 use sandbox_core::lease::{
     Ask, Deployment, ENV_ADMISSION_LEASE, ENV_ADMISSION_NAMESPACE, ENV_ADMISSION_STORE,
     ENV_ADMISSION_STORE_ON_FAILURE, LeaseStore, RELEASE_LINGER, RELEASE_LINGER_QUIET, StoreConfig,
-    WAIT_TICKET, open_store,
+    WAIT_TICKET,
 };
+use sandbox_store::open_store;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -93,6 +94,7 @@ fn workers(n: usize, store: &'static StoreConfig) -> Vec<Admission> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cap_holds_across_workers_and_every_slot_comes_back() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let ws = workers(3, store);
@@ -133,6 +135,7 @@ async fn the_cap_holds_across_workers_and_every_slot_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         // Four connections (four "processes"), ten acquires each, all at once.
@@ -183,6 +186,7 @@ async fn concurrent_acquires_never_overshoot_and_never_count_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let raw = open_store(store).unwrap();
@@ -238,6 +242,7 @@ async fn an_unrenewed_lease_expires_and_a_renewed_one_lives_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let raw = open_store(store).unwrap();
@@ -407,6 +412,7 @@ async fn a_given_back_lease_leaves_with_the_next_acquire_or_on_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_handing_its_place_on_run_after_run_lets_a_waiting_run_in_soon() {
+    sandbox_store::install();
     // One worker runs back to back at a cap of 1, each run taking the last one's place over
     // while nobody waits. A second worker's run comes and waits in line: the first learns of
     // it within WAIT_TICKET of its last store answer, its next acquire is refused (the waiting
@@ -463,6 +469,7 @@ async fn a_worker_handing_its_place_on_run_after_run_lets_a_waiting_run_in_soon(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_renewer_keeps_a_long_run_counted() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[(ENV_ADMISSION_LEASE, "3")]);
         let ws = workers(1, store);
@@ -482,6 +489,7 @@ async fn the_renewer_keeps_a_long_run_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_at_the_deployment_cap_waits_then_is_refused_naming_cap_store_and_setting() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let ws = workers(2, store);
@@ -646,6 +654,7 @@ fn upstream(url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::many_single_char_names)]
 async fn a_failing_store_refuses_by_default_and_falls_back_under_local() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let relay = Relay::start(upstream(&url)).await;
         let through = via_relay(&url, relay.port);
@@ -724,6 +733,7 @@ async fn a_failing_store_refuses_by_default_and_falls_back_under_local() {
 
 #[tokio::test]
 async fn without_servers_the_reason_is_said() {
+    sandbox_store::install();
     // Always runs: the skip reasons above are printed by `server`, and the settings alone work.
     let c = StoreConfig::from_lookup(&|k| {
         (k == ENV_ADMISSION_STORE).then(|| "redis://127.0.0.1:1/0".to_owned())
@@ -741,6 +751,7 @@ async fn without_servers_the_reason_is_said() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_at_a_time_holds_a_kept_guests_create_lock() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let ws = workers(2, store);
@@ -826,6 +837,7 @@ fn assert_contained(e: &sandbox_core::SandboxError) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_redis_reply_is_cut_and_escaped_in_the_refusal() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    sandbox_store::install();
     // Answers every command (RESP arrays of bulk strings) with one long, hostile error line.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -872,6 +884,7 @@ async fn a_hostile_redis_reply_is_cut_and_escaped_in_the_refusal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_postgres_error_is_cut_and_escaped_in_the_refusal() {
     use tokio::io::AsyncReadExt;
+    sandbox_store::install();
     // Answers the startup with an ErrorResponse whose message and detail are hostile, with
     // newlines, which a C string may hold.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -931,6 +944,7 @@ fn waited(text: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_waiting_on_a_full_deployment_is_told_so_with_its_whole_wait() {
+    sandbox_store::install();
     for (name, url) in servers() {
         let store = config(&url, &[]);
         let ws = workers(2, store);
@@ -990,6 +1004,7 @@ async fn a_worker_waiting_on_a_full_deployment_is_told_so_with_its_whole_wait() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_got_its_own_place_late_reports_its_whole_wait() {
+    sandbox_store::install();
     // Once, a run that had waited 1 s in its worker's line said it "waited 0.0s": the wait was
     // counted from when it reached the deployment's line, not from when it began.
     for (name, url) in servers() {

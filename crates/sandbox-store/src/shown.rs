@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use secrecy::SecretString;
 
-use crate::error::Redactor;
+use sandbox_core::error::Redactor;
 
 /// Query parameters whose values are shown (TLS, timeouts, names): nothing secret. Any other
 /// parameter's value is shown as `***`.
@@ -43,7 +43,7 @@ const SHOWN_PARAMS: &[&str] = &[
 
 /// What a store value is, as far as showing it goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Shape {
+pub(crate) enum Shape {
     /// A URL rebuilt from its parts, without its secrets.
     Clean(String),
     /// libpq's `key=value ...` form.
@@ -66,7 +66,7 @@ pub(super) enum Shape {
 
 impl Shape {
     /// How it reads in a message: the rebuilt URL, or a name between `<` and `>`.
-    pub(super) fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         match self {
             Shape::Clean(shown) => shown.clone(),
             Shape::Keywords => {
@@ -82,7 +82,7 @@ impl Shape {
 
     /// Why a value of this shape is refused (`None`: a clean URL, refused or not on other
     /// grounds), with the fix.
-    pub(super) fn refusal(&self) -> Option<String> {
+    pub(crate) fn refusal(&self) -> Option<String> {
         match self {
             Shape::Clean(_) => None,
             Shape::Keywords => Some(
@@ -125,7 +125,7 @@ impl Shape {
 ///   value>`.
 ///
 /// ```
-/// use sandbox_core::lease::describe_store_value;
+/// use sandbox_store::describe_store_value;
 /// assert_eq!(
 ///     describe_store_value("postgres://lf:pw@db:5432/lf?sslmode=require&password=pw2"),
 ///     "postgres://***@db:5432/lf?sslmode=require&password=***"
@@ -144,7 +144,7 @@ pub fn describe_store_value(raw: &str) -> String {
 }
 
 /// The [`Shape`] of a store value.
-pub(super) fn shape(raw: &str) -> Shape {
+pub(crate) fn shape(raw: &str) -> Shape {
     let raw = raw.trim();
     let Some(at) = raw.find("://") else {
         return if looks_like_keywords(raw) {
@@ -185,7 +185,7 @@ pub(super) fn shape(raw: &str) -> Shape {
 /// The secrets a store value may hold, for the [`Redactor`] of every store error: the URL's
 /// password (as written and percent-decoded), and the value of every query parameter not
 /// known to be harmless (`password=` among them).
-pub(super) fn secrets(raw: &str) -> Redactor {
+pub(crate) fn secrets(raw: &str) -> Redactor {
     let raw = raw.trim();
     let mut r = Redactor::default();
     let mut add = |s: &str| r = r.with(&SecretString::from(s.to_owned()));
