@@ -293,6 +293,14 @@ CASES = [
         shows=(UNREACHABLE,),
     ),
     Case(
+        "opensandbox backend, open egress to a loopback server without the operator's word",
+        opensandbox_only(OPEN_SANDBOX_SERVER_UNREACHABLE=None, LANGFLOW_SANDBOX_ALLOW_NETWORK="true"),
+        1,
+        ("opensandbox",),
+        named=("OPEN_SANDBOX_SERVER_UNREACHABLE",),
+        shows=("every run is refused", "LANGFLOW_SANDBOX_ALLOW_NETWORK=true"),
+    ),
+    Case(
         "opensandbox executor, open egress to a loopback server without the operator's word",
         opensandbox_executor_only(OPEN_SANDBOX_SERVER_UNREACHABLE=None),
         1,

@@ -294,8 +294,34 @@ async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLi
     lines.extend(server);
     if let Some(settings) = settings {
         lines.extend(opensandbox::isolation_lines(&settings));
+        lines.extend(backend_open_egress_refusal(env, &settings));
     }
     without_left_out(lines, &left_out)
+}
+
+/// lfx's network settings asking for unrestricted egress (`LANGFLOW_SANDBOX_ALLOW_NETWORK=true`,
+/// no domains) on a server that keeps guests from it only by a rule it cannot write (reached
+/// over loopback, without `OPEN_SANDBOX_SERVER_UNREACHABLE`): every run is refused, so doctor
+/// says so as a problem. lfx's own settings that do not read are reported elsewhere.
+fn backend_open_egress_refusal(
+    env: &dyn Fn(&str) -> Option<String>,
+    settings: &sandbox_core::provider::opensandbox::OpenSandboxSettings,
+) -> Option<DoctorLine> {
+    use sandbox_core::provider::opensandbox::gates::{Egress, policy_for};
+    let policy = langflow_backend::LfxPolicy::from_lookup(env).ok()?;
+    if opensandbox::egress_of(&policy) != Egress::Unrestricted {
+        return None;
+    }
+    let e = policy_for(&Egress::Unrestricted, &settings.server_guard()).err()?;
+    Some(DoctorLine::about(
+        DoctorLevel::Refused,
+        "OPEN_SANDBOX_SERVER_UNREACHABLE",
+        format!(
+            "every run is refused (LANGFLOW_SANDBOX_ALLOW_NETWORK=true with no \
+             LANGFLOW_SANDBOX_ALLOWED_DOMAINS asks for unrestricted egress): {}",
+            e.message()
+        ),
+    ))
 }
 
 /// The `OPEN_SANDBOX_*` settings (each bad value named on its own) and the server (one
