@@ -569,15 +569,36 @@ fn one_shot_spec(rootfs: &str) -> sandbox_core::guest::GuestSpec {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_image_the_server_cannot_pull_is_refused_at_once_naming_the_setting() {
+    // The fake holds only the default image; the real Docker server answers 500
+    // DOCKER::SANDBOX_IMAGE_PULL_FAILED for any other.
+    let fake = fake(Config::default()).await;
+    refused_once_for_an_unpullable_image(&fake, "OpenSandbox").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kubernetes_pod_that_cannot_pull_its_image_is_the_same_refusal() {
+    // The 1.1.1 server on Kubernetes waits in the create; OpenSandbox's controller marks the
+    // pod Failed in ErrImagePull and the create answers 500 KUBERNETES::POD_FAILED ("...
+    // primary reason=ErrImagePull ..."). Before, that was a transient failure retried for the
+    // whole control-plane budget, saying "retrying later may succeed".
+    let fake = fake(Config {
+        runtime: opensandbox_fake::Runtime::Kubernetes,
+        ..Config::default()
+    })
+    .await;
+    refused_once_for_an_unpullable_image(&fake, "primary reason=ErrImagePull").await;
+}
+
+/// A run asking `fake` for an image it cannot pull is refused at once (one create, no retry,
+/// never "retrying later"), naming `OPEN_SANDBOX_IMAGE`, the image and `says`; the backend's
+/// own create says the same; nothing is left.
+async fn refused_once_for_an_unpullable_image(fake: &FakeServer, says: &str) {
     use sandbox_core::error::ErrorKind;
     use sandbox_core::guest::Guest;
     use std::sync::Arc;
 
-    // The fake holds only the default image; the real Docker server answers 500
-    // DOCKER::SANDBOX_IMAGE_PULL_FAILED for any other.
-    let fake = fake(Config::default()).await;
     let os = provider(
-        &fake,
+        fake,
         &[("OPEN_SANDBOX_IMAGE", "registry.internal/lf:missing")],
     );
     let cx = context_with_budget(Arc::new(os.clone()), Duration::from_secs(20));
@@ -589,11 +610,10 @@ async fn an_image_the_server_cannot_pull_is_refused_at_once_naming_the_setting()
     assert_eq!(err.kind(), ErrorKind::Refused, "{msg}");
     assert!(msg.contains("OPEN_SANDBOX_IMAGE"), "{msg}");
     assert!(msg.contains("registry.internal/lf:missing"), "{msg}");
-    assert!(msg.contains("OpenSandbox"), "{msg}");
+    assert!(msg.contains(says), "{msg}");
     assert!(!msg.to_lowercase().contains("retrying later"), "{msg}");
     assert!(started.elapsed() < Duration::from_secs(3), "not retried");
     assert_eq!(fake.stats().requests.get("create"), Some(&1));
-    // The backend's own create says the same, once.
     let spec = sandbox_core::provider::opensandbox::SandboxSpec {
         egress: sandbox_core::provider::opensandbox::Egress::Unrestricted,
         memory_mb: 512,
@@ -604,51 +624,6 @@ async fn an_image_the_server_cannot_pull_is_refused_at_once_naming_the_setting()
     assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
     assert!(err.message().contains("OPEN_SANDBOX_IMAGE"), "{err}");
     assert_eq!(fake.stats().requests.get("create"), Some(&2));
-    assert_eq!(fake.stats().live, 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_kubernetes_pod_that_cannot_pull_its_image_is_the_same_refusal() {
-    use opensandbox_fake::Runtime;
-    use sandbox_core::error::ErrorKind;
-    use sandbox_core::guest::Guest;
-    use std::sync::Arc;
-
-    // The 1.1.1 server on Kubernetes waits in the create; OpenSandbox's controller marks the
-    // pod Failed in ErrImagePull and the create answers 500 KUBERNETES::POD_FAILED ("...
-    // primary reason=ErrImagePull ..."). Before, that was a transient failure retried for the
-    // whole control-plane budget, saying "retrying later may succeed".
-    let fake = fake(Config {
-        runtime: Runtime::Kubernetes,
-        ..Config::default()
-    })
-    .await;
-    let os = provider(
-        &fake,
-        &[("OPEN_SANDBOX_IMAGE", "registry.internal/lf:missing")],
-    );
-    let cx = context_with_budget(Arc::new(os.clone()), Duration::from_secs(20));
-    let started = std::time::Instant::now();
-    let err = Guest::create(&cx, &one_shot_spec(""), "lf-", deadline())
-        .await
-        .unwrap_err();
-    let msg = err.message();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{msg}");
-    assert!(msg.contains("OPEN_SANDBOX_IMAGE"), "{msg}");
-    assert!(msg.contains("registry.internal/lf:missing"), "{msg}");
-    assert!(msg.contains("primary reason=ErrImagePull"), "{msg}");
-    assert!(!msg.to_lowercase().contains("retrying later"), "{msg}");
-    assert!(started.elapsed() < Duration::from_secs(3), "not retried");
-    assert_eq!(fake.stats().requests.get("create"), Some(&1));
-    let spec = sandbox_core::provider::opensandbox::SandboxSpec {
-        egress: sandbox_core::provider::opensandbox::Egress::Unrestricted,
-        memory_mb: 512,
-        surface: "backend",
-        run_budget: Duration::from_secs(10),
-    };
-    let err = os.inner().create(&spec).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    assert!(err.message().contains("OPEN_SANDBOX_IMAGE"), "{err}");
     assert_eq!(fake.stats().live, 0);
 }
 
