@@ -209,6 +209,11 @@ def backend_env(fake: Fake, **overrides: str | None) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    return with_overrides(env, overrides)
+
+
+def with_overrides(env: dict[str, str], overrides: dict[str, str | None]) -> dict[str, str]:
+    """``env`` with each of ``overrides`` set, or removed where its value is ``None``."""
     for name, value in overrides.items():
         if value is None:
             env.pop(name, None)

@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 
-from conftest import OS_KEY, Fake, OsFake, backend_env, backend_runs, lfx_run, run_python, signal_lfx_run
+from conftest import (
+    OS_KEY,
+    Fake,
+    OsFake,
+    backend_env,
+    backend_runs,
+    lfx_run,
+    run_python,
+    signal_lfx_run,
+    with_overrides,
+)
 
 
 @pytest.fixture
@@ -41,12 +51,7 @@ def os_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return with_overrides(env, overrides)
 
 
 def test_the_same_flow_gives_the_same_answer_as_createos_and_leaves_no_sandbox(osfake: OsFake, clean_fake: Fake) -> None:

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import E2E, OS_KEY, Fake, OsFake, run_python, venv_bin
+from conftest import E2E, OS_KEY, Fake, OsFake, run_python, venv_bin, with_overrides
 from test_executor import POOLED_ARUN, SHOUT, executor_env, lfx_run_json
 
 
@@ -39,12 +39,7 @@ def os_executor_env(osfake: OsFake, **overrides: str | None) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return with_overrides(env, overrides)
 
 
 def test_lfx_run_gives_the_createos_answer_and_leaves_no_sandbox(osfake: OsFake, clean_fake: Fake) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from conftest import E2E, LfxRun, lfx_run, run_bounded, run_doctor, signal_lfx_run, venv_bin
+from conftest import E2E, LfxRun, lfx_run, run_bounded, run_doctor, signal_lfx_run, venv_bin, with_overrides
 
 SHOUT = E2E / "flows" / "shout_flow.json"
 #: What ``scripts/opensandbox-server env`` sets for the plugin. ``OPEN_SANDBOX_SERVER_UNREACHABLE``
@@ -122,12 +122,7 @@ def real_env(**overrides: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_", "OPEN_SANDBOX_"))}
     env.update({k: os.environ[k] for k in _SERVER_VARS if os.environ.get(k)})
     env["PYTHONUNBUFFERED"] = "1"
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return with_overrides(env, overrides)
 
 
 #: lfx's backend seam on this runc server: selected, trusted, unrestricted egress, and the false
