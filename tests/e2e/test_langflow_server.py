@@ -882,3 +882,52 @@ def test_an_in_process_playground_run_of_a_text_input_naming_the_key_answers_wit
         assert f"{name} variable not found" in events, (name, events[-2000:])
         assert value not in events, (name, events[-2000:])
     assert OPEN_SANDBOX_KEY not in fallback_server.log.read_text(errors="replace")
+
+
+# --- The Playground's build runs in the guest (issue 46, CREATEOS_EXECUTOR_PLAYGROUND=on) --------
+
+
+@pytest.fixture(scope="module")
+def playground_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
+    """The hooked server with ``CREATEOS_EXECUTOR_PLAYGROUND=on`` too: every route covered, and
+    the marker flow's host markers in ``playground-markers``."""
+    (workdir / "playground").mkdir()
+    env = backend_env(
+        slow_fake,
+        LANGFLOW_SANDBOX_BACKEND=None,
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
+        LANGFLOW_EXECUTOR_KIND="createos",
+        CREATEOS_EXECUTOR_HOST_BUILDS="none",
+        CREATEOS_EXECUTOR_PLAYGROUND="on",
+        LFSC_MARKER_DIR=str(workdir / "playground-markers"),
+    )
+    server = start_server(env, workdir / "playground")
+    server.env = env
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_with_the_playground_on_no_flow_code_runs_in_the_server_through_v1_build_and_v2_stream(
+    playground_server: Server, slow_fake: Fake
+) -> None:
+    """The marker flow through the Playground's routes (v1 build, and v2 stream as the 1.13 UI
+    sends it): every marker from a guest, none from the Langflow process; doctor says covered."""
+    flow_id = upload_flow(playground_server, MARKER, "slow: marker, playground")
+    slow_fake.reset()
+    v1 = playground_build(playground_server, flow_id, "hi")
+    kinds = [event.get("event") for event in v1]
+    assert kinds[:2] == ["vertices_sorted", "build_start"] and kinds[-1] == "end", kinds
+    v2 = v2_stream(playground_server, flow_id, "hi")
+    guests = marker_pids(v1) | marker_pids(v2)
+    assert len(guests) == 2, (v1, v2[-3000:])
+    markers = Path(playground_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
+    assert written == [], f"the Langflow process evaluated flow code: {written}\n{playground_server.tail()}"
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 2)
+    assert stats["created"] == 2, stats
+    proc = run_doctor(playground_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
+    for route in ("v1 build (/api/v1/build/{flow_id}/flow): covered", "v2 stream (/api/v2/workflows, stream mode): covered"):
+        assert route in proc.stdout, proc.stdout[-4000:]

@@ -274,6 +274,160 @@ async def _run_stream(graph: Any, options: dict[str, Any]) -> list[Any]:
     return []
 
 
+# --- The Playground's walk (the host's CREATEOS_EXECUTOR_PLAYGROUND=on) ------------------------
+#
+# Langflow's Playground driver (``langflow/api/build.py``) walks the vertices itself instead of
+# running the graph: the first sorted layer, then, as each vertex is built, the next runnable
+# vertices it unlocks, siblings concurrently. The host replaced that driver: it sends the job with
+# ``options["playground"]`` and this runner walks the graph as the driver does, sending
+#
+# - ``{"frame": "vertex", "id": "", "pg": "sorted", "ids": [...], "to_run": [...]}`` once the
+#   first layer is known (the host emits ``vertices_sorted`` and ``build_start``);
+# - ``{"frame": "vertex", "id": <vertex>, "pg": "event", "name": "on_token", "data": {...}}`` for
+#   each event a component sends through its event manager (tokens, messages, logs), live;
+# - ``{"frame": "vertex", "id": <vertex>, "pg": "built", ...}`` each time a vertex is built: its
+#   result, validity, the vertices it unlocked or inactivated, or the error it raised (the host
+#   emits ``end_vertex`` and stores the build as the driver does).
+
+
+def _top_level(graph: Any, vertex_ids: Any) -> list[str]:
+    """Each vertex id, or its parent's when the parent is a top-level (group) vertex."""
+    out = []
+    for vertex_id in vertex_ids:
+        vertex = graph.get_vertex(vertex_id)
+        out.append(vertex.parent_node_id if vertex.parent_is_top_level else vertex_id)
+    return out
+
+
+class _GuestEvents:
+    """The event manager the Playground's components get: every ``on_*`` call (from the event
+    loop or from a worker thread, as lfx's components make them) is sent to the host at once."""
+
+    def __init__(self, vertex_id: contextvars.ContextVar[str]) -> None:
+        self._vertex_id = vertex_id
+
+    def send_event(self, *, event_type: str, data: Any) -> None:
+        self._send(f"send_event:{event_type}", data)
+
+    def _send(self, name: str, data: Any) -> None:
+        emit({"frame": "vertex", "id": self._vertex_id.get(), "pg": "event", "name": name, "data": _encode(data)})
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+
+        def callback(*, data: Any = None, **_: Any) -> None:
+            self._send(name, data)
+
+        return callback
+
+
+def _build_error(exc: BaseException) -> dict[str, Any]:
+    """What Langflow's driver shows for a vertex that raised: the message and the traceback."""
+    from lfx.exceptions.component import ComponentBuildError
+
+    if isinstance(exc, ComponentBuildError):
+        return {"type": type(exc).__name__, "message": exc.message, "traceback": exc.formatted_traceback}
+    message = str(exc)
+    cause = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, SyntaxError):
+        message = f"Syntax error in code. Error on line {cause.lineno}: {(cause.text or '').strip()}"
+    else:
+        try:
+            from lfx.utils.exceptions import module_not_found_hint
+
+            message = module_not_found_hint(cause) or message
+        except Exception:  # noqa: BLE001 - an older lfx: the plain message
+            pass
+    return {"type": type(exc).__name__, "message": message, "traceback": traceback.format_exc()}
+
+
+async def _run_playground(graph: Any, job: dict[str, Any], pg: dict[str, Any]) -> list[Any]:
+    """The Playground driver's vertex walk, one frame per built vertex."""
+    from lfx.services.cache.utils import CacheMiss
+
+    session_id = job.get("session_id")
+    if session_id:  # as Langflow's build_graph_from_data does
+        for vertex_id in graph.has_session_id_vertices:
+            vertex = graph.get_vertex(vertex_id)
+            if vertex is not None and not vertex.raw_params.get("session_id"):
+                vertex.update_raw_params({"session_id": session_id}, overwrite=True)
+    stop, start = pg.get("stop_component_id"), pg.get("start_component_id")
+    try:
+        first_layer = graph.sort_vertices(stop, start)
+    except Exception:  # noqa: BLE001 - the driver falls back to the whole graph too
+        first_layer = graph.sort_vertices()
+    for vertex_id in first_layer:
+        graph.run_manager.add_to_vertices_being_run(vertex_id)
+    to_run = list(graph.vertices_to_run.union(_top_level(graph, graph.vertices_to_run)))
+    emit({"frame": "vertex", "id": "", "pg": "sorted", "ids": list(first_layer), "to_run": to_run})
+
+    current: contextvars.ContextVar[str] = contextvars.ContextVar("lfsc_pg_vertex", default="")
+    events = _GuestEvents(current)
+    lock = asyncio.Lock()
+    inputs = pg.get("inputs") or {}
+    user_id = pg.get("user_id")
+
+    async def get_cache(*_args: Any, **_kwargs: Any) -> Any:
+        return CacheMiss()
+
+    async def set_cache(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    async def build(vertex_id: str) -> None:
+        current.set(vertex_id)
+        began = time.perf_counter()
+        vertex = graph.get_vertex(vertex_id)
+        next_ids: list[str] = []
+        top: list[str] = []
+        frame: dict[str, Any] = {"frame": "vertex", "id": vertex_id, "pg": "built"}
+        try:
+            built = await graph.build_vertex(
+                vertex_id=vertex_id,
+                user_id=user_id,
+                inputs_dict=inputs,
+                files=None,
+                get_cache=get_cache,
+                set_cache=set_cache,
+                event_manager=events,
+            )
+            next_ids = await graph.get_next_runnable_vertices(lock, vertex=vertex, cache=False)
+            top = _top_level(graph, next_ids)
+            frame.update(
+                valid=bool(built.valid),
+                params=built.params if isinstance(built.params, str) else repr(built.params),
+                result=encode_result_data(built.result_dict),
+                artifacts=_encode(built.artifacts),
+            )
+        except Exception as exc:  # noqa: BLE001 - the driver turns it into the vertex's error output
+            traceback.print_exc(file=sys.stderr)
+            frame.update(valid=False, error=_build_error(exc))
+        inactivated = list(graph.inactivated_vertices.union(graph.conditionally_excluded_vertices))
+        graph.reset_inactivated_vertices(vertex.id)
+        graph.reset_activated_vertices()
+        if graph.stop_vertex and graph.stop_vertex in next_ids:
+            next_ids = [graph.stop_vertex]
+        elapsed = time.perf_counter() - began
+        vertex.add_build_time(elapsed)
+        next_ids = list(set(next_ids))
+        frame.update(
+            inactivated_vertices=list(set(inactivated)),
+            next_vertices_ids=next_ids,
+            top_level_vertices=list(set(top)),
+            will_stream=bool(getattr(vertex, "will_stream", False)),
+            timedelta=elapsed,
+            finished_at=time.time(),
+        )
+        emit(frame)
+        if frame["valid"] and next_ids:
+            await asyncio.gather(*(asyncio.create_task(build(n)) for n in next_ids))
+
+    await asyncio.gather(*(asyncio.create_task(build(v)) for v in first_layer))
+    return []
+
+
 # --- What the host resolved for the run, where lfx reads it in-process -------------------------
 
 #: The display name of the component being built (for errors about what is not bridged).
@@ -733,7 +887,9 @@ async def _main(job: dict[str, Any]) -> int:
     _install_host_context(graph, job)
     emit({"frame": "graph", "rebuild_ms": _ms(time.monotonic() - began)})
     options = job.get("options") or {}
-    if job.get("mode") == "legacy":
+    if isinstance(options.get("playground"), dict):
+        outputs = await _run_playground(graph, job, options["playground"])
+    elif job.get("mode") == "legacy":
         outputs = await _run_legacy(graph, job, options)
     else:
         outputs = await _run_stream(graph, options)

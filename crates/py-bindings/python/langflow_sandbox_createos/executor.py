@@ -47,7 +47,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 from lfx.execution.executor import Executor
@@ -754,9 +754,25 @@ class CreateOSExecutor(Executor):
 
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Run ``unit`` in a guest: one ``StepResult`` per vertex, then one ``RunComplete``."""
-        import asyncio
-
         from lfx.graph.graph.constants import Finish
+
+        async with contextlib.aclosing(self.frames(unit)) as frames:
+            async for kind, data, ids, mode in frames:
+                if kind == "vertex":
+                    yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=ids), data))
+                    continue
+                outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=ids), data)
+                if mode == "stream":
+                    yield StepResult(payload=Finish())
+                yield RunComplete(outputs=outputs)
+                return
+
+    async def frames(self, unit: Unit) -> AsyncGenerator[tuple[str, Any, dict[str, str], str | None], None]:
+        """Run ``unit`` in a guest and yield its frames as the native side admitted them:
+        ``("vertex", frame, ids, mode)`` for each vertex frame, then ``("complete", outputs, ids,
+        mode)``; the chat messages the flow stores are stored on the host on the way (``ids``
+        maps the guest's message ids to the host's). The Playground's driver reads these."""
+        import asyncio
 
         from . import _native
         from .exceptions import SandboxFailedError, SandboxRefusedError
@@ -768,8 +784,9 @@ class CreateOSExecutor(Executor):
         metrics.install()
         with metrics.run_scope("executor") as span:
             from .hostbuild import setting
+            from .playground import setting as playground_setting
 
-            bad = setting()[1]
+            bad = setting()[1] or playground_setting()[1]
             if bad is not None:  # fail closed: the operator asked for something this cannot tell
                 raise SandboxRefusedError(f"{bad}; nothing was created")
             _warn_if_host_built(unit.graph)
@@ -792,7 +809,7 @@ class CreateOSExecutor(Executor):
                 async for kind, data in events:
                     _say_what_is_sandboxed_soon()
                     if kind == "vertex":
-                        yield StepResult(payload=_rebuilt(kind, functools.partial(_vertex_payload, ids=sink.ids), data))
+                        yield kind, data, sink.ids, events.mode
                         continue
                     if kind == "message":
                         try:
@@ -804,11 +821,8 @@ class CreateOSExecutor(Executor):
                                 "the run was stopped and the guest destroyed, and the flow may have run"
                             ) from None
                         continue
-                    outputs = _rebuilt(kind, functools.partial(_run_outputs, ids=sink.ids), data)
-                    if events.mode == "stream":
-                        yield StepResult(payload=Finish())
                     _report(span, events)
-                    yield RunComplete(outputs=outputs)
+                    yield kind, data, sink.ids, events.mode
                     return
             finally:
                 await events.aclose()

@@ -357,9 +357,13 @@ def install(seam: str, graph_class: Any = None) -> dict[str, str | None]:
 
 def register(app: Any) -> None:
     """The ``langflow.plugins`` entry point: run by every Langflow worker at start-up. Installs
-    the hook for Langflow's paths when it is asked for; registers no route."""
+    the hook for Langflow's paths, and the Playground's driver (``playground.install``), when
+    they are asked for; registers no route."""
     del app  # no route: only the start-up seam is used
     install("langflow")
+    from . import playground
+
+    playground.install()
 
 
 class _AfterGraphImport(importlib.abc.MetaPathFinder):

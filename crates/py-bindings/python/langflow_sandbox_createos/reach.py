@@ -107,9 +107,14 @@ STREAMING_ROUTES = (
 )
 
 
-def coverage(found: list[Route] | None = None, hooks: dict[str, tuple[bool, str]] | None = None) -> list[tuple[str, bool, str]]:
+def coverage(
+    found: list[Route] | None = None,
+    hooks: dict[str, tuple[bool, str]] | None = None,
+    driver_status: tuple[bool, str] | None = None,
+) -> list[tuple[str, bool, str]]:
     """Per route an operator can call: (route, covered, why). Covered means every vertex builds
-    in a guest and the Langflow process evaluates none of the flow's code."""
+    in a guest and the Langflow process evaluates none of the flow's code (for the streaming
+    routes: :mod:`.playground`'s driver, whose status ``driver_status`` stands in for)."""
     from . import hostbuild
 
     found = routes() if found is None else found
@@ -141,7 +146,20 @@ def coverage(found: list[Route] | None = None, hooks: dict[str, tuple[bool, str]
     hooked("v1 run (/api/v1/run)", arun, "v1 run (/api/v1/run)")
     hooked("v2 sync (/api/v2/workflows, sync mode)", arun, "v2 sync (/api/v2/workflows, sync mode)")
     hooked("lfx run and lfx serve", cli, "lfx run and lfx serve")
+    from . import playground as driver
+
+    replaced, replaced_why = driver.status() if driver_status is None else driver_status
     for route in STREAMING_ROUTES:
+        if replaced:
+            out.append(
+                (
+                    route,
+                    True,
+                    "every vertex builds in a guest: Langflow's streaming driver is replaced by this package's, "
+                    f"and the host builds no component ({replaced_why})",
+                )
+            )
+            continue
         if playground is None or playground.reaches is None:
             evidence = playground.evidence if playground is not None else "not read"
             why = f"cannot tell whether Langflow's streaming build reaches the executor ({evidence})"
@@ -152,7 +170,7 @@ def coverage(found: list[Route] | None = None, hooks: dict[str, tuple[bool, str]
                 "Langflow's streaming build never reaches the executor: it builds every vertex in the Langflow "
                 f"process (read from {playground.evidence})"
             )
-        out.append((route, False, why))
+        out.append((route, False, f"{why}; {replaced_why}"))
     return out
 
 
@@ -192,8 +210,13 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
     if not executor_selected():
         out.append(("info", f"{_ENV_KIND} is {kind!r}: no flow run reaches this executor; set {_ENV_KIND}={_KIND}"))
         kind = _KIND
+    from . import playground as driver
+
+    replaced, replaced_why = driver.status()
     for route in found:
-        if route.reaches is True:
+        if route.name == PLAYGROUND and replaced:
+            out.append(("ok", f"{route.name}: reaches the executor through this package's driver, each run in a guest ({replaced_why})"))
+        elif route.reaches is True:
             out.append(("ok", f"{route.name}: reaches the executor, each run in a guest (read from {route.evidence})"))
         elif route.reaches is False:
             out.append(
@@ -213,6 +236,9 @@ def findings(found: list[Route] | None = None) -> list[tuple[str, str]]:
     bad = hostbuild.setting()[1]
     if bad is not None:
         out.append(("refused", f"{bad}: the executor refuses every run until it is fixed"))
+    bad = driver.setting()[1]
+    if bad is not None:
+        out.append(("refused", f"{bad}: the executor refuses every run, the Playground's included, until it is fixed"))
     for route, covered, why in coverage(found):
         level = "ok" if covered else ("warn" if selected else "info")
         out.append((level, f"{route}: {'covered' if covered else 'not covered'}: {why}"))
@@ -243,7 +269,11 @@ def _short(route: str) -> str:
 
 def first_run_message(found: list[Route] | None = None) -> tuple[bool, str]:
     """The executor's first-run log line: (every known path covered, the text)."""
+    from . import playground as driver
+
     found = routes() if found is None else found
+    if driver.status()[0]:  # the streaming build goes to a guest through this package's driver
+        found = [Route(r.name, True, r.evidence) if r.name == PLAYGROUND else r for r in found]
     covered = [r.name for r in found if r.reaches is True]
     missed = [r.name for r in found if r.reaches is False]
     unknown = [r.name for r in found if r.reaches is None]
