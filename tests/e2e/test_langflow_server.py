@@ -931,3 +931,97 @@ def test_with_the_playground_on_no_flow_code_runs_in_the_server_through_v1_build
     proc = run_doctor(playground_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
     for route in ("v1 build (/api/v1/build/{flow_id}/flow): covered", "v2 stream (/api/v2/workflows, stream mode): covered"):
         assert route in proc.stdout, proc.stdout[-4000:]
+
+
+def playground_session(server: Server, flow_id: str, text: str, session: str) -> list[dict[str, Any]]:
+    """A v1 build (as the editor sends it) in ``session``: its events, to the end."""
+    job = server.call("POST", f"/api/v1/build/{flow_id}/flow", {"inputs": {"input_value": text, "session": session}})
+    request = urllib.request.Request(
+        f"{server.url}/api/v1/build/{job['job_id']}/events?event_delivery=streaming",
+        headers={"Authorization": f"Bearer {server.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - loopback
+        return [json.loads(raw) for raw in response if raw.strip()]
+
+
+def _shown(value: Any) -> Any:
+    """An output's value as the Playground shows it: a message's text, an error's message."""
+    message = value.get("message") if isinstance(value, dict) else value
+    if isinstance(message, dict):
+        for key in ("errorMessage", "text"):
+            if key in message:
+                return message[key]
+    return message
+
+
+def playground_shape(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What parity compares of a build's events: their types in order, each built vertex (id,
+    validity, the vertices it unlocked and inactivated, its outputs as shown, its output
+    metadata), the chat messages sent, and the tokens streamed."""
+    vertices = []
+    for event in events:
+        if event.get("event") != "end_vertex":
+            continue
+        build = event["data"]["build_data"]
+        outputs = build["data"].get("outputs") or {}
+        vertices.append(
+            {
+                "id": build["id"],
+                "valid": build["valid"],
+                "next": sorted(build.get("next_vertices_ids") or []),
+                "inactivated": sorted(build.get("inactivated_vertices") or []),
+                "outputs": {name: (value.get("type"), _shown(value)) for name, value in sorted(outputs.items())},
+                "meta": event["data"].get("output_meta"),
+            }
+        )
+    messages = [
+        (e["data"].get("sender"), e["data"].get("sender_name"), e["data"].get("text"), e["data"].get("category"))
+        for e in events
+        if e.get("event") in ("add_message", "error") and isinstance(e.get("data"), dict)
+    ]
+    return {
+        "kinds": [e.get("event") for e in events],
+        "vertices": vertices,
+        "messages": messages,
+        "tokens": "".join(str(e["data"].get("chunk")) for e in events if e.get("event") == "token"),
+    }
+
+
+PARITY = [
+    ("shout", ["hello playground"]),
+    ("slow", ["slow one"]),
+    ("history", ["first", "second"]),
+    ("branch", ["yes"]),
+    ("branch", ["no"]),
+    ("loop", ["a b c"]),
+    ("stream", ["three streamed words"]),
+    ("fail", ["boom"]),
+]
+
+
+@pytest.mark.parametrize(("flow", "texts"), PARITY, ids=[f"{f}-{t[0].split()[0]}" for f, t in PARITY])
+def test_the_playground_in_a_guest_emits_what_the_in_process_playground_emits(
+    plain_server: Server, playground_server: Server, slow_fake: Fake, flow: str, texts: list[str]
+) -> None:
+    """Event parity through v1 build: the same event types in the same order, the same built
+    vertices (results, unlocked and inactivated vertices, output metadata), the same chat
+    messages and tokens, and the same stored messages. In-process is the server without the
+    executor (with it, a Loop's body reaches the executor even in the in-process Playground):
+    it creates no guest; the Playground in a guest creates one per run."""
+    dump = json.loads((E2E / "flows" / f"{flow}_flow.json").read_text())
+
+    def run(server: Server) -> dict[str, Any]:
+        flow_id = upload_dump(server, dump, f"slow: parity {flow} {texts[0]} {server.url}")
+        shapes = [playground_shape(playground_session(server, flow_id, text, f"parity-{flow}")) for text in texts]
+        return {"shapes": shapes, "stored": stored_messages(server, flow_id)}
+
+    slow_fake.reset()
+    local = run(plain_server)
+    assert slow_fake.stats()["created"] == 0
+    remote = run(playground_server)
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= len(texts), timeout=30)
+    assert stats["created"] == len(texts), stats
+    for mine, theirs in zip(remote["shapes"], local["shapes"], strict=True):
+        assert mine["kinds"][:2] == ["vertices_sorted", "build_start"] and mine["kinds"][-1] == "end", mine["kinds"]
+        assert mine == theirs
+    assert remote["stored"] == local["stored"]

@@ -17,6 +17,11 @@
   Output.
 - ``big_flow.json``: Chat Input -> Big (answers with as many ``x`` as the input says) -> Chat
   Output; a 5 MB answer is a 20 MB vertex frame, which the runner sends in pieces.
+- ``fail_flow.json``: Chat Input -> Fail (raises a ValueError) -> Chat Output.
+- ``branch_flow.json``: Chat Input -> If-Else (``yes`` or not) -> Shout on each branch -> a Chat
+  Output each: one branch runs, the other is inactivated.
+- ``loop_flow.json``: Chat Input -> Words (a row per word) -> Loop (Upper on each item, fed back)
+  -> Join (the done table's words) -> Chat Output.
 - ``marker_flow.json``: Chat Input -> Marker (writes a marker file, named after the writing
   process, at module level, in its class body, in ``__init__`` and in its build method; answers
   with the four) -> Chat Output: which process evaluated the flow's code (issue 46).
@@ -50,6 +55,12 @@ from marker_component import MarkerComponent  # noqa: E402
 from shout_component import ShoutComponent  # noqa: E402
 from slow_component import SlowComponent  # noqa: E402
 from stream_component import StreamWordsComponent  # noqa: E402
+from fail_component import FailComponent  # noqa: E402
+from lfx.components.flow_controls.conditional_router import ConditionalRouterComponent  # noqa: E402
+from lfx.components.flow_controls.loop import LoopComponent  # noqa: E402
+from join_component import JoinComponent  # noqa: E402
+from upper_component import UpperComponent  # noqa: E402
+from words_component import WordsComponent  # noqa: E402
 
 
 def chat_through(make: Any, input_name: str, output_name: str) -> Graph:
@@ -125,7 +136,49 @@ def marker() -> Graph:
     return chat_through(lambda: MarkerComponent(_id="marker"), "text", "build_markers")
 
 
+def fail() -> Graph:
+    return chat_through(lambda: FailComponent(_id="fail"), "text", "fail")
+
+
+def branch() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    router = ConditionalRouterComponent(_id="router")
+    router.set(input_text=chat_in.message_response, match_text="yes", operator="equals")
+    yes = ShoutComponent(_id="shout_yes")
+    yes.set(text=router.true_response)
+    no = ShoutComponent(_id="shout_no")
+    no.set(text=router.false_response)
+    out_yes = ChatOutput(_id="out_yes")
+    out_yes.set(input_value=yes.shout)
+    out_no = ChatOutput(_id="out_no")
+    out_no.set(input_value=no.shout)
+    graph = Graph()
+    for component in (chat_in, router, yes, no, out_yes, out_no):
+        graph.add_component(component)
+    graph.prepare()
+    return graph
+
+
+def loop() -> Graph:
+    chat_in = ChatInput(_id="chat_in")
+    words = WordsComponent(_id="words")
+    words.set(text=chat_in.message_response)
+    each = LoopComponent(_id="loop")
+    each.set(data=words.split)
+    upper = UpperComponent(_id="upper")
+    upper.set(item=each.item_output)
+    each.set(item=upper.make_upper)
+    joined = JoinComponent(_id="join")
+    joined.set(table=each.done_output)
+    chat_out = ChatOutput(_id="chat_out")
+    chat_out.set(input_value=joined.join)
+    return Graph(chat_in, chat_out)
+
+
 FLOWS = {
+    "fail": fail,
+    "branch": branch,
+    "loop": loop,
     "shout": shout,
     "slow": slow,
     "stream": stream,
