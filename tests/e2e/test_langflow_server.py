@@ -995,6 +995,7 @@ PARITY = [
     ("branch", ["no"]),
     ("loop", ["a b c"]),
     ("stream", ["three streamed words"]),
+    ("tokens", ["four words as tokens"]),
     ("fail", ["boom"]),
 ]
 
@@ -1025,3 +1026,7 @@ def test_the_playground_in_a_guest_emits_what_the_in_process_playground_emits(
         assert mine["kinds"][:2] == ["vertices_sorted", "build_start"] and mine["kinds"][-1] == "end", mine["kinds"]
         assert mine == theirs
     assert remote["stored"] == local["stored"]
+    if flow == "tokens":  # the Chat Output streamed the chunks as token events, live, in both
+        kinds = remote["shapes"][0]["kinds"]
+        assert remote["shapes"][0]["tokens"] == "FOUR WORDS AS TOKENS", remote
+        assert kinds.count("token") == 4 and kinds.index("token") < len(kinds) - 2, kinds

@@ -17,6 +17,8 @@
   Output.
 - ``big_flow.json``: Chat Input -> Big (answers with as many ``x`` as the input says) -> Chat
   Output; a 5 MB answer is a 20 MB vertex frame, which the runner sends in pieces.
+- ``tokens_flow.json``: Chat Input -> Tokens (the text upper-cased, streamed as a chat model's
+  chunks) -> Chat Output, which streams them as ``token`` events in the Playground.
 - ``fail_flow.json``: Chat Input -> Fail (raises a ValueError) -> Chat Output.
 - ``branch_flow.json``: Chat Input -> If-Else (``yes`` or not) -> Shout on each branch -> a Chat
   Output each: one branch runs, the other is inactivated.
@@ -55,6 +57,7 @@ from marker_component import MarkerComponent  # noqa: E402
 from shout_component import ShoutComponent  # noqa: E402
 from slow_component import SlowComponent  # noqa: E402
 from stream_component import StreamWordsComponent  # noqa: E402
+from tokens_component import TokensComponent  # noqa: E402
 from fail_component import FailComponent  # noqa: E402
 from lfx.components.flow_controls.conditional_router import ConditionalRouterComponent  # noqa: E402
 from lfx.components.flow_controls.loop import LoopComponent  # noqa: E402
@@ -136,6 +139,10 @@ def marker() -> Graph:
     return chat_through(lambda: MarkerComponent(_id="marker"), "text", "build_markers")
 
 
+def tokens() -> Graph:
+    return chat_through(lambda: TokensComponent(_id="tokens"), "text", "answer")
+
+
 def fail() -> Graph:
     return chat_through(lambda: FailComponent(_id="fail"), "text", "fail")
 
@@ -176,6 +183,7 @@ def loop() -> Graph:
 
 
 FLOWS = {
+    "tokens": tokens,
     "fail": fail,
     "branch": branch,
     "loop": loop,
