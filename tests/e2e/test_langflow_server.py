@@ -1030,3 +1030,90 @@ def test_the_playground_in_a_guest_emits_what_the_in_process_playground_emits(
         kinds = remote["shapes"][0]["kinds"]
         assert remote["shapes"][0]["tokens"] == "FOUR WORDS AS TOKENS", remote
         assert kinds.count("token") == 4 and kinds.index("token") < len(kinds) - 2, kinds
+
+
+def test_a_component_the_guest_cannot_carry_is_refused_with_an_error_naming_it(
+    playground_server: Server, slow_fake: Fake
+) -> None:
+    """A frozen component (its cached result lives in the Langflow process) is refused with an
+    error event naming it and the setting: no guest, nothing built in the server."""
+    dump = json.loads(MARKER.read_text())
+    for node in dump["data"]["nodes"]:
+        if node["id"] == "marker":
+            node["data"]["node"]["frozen"] = True
+    flow_id = upload_dump(playground_server, dump, "slow: marker, frozen")
+    slow_fake.reset()
+    events = playground_build(playground_server, flow_id, "hi")
+    # The driver's error event, and the job queue's own for the build it raised, as in-process.
+    errors = [json.dumps(e) for e in events if e.get("event") == "error"]
+    assert errors and all("Marker: a frozen component" in e and "CREATEOS_EXECUTOR_PLAYGROUND" in e for e in errors), events
+    assert "end_vertex" not in [e.get("event") for e in events], events
+    assert slow_fake.stats()["created"] == 0
+    markers = Path(playground_server.env["LFSC_MARKER_DIR"])
+    assert not markers.exists() or list(markers.iterdir()) == [], list(markers.iterdir())
+
+
+UNKNOWN_DRIVER = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+import langflow.main  # the server's import order (langflow.api.build alone is a circular import)
+import langflow.api.build as build
+from langflow_sandbox_createos import hostbuild, playground, reach
+before = build._generate_flow_events
+playground.BASE_VERSIONS = frozenset({"0.0.1"})  # the fingerprint: a Langflow the driver does not know
+hostbuild.register(None)
+hostbuild.register(None)
+print("RESULT " + json.dumps({
+    "unchanged": build._generate_flow_events is before,
+    "doctor": [text for _, text in reach.findings() if text.startswith(("v1 build (", "v2 stream ("))],
+}))
+"""
+
+
+def test_an_unknown_langflow_replaces_no_driver_warns_once_and_doctor_says_not_covered(workdir: Path) -> None:
+    """The driver's fingerprint against the server's Langflow, its known versions monkeypatched:
+    register() (what every worker runs, twice here) replaces nothing, one WARNING says why, and
+    doctor's lines say the Playground's routes are not covered, and why."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CREATEOS_", "LANGFLOW_"))}
+    env.update(LANGFLOW_EXECUTOR_KIND="createos", CREATEOS_EXECUTOR_PLAYGROUND="on")
+    proc = subprocess.run(
+        [str(Path(SERVER_VENV) / "bin" / "python"), "-c", UNKNOWN_DRIVER],
+        capture_output=True, text=True, env=env, timeout=300, cwd=workdir, check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (proc.stdout[-2000:], proc.stderr[-3000:])
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["unchanged"] is True, result
+    why = "langflow-base 1.13.0 is not a version this driver was checked against (0.0.1)"
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING") and "CREATEOS_EXECUTOR_PLAYGROUND" in line]
+    assert len(warnings) == 1 and why in warnings[0], proc.stderr[-3000:]
+    assert len(result["doctor"]) == 2 and all("not covered" in line and why in line for line in result["doctor"]), result
+
+
+def test_the_playground_on_opensandbox_builds_in_a_sandbox_and_no_flow_code_in_the_server(
+    osfake_guests: Any, workdir: Path
+) -> None:
+    """The second provider: with ``LANGFLOW_EXECUTOR_KIND=opensandbox``, the marker flow through
+    v2 stream and v1 build runs in sandboxes of the OpenSandbox fake, none of its code in the
+    server, and no sandbox is left."""
+    from test_opensandbox_executor import os_executor_env
+
+    (workdir / "playground-os").mkdir()
+    markers = workdir / "playground-os-markers"
+    env = os_executor_env(
+        osfake_guests,
+        CREATEOS_EXECUTOR_HOST_BUILDS="none",
+        CREATEOS_EXECUTOR_PLAYGROUND="on",
+        LFSC_MARKER_DIR=str(markers),
+    )
+    server = start_server(env, workdir / "playground-os")
+    try:
+        flow_id = upload_flow(server, MARKER, "slow: marker, playground, opensandbox")
+        osfake_guests.reset()
+        v2 = v2_stream(server, flow_id, "hi")
+        v1 = playground_build(server, flow_id, "hi")
+    finally:
+        server.stop()
+    assert len(marker_pids(v1) | marker_pids(v2)) == 2, (v1, v2[-3000:])
+    assert not markers.exists() or list(markers.iterdir()) == [], list(markers.iterdir())
+    assert osfake_guests.wait_settled()["created"] == 2
