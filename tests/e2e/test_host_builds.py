@@ -219,3 +219,17 @@ def test_the_first_run_log_line_says_which_routes_are_covered(clean_fake: Fake, 
     said = [line for line in (proc.stderr + proc.stdout).splitlines() if "no flow code evaluated in this process" in line]
     assert len(said) == 1, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert "no flow code evaluated in this process): lfx run and lfx serve; not covered (doctor says why): v1 run; v2 sync; v1 build" in said[0], said
+
+
+def test_a_playground_value_that_is_not_on_or_off_refuses_every_run(clean_fake: Fake, tmp_path: Path) -> None:
+    """``CREATEOS_EXECUTOR_PLAYGROUND`` fails closed as ``CREATEOS_EXECUTOR_HOST_BUILDS`` does:
+    every executor run is refused naming the setting, nothing is created, and doctor counts it
+    as a problem."""
+    env = hook_env(clean_fake, tmp_path / "host", CREATEOS_EXECUTOR_PLAYGROUND="yes")
+    out = lfx_run_marker(env)
+    assert out.get("success") is False and out.get("exception_type") == "SandboxRefusedError", out
+    assert "CREATEOS_EXECUTOR_PLAYGROUND='yes' is not one of off, on" in out["exception_message"], out
+    assert clean_fake.stats()["created"] == 0
+    doctor = run_doctor(env, args=("--surface", "executor"))
+    assert doctor.returncode == 1, doctor.stdout[-3000:]
+    assert "CREATEOS_EXECUTOR_PLAYGROUND='yes' is not one of off, on" in doctor.stdout, doctor.stdout[-3000:]

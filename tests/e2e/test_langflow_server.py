@@ -1117,3 +1117,47 @@ def test_the_playground_on_opensandbox_builds_in_a_sandbox_and_no_flow_code_in_t
     assert len(marker_pids(v1) | marker_pids(v2)) == 2, (v1, v2[-3000:])
     assert not markers.exists() or list(markers.iterdir()) == [], list(markers.iterdir())
     assert osfake_guests.wait_settled()["created"] == 2
+
+
+def v2_events(server: Server, flow_id: str, text: str, session: str) -> list[dict[str, Any]]:
+    """A v2 stream run (as the 1.13 UI's Playground sends it) in ``session``: its events."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/workflows",
+        data=json.dumps({"flow_id": flow_id, "input_value": text, "mode": "stream", "session_id": session}).encode(),
+        headers={"Content-Type": "application/json", "x-api-key": server.api_key},
+        method="POST",
+    )
+    events = []
+    with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - loopback
+        for raw in response:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("data:"):
+                line = line.removeprefix("data:").strip()
+            if line.startswith("{"):
+                events.append(json.loads(line))
+    return events
+
+
+V2_PARITY = [("shout", "hello v2"), ("tokens", "four words as tokens"), ("branch", "no"), ("fail", "boom")]
+
+
+@pytest.mark.parametrize(("flow", "text"), V2_PARITY, ids=[f for f, _ in V2_PARITY])
+def test_the_v2_stream_in_a_guest_emits_what_the_in_process_v2_stream_emits(
+    plain_server: Server, playground_server: Server, slow_fake: Fake, flow: str, text: str
+) -> None:
+    """Event parity through the v2 stream mode (the 1.13 UI's Playground): the same events in
+    the same order, the same vertex results, messages, tokens and stored messages."""
+    dump = json.loads((E2E / "flows" / f"{flow}_flow.json").read_text())
+
+    def run(server: Server) -> dict[str, Any]:
+        flow_id = upload_dump(server, dump, f"slow: v2 parity {flow} {server.url}")
+        events = v2_events(server, flow_id, text, f"v2-parity-{flow}")
+        return {"shape": playground_shape(events), "stored": stored_messages(server, flow_id)}
+
+    slow_fake.reset()
+    local = run(plain_server)
+    assert slow_fake.stats()["created"] == 0
+    remote = run(playground_server)
+    assert slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1, timeout=30)["created"] == 1
+    assert remote["shape"]["vertices"], remote
+    assert remote == local
