@@ -385,7 +385,7 @@ async def drive(  # noqa: C901, PLR0915 - one driver, as Langflow's
         event_manager.on_error(data=message.data)
         return exc if expose_error_details or isinstance(exc, _Refused) else client_error
 
-    value, problem = setting()
+    problem = setting()[1]
     if problem is not None:
         raise fail(_Refused(f"{problem}; nothing was built"), session_id)
     try:
@@ -507,5 +507,4 @@ async def drive(  # noqa: C901, PLR0915 - one driver, as Langflow's
         raise fail(exc, graph.session_id) from exc
 
     event_manager.on_end(data={"build_duration": sum(timedeltas)})
-    del value
     await event_manager.queue.put((None, None, time.time()))
