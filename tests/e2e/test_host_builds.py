@@ -233,3 +233,38 @@ def test_a_playground_value_that_is_not_on_or_off_refuses_every_run(clean_fake: 
     doctor = run_doctor(env, args=("--surface", "executor"))
     assert doctor.returncode == 1, doctor.stdout[-3000:]
     assert "CREATEOS_EXECUTOR_PLAYGROUND='yes' is not one of off, on" in doctor.stdout, doctor.stdout[-3000:]
+
+
+REFUSALS = """
+import copy, json, sys
+from lfx.graph import Graph
+from langflow_sandbox_createos import playground
+
+flow = json.loads(open(sys.argv[1]).read())
+out = {}
+for kind, shown in (("RunFlow", "Run Flow"), ("SubFlow", "Sub Flow"), ("HumanInput", "Human Input")):
+    payload = copy.deepcopy(flow)
+    for node in payload["data"]["nodes"]:
+        if node["id"] == "marker":  # a node of that component (its type and name; never built)
+            node["data"]["type"] = kind
+            node["data"]["node"]["display_name"] = shown
+    graph = Graph.from_payload(payload, flow_id="f-1", instantiate_components=False)
+    out[kind] = playground._refusal(graph, None, None)
+plain = Graph.from_payload(copy.deepcopy(flow), flow_id="f-2", instantiate_components=False)
+out["plain"] = playground._refusal(plain, None, None)
+out["files"] = playground._refusal(plain, ["f/x.png"], None)
+out["resume"] = playground._refusal(plain, None, {"request_id": "r"})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_playground_refuses_what_a_guest_cannot_carry(clean_fake: Fake, tmp_path: Path) -> None:
+    """Run Flow, Sub Flow and Human Input (and chat attachments, a resumed run) are refused by
+    the Playground's driver, naming the component, from a graph whose components were never
+    built; a plain flow is not."""
+    result, _ = script_result(REFUSALS, [str(MARKER)], hook_env(clean_fake, tmp_path / "host"))
+    assert result["RunFlow"].startswith("Run Flow: Run Flow runs another flow"), result
+    assert result["SubFlow"].startswith("Sub Flow: Sub Flow runs another flow"), result
+    assert result["HumanInput"].startswith("Human Input: Human Input pauses the run"), result
+    assert result["plain"] is None, result
+    assert "files attached to the chat" in result["files"] and "resumed" in result["resume"], result
