@@ -1161,3 +1161,27 @@ def test_the_v2_stream_in_a_guest_emits_what_the_in_process_v2_stream_emits(
     assert slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1, timeout=30)["created"] == 1
     assert remote["shape"]["vertices"], remote
     assert remote == local
+
+
+def test_with_the_playground_on_the_v2_background_mode_builds_in_a_guest(playground_server: Server, slow_fake: Fake) -> None:
+    """The v2 background mode ends in the same driver: the marker flow's run, polled to its end,
+    was built in a guest, and the Langflow process wrote no marker."""
+    flow_id = upload_flow(playground_server, MARKER, "slow: marker, v2 background")
+    slow_fake.reset()
+    job = playground_server.call(
+        "POST", "/api/v2/workflows", {"flow_id": flow_id, "input_value": "hi", "mode": "background"}, api_key=True
+    )
+    job_id = job.get("job_id") or job.get("id")
+    assert job_id, job
+    deadline = time.monotonic() + 180
+    while True:
+        status = playground_server.call("GET", f"/api/v2/workflows?job_id={job_id}", api_key=True)
+        if str(status.get("status", "")).lower() in ("completed", "failed", "error", "cancelled"):
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+    assert str(status.get("status")).lower() == "completed", status
+    assert len(marker_pids(status)) == 1, status
+    markers = Path(playground_server.env["LFSC_MARKER_DIR"])
+    assert not markers.exists() or list(markers.iterdir()) == [], list(markers.iterdir())
+    assert slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)["created"] == 1

@@ -12,7 +12,9 @@ order:
 - ``{"frame": "hello", ...}`` once lfx is importable and the job was read (versions, for the
   host's log, and how long the preload and the wait for the job took);
 - ``{"frame": "graph", "rebuild_ms": ...}`` once the flow is rebuilt, before its first vertex;
-- ``{"frame": "vertex", ...}`` each time a vertex finishes, flushed at once (live);
+- ``{"frame": "vertex", ...}`` each time a vertex finishes, flushed at once (live); in the
+  Playground's walk (``options["playground"]``, ``_run_playground``) vertex frames carry a
+  ``pg`` key: the sorted first layer, each component event, each built vertex;
 - ``{"frame": "message", "op": ..., "id": ..., "message": ...}`` each time the flow stores,
   updates or deletes a chat message (the host stores it in its own message store);
 - ``{"frame": "complete", "outputs": [...]}`` at the end, with the run's ``RunOutputs``
