@@ -208,7 +208,7 @@ static SAID_RETRYING: AtomicU32 = AtomicU32::new(0);
 /// Where an account's calls go, as logs and errors name it.
 #[derive(Debug, Clone)]
 struct Place {
-    /// The URL ([`createos_api::redact_url`]) or the provider's name.
+    /// The URL ([`crate::error::redact_url`]) or the provider's name.
     endpoint: String,
     /// The place in a sentence, with the setting that decides it: `control plane at URL
     /// (CREATEOS_SANDBOX_BASE_URL)`.
@@ -221,7 +221,7 @@ struct Place {
 
 impl Place {
     fn createos(base_url: &str) -> Self {
-        let endpoint = createos_api::redact_url(base_url);
+        let endpoint = crate::error::redact_url(base_url);
         Place {
             described: format!("control plane at {endpoint} ({ENV_BASE_URL})"),
             endpoint,
