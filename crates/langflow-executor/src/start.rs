@@ -23,13 +23,13 @@ use sandbox_core::guest::{ExecInput, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
 use sandbox_core::provider::ProviderKind;
-use sandbox_core::provider::opensandbox::OpenSandboxSettings;
 use sandbox_core::settings::Settings;
 use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
     Acquire, End, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
 use sandbox_core::withheld::Withheld;
+use sandbox_opensandbox::OpenSandboxSettings;
 use tokio::time::Instant;
 
 use crate::error::ExecutorError;
@@ -454,10 +454,7 @@ mod tests {
         let allow = ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true");
         // Unset: the provider's default image, never CreateOS's `devbox:1`.
         let plan = on_opensandbox(&[allow]).plan().unwrap();
-        assert_eq!(
-            plan.rootfs(),
-            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
-        );
+        assert_eq!(plan.rootfs(), sandbox_opensandbox::settings::DEFAULT_IMAGE);
         // Set, also beside CreateOS's rootfs setting, which is not the server's.
         let plan = on_opensandbox(&[
             allow,

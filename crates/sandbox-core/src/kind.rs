@@ -90,6 +90,25 @@ impl ProviderKind {
         }
     }
 
+    /// The setting that holds the provider's credential, as hints name it
+    /// (`CREATEOS_SANDBOX_API_KEY`, `OPEN_SANDBOX_API_KEY`; each provider crate checks that its
+    /// own spelling is this one).
+    pub fn key_setting(self) -> &'static str {
+        match self {
+            ProviderKind::CreateOs => "CREATEOS_SANDBOX_API_KEY",
+            ProviderKind::OpenSandbox => "OPEN_SANDBOX_API_KEY",
+        }
+    }
+
+    /// The setting that says where the provider's server is, as hints name it
+    /// (`CREATEOS_SANDBOX_BASE_URL`, `OPEN_SANDBOX_DOMAIN`).
+    pub fn address_setting(self) -> &'static str {
+        match self {
+            ProviderKind::CreateOs => "CREATEOS_SANDBOX_BASE_URL",
+            ProviderKind::OpenSandbox => "OPEN_SANDBOX_DOMAIN",
+        }
+    }
+
     /// The provider a setting's value names (trimmed, any case); `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         let v = value.trim();

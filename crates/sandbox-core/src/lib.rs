@@ -29,13 +29,12 @@
 //! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
 //!   value.
 //! - [`provider`]: the provider seam, what a sandbox provider must offer the surfaces in
-//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it, [`provider::opensandbox`]
-//!   the self-hosted OpenSandbox server (issue 41).
+//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it; the self-hosted
+//!   OpenSandbox server (issue 41) is the `sandbox-opensandbox` crate's.
 //! - [`control`]: CreateOS's control-plane operations as an object-safe trait (test doubles
 //!   implement it); [`createos`] (= [`provider::createos`]) implements it over `createos-api`.
 
 pub mod admission;
-pub mod certs;
 pub mod classify;
 pub mod control;
 pub mod egress;

@@ -407,36 +407,5 @@ mod tests {
             e.message().contains(KEY) && e.message().contains(KEY_FILE),
             "{e}"
         );
-
-        let osb = secret_file(b"osb-file-key\n");
-        let osb_path = osb.path().to_str().unwrap().to_owned();
-        let osb_raw = env(&[
-            ("OPEN_SANDBOX_API_KEY", "osb-env-key"),
-            ("OPEN_SANDBOX_API_KEY_FILE", &osb_path),
-        ]);
-        let e = crate::provider::opensandbox::OpenSandboxSettings::from_lookup(move |k| {
-            with_secret_files(&osb_raw, k)
-        })
-        .unwrap()
-        .client()
-        .err()
-        .unwrap();
-        assert!(
-            e.message()
-                .contains("OPEN_SANDBOX_API_KEY and OPEN_SANDBOX_API_KEY_FILE"),
-            "{e}"
-        );
-        let osb_raw = env(&[("OPEN_SANDBOX_API_KEY_FILE", &osb_path)]);
-        let settings = crate::provider::opensandbox::OpenSandboxSettings::from_lookup(move |k| {
-            with_secret_files(&osb_raw, k)
-        })
-        .unwrap();
-        assert_eq!(
-            settings
-                .api_key
-                .as_ref()
-                .map(secrecy::ExposeSecret::expose_secret),
-            Some("osb-file-key")
-        );
     }
 }

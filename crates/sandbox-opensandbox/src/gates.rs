@@ -4,9 +4,20 @@
 
 use opensandbox_api::{EnforcementMode, NetworkPolicy, PolicyAction, PolicyStatus, RuntimeClass};
 
-use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS, ENV_SERVER_UNREACHABLE};
-use crate::egress::{EgressPolicy, domain_entry};
-use crate::error::SandboxError;
+use sandbox_core::egress::{EgressPolicy, domain_entry};
+use sandbox_core::error::SandboxError;
+
+/// `OPEN_SANDBOX_RUNTIME_CLASS`: the Kubernetes RuntimeClass the server's sandboxes must
+/// report in their inspect diagnostics (e.g. `kata-fc`).
+pub const ENV_RUNTIME_CLASS: &str = "OPEN_SANDBOX_RUNTIME_CLASS";
+/// `OPEN_SANDBOX_HOST_KERNEL`: the kernel release(s) of the server's hosts or nodes,
+/// comma-separated: a guest reporting one of them shares the host kernel and is refused.
+pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
+/// `OPEN_SANDBOX_SERVER_UNREACHABLE`: the operator's word that no sandbox can route to the
+/// server's API or its execd proxy (it listens on loopback only, or a firewall keeps the
+/// sandbox network from it). Without it, unrestricted egress sends a rule denying the server
+/// and needs the egress sidecar to enforce it.
+pub const ENV_SERVER_UNREACHABLE: &str = "OPEN_SANDBOX_SERVER_UNREACHABLE";
 
 /// lfx's domain allowlist setting, which the backend's refusals name.
 const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
@@ -574,7 +585,7 @@ mod tests {
         let e = policy_of(&EgressPolicy::Domains(vec!["10.0.0.1".into()]), &remote()).unwrap_err();
         assert!(e.message().contains("address rule"), "{e}");
         let rules = EgressPolicy::Rules(vec![
-            crate::egress::validate_address_rule("10.0.0.0/8").unwrap(),
+            sandbox_core::egress::validate_address_rule("10.0.0.0/8").unwrap(),
         ]);
         assert!(policy_of(&rules, &remote()).is_err());
     }

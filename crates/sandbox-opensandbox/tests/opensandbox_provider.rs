@@ -8,9 +8,7 @@ use opensandbox_fake::{
     Config, EgressMode, FakeOptions, FakeServer, NetworkMode, PolicyDrift, Runtime, SecureRuntime,
 };
 use sandbox_core::ErrorKind;
-use sandbox_core::provider::opensandbox::{
-    Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec,
-};
+use sandbox_opensandbox::{Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec};
 
 const KEY: &str = "os-test-key-5e1f9a";
 
