@@ -126,8 +126,10 @@ impl Executor {
         Self::with_options(ExecutorOptions::default())
     }
 
-    /// An executor with explicit options.
+    /// An executor with explicit options (CreateOS's HTTP client installed as the default
+    /// connector, `sandbox_createos::install`).
     pub fn with_options(opts: ExecutorOptions) -> Self {
+        sandbox_createos::install();
         let warmer = preloader(opts.preload_wait, opts.surface.kill_after);
         Self {
             surface: Surface::with_warmer(SurfaceKind::Executor, opts.surface.clone(), warmer),

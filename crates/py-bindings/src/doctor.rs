@@ -649,7 +649,7 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
             progress(&format!(
                 "asking the CreateOS control plane at {} (credential check and shape catalog; \
                  up to {} s)",
-                sandbox_core::createos::shown_url(&settings.base_url),
+                sandbox_createos::shown_url(&settings.base_url),
                 CONTROL_PLANE_CHECK.as_secs()
             ));
             let retry = settings
