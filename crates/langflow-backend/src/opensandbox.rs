@@ -363,7 +363,7 @@ impl Live {
 fn egress_label(e: &Egress) -> &'static str {
     match e {
         Egress::DenyAll => "none",
-        Egress::Domains(_) => "allowlist",
+        Egress::Domains { .. } => "allowlist",
         Egress::Unrestricted => "open",
     }
 }
@@ -443,7 +443,10 @@ pub fn egress_of(policy: &LfxPolicy) -> Egress {
     match (policy.allow_network, policy.allowed_domains.is_empty()) {
         (false, _) => Egress::DenyAll,
         (true, true) => Egress::Unrestricted,
-        (true, false) => Egress::Domains(policy.allowed_domains.clone()),
+        (true, false) => Egress::Domains {
+            setting: crate::ENV_LF_ALLOWED_DOMAINS,
+            domains: policy.allowed_domains.clone(),
+        },
     }
 }
 

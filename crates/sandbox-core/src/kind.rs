@@ -7,11 +7,11 @@ use std::fmt;
 /// Which surface a guest or a run belongs to (a label of every figure the kit reports).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SurfaceKind {
-    /// The lfx sandbox backend (`LANGFLOW_SANDBOX_BACKEND=createos`).
+    /// The lfx sandbox backend (lfx's backend setting set to `createos`).
     Backend,
     /// The "CreateOS Sandbox" component.
     Component,
-    /// The whole-flow executor (`LANGFLOW_EXECUTOR_KIND=createos`).
+    /// The whole-flow executor (Langflow's executor-kind setting set to `createos`).
     Executor,
 }
 
@@ -57,7 +57,7 @@ impl fmt::Display for SurfaceKind {
     }
 }
 
-/// The providers a user can choose (`LANGFLOW_SANDBOX_BACKEND`, `LANGFLOW_EXECUTOR_KIND`, the
+/// The providers a user can choose (lfx's backend setting, Langflow's executor kind, the
 /// component's provider input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]

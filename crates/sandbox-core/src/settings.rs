@@ -5,7 +5,7 @@
 //! with an error that names the variable and says what would be accepted.
 //!
 //! Only `CREATEOS_*` settings, shared by every surface, are read here; a surface reads its own
-//! (lfx's `LANGFLOW_SANDBOX_*`, the executor's `CREATEOS_EXECUTOR_*`, the egress opt-in) and
+//! (lfx's sandbox settings, the executor's `CREATEOS_EXECUTOR_*`, the egress opt-in) and
 //! hands this crate the names its refusals quote ([`SettingNames`]).
 
 use std::fmt;

@@ -71,18 +71,18 @@ fn read_host_name() -> String {
 
 /// The settings a calling surface reads, named in refusals so that a user is told to change
 /// a setting of the surface they use (the executor must not point at the backend's
-/// `LANGFLOW_SANDBOX_MEMORY_MB`).
+/// memory setting, lfx's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SettingNames {
-    /// How the user asked for restricted egress, as they would write it (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=false`).
+    /// How the user asked for restricted egress, as they would write it (e.g. lfx's
+    /// allow-network setting set to `false`).
     pub restrict_egress: &'static str,
-    /// How they would ask for unrestricted egress instead (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=true`).
+    /// How they would ask for unrestricted egress instead (e.g. the same setting set to
+    /// `true`).
     pub allow_egress: &'static str,
     /// The variable of the link-local opt-in the surface reads (see [`read_flag`]).
     pub accept_egress_exceptions: &'static str,
-    /// The memory floor (e.g. `LANGFLOW_SANDBOX_MEMORY_MB`).
+    /// The memory floor (e.g. lfx's memory setting).
     pub memory: &'static str,
 }
 

@@ -19,16 +19,19 @@ pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
 /// and needs the egress sidecar to enforce it.
 pub const ENV_SERVER_UNREACHABLE: &str = "OPEN_SANDBOX_SERVER_UNREACHABLE";
 
-/// lfx's domain allowlist setting, which the backend's refusals name.
-const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
-
 /// The egress a run asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Egress {
     /// Deny everything (the default).
     DenyAll,
     /// Deny everything but these domains (FQDN or `*.wildcard`).
-    Domains(Vec<String>),
+    Domains {
+        /// The setting the domains came from, as a refusal names it (the surface's: the
+        /// backend hands lfx's allowlist setting); this crate spells no surface's setting.
+        setting: &'static str,
+        /// The domains, as the setting listed them.
+        domains: Vec<String>,
+    },
     /// No restriction: no policy is sent and no sidecar runs.
     Unrestricted,
 }
@@ -95,7 +98,7 @@ impl ServerGuard {
 /// The `networkPolicy` to send for `egress` ([`ServerGuard::open_policy`] for
 /// [`Egress::Unrestricted`]). An address or CIDR rule is refused: the lifecycle API does not
 /// support them and `dns` mode could not enforce them; a rule that is not a domain is refused
-/// (by [`domain_entry`], naming `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: the backend's setting).
+/// (by [`domain_entry`], naming the setting the surface handed in with the domains).
 pub fn policy_for(
     egress: &Egress,
     guard: &ServerGuard,
@@ -103,15 +106,13 @@ pub fn policy_for(
     match egress {
         Egress::Unrestricted => guard.open_policy(),
         Egress::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
-        Egress::Domains(domains) => {
+        Egress::Domains { setting, domains } => {
             let names = domains
                 .iter()
                 .map(|raw| {
                     // A blank entry is refused here: lfx hands a list, not a comma-joined text.
-                    domain_entry(ENV_LF_ALLOWED_DOMAINS, raw)?.ok_or_else(|| {
-                        SandboxError::refused(format!(
-                            "{ENV_LF_ALLOWED_DOMAINS} holds a blank entry; remove it"
-                        ))
+                    domain_entry(setting, raw)?.ok_or_else(|| {
+                        SandboxError::refused(format!("{setting} holds a blank entry; remove it"))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -539,11 +540,14 @@ mod tests {
             Some(NetworkPolicy::deny_all())
         );
         let p = policy_for(
-            &Egress::Domains(vec![
-                "PyPI.org.".into(),
-                "*.example.com".into(),
-                "pypi.org".into(),
-            ]),
+            &Egress::Domains {
+                setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                domains: vec![
+                    "PyPI.org.".into(),
+                    "*.example.com".into(),
+                    "pypi.org".into(),
+                ],
+            },
             &remote(),
         )
         .unwrap()
@@ -555,7 +559,14 @@ mod tests {
                 .allow("*.example.com")
         );
         for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "a b", "", "1.2.3"] {
-            let e = policy_for(&Egress::Domains(vec![bad.into()]), &remote()).unwrap_err();
+            let e = policy_for(
+                &Egress::Domains {
+                    setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                    domains: vec![bad.into()],
+                },
+                &remote(),
+            )
+            .unwrap_err();
             assert!(
                 e.message().contains("LANGFLOW_SANDBOX_ALLOWED_DOMAINS"),
                 "{bad}: {e}"
