@@ -533,7 +533,7 @@ impl OpenSandboxBackend {
         let refused = |e: &sandbox_core::SandboxError| {
             obs.emit(&Event::RunFinished {
                 surface: SurfaceKind::Backend,
-                outcome: RunOutcome::of_error(e),
+                outcome: sandbox_core::observe::outcome_of(e),
                 seconds: started.elapsed().as_secs_f64(),
             });
             unavailable(e)
@@ -627,7 +627,7 @@ impl OpenSandboxBackend {
                 sandbox_opensandbox::lifecycle::EXIT_TIMED_OUT => RunOutcome::TimedOut,
                 _ => RunOutcome::ProgramFailed,
             },
-            Err(e) => RunOutcome::of_error(e),
+            Err(e) => sandbox_core::observe::outcome_of(e),
         };
         if let Some(t) = held.tracked.as_mut() {
             let bytes = ran.as_ref().map_or(0, |o| o.stdout.len() + o.stderr.len());

@@ -641,7 +641,7 @@ impl Surface {
         }
         obs.emit(&Event::RunFinished {
             surface: self.kind,
-            outcome: RunOutcome::of_error(&e),
+            outcome: crate::observe::outcome_of(&e),
             seconds: t_admit.elapsed().as_secs_f64(),
         });
         E::from(e)

@@ -18,9 +18,9 @@ use std::io::Read as _;
 
 use crate::error::SandboxError;
 
-/// `CREATEOS_HOST_ID`: the host name this process reports in its leases and usage records
-/// (default: the machine's host name).
-pub const ENV_HOST_ID: &str = "CREATEOS_HOST_ID";
+/// `CREATEOS_HOST_ID` and this host's name, as leases and usage records carry it (the metrics
+/// crate's, below this one).
+pub use sandbox_metrics::host::{ENV_HOST_ID, host_name};
 
 /// `CREATEOS_MAX_LIVE_GUESTS`: the most guests a process keeps live at once, all surfaces and
 /// warm pools included (unset: unlimited). See [`crate::admission`].
@@ -38,34 +38,6 @@ pub fn parse_cap(var: &str, raw: &str) -> Result<usize, SandboxError> {
             "{var}={raw:?} is not a number of guests from 1 to {MAX_CAP}; set it to the most \
              this process may keep live at once (e.g. 16), or unset it for no cap"
         ))),
-    }
-}
-
-/// This host's name: [`ENV_HOST_ID`] when set, else the kernel's host name, else `unknown`.
-/// Only letters, digits and `-_.` are kept. Read once per process.
-pub fn host_name() -> String {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(read_host_name).clone()
-}
-
-fn read_host_name() -> String {
-    let raw = std::env::var(ENV_HOST_ID)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_default();
-    let clean: String = raw
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-        .take(64)
-        .collect();
-    if clean.is_empty() {
-        "unknown".to_owned()
-    } else {
-        clean
     }
 }
 
