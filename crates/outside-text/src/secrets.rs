@@ -240,7 +240,7 @@ impl Redactor {
 /// hiding a path segment before an `@` in a path, which base URLs do not have).
 ///
 /// ```
-/// use createos_api::redact_url;
+/// use outside_text::secrets::redact_url;
 /// assert_eq!(redact_url("https://user:pw@h.test:99999/x?token=t#f"), "https://***@h.test:99999/x");
 /// assert_eq!(redact_url("https://h.test/api"), "https://h.test/api");
 /// ```

@@ -492,7 +492,7 @@ impl OpenSandboxProvider {
     /// The orphan sweep: this deployment's sandboxes (by `created-by` metadata) older than
     /// `older_than`, deleted unless `dry_run`, except the component's kept guests (labelled
     /// `lf-kept`, named `lf-c-…`: `reap --older-than` deletes old ones through
-    /// [`crate::orphans::sweep_reused_provider`]). Returns the ids found (deleted, or that
+    /// [`sandbox_core::orphans::sweep_reused_provider`]). Returns the ids found (deleted, or that
     /// would be); a delete that fails is left out and logged.
     pub async fn sweep(
         &self,
