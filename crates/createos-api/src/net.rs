@@ -1,5 +1,5 @@
 //! The proxy rules of the clients this crate builds. (How a configured URL is shown safely,
-//! [`redact_url`], lives with the other redaction helpers in `transport::secrets`.)
+//! [`redact_url`], lives with the other redaction helpers in `outside_text::secrets`.)
 
 use std::net::IpAddr;
 

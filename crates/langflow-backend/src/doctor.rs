@@ -240,7 +240,7 @@ pub const CONTROL_PLANE_CHECK: Duration = Duration::from_secs(5);
 
 /// Where runs go: the control plane's URL and the proxy used to reach it. No I/O.
 pub fn control_plane_lines(settings: &Settings) -> Vec<DoctorLine> {
-    let proxy = sandbox_core::createos::proxy_for(&settings.base_url);
+    let proxy = sandbox_createos::proxy_for(&settings.base_url);
     vec![
         DoctorLine::about(
             DoctorLevel::Info,
@@ -267,7 +267,7 @@ pub fn control_plane_lines(settings: &Settings) -> Vec<DoctorLine> {
 
 /// A URL as doctor shows it: no userinfo, query or fragment.
 fn createos_url(url: &str) -> String {
-    sandbox_core::createos::shown_url(url)
+    sandbox_createos::shown_url(url)
 }
 
 /// What [`check_control_plane`] found.

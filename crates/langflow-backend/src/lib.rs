@@ -297,8 +297,10 @@ impl Backend {
         Self::with_options(BackendOptions::default())
     }
 
-    /// A backend with explicit options.
+    /// A backend with explicit options (CreateOS's HTTP client installed as the default
+    /// connector, `sandbox_createos::install`).
     pub fn with_options(opts: BackendOptions) -> Self {
+        sandbox_createos::install();
         Self {
             surface: Surface::new(SurfaceKind::Backend, opts.surface),
         }

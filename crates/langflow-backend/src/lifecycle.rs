@@ -223,7 +223,7 @@ pub(crate) async fn run_on(
     let (mut lease, ran) = (started.lease, started.result);
     match &ran {
         Ok((o, _)) => lease.set_outcome(o.run_outcome(), o.bytes_returned()),
-        Err(e) => lease.set_outcome(RunOutcome::of_error(e), 0),
+        Err(e) => lease.set_outcome(sandbox_core::observe::outcome_of(e), 0),
     }
     let create_ms = ms(lease.create_time());
     let pool_use = lease.pool_use();

@@ -30,14 +30,12 @@ use sandbox_core::admission::{Caps, GuestSlot, Ticket};
 use sandbox_core::observe::{Event, Observation, RunOutcome, RunUsage, Tracked};
 use sandbox_core::plan::SurfaceError;
 use sandbox_core::provider::ProviderKind;
-use sandbox_core::provider::opensandbox::{
-    Egress, OpenSandboxProvider, OpenSandboxSettings, Sandbox, SandboxSpec,
-};
 use sandbox_core::session::Session;
 use sandbox_core::settings::DEFAULT_MAX_OUTPUT_BYTES;
 use sandbox_core::surface::{PoolUse, SurfaceKind};
 use sandbox_core::timings::Timings;
 use sandbox_core::withheld::Withheld;
+use sandbox_opensandbox::{Egress, OpenSandboxProvider, OpenSandboxSettings, Sandbox, SandboxSpec};
 
 use crate::{Capabilities, DoctorLevel, DoctorLine, LfxPolicy, RunOutput};
 
@@ -52,7 +50,7 @@ pub const SERVER_CHECK: Duration = Duration::from_secs(5);
 /// key (present or not, never its value), the CA file and the plain-HTTP opt-in
 /// ([`transport_lines`]). No I/O.
 pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
-    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    use sandbox_opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
     let mut lines = Vec::new();
     lines.push(match &settings.domain {
         Some(d) => DoctorLine::about(
@@ -94,8 +92,8 @@ pub fn settings_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
 /// over loopback without that word. No I/O.
 pub fn unrestricted_egress_line(settings: &OpenSandboxSettings) -> DoctorLine {
     use sandbox_core::egress::EgressPolicy;
-    use sandbox_core::provider::opensandbox::gates::policy_of;
-    use sandbox_core::provider::opensandbox::settings::ENV_SERVER_UNREACHABLE;
+    use sandbox_opensandbox::gates::policy_of;
+    use sandbox_opensandbox::settings::ENV_SERVER_UNREACHABLE;
     match policy_of(&EgressPolicy::AllowAll, &settings.server_guard()) {
         Ok(None) => DoctorLine::about(
             DoctorLevel::Warn,
@@ -129,9 +127,7 @@ pub fn unrestricted_egress_line(settings: &OpenSandboxSettings) -> DoctorLine {
 /// `OPEN_SANDBOX_ALLOW_PLAIN_HTTP`, a warning whenever it lets the key and programs cross the
 /// network in clear. No I/O.
 pub fn transport_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
-    use sandbox_core::provider::opensandbox::settings::{
-        ENV_ALLOW_PLAIN_HTTP, ENV_CA_FILE, ENV_DOMAIN,
-    };
+    use sandbox_opensandbox::settings::{ENV_ALLOW_PLAIN_HTTP, ENV_CA_FILE, ENV_DOMAIN};
     let mut lines = Vec::new();
     let https = settings
         .domain
@@ -188,10 +184,10 @@ pub fn transport_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
 /// `doctor`'s findings about the isolation lfx will see, and what `doctor` cannot know without
 /// creating a sandbox. No I/O.
 pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
-    use sandbox_core::provider::opensandbox::settings::{ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS};
+    use sandbox_opensandbox::settings::{ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS};
     let mut lines = Vec::new();
     lines.push(match settings.attestation {
-        sandbox_core::provider::opensandbox::settings::Attestation::HardwareVirtualized => {
+        sandbox_opensandbox::settings::Attestation::HardwareVirtualized => {
             DoctorLine::about(
                 DoctorLevel::Ok,
                 ENV_ATTEST_ISOLATION,
@@ -206,7 +202,7 @@ pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
                 ),
             )
         }
-        sandbox_core::provider::opensandbox::settings::Attestation::None => DoctorLine::about(
+        sandbox_opensandbox::settings::Attestation::None => DoctorLine::about(
             DoctorLevel::Refused,
             ENV_ATTEST_ISOLATION,
             format!(
@@ -232,9 +228,7 @@ pub fn isolation_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
 /// the in-guest probe then cannot tell a runc container (which shares its host's kernel) from
 /// a VM, so a false attestation would run code on a shared kernel. `None` otherwise. No I/O.
 pub fn host_kernel_line(settings: &OpenSandboxSettings) -> Option<DoctorLine> {
-    use sandbox_core::provider::opensandbox::settings::{
-        Attestation, ENV_ATTEST_ISOLATION, ENV_HOST_KERNEL,
-    };
+    use sandbox_opensandbox::settings::{Attestation, ENV_ATTEST_ISOLATION, ENV_HOST_KERNEL};
     (settings.attestation == Attestation::HardwareVirtualized && settings.host_kernels.is_empty())
         .then(|| {
             DoctorLine::about(
@@ -257,8 +251,8 @@ pub fn host_kernel_line(settings: &OpenSandboxSettings) -> Option<DoctorLine> {
 /// `OPEN_SANDBOX_CA_FILE` when the server's certificate was not accepted.
 pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
     use opensandbox_api::{ErrorKind as ApiKind, SandboxFilter};
-    use sandbox_core::provider::opensandbox::lifecycle::META_CREATED_BY;
-    use sandbox_core::provider::opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
+    use sandbox_opensandbox::lifecycle::META_CREATED_BY;
+    use sandbox_opensandbox::settings::{ENV_API_KEY, ENV_DOMAIN};
     let client = match settings.client() {
         Ok(c) => c,
         Err(e) => return vec![DoctorLine::new(DoctorLevel::Refused, e.message())],
@@ -278,10 +272,10 @@ pub async fn server_lines(settings: &OpenSandboxSettings) -> Vec<DoctorLine> {
         )],
         Ok(Err(e)) if e.is_tls_failure() => vec![DoctorLine::about(
             DoctorLevel::Refused,
-            sandbox_core::provider::opensandbox::settings::ENV_CA_FILE,
+            sandbox_opensandbox::settings::ENV_CA_FILE,
             format!(
                 "server: {shown}: {} ({})",
-                sandbox_core::provider::opensandbox::settings::TLS_FAILURE_HINT,
+                sandbox_opensandbox::settings::TLS_FAILURE_HINT,
                 outside_text::snippet(&e.to_string(), 200)
             ),
         )],
@@ -369,7 +363,7 @@ impl Live {
 fn egress_label(e: &Egress) -> &'static str {
     match e {
         Egress::DenyAll => "none",
-        Egress::Domains(_) => "allowlist",
+        Egress::Domains { .. } => "allowlist",
         Egress::Unrestricted => "open",
     }
 }
@@ -449,7 +443,10 @@ pub fn egress_of(policy: &LfxPolicy) -> Egress {
     match (policy.allow_network, policy.allowed_domains.is_empty()) {
         (false, _) => Egress::DenyAll,
         (true, true) => Egress::Unrestricted,
-        (true, false) => Egress::Domains(policy.allowed_domains.clone()),
+        (true, false) => Egress::Domains {
+            setting: crate::ENV_LF_ALLOWED_DOMAINS,
+            domains: policy.allowed_domains.clone(),
+        },
     }
 }
 
@@ -536,7 +533,7 @@ impl OpenSandboxBackend {
         let refused = |e: &sandbox_core::SandboxError| {
             obs.emit(&Event::RunFinished {
                 surface: SurfaceKind::Backend,
-                outcome: RunOutcome::of_error(e),
+                outcome: sandbox_core::observe::outcome_of(e),
                 seconds: started.elapsed().as_secs_f64(),
             });
             unavailable(e)
@@ -627,12 +624,10 @@ impl OpenSandboxBackend {
         let outcome = match &ran {
             Ok(out) => match out.exit_code {
                 0 => RunOutcome::Ok,
-                sandbox_core::provider::opensandbox::lifecycle::EXIT_TIMED_OUT => {
-                    RunOutcome::TimedOut
-                }
+                sandbox_opensandbox::lifecycle::EXIT_TIMED_OUT => RunOutcome::TimedOut,
                 _ => RunOutcome::ProgramFailed,
             },
-            Err(e) => RunOutcome::of_error(e),
+            Err(e) => sandbox_core::observe::outcome_of(e),
         };
         if let Some(t) = held.tracked.as_mut() {
             let bytes = ran.as_ref().map_or(0, |o| o.stdout.len() + o.stderr.len());

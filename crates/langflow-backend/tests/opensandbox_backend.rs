@@ -40,7 +40,7 @@ fn isolation_is_declared_only_when_attested() {
 fn doctor_warns_of_an_attestation_without_the_host_kernel() {
     use langflow_backend::DoctorLevel;
     use langflow_backend::opensandbox::{host_kernel_line, isolation_lines};
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    use sandbox_opensandbox::OpenSandboxSettings;
     let read = |pairs: &'static [(&'static str, &'static str)]| {
         OpenSandboxSettings::from_lookup(move |n| {
             pairs
@@ -73,7 +73,7 @@ fn doctor_warns_of_an_attestation_without_the_host_kernel() {
 async fn doctor_names_the_ca_file_when_the_tls_handshake_fails_and_warns_of_plain_http() {
     use langflow_backend::DoctorLevel;
     use langflow_backend::opensandbox::{server_lines, transport_lines};
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    use sandbox_opensandbox::OpenSandboxSettings;
     // A plain-http server on an https:// URL: the handshake fails, and doctor names the CA
     // file and the domain (a private CA's proxy fails the same way, in opensandbox-api's and
     // sandbox-core's TLS tests).
@@ -117,7 +117,7 @@ async fn doctor_names_the_ca_file_when_the_tls_handshake_fails_and_warns_of_plai
 
 #[test]
 fn a_cpu_that_is_not_a_quantity_is_refused_naming_the_setting() {
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    use sandbox_opensandbox::OpenSandboxSettings;
     let e = OpenSandboxSettings::from_lookup(|n| (n == "OPEN_SANDBOX_CPU").then(|| "abc".into()))
         .unwrap_err();
     assert!(e.message().contains("OPEN_SANDBOX_CPU=abc"), "{e}");

@@ -20,7 +20,6 @@ use sandbox_core::Redactor;
 use sandbox_core::control::{
     CallError, ControlPlane, CreateGuest, Download, ExecRequest, ExecStream, GuestInfo, GuestStatus,
 };
-use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, Guest, GuestContext};
@@ -29,6 +28,7 @@ use sandbox_core::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
 use sandbox_core::shapes::Shape;
+use sandbox_createos::CreateOsControlPlane;
 use secrecy::SecretString;
 
 const KEY: &str = "core-pool-fake-key-9c2e";

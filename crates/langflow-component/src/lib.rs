@@ -166,8 +166,10 @@ pub struct SandboxComponent {
 }
 
 impl SandboxComponent {
-    /// A component with explicit options.
+    /// A component with explicit options (CreateOS's HTTP client installed as the default
+    /// connector, `sandbox_createos::install`).
     pub fn with_options(opts: ComponentOptions) -> Self {
+        sandbox_createos::install();
         Self {
             surface: Surface::new(SurfaceKind::Component, opts.surface.clone()),
             opts,

@@ -14,14 +14,14 @@ use sandbox_core::gateway::{Domains, GatewaySetting, Grant};
 use sandbox_core::plan::{self, Base, NetworkAsk};
 use sandbox_core::provider::ProviderKind;
 use sandbox_core::provider::createos::LINK_LOCAL_HOLE;
-use sandbox_core::provider::opensandbox::OpenSandboxSettings;
-use sandbox_core::provider::opensandbox::settings::{
-    ENV_ALLOW_CONTAINER_ISOLATION as OS_ALLOW_CONTAINER_ISOLATION,
-    ENV_ATTEST_ISOLATION as OS_ATTEST_ISOLATION,
-};
 use sandbox_core::settings::{Settings, parse_bool, read_flag};
 use sandbox_core::shapes::{Pin, Shape, select_shape};
 use sandbox_core::withheld::{Source, Withheld};
+use sandbox_opensandbox::OpenSandboxSettings;
+use sandbox_opensandbox::settings::{
+    ENV_ALLOW_CONTAINER_ISOLATION as OS_ALLOW_CONTAINER_ISOLATION,
+    ENV_ATTEST_ISOLATION as OS_ATTEST_ISOLATION,
+};
 
 use crate::{
     ARTIFACTS_DIR, ARTIFACTS_ENV, ComponentInputs, DOMAIN_SETTING_NAMES,

@@ -14,7 +14,6 @@ use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::gateway::{Domains, Grant};
 use sandbox_core::guest::{ExecInput, ExecOutcome, Guest, GuestSpec};
 use sandbox_core::names::{REUSED_PREFIX, derived_name};
-use sandbox_core::observe::RunOutcome;
 use sandbox_core::surface::{Acquire, End, StartError, Want};
 use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, SandboxError};
@@ -133,7 +132,7 @@ impl SandboxComponent {
         let (mut lease, ran) = (started.lease, started.result);
         match &ran {
             Ok(r) => lease.set_outcome(r.outcome.run_outcome(), r.outcome.bytes_returned()),
-            Err(e) => lease.set_outcome(RunOutcome::of_error(e), 0),
+            Err(e) => lease.set_outcome(sandbox_core::observe::outcome_of(e), 0),
         }
         let acquire_ms = ms(lease.acquired_at().saturating_duration_since(t0));
         let pool_use = lease.pool_use().as_str();

@@ -25,12 +25,12 @@ use langflow_component::{
 use sandbox_core::control::{
     AgedGuest, CallError, ControlPlane, CreateGuest, Download, ExecRequest, ExecStream, GuestInfo,
 };
-use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::reaper::ReaperConfig;
 use sandbox_core::retry::Backoff;
 use sandbox_core::session::{Connector, Session};
 use sandbox_core::shapes::Shape;
 use sandbox_core::{ErrorKind, SandboxError};
+use sandbox_createos::CreateOsControlPlane;
 use secrecy::SecretString;
 
 /// A key long enough that any fragment of it in a message is a leak worth catching.

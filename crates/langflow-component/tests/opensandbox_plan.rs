@@ -13,8 +13,8 @@ use langflow_component::{
 use opensandbox_fake::{Config, FakeOptions, FakeServer, PolicyDrift};
 use sandbox_core::ErrorKind;
 use sandbox_core::provider::Provider;
-use sandbox_core::provider::opensandbox::{OpenSandbox, OpenSandboxSettings};
 use sandbox_core::session::{ProviderConnector, Session};
+use sandbox_opensandbox::{OpenSandbox, OpenSandboxSettings};
 
 fn on_opensandbox(env: &[(&'static str, &'static str)]) -> SandboxComponent {
     let env: HashMap<&'static str, &'static str> = env.iter().copied().collect();

@@ -16,10 +16,10 @@ use sandbox_core::exec::{EXIT_KILLED, EXIT_TIMED_OUT, ExecLimits, classify_exit}
 use sandbox_core::guest::{ExecRun, ExecStep};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::provider::ProviderKind;
-use sandbox_core::provider::opensandbox::settings::ENV_IMAGE as OPENSANDBOX_IMAGE;
 use sandbox_core::surface::{End, Lease};
 use sandbox_core::timings::{GuestEnd, run_line};
 use sandbox_core::{ErrorKind, LOG_TARGET, Redactor, SandboxError};
+use sandbox_opensandbox::settings::ENV_IMAGE as OPENSANDBOX_IMAGE;
 use tokio::time::Instant;
 
 use crate::chunks::{Broken, Reassembly};

@@ -23,13 +23,13 @@ use sandbox_core::guest::{ExecInput, Guest, GuestSpec};
 use sandbox_core::observe::RunOutcome;
 use sandbox_core::pool::PoolStats;
 use sandbox_core::provider::ProviderKind;
-use sandbox_core::provider::opensandbox::OpenSandboxSettings;
 use sandbox_core::settings::Settings;
 use sandbox_core::shapes::{Pin, in_catalog};
 use sandbox_core::surface::{
     Acquire, End, Origin, StartError, Surface, SurfaceKind, SurfaceOptions, Want,
 };
 use sandbox_core::withheld::Withheld;
+use sandbox_opensandbox::OpenSandboxSettings;
 use tokio::time::Instant;
 
 use crate::error::ExecutorError;
@@ -126,8 +126,10 @@ impl Executor {
         Self::with_options(ExecutorOptions::default())
     }
 
-    /// An executor with explicit options.
+    /// An executor with explicit options (CreateOS's HTTP client installed as the default
+    /// connector, `sandbox_createos::install`).
     pub fn with_options(opts: ExecutorOptions) -> Self {
+        sandbox_createos::install();
         let warmer = preloader(opts.preload_wait, opts.surface.kill_after);
         Self {
             surface: Surface::with_warmer(SurfaceKind::Executor, opts.surface.clone(), warmer),
@@ -454,10 +456,7 @@ mod tests {
         let allow = ("OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION", "true");
         // Unset: the provider's default image, never CreateOS's `devbox:1`.
         let plan = on_opensandbox(&[allow]).plan().unwrap();
-        assert_eq!(
-            plan.rootfs(),
-            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
-        );
+        assert_eq!(plan.rootfs(), sandbox_opensandbox::settings::DEFAULT_IMAGE);
         // Set, also beside CreateOS's rootfs setting, which is not the server's.
         let plan = on_opensandbox(&[
             allow,

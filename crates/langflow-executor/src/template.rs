@@ -108,7 +108,9 @@ const BUILD_BACKOFF: Backoff = Backoff {
 /// Builds `dockerfile` as template `name` with the package's settings (key, endpoint) read
 /// through `env`, on the account's control plane of `session` (the one every surface of the
 /// process shares), handing every build log line to `on_line` as it arrives, and waits until
-/// the template is ready. A failed build is an error that quotes the end of its log.
+/// the template is ready. A failed build is an error that quotes the end of its log. Templates
+/// are CreateOS's: the CreateOS client is installed as the session's connector first
+/// (`sandbox_createos::install`).
 pub async fn build(
     env: &EnvLookup,
     session: &Session,
@@ -116,6 +118,7 @@ pub async fn build(
     dockerfile: &str,
     mut on_line: impl FnMut(&str),
 ) -> Result<Built, ExecutorError> {
+    sandbox_createos::install();
     let lookup = |k: &str| env(k);
     let settings = sandbox_core::settings::Settings::from_lookup(&lookup)?;
     let redactor = settings.redactor();

@@ -2065,10 +2065,7 @@ fn on_opensandbox_the_plan_needs_attestation_or_the_opt_in_and_no_createos_key()
             .unwrap();
         // The server's image (OPEN_SANDBOX_IMAGE's default, never CreateOS's rootfs), and the
         // default size in the provider's catalog.
-        assert_eq!(
-            plan.rootfs(),
-            sandbox_core::provider::opensandbox::settings::DEFAULT_IMAGE
-        );
+        assert_eq!(plan.rootfs(), sandbox_opensandbox::settings::DEFAULT_IMAGE);
         assert_eq!(
             plan.executor.shape,
             langflow_executor::OPENSANDBOX_DEFAULT_SIZE

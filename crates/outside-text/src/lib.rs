@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+pub mod secrets;
+
 use std::borrow::Cow;
 use std::fmt::Write as _;
 

@@ -305,9 +305,9 @@ async fn opensandbox_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec<DoctorLi
 /// says so as a problem. lfx's own settings that do not read are reported elsewhere.
 fn backend_open_egress_refusal(
     env: &dyn Fn(&str) -> Option<String>,
-    settings: &sandbox_core::provider::opensandbox::OpenSandboxSettings,
+    settings: &sandbox_opensandbox::OpenSandboxSettings,
 ) -> Option<DoctorLine> {
-    use sandbox_core::provider::opensandbox::gates::{Egress, policy_for};
+    use sandbox_opensandbox::gates::{Egress, policy_for};
     let policy = langflow_backend::LfxPolicy::from_lookup(env).ok()?;
     if opensandbox::egress_of(&policy) != Egress::Unrestricted {
         return None;
@@ -330,11 +330,11 @@ fn backend_open_egress_refusal(
 async fn opensandbox_server(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> (
-    Option<sandbox_core::provider::opensandbox::OpenSandboxSettings>,
+    Option<sandbox_opensandbox::OpenSandboxSettings>,
     Vec<DoctorLine>,
     Vec<String>,
 ) {
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
+    use sandbox_opensandbox::OpenSandboxSettings;
     // The provider reads its settings through an owned lookup: hand it the values now.
     let read = |l: &dyn Fn(&str) -> Option<String>| {
         let values: Vec<(String, String)> = OPEN_SANDBOX_SETTINGS
@@ -408,11 +408,7 @@ async fn opensandbox_executor_lines(env: &dyn Fn(&str) -> Option<String>) -> Vec
         (Ok(plan), Some(s))
             if plan.executor.egress == sandbox_core::egress::EgressPolicy::AllowAll =>
         {
-            sandbox_core::provider::opensandbox::gates::policy_of(
-                &plan.executor.egress,
-                &s.server_guard(),
-            )
-            .err()
+            sandbox_opensandbox::gates::policy_of(&plan.executor.egress, &s.server_guard()).err()
         }
         _ => None,
     };
@@ -653,7 +649,7 @@ async fn gather(inputs: Inputs, env: &(dyn Fn(&str) -> Option<String> + Sync)) -
             progress(&format!(
                 "asking the CreateOS control plane at {} (credential check and shape catalog; \
                  up to {} s)",
-                sandbox_core::createos::shown_url(&settings.base_url),
+                sandbox_createos::shown_url(&settings.base_url),
                 CONTROL_PLANE_CHECK.as_secs()
             ));
             let retry = settings

@@ -54,6 +54,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     perprocess::note_import();
+    sandbox_createos::install();
     #[cfg(feature = "store")]
     sandbox_store::install();
     sigterm::set_every_surface(|| Box::pin(shutdown_every_surface()));

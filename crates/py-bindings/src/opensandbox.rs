@@ -60,8 +60,8 @@ pub fn opensandbox_capabilities() -> NativeCapabilities {
 /// before lfx decides. Reads the environment; no I/O beyond a secret's `_FILE`.
 #[pyfunction]
 pub fn opensandbox_isolation_refusal() -> Option<String> {
-    use sandbox_core::provider::opensandbox::OpenSandboxSettings;
-    use sandbox_core::provider::opensandbox::settings::{
+    use sandbox_opensandbox::OpenSandboxSettings;
+    use sandbox_opensandbox::settings::{
         Attestation, ENV_ALLOW_CONTAINER_ISOLATION, ENV_ATTEST_ISOLATION, ENV_RUNTIME_CLASS,
     };
     let settings = OpenSandboxSettings::from_lookup(sandbox_core::vars::process_env).ok()?;

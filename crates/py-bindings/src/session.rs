@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use sandbox_core::provider::createos::DEFAULT_REQUEST_TIMEOUT;
-use sandbox_core::provider::opensandbox::{OpenSandbox, OpenSandboxSettings};
+use sandbox_core::control::DEFAULT_REQUEST_TIMEOUT;
 use sandbox_core::provider::{Provider, ProviderKind};
 use sandbox_core::session::{ProviderConnector, Session};
 use sandbox_core::surface::SurfaceOptions;
+use sandbox_opensandbox::{OpenSandbox, OpenSandboxSettings};
 
 use crate::events;
 use crate::perprocess::{PerProcess, forked};

@@ -12,9 +12,6 @@
 use crate::control::{CallError, CallFailure};
 use crate::error::{ErrorKind, Redactor, SandboxError};
 use crate::provider::ProviderKind;
-use crate::provider::opensandbox::settings::{
-    ENV_API_KEY as OPENSANDBOX_API_KEY, ENV_DOMAIN as OPENSANDBOX_DOMAIN,
-};
 
 /// Whether the program may have started when something failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +31,8 @@ pub fn hint(provider: ProviderKind, failure: CallFailure, stage: Stage) -> Strin
                 .to_owned()
         }
         (_, CallFailure::Status(401), _) => format!(
-            " Check {OPENSANDBOX_API_KEY}: the {} server did not accept it.",
+            " Check {}: the {} server did not accept it.",
+            provider.key_setting(),
             provider.display_name()
         ),
         (_, CallFailure::Status(403), _) => {
@@ -45,8 +43,9 @@ pub fn hint(provider: ProviderKind, failure: CallFailure, stage: Stage) -> Strin
                 .to_owned()
         }
         (_, CallFailure::Redirect, _) => format!(
-            " The {} server redirected; set {OPENSANDBOX_DOMAIN} to the final address.",
-            provider.display_name()
+            " The {} server redirected; set {} to the final address.",
+            provider.display_name(),
+            provider.address_setting()
         ),
         (_, f, Stage::BeforeDispatch) if kind_before_dispatch(f) == ErrorKind::Transient => {
             " The program was not started; retrying later may succeed.".to_owned()
@@ -312,7 +311,7 @@ mod tests {
             assert!(!m.contains("CreateOS") && !m.contains("CREATEOS"), "{m}");
         }
         let m = before_dispatch(os, "create", &e(CallFailure::Status(401)), false, &r);
-        assert!(m.message().contains(OPENSANDBOX_API_KEY), "{m}");
+        assert!(m.message().contains("OPEN_SANDBOX_API_KEY"), "{m}");
         // CreateOS keeps its wording, byte for byte.
         let m = stream_broke(ProviderKind::CreateOs, &e(CallFailure::Transport), 1, 2, &r);
         assert!(

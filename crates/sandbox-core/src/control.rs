@@ -1,6 +1,6 @@
 //! The control-plane operations the lifecycle needs, as a small object-safe trait.
 //!
-//! [`crate::provider::createos::CreateOsControlPlane`] implements it over `createos-api`; tests can
+//! `sandbox_createos::CreateOsControlPlane` implements it over `createos-api`; tests can
 //! implement it in memory. Keeping the lifecycle behind this seam also keeps it
 //! provider-neutral where that costs nothing.
 
@@ -11,6 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+
+/// Default timeout of one control call (not exec, which gets the host deadline).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One catalog entry (`GET /v1/shapes`).
 #[derive(Debug, Clone, PartialEq, Eq)]

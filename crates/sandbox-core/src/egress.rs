@@ -11,7 +11,7 @@
 //! [`crate::provider::createos::egress`], as methods of this type.
 //!
 //! Refusals name the settings of the *calling surface* ([`SettingNames`]): the backend's user
-//! reads `LANGFLOW_SANDBOX_ALLOW_NETWORK`, another surface's user reads its own.
+//! reads lfx's allow-network setting, another surface's user reads its own.
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -113,10 +113,12 @@ impl SandboxError {
     }
 }
 
-/// The one key redaction of this workspace: createos-api's (every secret, a fragment of one at
-/// either edge of a text, and `x-api-key` header values), with its constants and its cap of
+/// The one key redaction of this workspace, `outside_text::secrets` (shared with createos-api:
+/// every whole secret, and `x-api-key` header values), with its constants and its cap of
 /// server-provided detail.
-pub use createos_api::{MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail};
+pub use outside_text::secrets::{
+    MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail, redact_url,
+};
 
 /// Whether `c` must not reach a terminal or a log line as it is; the workspace's one rule,
 /// [`outside_text::is_unsafe`].

@@ -198,7 +198,7 @@ fn bad_url(shown: &str, why: &str) -> SandboxError {
 /// Parses `CREATEOS_GATEWAY_URL`: `http://IP:PORT` with an IP literal that a guest can reach
 /// (not unspecified, not loopback) and an explicit port; nothing else.
 pub fn parse_gateway_url(raw: &str) -> Result<SocketAddr, SandboxError> {
-    let shown = createos_api::redact_url(raw);
+    let shown = crate::error::redact_url(raw);
     let u = url::Url::parse(raw.trim()).map_err(|e| bad_url(&shown, &e.to_string()))?;
     if u.scheme() != "http" {
         return Err(bad_url(

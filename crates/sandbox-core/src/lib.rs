@@ -29,13 +29,13 @@
 //! - [`withheld`]: what configures this plugin, withheld from every guest by name and by
 //!   value.
 //! - [`provider`]: the provider seam, what a sandbox provider must offer the surfaces in
-//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it, [`provider::opensandbox`]
-//!   the self-hosted OpenSandbox server (issue 41).
+//!   provider-neutral terms; [`provider::createos`] is CreateOS behind it; the self-hosted
+//!   OpenSandbox server (issue 41) is the `sandbox-opensandbox` crate's.
 //! - [`control`]: CreateOS's control-plane operations as an object-safe trait (test doubles
-//!   implement it); [`createos`] (= [`provider::createos`]) implements it over `createos-api`.
+//!   implement it); the `sandbox-createos` crate implements it over `createos-api` and installs
+//!   it as the session's connector ([`session::install_connector`]).
 
 pub mod admission;
-pub mod certs;
 pub mod classify;
 pub mod control;
 pub mod egress;
@@ -64,8 +64,8 @@ pub mod vars;
 pub mod withheld;
 
 pub use error::{ErrorKind, Redactor, SandboxError};
-/// The CreateOS provider under its first name: the `createos-api` control plane
-/// ([`createos::CreateOsControlPlane`]) and everything else that is CreateOS's.
+/// The CreateOS provider under its first name: [`createos::CreateOs`] over a control plane (the
+/// `createos-api` client is the `sandbox-createos` crate's).
 pub use provider::createos;
 
 /// The `tracing` target of every event this crate and its surfaces emit.

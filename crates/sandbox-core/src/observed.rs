@@ -14,7 +14,7 @@ use crate::control::{
 };
 use crate::egress::{EgressException, EgressPolicy};
 use crate::kind::ProviderKind;
-use crate::observe::{Event, Observation, StatusClass};
+use crate::observe::{Event, Observation};
 use crate::provider::{EgressCheck, GuestSpec as ProviderGuestSpec, Isolation, Provider, Size};
 
 /// `fut`, whose outcome is counted in `obs` as a control-plane request on `route` (its status
@@ -28,7 +28,7 @@ fn counted<'a, T: Send + 'a>(
         let r = fut.await;
         obs.emit(&Event::ControlRequest {
             route,
-            status: StatusClass::of(&r),
+            status: crate::observe::status_class(&r),
         });
         r
     })

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -20,12 +20,13 @@ use tokio::sync::OnceCell;
 use crate::LOG_TARGET;
 use crate::admission::Admission;
 use crate::classify;
+use crate::control::DEFAULT_REQUEST_TIMEOUT;
 use crate::control::{CallError, CallFailure, ControlPlane};
 use crate::error::{Redactor, SandboxError};
 use crate::observe::{Event, Observation};
 use crate::observed::{Observed, ObservedProvider};
 use crate::orphans::{SweepConfig, sweep_provider};
-use crate::provider::createos::{CreateOs, CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT};
+use crate::provider::createos::CreateOs;
 use crate::provider::{Provider, ProviderKind};
 use crate::retry::{Backoff, retry_until};
 use crate::settings::{ENV_BASE_URL, ENV_CONTROL_PLANE_RETRY, Settings};
@@ -51,13 +52,31 @@ enum Connect {
     Provider(ProviderConnector),
 }
 
-/// The connector that talks HTTP to the CreateOS control plane of the settings.
+/// The process's CreateOS control-plane connector, installed by the place that assembles a
+/// process ([`install_connector`]; `sandbox_createos::install()`).
+static HTTP_CONNECTOR: OnceLock<Connector> = OnceLock::new();
+
+/// Installs the connector that talks HTTP to the CreateOS control plane of the settings (the
+/// `sandbox-createos` crate's, over `createos-api`): what [`http_connector`] and every default
+/// [`Session`] use. The first one installed stays; installing again is harmless. The core
+/// itself holds no control-plane client.
+pub fn install_connector(connector: Connector) {
+    let _ = HTTP_CONNECTOR.set(connector);
+}
+
+/// The connector that talks HTTP to the CreateOS control plane of the settings: the installed
+/// one ([`install_connector`]), looked up when an account is built. In a build that installed
+/// none every account is refused, saying so.
 pub fn http_connector() -> Connector {
-    Arc::new(|s: &Settings, timeout: Duration| {
-        let key = s.require_key()?;
-        let cp = CreateOsControlPlane::new(key, &s.base_url, timeout)?;
-        Ok(Arc::new(cp) as Arc<dyn ControlPlane>)
-    })
+    Arc::new(
+        |s: &Settings, timeout: Duration| match HTTP_CONNECTOR.get() {
+            Some(connect) => connect(s, timeout),
+            None => Err(SandboxError::refused(
+                "this build has no CreateOS control-plane client installed (the sandbox-createos \
+             crate's install() was not called), so no CreateOS guest can be created",
+            )),
+        },
+    )
 }
 
 /// One account's shared state.
@@ -208,7 +227,7 @@ static SAID_RETRYING: AtomicU32 = AtomicU32::new(0);
 /// Where an account's calls go, as logs and errors name it.
 #[derive(Debug, Clone)]
 struct Place {
-    /// The URL ([`createos_api::redact_url`]) or the provider's name.
+    /// The URL ([`crate::error::redact_url`]) or the provider's name.
     endpoint: String,
     /// The place in a sentence, with the setting that decides it: `control plane at URL
     /// (CREATEOS_SANDBOX_BASE_URL)`.
@@ -221,7 +240,7 @@ struct Place {
 
 impl Place {
     fn createos(base_url: &str) -> Self {
-        let endpoint = createos_api::redact_url(base_url);
+        let endpoint = crate::error::redact_url(base_url);
         Place {
             described: format!("control plane at {endpoint} ({ENV_BASE_URL})"),
             endpoint,
@@ -579,48 +598,5 @@ mod tests {
         assert_eq!(base.admission().stats().live, 1);
         drop(slot);
         assert_eq!(base.admission().stats().live, 0);
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_control_plane_fails_naming_its_url_and_both_settings() {
-        // A loopback port nothing listens on: every connect is refused at once.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap();
-        let url = format!("http://127.0.0.1:{port}");
-        let key = "sk-session-test-123456";
-        let lookup = |k: &str| match k {
-            "CREATEOS_SANDBOX_API_KEY" => Some(key.to_owned()),
-            ENV_BASE_URL => Some(url.clone()),
-            _ => None,
-        };
-        let settings = Settings::from_lookup(&lookup).unwrap();
-        let account = Session::default().account(&settings).unwrap();
-        let backoff = Backoff {
-            base: Duration::from_millis(10),
-            max: Duration::from_millis(20),
-            budget: Duration::from_millis(400),
-        };
-        let started = std::time::Instant::now();
-        let (cred, shapes) = account.preflight(&backoff, &settings.redactor()).await;
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
-        for err in [cred.unwrap_err(), shapes.unwrap_err()] {
-            let m = err.message();
-            assert_eq!(err.kind(), crate::ErrorKind::Transient, "{m}");
-            assert!(
-                m.contains(&format!("control plane at {url} ({ENV_BASE_URL})")),
-                "{m}"
-            );
-            assert!(
-                m.contains(&format!("0.4 s of retries ({ENV_CONTROL_PLANE_RETRY})")),
-                "{m}"
-            );
-            assert!(!m.contains(key), "{m}");
-        }
     }
 }

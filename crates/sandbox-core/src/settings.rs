@@ -5,13 +5,13 @@
 //! with an error that names the variable and says what would be accepted.
 //!
 //! Only `CREATEOS_*` settings, shared by every surface, are read here; a surface reads its own
-//! (lfx's `LANGFLOW_SANDBOX_*`, the executor's `CREATEOS_EXECUTOR_*`, the egress opt-in) and
+//! (lfx's sandbox settings, the executor's `CREATEOS_EXECUTOR_*`, the egress opt-in) and
 //! hands this crate the names its refusals quote ([`SettingNames`]).
 
 use std::fmt;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
 use crate::error::SandboxError;
 pub use crate::provider::createos::{DEFAULT_BASE_URL, ENV_BASE_URL, ENV_SHAPE};
@@ -20,10 +20,23 @@ pub use crate::vars::{
 };
 
 /// `CREATEOS_SANDBOX_API_KEY`: the credential (preferred spelling; the order is
-/// [`createos_api::api_key_from`]'s, shared with the client).
-pub const ENV_API_KEY: &str = createos_api::ENV_SANDBOX_API_KEY;
+/// [`api_key_from`]'s, the same as `createos_api::api_key_from`, which sandbox-createos checks).
+pub const ENV_API_KEY: &str = "CREATEOS_SANDBOX_API_KEY";
 /// `CREATEOS_API_KEY`: the credential's fallback spelling (the SDK's).
-pub const ENV_API_KEY_FALLBACK: &str = createos_api::ENV_API_KEY;
+pub const ENV_API_KEY_FALLBACK: &str = "CREATEOS_API_KEY";
+
+/// The API key an environment holds and the variable it came from: [`ENV_API_KEY`] first,
+/// then [`ENV_API_KEY_FALLBACK`]; a blank value counts as unset (the order of
+/// `createos_api::api_key_from`, so every surface and the SDK send the same key).
+pub fn api_key_from(lookup: &dyn Fn(&str) -> Option<String>) -> Option<(String, &'static str)> {
+    [ENV_API_KEY, ENV_API_KEY_FALLBACK]
+        .into_iter()
+        .find_map(|name| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (v, name))
+        })
+}
 /// `CREATEOS_SANDBOX_ROOTFS`: guest image.
 pub const ENV_ROOTFS: &str = "CREATEOS_SANDBOX_ROOTFS";
 /// `CREATEOS_SANDBOX_MAX_OUTPUT_BYTES`: per-stream output cap.
@@ -106,7 +119,7 @@ impl fmt::Debug for Settings {
                 &self.api_key.as_ref().map(|_| crate::error::REDACTED),
             )
             .field("api_key_source", &self.api_key_source)
-            .field("base_url", &createos_api::redact_url(&self.base_url))
+            .field("base_url", &crate::error::redact_url(&self.base_url))
             .field("rootfs", &self.rootfs)
             .field("pinned_shape", &self.pinned_shape)
             .field("max_output_bytes", &self.max_output_bytes)
@@ -185,10 +198,10 @@ pub fn shared_summary(lookup: &dyn Fn(&str) -> Option<String>) -> Vec<Result<Str
 }
 
 /// Checks a base URL: http(s), a host, no credentials, query or fragment. Returns it without a
-/// trailing `/`. A refusal shows the value through [`createos_api::redact_url`]: never its
+/// trailing `/`. A refusal shows the value through [`crate::error::redact_url`]: never its
 /// userinfo, query or fragment, even when it does not parse.
 pub fn parse_base_url(name: &str, raw: &str) -> Result<String, SandboxError> {
-    let shown = createos_api::redact_url(raw);
+    let shown = crate::error::redact_url(raw);
     let bad = |why: &str| {
         SandboxError::refused(format!(
             "{name}={shown:?} is not a usable control-plane URL ({why}); set it to e.g. {DEFAULT_BASE_URL}"
@@ -268,8 +281,8 @@ impl Settings {
     /// Reads and validates every CreateOS setting through `lookup`.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, SandboxError> {
         crate::vars::check_secret_files(lookup)?;
-        let (api_key, api_key_source) = match createos_api::api_key_from(lookup) {
-            Some((k, from)) => (Some(k.expose_secret().trim().to_owned()), Some(from)),
+        let (api_key, api_key_source) = match api_key_from(lookup) {
+            Some((k, from)) => (Some(k.trim().to_owned()), Some(from)),
             None => (None, None),
         };
         if let (Some(k), Some(src)) = (&api_key, api_key_source)
@@ -381,6 +394,7 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
+    use secrecy::ExposeSecret;
     use std::collections::HashMap;
 
     use super::*;

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use crate::LOG_TARGET;
 use crate::admission::{Caps, FlowSlot, GuestSlot, Ticket};
 use crate::control::CallError;
+use crate::control::DEFAULT_REQUEST_TIMEOUT;
 use crate::error::{Redactor, SandboxError};
 use crate::exec::ExecLimits;
 use crate::guest::{Guest, GuestContext, GuestSpec};
@@ -43,7 +44,6 @@ use crate::names::ONE_SHOT_PREFIX;
 use crate::observe::{Event, Observation, RunOutcome, RunUsage};
 use crate::orphans::SweepConfig;
 use crate::pool::{PoolConfig, PoolStats, WarmPool, Warmer};
-use crate::provider::createos::DEFAULT_REQUEST_TIMEOUT;
 use crate::reaper::{Reaper, ReaperConfig};
 use crate::retry::Backoff;
 use crate::session::{Account, Connector, Session, http_connector};
@@ -641,7 +641,7 @@ impl Surface {
         }
         obs.emit(&Event::RunFinished {
             surface: self.kind,
-            outcome: RunOutcome::of_error(&e),
+            outcome: crate::observe::outcome_of(&e),
             seconds: t_admit.elapsed().as_secs_f64(),
         });
         E::from(e)

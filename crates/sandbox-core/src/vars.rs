@@ -18,9 +18,9 @@ use std::io::Read as _;
 
 use crate::error::SandboxError;
 
-/// `CREATEOS_HOST_ID`: the host name this process reports in its leases and usage records
-/// (default: the machine's host name).
-pub const ENV_HOST_ID: &str = "CREATEOS_HOST_ID";
+/// `CREATEOS_HOST_ID` and this host's name, as leases and usage records carry it (the metrics
+/// crate's, below this one).
+pub use sandbox_metrics::host::{ENV_HOST_ID, host_name};
 
 /// `CREATEOS_MAX_LIVE_GUESTS`: the most guests a process keeps live at once, all surfaces and
 /// warm pools included (unset: unlimited). See [`crate::admission`].
@@ -41,48 +41,20 @@ pub fn parse_cap(var: &str, raw: &str) -> Result<usize, SandboxError> {
     }
 }
 
-/// This host's name: [`ENV_HOST_ID`] when set, else the kernel's host name, else `unknown`.
-/// Only letters, digits and `-_.` are kept. Read once per process.
-pub fn host_name() -> String {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(read_host_name).clone()
-}
-
-fn read_host_name() -> String {
-    let raw = std::env::var(ENV_HOST_ID)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_default();
-    let clean: String = raw
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-        .take(64)
-        .collect();
-    if clean.is_empty() {
-        "unknown".to_owned()
-    } else {
-        clean
-    }
-}
-
 /// The settings a calling surface reads, named in refusals so that a user is told to change
 /// a setting of the surface they use (the executor must not point at the backend's
-/// `LANGFLOW_SANDBOX_MEMORY_MB`).
+/// memory setting, lfx's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SettingNames {
-    /// How the user asked for restricted egress, as they would write it (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=false`).
+    /// How the user asked for restricted egress, as they would write it (e.g. lfx's
+    /// allow-network setting set to `false`).
     pub restrict_egress: &'static str,
-    /// How they would ask for unrestricted egress instead (e.g.
-    /// `LANGFLOW_SANDBOX_ALLOW_NETWORK=true`).
+    /// How they would ask for unrestricted egress instead (e.g. the same setting set to
+    /// `true`).
     pub allow_egress: &'static str,
     /// The variable of the link-local opt-in the surface reads (see [`read_flag`]).
     pub accept_egress_exceptions: &'static str,
-    /// The memory floor (e.g. `LANGFLOW_SANDBOX_MEMORY_MB`).
+    /// The memory floor (e.g. lfx's memory setting).
     pub memory: &'static str,
 }
 
@@ -406,37 +378,6 @@ mod tests {
         assert!(
             e.message().contains(KEY) && e.message().contains(KEY_FILE),
             "{e}"
-        );
-
-        let osb = secret_file(b"osb-file-key\n");
-        let osb_path = osb.path().to_str().unwrap().to_owned();
-        let osb_raw = env(&[
-            ("OPEN_SANDBOX_API_KEY", "osb-env-key"),
-            ("OPEN_SANDBOX_API_KEY_FILE", &osb_path),
-        ]);
-        let e = crate::provider::opensandbox::OpenSandboxSettings::from_lookup(move |k| {
-            with_secret_files(&osb_raw, k)
-        })
-        .unwrap()
-        .client()
-        .err()
-        .unwrap();
-        assert!(
-            e.message()
-                .contains("OPEN_SANDBOX_API_KEY and OPEN_SANDBOX_API_KEY_FILE"),
-            "{e}"
-        );
-        let osb_raw = env(&[("OPEN_SANDBOX_API_KEY_FILE", &osb_path)]);
-        let settings = crate::provider::opensandbox::OpenSandboxSettings::from_lookup(move |k| {
-            with_secret_files(&osb_raw, k)
-        })
-        .unwrap();
-        assert_eq!(
-            settings
-                .api_key
-                .as_ref()
-                .map(secrecy::ExposeSecret::expose_secret),
-            Some("osb-file-key")
         );
     }
 }

@@ -49,6 +49,14 @@ pub const WITHHELD_PREFIXES: &[&str] = &[
     "LANGFLOW_EXECUTOR_",
 ];
 
+/// `LANGFLOW_REDIS_URL`: Langflow's Redis, which the admission store uses for
+/// `CREATEOS_ADMISSION_STORE=langflow-redis` (`crate::lease`, which reads it under this name:
+/// the one module that spells Langflow's own settings is this one).
+pub const ENV_LANGFLOW_REDIS_URL: &str = "LANGFLOW_REDIS_URL";
+/// `LANGFLOW_DATABASE_URL`: Langflow's database, which the admission store uses for
+/// `CREATEOS_ADMISSION_STORE=langflow-database`.
+pub const ENV_LANGFLOW_DATABASE_URL: &str = "LANGFLOW_DATABASE_URL";
+
 /// Whole names (upper case) withheld besides [`WITHHELD_PREFIXES`]: Langflow's own stores, which
 /// the admission store falls back to and which a guest must never reach, and Langflow's metrics
 /// settings the plugin reads.

@@ -94,6 +94,15 @@ fn every_setting_the_sources_read_is_withheld() {
         }
     }
     assert!(seen.contains("CREATEOS_SANDBOX_API_KEY"), "{seen:?}");
+    // Every crate under crates/ is scanned, the provider crates too (sandbox-opensandbox's
+    // settings are spelled only there).
+    assert!(
+        files
+            .iter()
+            .any(|f| f.to_string_lossy().contains("sandbox-opensandbox/src/")),
+        "{files:?}"
+    );
+    assert!(seen.contains("OPEN_SANDBOX_CA_FILE"), "{seen:?}");
     let missed: Vec<&String> = seen.iter().filter(|n| !is_withheld_name(n)).collect();
     assert!(
         missed.is_empty(),

@@ -393,9 +393,9 @@ fn default_pg_root() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// The certificates of the PEM file at `path`, given as `param` ([`sandbox_core::certs::read_pem`]).
+/// The certificates of the PEM file at `path`, given as `param` ([`cert_file::read_pem`]).
 pub(crate) fn read_roots(path: &Path, param: &str) -> Result<Roots, String> {
-    sandbox_core::certs::read_pem(path, param).map(|pem| Roots::File {
+    cert_file::read_pem(path, param).map(|pem| Roots::File {
         path: path.to_owned(),
         pem,
     })

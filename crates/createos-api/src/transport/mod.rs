@@ -1,6 +1,7 @@
 //! HTTP transport, in five parts:
 //!
-//! - [`secrets`]: the credentials a transport must never reveal and the redaction helpers;
+//! - `secrets` (in `outside-text`, shared with sandbox-core): the credentials a transport must
+//!   never reveal and the redaction helpers;
 //! - [`send`]: request building, retries, JSend decoding and error mapping;
 //! - [`idle`]: the idle timer of raw exchanges (streamed uploads, streams, downloads);
 //! - [`framing`]: the bounded line framer and the NDJSON/SSE frame splitter of every stream;
@@ -24,18 +25,18 @@ use crate::options::RetryOptions;
 mod framing;
 mod idle;
 mod pagination;
-mod secrets;
+use outside_text::secrets;
 mod send;
 
 pub(crate) use framing::ndjson_frames;
 pub use framing::{LineFramer, LineTooLong, MAX_STREAM_LINE};
 pub(crate) use idle::{RawMeta, body_chunks};
-pub use pagination::MAX_PAGES;
-pub(crate) use pagination::paginate;
-pub(crate) use secrets::SENSITIVE_HEADERS;
-pub use secrets::{
+pub(crate) use outside_text::secrets::SENSITIVE_HEADERS;
+pub use outside_text::secrets::{
     MAX_DETAIL_CHARS, MIN_SECRET_FRAGMENT, REDACTED, Redactor, cap_detail, redact_url,
 };
+pub use pagination::MAX_PAGES;
+pub(crate) use pagination::paginate;
 pub(crate) use send::{BodyCap, is_loopback_host};
 
 /// Settings shared by a transport and every delegated copy of it.

@@ -78,12 +78,9 @@ pub const ENV_ADMISSION_LEASE: &str = "CREATEOS_ADMISSION_LEASE_SECONDS";
 /// `createos`), so two deployments can share one Redis or one database.
 pub const ENV_ADMISSION_NAMESPACE: &str = "CREATEOS_ADMISSION_NAMESPACE";
 pub use crate::vars::{ENV_HOST_ID, host_name};
-/// `LANGFLOW_REDIS_URL`: Langflow's Redis, used when [`ENV_ADMISSION_STORE`] is
-/// `langflow-redis`.
-pub const ENV_LANGFLOW_REDIS_URL: &str = "LANGFLOW_REDIS_URL";
-/// `LANGFLOW_DATABASE_URL`: Langflow's database, used when [`ENV_ADMISSION_STORE`] is
-/// `langflow-database`.
-pub const ENV_LANGFLOW_DATABASE_URL: &str = "LANGFLOW_DATABASE_URL";
+/// Langflow's Redis and database settings, used when [`ENV_ADMISSION_STORE`] is
+/// `langflow-redis` / `langflow-database`; spelled in [`crate::withheld`], which withholds them.
+pub use crate::withheld::{ENV_LANGFLOW_DATABASE_URL, ENV_LANGFLOW_REDIS_URL};
 /// The default of [`ENV_ADMISSION_LEASE`].
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default of [`ENV_ADMISSION_NAMESPACE`].

@@ -35,7 +35,7 @@
 //!   link-local hole and its opt-in, the shape catalog and its floor, 22-character names,
 //!   auto-pause, and the `createos-api` calls ([`createos::CreateOs`] implements [`Provider`]
 //!   over a [`ControlPlane`]);
-//! - `opensandbox`: the self-hosted OpenSandbox server (issue 41): isolation attestation and
+//! - the `sandbox-opensandbox` crate: the self-hosted OpenSandbox server (issue 41): isolation attestation and
 //!   probe, the `dns+nft` read-back, the host-mode canary, nonce adoption, `/ping`, clamped
 //!   renew.
 //!
@@ -45,9 +45,6 @@
 //! (create, exec, spawn); sandbox-core decides what may be repeated.
 
 pub mod createos;
-// ---- OpenSandbox plugs in here (issue 41, branch `osprov`): `opensandbox/mod.rs` holds
-// ---- `OpenSandbox`, an implementation of [`Provider`] over `opensandbox-api`.
-pub mod opensandbox;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,6 +1,6 @@
 //! CreateOS behind the provider seam: [`CreateOs`] implements [`Provider`] over a
-//! [`ControlPlane`] (in production [`CreateOsControlPlane`], the `createos-api` client in
-//! [`client`]; in tests an in-memory double).
+//! [`ControlPlane`] (in production `sandbox_createos::CreateOsControlPlane`, the `createos-api`
+//! client; in tests an in-memory double).
 //!
 //! What is CreateOS's and nobody else's lives here:
 //!
@@ -9,19 +9,16 @@
 //! - [`shapes`]: the shape catalog and its floor (the sizes on offer);
 //! - [`NAME_MAX`]: 22-character unique names, the guest key ([`crate::names`] mints them);
 //! - auto-pause as the idle backstop ([`auto_pause_secs`], [`AUTO_PAUSE_MIN_SECS`]);
-//! - [`client`]: every `createos-api` call, and the settings that point at the control plane
-//!   ([`ENV_BASE_URL`], [`DEFAULT_BASE_URL`], [`ENV_SHAPE`]).
+//! - the settings that point at the control plane ([`ENV_BASE_URL`], [`DEFAULT_BASE_URL`],
+//!   [`ENV_SHAPE`]); every `createos-api` call is the `sandbox-createos` crate's
+//!   (`CreateOsControlPlane`), which a process installs as the session's connector.
 //!
 //! `sandbox_core::createos` is this module under its old name.
 
-pub mod client;
 pub mod egress;
 pub mod shapes;
 
-pub use client::{
-    CreateOsControlPlane, DEFAULT_REQUEST_TIMEOUT, FIND_BY_NAME_TIMEOUT_FACTOR, MAX_RETRY_AFTER,
-    map_error, proxy_for, shown_url,
-};
+pub use crate::control::DEFAULT_REQUEST_TIMEOUT;
 pub use egress::{DENY_ALL_RULE, LINK_LOCAL, LINK_LOCAL_HOLE};
 
 use std::sync::Arc;

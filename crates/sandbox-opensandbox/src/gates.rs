@@ -4,12 +4,20 @@
 
 use opensandbox_api::{EnforcementMode, NetworkPolicy, PolicyAction, PolicyStatus, RuntimeClass};
 
-use super::settings::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS, ENV_SERVER_UNREACHABLE};
-use crate::egress::{EgressPolicy, domain_entry};
-use crate::error::SandboxError;
+use sandbox_core::egress::{EgressPolicy, domain_entry};
+use sandbox_core::error::SandboxError;
 
-/// lfx's domain allowlist setting, which the backend's refusals name.
-const ENV_LF_ALLOWED_DOMAINS: &str = "LANGFLOW_SANDBOX_ALLOWED_DOMAINS";
+/// `OPEN_SANDBOX_RUNTIME_CLASS`: the Kubernetes RuntimeClass the server's sandboxes must
+/// report in their inspect diagnostics (e.g. `kata-fc`).
+pub const ENV_RUNTIME_CLASS: &str = "OPEN_SANDBOX_RUNTIME_CLASS";
+/// `OPEN_SANDBOX_HOST_KERNEL`: the kernel release(s) of the server's hosts or nodes,
+/// comma-separated: a guest reporting one of them shares the host kernel and is refused.
+pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
+/// `OPEN_SANDBOX_SERVER_UNREACHABLE`: the operator's word that no sandbox can route to the
+/// server's API or its execd proxy (it listens on loopback only, or a firewall keeps the
+/// sandbox network from it). Without it, unrestricted egress sends a rule denying the server
+/// and needs the egress sidecar to enforce it.
+pub const ENV_SERVER_UNREACHABLE: &str = "OPEN_SANDBOX_SERVER_UNREACHABLE";
 
 /// The egress a run asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,7 +25,13 @@ pub enum Egress {
     /// Deny everything (the default).
     DenyAll,
     /// Deny everything but these domains (FQDN or `*.wildcard`).
-    Domains(Vec<String>),
+    Domains {
+        /// The setting the domains came from, as a refusal names it (the surface's: the
+        /// backend hands lfx's allowlist setting); this crate spells no surface's setting.
+        setting: &'static str,
+        /// The domains, as the setting listed them.
+        domains: Vec<String>,
+    },
     /// No restriction: no policy is sent and no sidecar runs.
     Unrestricted,
 }
@@ -84,7 +98,7 @@ impl ServerGuard {
 /// The `networkPolicy` to send for `egress` ([`ServerGuard::open_policy`] for
 /// [`Egress::Unrestricted`]). An address or CIDR rule is refused: the lifecycle API does not
 /// support them and `dns` mode could not enforce them; a rule that is not a domain is refused
-/// (by [`domain_entry`], naming `LANGFLOW_SANDBOX_ALLOWED_DOMAINS`: the backend's setting).
+/// (by [`domain_entry`], naming the setting the surface handed in with the domains).
 pub fn policy_for(
     egress: &Egress,
     guard: &ServerGuard,
@@ -92,15 +106,13 @@ pub fn policy_for(
     match egress {
         Egress::Unrestricted => guard.open_policy(),
         Egress::DenyAll => Ok(Some(NetworkPolicy::deny_all())),
-        Egress::Domains(domains) => {
+        Egress::Domains { setting, domains } => {
             let names = domains
                 .iter()
                 .map(|raw| {
                     // A blank entry is refused here: lfx hands a list, not a comma-joined text.
-                    domain_entry(ENV_LF_ALLOWED_DOMAINS, raw)?.ok_or_else(|| {
-                        SandboxError::refused(format!(
-                            "{ENV_LF_ALLOWED_DOMAINS} holds a blank entry; remove it"
-                        ))
+                    domain_entry(setting, raw)?.ok_or_else(|| {
+                        SandboxError::refused(format!("{setting} holds a blank entry; remove it"))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -528,11 +540,14 @@ mod tests {
             Some(NetworkPolicy::deny_all())
         );
         let p = policy_for(
-            &Egress::Domains(vec![
-                "PyPI.org.".into(),
-                "*.example.com".into(),
-                "pypi.org".into(),
-            ]),
+            &Egress::Domains {
+                setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                domains: vec![
+                    "PyPI.org.".into(),
+                    "*.example.com".into(),
+                    "pypi.org".into(),
+                ],
+            },
             &remote(),
         )
         .unwrap()
@@ -544,7 +559,14 @@ mod tests {
                 .allow("*.example.com")
         );
         for bad in ["10.0.0.0/8", "1.2.3.4", "::1", "a b", "", "1.2.3"] {
-            let e = policy_for(&Egress::Domains(vec![bad.into()]), &remote()).unwrap_err();
+            let e = policy_for(
+                &Egress::Domains {
+                    setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                    domains: vec![bad.into()],
+                },
+                &remote(),
+            )
+            .unwrap_err();
             assert!(
                 e.message().contains("LANGFLOW_SANDBOX_ALLOWED_DOMAINS"),
                 "{bad}: {e}"
@@ -574,7 +596,7 @@ mod tests {
         let e = policy_of(&EgressPolicy::Domains(vec!["10.0.0.1".into()]), &remote()).unwrap_err();
         assert!(e.message().contains("address rule"), "{e}");
         let rules = EgressPolicy::Rules(vec![
-            crate::egress::validate_address_rule("10.0.0.0/8").unwrap(),
+            sandbox_core::egress::validate_address_rule("10.0.0.0/8").unwrap(),
         ]);
         assert!(policy_of(&rules, &remote()).is_err());
     }

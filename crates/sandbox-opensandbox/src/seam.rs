@@ -25,13 +25,13 @@ use opensandbox_api::{
 };
 use tokio::time::Instant;
 
-use super::gates;
-use super::lifecycle::{META_NONCE, OpenSandboxProvider};
-use super::settings::{Attestation, OpenSandboxSettings};
-use crate::control::parse_rfc3339;
-use crate::egress::EgressPolicy;
-use crate::error::SandboxError;
-use crate::provider::{
+use crate::gates;
+use crate::lifecycle::{META_NONCE, OpenSandboxProvider};
+use crate::settings::{Attestation, OpenSandboxSettings};
+use sandbox_core::control::parse_rfc3339;
+use sandbox_core::egress::EgressPolicy;
+use sandbox_core::error::SandboxError;
+use sandbox_core::provider::{
     AgedGuest, CallError, CallFailure, Download, EgressCheck, ExecFrame, ExecRequest, ExecStream,
     GuestInfo, GuestSpec, GuestStatus, Isolation, Labels, ProcessSpec, Provider, ProviderKind,
     Readiness, Size, left,
@@ -87,7 +87,7 @@ fn call_error(what: &str, e: &opensandbox_api::Error) -> CallError {
         },
     };
     let hint = if e.is_tls_failure() {
-        format!(" ({})", super::settings::TLS_FAILURE_HINT)
+        format!(" ({})", crate::settings::TLS_FAILURE_HINT)
     } else {
         String::new()
     };
@@ -247,7 +247,7 @@ impl Provider for OpenSandbox {
     fn readiness(&self) -> Option<Readiness> {
         Some(Readiness {
             budget: self.inner.settings().ready,
-            setting: super::settings::ENV_READY,
+            setting: crate::settings::ENV_READY,
         })
     }
 
@@ -327,7 +327,7 @@ impl Provider for OpenSandbox {
                     // policy (host network mode, gVisor, no egress sidecar), is refused with
                     // the setting to change.
                     let refusal = p.create_refusal(&e, &image, lifetime, has_policy);
-                    if refusal.kind() == crate::error::ErrorKind::Refused {
+                    if refusal.kind() == sandbox_core::error::ErrorKind::Refused {
                         return Err(refused(&refusal));
                     }
                     let err = call_error("creating a sandbox", &e);
@@ -392,7 +392,9 @@ impl Provider for OpenSandbox {
             };
             match checked.await {
                 Ok(_) => {}
-                Err(e) if e.kind() == crate::error::ErrorKind::Refused => return Err(refused(&e)),
+                Err(e) if e.kind() == sandbox_core::error::ErrorKind::Refused => {
+                    return Err(refused(&e));
+                }
                 Err(e) => {
                     return Err(CallError::new(CallFailure::Timeout, e.message().to_owned()));
                 }
@@ -419,7 +421,7 @@ impl Provider for OpenSandbox {
             };
             match p.check_egress(&id, &sent).await {
                 Ok(()) => Ok(EgressCheck::Matches),
-                Err(e) if e.kind() == crate::error::ErrorKind::Refused => {
+                Err(e) if e.kind() == sandbox_core::error::ErrorKind::Refused => {
                     Ok(EgressCheck::Differs(e.message().to_owned()))
                 }
                 Err(e) => Err(CallError::new(
@@ -442,7 +444,7 @@ impl Provider for OpenSandbox {
             argv.extend(req.args.iter().cloned());
             if !req.stdin.is_empty() {
                 // execd has no stdin: the input goes to a file the command reads.
-                let path = format!("/tmp/lf-stdin-{}", super::lifecycle::nonce());
+                let path = format!("/tmp/lf-stdin-{}", crate::lifecycle::nonce());
                 execd
                     .upload(&[
                         UploadFile::new(path.clone(), req.stdin.clone().into_bytes()).mode(0o600),
@@ -587,7 +589,7 @@ impl Provider for OpenSandbox {
                     .map_err(|e| call_error(&format!("renewing sandbox {id}"), &e))?;
                 if renewal.clamped {
                     tracing::warn!(
-                        target: crate::LOG_TARGET,
+                        target: sandbox_core::LOG_TARGET,
                         sandbox = %id,
                         "a kept sandbox's expiry was renewed by {}s, not the {}s asked for; \
                          raise OPEN_SANDBOX_MAX_RENEW_SECONDS above twice the node's timeout \
@@ -597,7 +599,7 @@ impl Provider for OpenSandbox {
                     );
                 }
                 tracing::debug!(
-                    target: crate::LOG_TARGET,
+                    target: sandbox_core::LOG_TARGET,
                     sandbox = %id,
                     expires_at = %outside_text::snippet(&renewal.expires_at, 40),
                     clamped = renewal.clamped,
@@ -685,18 +687,18 @@ impl OpenSandboxProvider {
             found.into_iter().partition(|sb| !info_of(sb).is_terminal());
         for extra in live.iter().skip(1) {
             tracing::warn!(
-                target: crate::LOG_TARGET,
+                target: sandbox_core::LOG_TARGET,
                 guest = %name,
                 sandbox = %extra.id,
                 "two sandboxes hold one kept guest's name; destroying the newer one"
             );
             if let Err(e) = self.destroy(&extra.id).await {
-                tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+                tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message());
             }
         }
         for failed in dead.iter().filter(|sb| *sb.state() == SandboxState::Failed) {
             if let Err(e) = self.destroy(&failed.id).await {
-                tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+                tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message());
             }
         }
         if let Some(holder) = live.first() {
@@ -733,12 +735,12 @@ impl OpenSandboxProvider {
             return Ok(());
         }
         tracing::info!(
-            target: crate::LOG_TARGET,
+            target: sandbox_core::LOG_TARGET,
             guest = %name,
             "another worker created this kept guest first; giving up ours and adopting that one"
         );
         if let Err(e) = self.destroy(&ours.id).await {
-            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+            tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message());
         }
         Err(CallError::new(
             CallFailure::Status(409),

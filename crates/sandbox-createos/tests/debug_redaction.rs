@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_core::control::{ControlPlane, CreateGuest, ExecRequest, ProcessSpec};
-use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::gateway::{Domains, Gateway, Secret as GatewaySecret};
 use sandbox_core::guest::{ExecInput, GuestSpec};
 use sandbox_core::names::BACKEND_PREFIX;
 use sandbox_core::pool::PoolKey;
+use sandbox_createos::CreateOsControlPlane;
 use secrecy::SecretString;
 
 const SECRET: &str = "s3cr3t-value-do-not-log-7f1e";

@@ -1,6 +1,7 @@
 //! Certificate files an operator names (a store's CA, an OpenSandbox server's CA): read once,
-//! bounded, and checked to hold PEM certificates. A leaf module: the store and the providers
-//! both read through it without importing each other.
+//! bounded, and checked to hold PEM certificates. A leaf crate: the store (`sandbox-store`) and
+//! the OpenSandbox provider (`sandbox-opensandbox`) both read through it without importing each
+//! other, and sandbox-core needs no TLS stack.
 
 use std::path::Path;
 

@@ -11,12 +11,8 @@ use std::time::{Duration, Instant};
 
 use opensandbox_fake::{Config, FakeOptions, FakeServer};
 use sandbox_core::ErrorKind;
-use sandbox_core::provider::opensandbox::settings::{
-    ENV_ALLOW_PLAIN_HTTP, ENV_CA_FILE, ENV_DOMAIN,
-};
-use sandbox_core::provider::opensandbox::{
-    Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec,
-};
+use sandbox_opensandbox::settings::{ENV_ALLOW_PLAIN_HTTP, ENV_CA_FILE, ENV_DOMAIN};
+use sandbox_opensandbox::{Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec};
 
 const KEY: &str = "os-tls-key-3c9d2b";
 

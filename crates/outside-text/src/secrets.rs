@@ -1,6 +1,7 @@
 //! Secrets and redaction: the credentials a transport must never reveal, the headers that
-//! carry them, and the one [`Redactor`] that keeps them (whole or cut) out of every text this
-//! crate, and the crates built on it, show.
+//! carry them, and the one [`Redactor`] that keeps them (whole or cut) out of every text
+//! createos-api, sandbox-core and the crates built on them show (one redaction for every
+//! crate, so that the policy crate needs no control-plane client to hide a key).
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use secrecy::{ExposeSecret, SecretString};
 
 /// Headers that carry credentials; never forwarded from callers.
-pub(crate) const SENSITIVE_HEADERS: [&str; 7] = [
+pub const SENSITIVE_HEADERS: [&str; 7] = [
     "authorization",
     "proxy-authorization",
     "x-api-key",
@@ -217,7 +218,7 @@ impl Redactor {
     /// line, its control, line-break, invisible and bidirectional characters escaped
     /// (`outside_text::line`), fit for a message or a log.
     pub fn cap(&self, text: &str) -> String {
-        outside_text::line(&cap_detail(&self.apply(text))).into_owned()
+        crate::line(&cap_detail(&self.apply(text))).into_owned()
     }
 
     /// At most `max_chars` characters of `text`, redacted with the text past the cut in view,
@@ -239,7 +240,7 @@ impl Redactor {
 /// hiding a path segment before an `@` in a path, which base URLs do not have).
 ///
 /// ```
-/// use createos_api::redact_url;
+/// use outside_text::secrets::redact_url;
 /// assert_eq!(redact_url("https://user:pw@h.test:99999/x?token=t#f"), "https://***@h.test:99999/x");
 /// assert_eq!(redact_url("https://h.test/api"), "https://h.test/api");
 /// ```

@@ -9,7 +9,7 @@
 //!   in-guest probe (identity canary, gVisor, host kernel), host-network endpoints.
 //! - [`lifecycle`]: create with a nonce, readiness, the checks in order before any user code,
 //!   a run under two clocks and an idle deadline, destroy, renew (clamped), the orphan sweep.
-//! - [`seam`]: [`OpenSandbox`], the same behind sandbox-core's [`crate::provider::Provider`].
+//! - [`seam`]: [`OpenSandbox`], the same behind sandbox-core's [`sandbox_core::provider::Provider`].
 
 pub mod gates;
 pub mod lifecycle;

@@ -16,7 +16,6 @@ use sandbox_core::control::{
     CallError, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest, ExecStream, GuestInfo,
     GuestStatus,
 };
-use sandbox_core::createos::CreateOsControlPlane;
 use sandbox_core::egress::EgressPolicy;
 use sandbox_core::exec::{Command, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecStep, Guest, GuestContext, GuestSpec};
@@ -27,6 +26,7 @@ use sandbox_core::retry::Backoff;
 use sandbox_core::shapes::Shape;
 use sandbox_core::surface::SurfaceKind;
 use sandbox_core::{ErrorKind, Redactor};
+use sandbox_createos::CreateOsControlPlane;
 use secrecy::SecretString;
 use tokio::time::Instant;
 

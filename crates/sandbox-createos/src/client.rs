@@ -16,18 +16,19 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::control::Shape;
-use crate::control::{
+use sandbox_core::control::Shape;
+use sandbox_core::control::{
     AgedGuest, CallError, CallFailure, ControlPlane, CreateGuest, Download, ExecFrame, ExecRequest,
     ExecStream, GuestInfo, GuestStatus, ProcessSpec, TemplateInfo, TemplateLogLine,
     TemplateLogStream, TemplateStatus, parse_rfc3339,
 };
-use crate::error::{Redactor, SandboxError};
+use sandbox_core::error::{Redactor, SandboxError};
 
-use super::{DEFAULT_BASE_URL, ENV_BASE_URL};
+use sandbox_core::provider::createos::{DEFAULT_BASE_URL, ENV_BASE_URL};
 
-/// Default timeout of one control call (not exec, which gets the host deadline).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default timeout of one control call (not exec, which gets the host deadline); sandbox-core's,
+/// which every surface's options default to.
+pub use sandbox_core::control::DEFAULT_REQUEST_TIMEOUT;
 
 /// The longest server-requested wait [`map_error`] passes on in
 /// [`CallError::retry_after`] (30 s).
@@ -578,7 +579,7 @@ impl CreateOsControlPlane {
                 }
                 if seen >= LIST_MAX_ROWS {
                     tracing::warn!(
-                        target: crate::LOG_TARGET,
+                        target: sandbox_core::LOG_TARGET,
                         rows = seen,
                         "the guest list is longer than the walk allows; the rest is not examined"
                     );

@@ -7,11 +7,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use opensandbox_fake::{Config, EgressMode, FakeOptions, FakeServer, NetworkMode};
 use sandbox_core::egress::EgressPolicy;
-use sandbox_core::provider::opensandbox::{OpenSandbox, OpenSandboxSettings};
 use sandbox_core::provider::{
     CallFailure, EgressCheck, ExecFrame, ExecRequest, GuestSpec, Isolation, Labels, Lifetime,
     Provider, ProviderKind, Size,
 };
+use sandbox_opensandbox::{OpenSandbox, OpenSandboxSettings};
 
 const KEY: &str = "seam-key-77c1d0";
 
@@ -614,8 +614,8 @@ async fn refused_once_for_an_unpullable_image(fake: &FakeServer, says: &str) {
     assert!(!msg.to_lowercase().contains("retrying later"), "{msg}");
     assert!(started.elapsed() < Duration::from_secs(3), "not retried");
     assert_eq!(fake.stats().requests.get("create"), Some(&1));
-    let spec = sandbox_core::provider::opensandbox::SandboxSpec {
-        egress: sandbox_core::provider::opensandbox::Egress::Unrestricted,
+    let spec = sandbox_opensandbox::SandboxSpec {
+        egress: sandbox_opensandbox::Egress::Unrestricted,
         memory_mb: 512,
         surface: "backend",
         run_budget: Duration::from_secs(10),

@@ -47,10 +47,10 @@ use sandbox_core::exec::{Command, EXIT_TIMED_OUT, ExecLimits};
 use sandbox_core::guest::{ExecInput, ExecStep, Guest, GuestContext, GuestSpec};
 use sandbox_core::names::{ONE_SHOT_PREFIX, mint_name};
 use sandbox_core::orphans::{SweepConfig, sweep_provider};
-use sandbox_core::provider::opensandbox::{OpenSandbox, OpenSandboxSettings};
 use sandbox_core::provider::{ExecFrame, GuestStatus, Isolation, Labels, Lifetime, Provider, Size};
 use sandbox_core::reaper::{Reaper, ReaperConfig};
 use sandbox_core::retry::Backoff;
+use sandbox_opensandbox::{OpenSandbox, OpenSandboxSettings};
 use tokio::time::Instant;
 
 /// The `created-by` value of every sandbox here: the harness removes containers carrying it

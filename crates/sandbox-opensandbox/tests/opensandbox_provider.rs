@@ -8,9 +8,7 @@ use opensandbox_fake::{
     Config, EgressMode, FakeOptions, FakeServer, NetworkMode, PolicyDrift, Runtime, SecureRuntime,
 };
 use sandbox_core::ErrorKind;
-use sandbox_core::provider::opensandbox::{
-    Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec,
-};
+use sandbox_opensandbox::{Egress, OpenSandboxProvider, OpenSandboxSettings, SandboxSpec};
 
 const KEY: &str = "os-test-key-5e1f9a";
 
@@ -84,7 +82,10 @@ async fn an_attested_kubernetes_sandbox_runs_a_program_and_is_deleted() {
     let fake = fake(kata_k8s()).await;
     let p = provider(&fake, ATTESTED);
     let mut sb = p
-        .create(&spec(Egress::Domains(vec!["pypi.org".into()])))
+        .create(&spec(Egress::Domains {
+            setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+            domains: vec!["pypi.org".into()],
+        }))
         .await
         .unwrap();
     let out = sb
@@ -206,7 +207,16 @@ async fn a_policy_that_differs_is_refused() {
         } else {
             "rules"
         };
-        refused(config, &[], Egress::Domains(vec!["pypi.org".into()]), want).await;
+        refused(
+            config,
+            &[],
+            Egress::Domains {
+                setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+                domains: vec!["pypi.org".into()],
+            },
+            want,
+        )
+        .await;
     }
 }
 
@@ -215,7 +225,10 @@ async fn cidr_rules_are_refused_before_any_create() {
     let fake = fake(Config::default()).await;
     let p = provider(&fake, &[]);
     let e = p
-        .create(&spec(Egress::Domains(vec!["10.0.0.0/8".into()])))
+        .create(&spec(Egress::Domains {
+            setting: "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+            domains: vec!["10.0.0.0/8".into()],
+        }))
         .await
         .unwrap_err();
     assert!(

@@ -12,20 +12,20 @@ use opensandbox_api::{
     NetworkPolicy, RunCommand, StreamOptions, UploadFile,
 };
 
-use super::gates::{self, Egress, Probe};
-use super::settings::{
+use crate::gates::{self, Egress, Probe};
+use crate::settings::{
     Attestation, ENV_IMAGE, ENV_READY, ENV_SANDBOX_TIMEOUT, OpenSandboxSettings,
 };
-use crate::error::{ErrorKind, SandboxError};
-use crate::output::TailBuffer;
-use crate::withheld;
+use sandbox_core::error::{ErrorKind, SandboxError};
+use sandbox_core::output::TailBuffer;
+use sandbox_core::withheld;
 
 /// The metadata key every sandbox of this plugin carries (value: the `created-by` setting).
-pub const META_CREATED_BY: &str = crate::provider::Labels::CREATED_BY;
+pub const META_CREATED_BY: &str = sandbox_core::provider::Labels::CREATED_BY;
 /// The metadata key of the create nonce.
 pub const META_NONCE: &str = "lf-nonce";
 /// The metadata key of the surface that made the sandbox.
-pub const META_SURFACE: &str = crate::provider::Labels::SURFACE;
+pub const META_SURFACE: &str = sandbox_core::provider::Labels::SURFACE;
 /// How long a first delete that failed waits before its one more try.
 const DELETE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Where the program is uploaded.
@@ -89,7 +89,7 @@ pub(crate) fn api_error(what: &str, e: &opensandbox_api::Error) -> SandboxError 
         // The same handshake fails the same way until a setting changes: not transient.
         return SandboxError::refused(format!(
             "OpenSandbox: {what} failed: {} ({})",
-            super::settings::TLS_FAILURE_HINT,
+            crate::settings::TLS_FAILURE_HINT,
             outside_text::snippet(&e.to_string(), 400)
         ));
     }
@@ -247,7 +247,7 @@ impl OpenSandboxProvider {
             tokio::time::sleep(DELETE_RETRY_PAUSE).await;
         }
         tracing::warn!(
-            target: crate::LOG_TARGET,
+            target: sandbox_core::LOG_TARGET,
             "OpenSandbox: a create whose answer was lost could not be looked up; the orphan \
              sweep or the server-side timeout will remove what it made"
         );
@@ -492,7 +492,7 @@ impl OpenSandboxProvider {
     /// The orphan sweep: this deployment's sandboxes (by `created-by` metadata) older than
     /// `older_than`, deleted unless `dry_run`, except the component's kept guests (labelled
     /// `lf-kept`, named `lf-c-…`: `reap --older-than` deletes old ones through
-    /// [`crate::orphans::sweep_reused_provider`]). Returns the ids found (deleted, or that
+    /// [`sandbox_core::orphans::sweep_reused_provider`]). Returns the ids found (deleted, or that
     /// would be); a delete that fails is left out and logged.
     pub async fn sweep(
         &self,
@@ -508,7 +508,10 @@ impl OpenSandboxProvider {
         let limit = i128::try_from(older_than.as_millis()).unwrap_or(i128::MAX);
         let mut swept = Vec::new();
         for sb in found {
-            if sb.metadata.contains_key(crate::provider::Labels::KEPT) {
+            if sb
+                .metadata
+                .contains_key(sandbox_core::provider::Labels::KEPT)
+            {
                 continue;
             }
             // A sandbox without a readable creation time counts as old: it is ours.
@@ -524,7 +527,7 @@ impl OpenSandboxProvider {
             }
             match self.destroy(&sb.id).await {
                 Ok(_) => swept.push(sb.id),
-                Err(e) => tracing::warn!(target: crate::LOG_TARGET, "{}", e.message()),
+                Err(e) => tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message()),
             }
         }
         Ok(swept)
@@ -699,7 +702,7 @@ impl Sandbox {
 
     async fn end(&mut self, p: &OpenSandboxProvider) {
         if let Err(e) = p.destroy(&self.id).await {
-            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+            tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message());
         }
         self.provider = None;
     }
@@ -710,7 +713,7 @@ impl Sandbox {
         if let Some(p) = self.provider.take()
             && let Err(e) = p.destroy(&self.id).await
         {
-            tracing::warn!(target: crate::LOG_TARGET, "{}", e.message());
+            tracing::warn!(target: sandbox_core::LOG_TARGET, "{}", e.message());
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The OpenSandbox provider's settings, read through an environment lookup.
 //!
 //! The SDK's own names where they exist (`OPEN_SANDBOX_DOMAIN`, `OPEN_SANDBOX_API_KEY`), and
-//! ours under the same `OPEN_SANDBOX_` prefix, which [`crate::withheld`] keeps from every
+//! ours under the same `OPEN_SANDBOX_` prefix, which [`sandbox_core::withheld`] keeps from every
 //! guest. A bad value fails closed with an error naming the variable; the key never appears
 //! in an error or in `Debug`.
 
@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 
-use crate::error::SandboxError;
-use crate::vars::{non_blank, read_flag};
+// The settings the checks without I/O name are spelled beside those checks.
+pub use crate::gates::{ENV_HOST_KERNEL, ENV_RUNTIME_CLASS, ENV_SERVER_UNREACHABLE};
+use sandbox_core::error::SandboxError;
+use sandbox_core::vars::{non_blank, read_flag};
 
 /// `OPEN_SANDBOX_DOMAIN`: the server (`host[:port]` or a URL), as the official SDK reads it.
 pub const ENV_DOMAIN: &str = opensandbox_api::ENV_DOMAIN;
@@ -35,21 +37,10 @@ pub const ENV_CPU: &str = "OPEN_SANDBOX_CPU";
 /// `OPEN_SANDBOX_ATTEST_ISOLATION`: the operator's word that the server's secure runtime is a
 /// VM (`hardware-virtualized`). Unset: the provider reports container isolation.
 pub const ENV_ATTEST_ISOLATION: &str = "OPEN_SANDBOX_ATTEST_ISOLATION";
-/// `OPEN_SANDBOX_RUNTIME_CLASS`: the Kubernetes RuntimeClass the server's sandboxes must
-/// report in their inspect diagnostics (e.g. `kata-fc`).
-pub const ENV_RUNTIME_CLASS: &str = "OPEN_SANDBOX_RUNTIME_CLASS";
-/// `OPEN_SANDBOX_HOST_KERNEL`: the kernel release(s) of the server's hosts or nodes,
-/// comma-separated: a guest reporting one of them shares the host kernel and is refused.
-pub const ENV_HOST_KERNEL: &str = "OPEN_SANDBOX_HOST_KERNEL";
 /// `OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION`: lets the component and the executor run on a
 /// server whose isolation is not attested (containers only). lfx's backend seam refuses such
 /// a server whatever this says.
 pub const ENV_ALLOW_CONTAINER_ISOLATION: &str = "OPEN_SANDBOX_ALLOW_CONTAINER_ISOLATION";
-/// `OPEN_SANDBOX_SERVER_UNREACHABLE`: the operator's word that no sandbox can route to the
-/// server's API or its execd proxy (it listens on loopback only, or a firewall keeps the
-/// sandbox network from it). Without it, unrestricted egress sends a rule denying the server
-/// and needs the egress sidecar to enforce it.
-pub const ENV_SERVER_UNREACHABLE: &str = "OPEN_SANDBOX_SERVER_UNREACHABLE";
 /// `OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS`: the server-side lifetime of every sandbox, the
 /// backstop that deletes it if this process dies (must be longer than one run).
 pub const ENV_SANDBOX_TIMEOUT: &str = "OPEN_SANDBOX_SANDBOX_TIMEOUT_SECONDS";
@@ -70,8 +61,8 @@ pub const DEFAULT_IMAGE: &str = "python:3.12-slim";
 /// The default entry process.
 pub const DEFAULT_ENTRYPOINT: &str = "tail -f /dev/null";
 /// The default `created-by` value: the one every provider's guests carry
-/// ([`crate::provider::Labels::CREATED_BY_US`]).
-pub const DEFAULT_CREATED_BY: &str = crate::provider::Labels::CREATED_BY_US;
+/// ([`sandbox_core::provider::Labels::CREATED_BY_US`]).
+pub const DEFAULT_CREATED_BY: &str = sandbox_core::provider::Labels::CREATED_BY_US;
 /// The default server-side lifetime (15 minutes).
 pub const DEFAULT_SANDBOX_TIMEOUT: Duration = Duration::from_secs(900);
 /// The default renewal bound (1 hour, the server's own default maximum lifetime).
@@ -201,7 +192,7 @@ pub const TLS_FAILURE_HINT: &str = "the server's TLS certificate was not accepte
 /// read, is larger than 4 MiB or holds no PEM certificate is a refusal naming the setting.
 fn read_ca_file(raw: &str) -> Result<(PathBuf, Arc<[u8]>), SandboxError> {
     let path = Path::new(raw.trim());
-    let read = crate::certs::read_pem(path, ENV_CA_FILE).map(|pem| (path.to_owned(), pem));
+    let read = cert_file::read_pem(path, ENV_CA_FILE).map(|pem| (path.to_owned(), pem));
     // Each certificate must also make a trust anchor (a PEM block of garbage reads as PEM).
     let read = read.and_then(|(path, pem)| {
         use rustls::pki_types::pem::PemObject as _;
@@ -371,7 +362,7 @@ impl OpenSandboxSettings {
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SandboxError> {
-        Self::from_lookup(crate::vars::process_env)
+        Self::from_lookup(sandbox_core::vars::process_env)
     }
 
     /// The isolation lfx's dispatcher is told: `hardware-virtualized` only when attested,
@@ -410,11 +401,11 @@ impl OpenSandboxSettings {
     /// What every egress policy must keep guests from: the server `OPEN_SANDBOX_DOMAIN` names
     /// (the SDK's default when unset), unless [`ENV_SERVER_UNREACHABLE`] says no sandbox can
     /// route to it.
-    pub fn server_guard(&self) -> super::gates::ServerGuard {
+    pub fn server_guard(&self) -> crate::gates::ServerGuard {
         let url = opensandbox_api::base_url(self.domain_or_default())
             .map(|u| u.to_string())
             .unwrap_or_default();
-        super::gates::ServerGuard::new(&url, self.server_unreachable)
+        crate::gates::ServerGuard::new(&url, self.server_unreachable)
     }
 
     fn domain_or_default(&self) -> &str {
@@ -428,10 +419,10 @@ impl OpenSandboxSettings {
     /// message never carries the key; plain `http://` to a host that is not loopback names
     /// [`ENV_CA_FILE`]'s route and [`ENV_ALLOW_PLAIN_HTTP`]), as is a secret set both as
     /// its variable and its `_FILE`, or a `_FILE` that cannot be used
-    /// ([`crate::vars::check_secret_files`]: here, not when the settings are read, so that the
+    /// ([`sandbox_core::vars::check_secret_files`]: here, not when the settings are read, so that the
     /// capabilities lfx asks for stay what the settings say and the run names the problem).
     pub fn client(&self) -> Result<opensandbox_api::Client, SandboxError> {
-        crate::vars::check_secret_files(&*self.lookup)?;
+        sandbox_core::vars::check_secret_files(&*self.lookup)?;
         if self.api_key.is_none() {
             return Err(SandboxError::refused(format!(
                 "{ENV_API_KEY} is not set; set it to the server's [server] api_key"
@@ -565,5 +556,60 @@ mod tests {
         let e = s.client().unwrap_err();
         assert!(e.message().contains(ENV_DOMAIN), "{e}");
         assert!(!e.message().contains("sk-very-secret"));
+    }
+
+    /// The key comes from `OPEN_SANDBOX_API_KEY_FILE` through sandbox-core's secret-file
+    /// reading, and both set is a refusal naming both (moved from sandbox-core's `vars` tests).
+    #[test]
+    fn the_key_comes_from_its_file_and_both_set_is_a_refusal() {
+        use std::io::Write as _;
+
+        use sandbox_core::vars::with_secret_files;
+
+        fn env(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        }
+        let mut osb = tempfile::NamedTempFile::new().unwrap();
+        osb.write_all(b"osb-file-key\n").unwrap();
+        let osb_path = osb.path().to_str().unwrap().to_owned();
+        let osb_raw = env(&[
+            ("OPEN_SANDBOX_API_KEY", "osb-env-key"),
+            ("OPEN_SANDBOX_API_KEY_FILE", &osb_path),
+        ]);
+        let e = OpenSandboxSettings::from_lookup(move |k| {
+            with_secret_files(&|n| osb_raw.get(n).cloned(), k)
+        })
+        .unwrap()
+        .client()
+        .err()
+        .unwrap();
+        assert!(
+            e.message()
+                .contains("OPEN_SANDBOX_API_KEY and OPEN_SANDBOX_API_KEY_FILE"),
+            "{e}"
+        );
+        let osb_raw = env(&[("OPEN_SANDBOX_API_KEY_FILE", &osb_path)]);
+        let settings = OpenSandboxSettings::from_lookup(move |k| {
+            with_secret_files(&|n| osb_raw.get(n).cloned(), k)
+        })
+        .unwrap();
+        assert_eq!(
+            settings
+                .api_key
+                .as_ref()
+                .map(secrecy::ExposeSecret::expose_secret),
+            Some("osb-file-key")
+        );
+    }
+
+    /// sandbox-core's hints name this provider's settings as they are spelled here.
+    #[test]
+    fn the_core_hints_name_these_settings() {
+        use sandbox_core::provider::ProviderKind;
+        assert_eq!(ProviderKind::OpenSandbox.key_setting(), ENV_API_KEY);
+        assert_eq!(ProviderKind::OpenSandbox.address_setting(), ENV_DOMAIN);
     }
 }
