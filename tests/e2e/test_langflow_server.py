@@ -16,6 +16,7 @@ this suite; without the variable the tests are skipped and say why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -252,25 +253,46 @@ def test_a_flow_using_the_component_runs_through_api_v1_run(plain_server: Server
     assert stats["created"] == 1 and stats["destroyed"] == 1, stats
 
 
-@pytest.mark.skipif(
+NO_CHROMIUM = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="chromium and chromedriver are not on PATH (Debian: apt-get install chromium chromium-driver)",
 )
-def test_the_ui_finds_the_component_in_its_search(plain_server: Server) -> None:
+
+
+@contextlib.contextmanager
+def chrome() -> Iterator[Any]:
+    """Headless Chromium driven by selenium, as a user's browser on the Langflow UI; closed after."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    flow_id = plain_server.call("POST", "/api/v1/flows/", {"name": "slow: ui", "data": {"nodes": [], "edges": []}})["id"]
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1000"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshot(driver: Any, name: str) -> None:
+    """Keep what the browser showed under target/slow-suite, and check it is an image."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / name
+    assert driver.save_screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@NO_CHROMIUM
+def test_the_ui_finds_the_component_in_its_search(plain_server: Server) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flow_id = plain_server.call("POST", "/api/v1/flows/", {"name": "slow: ui", "data": {"nodes": [], "edges": []}})["id"]
+    with chrome() as driver:
         driver.get(f"{plain_server.url}/flow/{flow_id}")
         wait = WebDriverWait(driver, 90)
         search = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, '[data-testid="sidebar-search-input"]')))
@@ -281,31 +303,33 @@ def test_the_ui_finds_the_component_in_its_search(plain_server: Server) -> None:
             )
         )
         assert hit.text == "CreateOS Sandbox"
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shot = SCREENSHOTS / "ui-component-search.png"
-        assert driver.save_screenshot(str(shot))
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    finally:
-        driver.quit()
+        screenshot(driver, "ui-component-search.png")
 
 
-@pytest.fixture(scope="module")
-def executor_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
-    """Langflow with ``LANGFLOW_EXECUTOR_KIND=createos`` and nothing of the sandbox backend."""
-    (workdir / "executor").mkdir()
+def executor_server_at(fake: Fake, workdir: Path, name: str, **settings: str) -> Iterator[Server]:
+    """A Langflow server in ``workdir/name`` with ``LANGFLOW_EXECUTOR_KIND=createos``, nothing of
+    the sandbox backend, and ``settings`` added to its environment; stopped when done."""
+    (workdir / name).mkdir()
     env = backend_env(
-        slow_fake,
+        fake,
         LANGFLOW_SANDBOX_BACKEND=None,
         LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
         LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
         LANGFLOW_EXECUTOR_KIND="createos",
+        **settings,
     )
-    server = start_server(env, workdir / "executor")
+    server = start_server(env, workdir / name)
     server.env = env
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def executor_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
+    """Langflow with ``LANGFLOW_EXECUTOR_KIND=createos`` and nothing of the sandbox backend."""
+    yield from executor_server_at(slow_fake, workdir, "executor")
 
 
 def test_a_flow_runs_in_a_guest_through_the_executor_and_api_v1_run(
@@ -333,22 +357,13 @@ def hooked_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
     """The executor server with ``CREATEOS_EXECUTOR_HOST_BUILDS=none``; the marker flow's
     component writes what the server process evaluates into ``hooked-markers`` (only the
     server's environment names it: a guest's is the executor's own)."""
-    (workdir / "hooked").mkdir()
-    env = backend_env(
+    yield from executor_server_at(
         slow_fake,
-        LANGFLOW_SANDBOX_BACKEND=None,
-        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
-        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
-        LANGFLOW_EXECUTOR_KIND="createos",
+        workdir,
+        "hooked",
         CREATEOS_EXECUTOR_HOST_BUILDS="none",
         LFSC_MARKER_DIR=str(workdir / "hooked-markers"),
     )
-    server = start_server(env, workdir / "hooked")
-    server.env = env
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 #: A word of the executor's WARNING when the graph it received had components built on the
@@ -891,23 +906,14 @@ def test_an_in_process_playground_run_of_a_text_input_naming_the_key_answers_wit
 def playground_server(slow_fake: Fake, workdir: Path) -> Iterator[Server]:
     """The hooked server with ``CREATEOS_EXECUTOR_PLAYGROUND=on`` too: every route covered, and
     the marker flow's host markers in ``playground-markers``."""
-    (workdir / "playground").mkdir()
-    env = backend_env(
+    yield from executor_server_at(
         slow_fake,
-        LANGFLOW_SANDBOX_BACKEND=None,
-        LANGFLOW_SANDBOX_BACKEND_PLUGINS=None,
-        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=None,
-        LANGFLOW_EXECUTOR_KIND="createos",
+        workdir,
+        "playground",
         CREATEOS_EXECUTOR_HOST_BUILDS="none",
         CREATEOS_EXECUTOR_PLAYGROUND="on",
         LFSC_MARKER_DIR=str(workdir / "playground-markers"),
     )
-    server = start_server(env, workdir / "playground")
-    server.env = env
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_with_the_playground_on_no_flow_code_runs_in_the_server_through_v1_build_and_v2_stream(
@@ -931,6 +937,40 @@ def test_with_the_playground_on_no_flow_code_runs_in_the_server_through_v1_build
     proc = run_doctor(playground_server.env, timeout=180, python=str(Path(SERVER_VENV) / "bin" / "python"))
     for route in ("v1 build (/api/v1/build/{flow_id}/flow): covered", "v2 stream (/api/v2/workflows, stream mode): covered"):
         assert route in proc.stdout, proc.stdout[-4000:]
+
+
+@NO_CHROMIUM
+def test_the_canvas_playground_builds_in_a_guest_with_the_playground_on(playground_server: Server, slow_fake: Fake) -> None:
+    """The Playground as a user drives it in the 1.13 UI (headless Chromium: the canvas, the
+    Playground button, a chat message): the answer shows in the chat, built by a guest, and the
+    Langflow process wrote no marker."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flow_id = upload_flow(playground_server, MARKER, "slow: marker, canvas")
+    slow_fake.reset()
+    with chrome() as driver:
+        driver.get(f"{playground_server.url}/flow/{flow_id}")
+        wait = WebDriverWait(driver, 120)
+        wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, '[data-testid="playground-btn-flow-io"]'))).click()
+        box = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, '[data-testid="input-chat-playground"]')))
+        box.send_keys("hi from the canvas")
+        box.send_keys(Keys.ENTER)
+        answer = wait.until(
+            ec.visibility_of_element_located(
+                (By.XPATH, "//*[@data-testid='div-chat-message'][contains(., 'build-')]")
+            )
+        )
+        screenshot(driver, "ui-playground-in-a-guest.png")
+        text = answer.text
+    assert len(marker_pids(text)) == 1, text
+    markers = Path(playground_server.env["LFSC_MARKER_DIR"])
+    written = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
+    assert written == [], f"the Langflow process evaluated flow code: {written}\n{playground_server.tail()}"
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] >= 1)
+    assert stats["created"] == 1, stats
 
 
 def playground_session(server: Server, flow_id: str, text: str, session: str) -> list[dict[str, Any]]:
