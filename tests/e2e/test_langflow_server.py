@@ -973,6 +973,23 @@ def test_the_canvas_playground_builds_in_a_guest_with_the_playground_on(playgrou
     assert stats["created"] == 1, stats
 
 
+def test_a_cancelled_playground_build_leaves_no_guest(playground_server: Server, slow_fake: Fake) -> None:
+    """The Playground's Stop (``/api/v1/build/{job_id}/cancel``) while the slow flow's 2 s vertex
+    runs in a guest: Langflow says the build was cancelled, the guest is destroyed, and the flow's
+    answer never comes (a run that went on would have stored it before its guest was destroyed)."""
+    flow_id = upload_flow(playground_server, E2E / "flows" / "slow_flow.json", "slow: slow, cancelled")
+    slow_fake.reset()
+    job = playground_server.call("POST", f"/api/v1/build/{flow_id}/flow", {"inputs": {"input_value": "stop me"}})
+    slow_fake.wait_for(lambda s: s["live"] == 1)
+    cancelled = playground_server.call("POST", f"/api/v1/build/{job['job_id']}/cancel", {})
+    assert cancelled.get("success") is True, cancelled
+    stats = slow_fake.wait_for(lambda s: s["live"] == 0 and s["destroyed"] == s["created"])
+    assert stats["created"] == 1, stats
+    time.sleep(3)  # longer than the Slow vertex: a build that was not stopped would answer now
+    answers = [m for m in stored_messages(playground_server, flow_id) if m[0] != "User"]
+    assert answers == [], answers
+
+
 def playground_session(server: Server, flow_id: str, text: str, session: str) -> list[dict[str, Any]]:
     """A v1 build (as the editor sends it) in ``session``: its events, to the end."""
     job = server.call("POST", f"/api/v1/build/{flow_id}/flow", {"inputs": {"input_value": text, "session": session}})
